@@ -2916,6 +2916,174 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2_64(
         ) as u32
     }
 }
+///`cublasChpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChpr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr2(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChpr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasCopyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx(
@@ -4981,6 +5149,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2_64(
         ) as u32
     }
 }
+///`cublasCtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrttp(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrttp,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDasum(
@@ -6704,6 +6896,270 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2_64(
         ) as u32
     }
 }
+///`cublasDspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspmv(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: f64,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDspmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits(),
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDspr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr2(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDspr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDspr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDswap(
@@ -7656,6 +8112,198 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2_64(
         ) as u32
     }
 }
+///`cublasDtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtpsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtpsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtpsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtpttr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    AP: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtpttr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm(
@@ -8132,6 +8780,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2_64(
                 (lda) as i64 as u64,
                 (x) as usize as u64,
                 (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrttp(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrttp,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (AP) as usize as u64,
             ],
         ) as u32
     }
@@ -11738,6 +12410,270 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2_64(
         ) as u32
     }
 }
+///`cublasSspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspmv(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: f32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSspmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSspr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr2(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSspr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSspr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasSswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSswap(
@@ -12690,6 +13626,198 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2_64(
         ) as u32
     }
 }
+///`cublasStpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStpsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStpsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStpsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStpttr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    AP: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStpttr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmm(
@@ -13166,6 +14294,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2_64(
                 (lda) as i64 as u64,
                 (x) as usize as u64,
                 (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrttp(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrttp,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (AP) as usize as u64,
             ],
         ) as u32
     }
@@ -13794,6 +14946,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
         ) as u32
     }
 }
+///`cublasXtDspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDspmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
@@ -14108,6 +15296,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
                 (alpha) as usize as u64,
                 (A) as usize as u64,
                 (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtSspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSspmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
                 (B) as usize as u64,
                 (ldb) as u64,
                 (beta) as usize as u64,
@@ -17267,6 +18491,174 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2_64(
         ) as u32
     }
 }
+///`cublasZhpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhpr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhpr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (AP) as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasZrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrot(
@@ -18965,6 +20357,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2_64(
                 (lda) as i64 as u64,
                 (x) as usize as u64,
                 (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrttp(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    AP: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrttp,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (AP) as usize as u64,
             ],
         ) as u32
     }

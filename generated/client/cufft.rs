@@ -4,6 +4,30 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`__cufftXtSetJITCallback_12_7` for CUDA 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft___cufftXtSetJITCallback_12_7(
+    plan: i32,
+    lto_callback_symbol_name: *mut c_void,
+    lto_callback_fatbin: *mut c_void,
+    lto_callback_fatbin_size: usize,
+    r#type: u32,
+    caller_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::__cufftXtSetJITCallback_12_7,
+            &[
+                (plan) as i64 as u64,
+                (lto_callback_symbol_name) as usize as u64,
+                (lto_callback_fatbin) as usize as u64,
+                (lto_callback_fatbin_size) as u64,
+                (r#type) as u64,
+                (caller_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32 {
@@ -821,6 +845,40 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtMakePlanMany(
         ) as u32
     }
 }
+///`cufftXtQueryPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtQueryPlan(
+    plan: i32,
+    queryStruct: *mut c_void,
+    queryType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtQueryPlan,
+            &[(plan) as i64 as u64, (queryStruct) as usize as u64, (queryType) as u64],
+        ) as u32
+    }
+}
+///`cufftXtSetCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtSetCallback(
+    plan: i32,
+    callback_routine: *mut c_void,
+    cbType: u32,
+    caller_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtSetCallback,
+            &[
+                (plan) as i64 as u64,
+                (callback_routine) as usize as u64,
+                (cbType) as u64,
+                (caller_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cufftXtSetCallbackSharedSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetCallbackSharedSize(
@@ -846,6 +904,85 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtSetDistribution__cu118(
         crate::runtime::call(
             &chidori_cuda::calls::cufft::cufftXtSetDistribution__cu118,
             &[(plan) as i64 as u64, (box_in) as usize as u64, (box_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftXtSetDistribution` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtSetDistribution__cu121(
+    plan: i32,
+    rank: i32,
+    lower_input: *mut c_void,
+    upper_input: *mut c_void,
+    lower_output: *mut c_void,
+    upper_output: *mut c_void,
+    strides_input: *mut c_void,
+    strides_output: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtSetDistribution__cu121,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (lower_input) as usize as u64,
+                (upper_input) as usize as u64,
+                (lower_output) as usize as u64,
+                (upper_output) as usize as u64,
+                (strides_input) as usize as u64,
+                (strides_output) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftXtSetJITCallback` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtSetJITCallback(
+    plan: i32,
+    lto_callback_symbol_name: *mut c_void,
+    lto_callback_fatbin: *mut c_void,
+    lto_callback_fatbin_size: usize,
+    r#type: u32,
+    caller_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtSetJITCallback,
+            &[
+                (plan) as i64 as u64,
+                (lto_callback_symbol_name) as usize as u64,
+                (lto_callback_fatbin) as usize as u64,
+                (lto_callback_fatbin_size) as u64,
+                (r#type) as u64,
+                (caller_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftXtSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtSetWorkArea(
+    plan: i32,
+    workArea: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtSetWorkArea,
+            &[(plan) as i64 as u64, (workArea) as usize as u64],
+        ) as u32
+    }
+}
+///`cufftXtSetWorkAreaPolicy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtSetWorkAreaPolicy(
+    plan: i32,
+    policy: u32,
+    workSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtSetWorkAreaPolicy,
+            &[(plan) as i64 as u64, (policy) as u64, (workSize) as usize as u64],
         ) as u32
     }
 }

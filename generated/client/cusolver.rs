@@ -4,6 +4,650 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cusolverDnCCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCCgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCCgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCCgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCCgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCEgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCEgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCEgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCEgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCKgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCKgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCKgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCKgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCYgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCYgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCYgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCYgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    D: *mut c_void,
+    E: *mut c_void,
+    TAUQ: *mut c_void,
+    TAUP: *mut c_void,
+    Work: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgebrd,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (D) as usize as u64,
+                (E) as usize as u64,
+                (TAUQ) as usize as u64,
+                (TAUP) as usize as u64,
+                (Work) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnCgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd_bufferSize(
@@ -556,6 +1200,90 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnCheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevdx,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnCheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj(
@@ -760,6 +1488,102 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnChegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvdx,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnChegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj(
@@ -832,6 +1656,70 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj_bufferSize(
                 (W) as usize as u64,
                 (lwork) as usize as u64,
                 (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChetrd,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChetrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
             ],
         ) as u32
     }
@@ -1596,6 +2484,766 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnDBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDBgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDBgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDBgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDBgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDDgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDDgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDDgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDDgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDDgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDDgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDDgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDDgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDHgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDHgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDHgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDHgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDSgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDSgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDSgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDSgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDXgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDXgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDXgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDXgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroy(
@@ -1641,6 +3289,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroySyevjInfo(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnDestroySyevjInfo,
             &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnDgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    D: *mut c_void,
+    E: *mut c_void,
+    TAUQ: *mut c_void,
+    TAUP: *mut c_void,
+    Work: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgebrd,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (D) as usize as u64,
+                (E) as usize as u64,
+                (TAUQ) as usize as u64,
+                (TAUP) as usize as u64,
+                (Work) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2800,6 +4484,90 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnDsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevdx,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnDsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj(
@@ -3004,6 +4772,102 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnDsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvdx,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnDsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj(
@@ -3076,6 +4940,70 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj_bufferSize(
                 (W) as usize as u64,
                 (lwork) as usize as u64,
                 (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytrd,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
             ],
         ) as u32
     }
@@ -3188,6 +5116,221 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnGeqrf` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGeqrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGeqrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnGeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGeqrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnGesvd` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGesvd(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeVT: u32,
+    VT: *mut c_void,
+    ldvt: i64,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGesvd,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeVT) as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnGesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGesvd_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeVT: u32,
+    VT: *mut c_void,
+    ldvt: i64,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeVT) as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnGetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetDeterministicMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetDeterministicMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetEmulationStrategy(
+    handle: *mut c_void,
+    strategy: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetEmulationStrategy,
+            &[(handle) as usize as u64, (strategy) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetMathMode` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetMathMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetMathMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverDnGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetStream(
@@ -3198,6 +5341,72 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetStream(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnGetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetrf` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnGetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -3263,6 +5472,45 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosDestroy(
         ) as u32
     }
 }
+///`cusolverDnIRSInfosGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetMaxIters(
+    infos: *mut c_void,
+    maxiters: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSInfosGetMaxIters,
+            &[(infos) as usize as u64, (maxiters) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnIRSInfosGetNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetNiters(
+    infos: *mut c_void,
+    niters: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSInfosGetNiters,
+            &[(infos) as usize as u64, (niters) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnIRSInfosGetOuterNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetOuterNiters(
+    infos: *mut c_void,
+    outer_niters: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSInfosGetOuterNiters,
+            &[(infos) as usize as u64, (outer_niters) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverDnIRSInfosRequestResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosRequestResidual(
@@ -3320,6 +5568,19 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsEnableFallback(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnIRSParamsEnableFallback,
             &[(params) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnIRSParamsGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsGetMaxIters(
+    params: *mut c_void,
+    maxiters: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSParamsGetMaxIters,
+            &[(params) as usize as u64, (maxiters) as usize as u64],
         ) as u32
     }
 }
@@ -3432,6 +5693,138 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTolInner(
         ) as u32
     }
 }
+///`cusolverDnIRSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels(
+    handle: *mut c_void,
+    gels_irs_params: *mut c_void,
+    gels_irs_infos: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    niters: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSXgels,
+            &[
+                (handle) as usize as u64,
+                (gels_irs_params) as usize as u64,
+                (gels_irs_infos) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (niters) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnIRSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSXgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnIRSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv(
+    handle: *mut c_void,
+    gesv_irs_params: *mut c_void,
+    gesv_irs_infos: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    niters: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSXgesv,
+            &[
+                (handle) as usize as u64,
+                (gesv_irs_params) as usize as u64,
+                (gesv_irs_infos) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (niters) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnIRSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnIRSXgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerForceDisable() -> u32 {
@@ -3459,6 +5852,70 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetMask(mask: i32) -
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnLoggerSetMask,
             &[(mask) as i64 as u64],
+        ) as u32
+    }
+}
+///`cusolverDnPotrf` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnPotrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnPotrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnPotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnPotrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnPotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -3494,6 +5951,614 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnPotrs(
                 (B) as usize as u64,
                 (ldb) as i64 as u64,
                 (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSBgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSBgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSBgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSBgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSHgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSHgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSHgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSHgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSSgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSSgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSSgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSSgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSXgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSXgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSXgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSXgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
             ],
         ) as u32
     }
@@ -3561,6 +6626,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetStream(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnSetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnSgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    D: *mut c_void,
+    E: *mut c_void,
+    TAUQ: *mut c_void,
+    TAUP: *mut c_void,
+    Work: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgebrd,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (D) as usize as u64,
+                (E) as usize as u64,
+                (TAUQ) as usize as u64,
+                (TAUP) as usize as u64,
+                (Work) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -4720,6 +7821,90 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnSsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevdx,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnSsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj(
@@ -4924,6 +8109,102 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnSsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvdx,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f32,
+    vu: f32,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits() as u64,
+                (vu).to_bits() as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnSsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj(
@@ -4996,6 +8277,70 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj_bufferSize(
                 (W) as usize as u64,
                 (lwork) as usize as u64,
                 (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytrd,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
             ],
         ) as u32
     }
@@ -5104,6 +8449,182 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri_bufferSize(
                 (lda) as i64 as u64,
                 (ipiv) as usize as u64,
                 (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSyevd` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevd(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSyevd,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevd_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSyevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSyevdx` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevdx(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    meig64: *mut c_void,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    pBuffer: *mut c_void,
+    workspaceInBytes: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSyevdx,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig64) as usize as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (pBuffer) as usize as u64,
+                (workspaceInBytes) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevdx_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    h_meig: *mut c_void,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSyevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (h_meig) as usize as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytes) as usize as u64,
             ],
         ) as u32
     }
@@ -5402,6 +8923,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnXgesvdjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetResidual(
+    handle: *mut c_void,
+    info: *mut c_void,
+    residual: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdjGetResidual,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (residual) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvdjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetSweeps(
+    handle: *mut c_void,
+    info: *mut c_void,
+    executed_sweeps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdjGetSweeps,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (executed_sweeps) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnXgesvdjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetMaxSweeps(
@@ -5438,6 +8995,66 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetTolerance(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnXgesvdjSetTolerance,
             &[(info) as usize as u64, (tolerance).to_bits()],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvdp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeV: u32,
+    V: *mut c_void,
+    ldv: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    d_info: *mut c_void,
+    h_err_sigma: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdp,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeV) as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (d_info) as usize as u64,
+                (h_err_sigma) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -5486,6 +9103,128 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp_bufferSize(
                 (dataTypeV) as u64,
                 (V) as usize as u64,
                 (ldv) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvdr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobv: i8,
+    m: i64,
+    n: i64,
+    k: i64,
+    p: i64,
+    niters: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeSrand: u32,
+    Srand: *mut c_void,
+    dataTypeUrand: u32,
+    Urand: *mut c_void,
+    ldUrand: i64,
+    dataTypeVrand: u32,
+    Vrand: *mut c_void,
+    ldVrand: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdr,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobv) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (p) as i64 as u64,
+                (niters) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeSrand) as u64,
+                (Srand) as usize as u64,
+                (dataTypeUrand) as u64,
+                (Urand) as usize as u64,
+                (ldUrand) as i64 as u64,
+                (dataTypeVrand) as u64,
+                (Vrand) as usize as u64,
+                (ldVrand) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvdr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobv: i8,
+    m: i64,
+    n: i64,
+    k: i64,
+    p: i64,
+    niters: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeSrand: u32,
+    Srand: *mut c_void,
+    dataTypeUrand: u32,
+    Urand: *mut c_void,
+    ldUrand: i64,
+    dataTypeVrand: u32,
+    Vrand: *mut c_void,
+    ldVrand: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobv) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (p) as i64 as u64,
+                (niters) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeSrand) as u64,
+                (Srand) as usize as u64,
+                (dataTypeUrand) as u64,
+                (Urand) as usize as u64,
+                (ldUrand) as i64 as u64,
+                (dataTypeVrand) as u64,
+                (Vrand) as usize as u64,
+                (ldVrand) as i64 as u64,
                 (computeType) as u64,
                 (workspaceInBytesOnDevice) as usize as u64,
                 (workspaceInBytesOnHost) as usize as u64,
@@ -5599,6 +9338,102 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrs(
                 (B) as usize as u64,
                 (ldb) as i64 as u64,
                 (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXlarft` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
+    handle: *mut c_void,
+    params: *mut c_void,
+    direct: u32,
+    storev: u32,
+    n: i64,
+    k: i64,
+    dataTypeV: u32,
+    V: *mut c_void,
+    ldv: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    dataTypeT: u32,
+    T: *mut c_void,
+    ldt: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXlarft,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (direct) as u64,
+                (storev) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (dataTypeV) as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (dataTypeT) as u64,
+                (T) as usize as u64,
+                (ldt) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXlarft_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    direct: u32,
+    storev: u32,
+    n: i64,
+    k: i64,
+    dataTypeV: u32,
+    V: *mut c_void,
+    ldv: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    dataTypeT: u32,
+    T: *mut c_void,
+    ldt: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXlarft_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (direct) as u64,
+                (storev) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (dataTypeV) as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (dataTypeT) as u64,
+                (T) as usize as u64,
+                (ldt) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
             ],
         ) as u32
     }
@@ -5877,6 +9712,148 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnXsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    meig64: *mut c_void,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevdx,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig64) as usize as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    h_meig: *mut c_void,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (h_meig) as usize as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetResidual(
+    handle: *mut c_void,
+    info: *mut c_void,
+    residual: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevjGetResidual,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (residual) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetSweeps(
+    handle: *mut c_void,
+    info: *mut c_void,
+    executed_sweeps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevjGetSweeps,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (executed_sweeps) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnXsyevjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetMaxSweeps(
@@ -6060,6 +10037,802 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri_bufferSize(
                 (lda) as i64 as u64,
                 (workspaceInBytesOnDevice) as usize as u64,
                 (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZCgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZCgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZCgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZCgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZEgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZEgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZEgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZEgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZKgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZKgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZKgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZKgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZYgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZYgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZYgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZYgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZZgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZZgels,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZZgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZZgels_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZZgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: usize,
+    iter: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZZgesv,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as u64,
+                (iter) as usize as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZZgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    nrhs: i32,
+    dA: *mut c_void,
+    ldda: i32,
+    dipiv: *mut c_void,
+    dB: *mut c_void,
+    lddb: i32,
+    dX: *mut c_void,
+    lddx: i32,
+    dWorkspace: *mut c_void,
+    lwork_bytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZZgesv_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dA) as usize as u64,
+                (ldda) as i64 as u64,
+                (dipiv) as usize as u64,
+                (dB) as usize as u64,
+                (lddb) as i64 as u64,
+                (dX) as usize as u64,
+                (lddx) as i64 as u64,
+                (dWorkspace) as usize as u64,
+                (lwork_bytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    D: *mut c_void,
+    E: *mut c_void,
+    TAUQ: *mut c_void,
+    TAUP: *mut c_void,
+    Work: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgebrd,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (D) as usize as u64,
+                (E) as usize as u64,
+                (TAUQ) as usize as u64,
+                (TAUP) as usize as u64,
+                (Work) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
             ],
         ) as u32
     }
@@ -6616,6 +11389,90 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnZheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevdx,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnZheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj(
@@ -6820,6 +11677,102 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd_bufferSize(
         ) as u32
     }
 }
+///`cusolverDnZhegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvdx,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    vl: f64,
+    vu: f64,
+    il: i32,
+    iu: i32,
+    meig: *mut c_void,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl).to_bits(),
+                (vu).to_bits(),
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnZhegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj(
@@ -6892,6 +11845,70 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj_bufferSize(
                 (W) as usize as u64,
                 (lwork) as usize as u64,
                 (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhetrd,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    d: *mut c_void,
+    e: *mut c_void,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhetrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (d) as usize as u64,
+                (e) as usize as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
             ],
         ) as u32
     }
@@ -7669,6 +12686,36 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchRefactor(
         ) as u32
     }
 }
+///`cusolverRfBatchResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchResetValues(
+    batchSize: i32,
+    n: i32,
+    nnzA: i32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    csrValA_array: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfBatchResetValues,
+            &[
+                (batchSize) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (csrValA_array) as usize as u64,
+                (P) as usize as u64,
+                (Q) as usize as u64,
+                (handle) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverRfCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfCreate(
@@ -7693,6 +12740,78 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfDestroy(
         ) as u32
     }
 }
+///`cusolverRfGetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetAlgs(
+    handle: *mut c_void,
+    factAlg: *mut c_void,
+    solveAlg: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfGetAlgs,
+            &[
+                (handle) as usize as u64,
+                (factAlg) as usize as u64,
+                (solveAlg) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverRfGetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetMatrixFormat(
+    handle: *mut c_void,
+    format: *mut c_void,
+    diag: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfGetMatrixFormat,
+            &[(handle) as usize as u64, (format) as usize as u64, (diag) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverRfGetNumericBoostReport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericBoostReport(
+    handle: *mut c_void,
+    report: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfGetNumericBoostReport,
+            &[(handle) as usize as u64, (report) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverRfGetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericProperties(
+    handle: *mut c_void,
+    zero: *mut c_void,
+    boost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfGetNumericProperties,
+            &[(handle) as usize as u64, (zero) as usize as u64, (boost) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverRfGetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetResetValuesFastMode(
+    handle: *mut c_void,
+    fastMode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfGetResetValuesFastMode,
+            &[(handle) as usize as u64, (fastMode) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverRfRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
@@ -7702,6 +12821,34 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverRfRefactor,
             &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverRfResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfResetValues(
+    n: i32,
+    nnzA: i32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    csrValA: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfResetValues,
+            &[
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (csrValA) as usize as u64,
+                (P) as usize as u64,
+                (Q) as usize as u64,
+                (handle) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -7760,6 +12907,554 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetResetValuesFastMode(
         ) as u32
     }
 }
+///`cusolverRfSetupDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupDevice(
+    n: i32,
+    nnzA: i32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    csrValA: *mut c_void,
+    nnzL: i32,
+    csrRowPtrL: *mut c_void,
+    csrColIndL: *mut c_void,
+    csrValL: *mut c_void,
+    nnzU: i32,
+    csrRowPtrU: *mut c_void,
+    csrColIndU: *mut c_void,
+    csrValU: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfSetupDevice,
+            &[
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (csrValA) as usize as u64,
+                (nnzL) as i64 as u64,
+                (csrRowPtrL) as usize as u64,
+                (csrColIndL) as usize as u64,
+                (csrValL) as usize as u64,
+                (nnzU) as i64 as u64,
+                (csrRowPtrU) as usize as u64,
+                (csrColIndU) as usize as u64,
+                (csrValU) as usize as u64,
+                (P) as usize as u64,
+                (Q) as usize as u64,
+                (handle) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverRfSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupHost(
+    n: i32,
+    nnzA: i32,
+    h_csrRowPtrA: *mut c_void,
+    h_csrColIndA: *mut c_void,
+    h_csrValA: *mut c_void,
+    nnzL: i32,
+    h_csrRowPtrL: *mut c_void,
+    h_csrColIndL: *mut c_void,
+    h_csrValL: *mut c_void,
+    nnzU: i32,
+    h_csrRowPtrU: *mut c_void,
+    h_csrColIndU: *mut c_void,
+    h_csrValU: *mut c_void,
+    h_P: *mut c_void,
+    h_Q: *mut c_void,
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfSetupHost,
+            &[
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (h_csrRowPtrA) as usize as u64,
+                (h_csrColIndA) as usize as u64,
+                (h_csrValA) as usize as u64,
+                (nnzL) as i64 as u64,
+                (h_csrRowPtrL) as usize as u64,
+                (h_csrColIndL) as usize as u64,
+                (h_csrValL) as usize as u64,
+                (nnzU) as i64 as u64,
+                (h_csrRowPtrU) as usize as u64,
+                (h_csrColIndU) as usize as u64,
+                (h_csrValU) as usize as u64,
+                (h_P) as usize as u64,
+                (h_Q) as usize as u64,
+                (handle) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverRfSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSolve(
+    handle: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    nrhs: i32,
+    Temp: *mut c_void,
+    ldt: i32,
+    XF: *mut c_void,
+    ldxf: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverRfSolve,
+            &[
+                (handle) as usize as u64,
+                (P) as usize as u64,
+                (Q) as usize as u64,
+                (nrhs) as i64 as u64,
+                (Temp) as usize as u64,
+                (ldt) as i64 as u64,
+                (XF) as usize as u64,
+                (ldxf) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigsHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    left_bottom_corner: chidori_cuda::types::float2,
+    right_upper_corner: chidori_cuda::types::float2,
+    num_eigs: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsreigsHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(left_bottom_corner) as *const _ as usize as u64,
+                &(right_upper_corner) as *const _ as usize as u64,
+                (num_eigs) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsi(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: chidori_cuda::types::float2,
+    x0: *mut c_void,
+    maxite: i32,
+    eps: f32,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsreigvsi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu0) as *const _ as usize as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (eps).to_bits() as u64,
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsiHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: chidori_cuda::types::float2,
+    x0: *mut c_void,
+    maxite: i32,
+    tol: f32,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsreigvsiHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu0) as *const _ as usize as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (tol).to_bits() as u64,
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsqvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    rankA: *mut c_void,
+    x: *mut c_void,
+    p: *mut c_void,
+    min_norm: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsqvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (rankA) as usize as u64,
+                (x) as usize as u64,
+                (p) as usize as u64,
+                (min_norm) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvchol(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsvchol,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvcholHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsvcholHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvluHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsvluHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqr(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsvqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrlsvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrBufferInfoBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrsvBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    x: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrsvBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrzfdHost(
+    handle: *mut c_void,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    P: *mut c_void,
+    numnz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrzfdHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (P) as usize as u64,
+                (numnz) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreate(
@@ -7781,6 +13476,438 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverSpCreateCsrqrInfo,
             &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigsHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    left_bottom_corner: chidori_cuda::types::double2,
+    right_upper_corner: chidori_cuda::types::double2,
+    num_eigs: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsreigsHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(left_bottom_corner) as *const _ as usize as u64,
+                &(right_upper_corner) as *const _ as usize as u64,
+                (num_eigs) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsi(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: f64,
+    x0: *mut c_void,
+    maxite: i32,
+    eps: f64,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsreigvsi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu0).to_bits(),
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (eps).to_bits(),
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsiHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: f64,
+    x0: *mut c_void,
+    maxite: i32,
+    tol: f64,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsreigvsiHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu0).to_bits(),
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (tol).to_bits(),
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsqvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    rankA: *mut c_void,
+    x: *mut c_void,
+    p: *mut c_void,
+    min_norm: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsqvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (rankA) as usize as u64,
+                (x) as usize as u64,
+                (p) as usize as u64,
+                (min_norm) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvchol(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsvchol,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvcholHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsvcholHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvluHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsvluHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqr(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsvqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrlsvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrBufferInfoBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrsvBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    x: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrsvBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrzfdHost(
+    handle: *mut c_void,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    P: *mut c_void,
+    numnz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrzfdHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (P) as usize as u64,
+                (numnz) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -7821,6 +13948,438 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpGetStream(
         ) as u32
     }
 }
+///`cusolverSpScsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigsHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    left_bottom_corner: chidori_cuda::types::float2,
+    right_upper_corner: chidori_cuda::types::float2,
+    num_eigs: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsreigsHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(left_bottom_corner) as *const _ as usize as u64,
+                &(right_upper_corner) as *const _ as usize as u64,
+                (num_eigs) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsi(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: f32,
+    x0: *mut c_void,
+    maxite: i32,
+    eps: f32,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsreigvsi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu0).to_bits() as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (eps).to_bits() as u64,
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsiHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: f32,
+    x0: *mut c_void,
+    maxite: i32,
+    tol: f32,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsreigvsiHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu0).to_bits() as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (tol).to_bits() as u64,
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsqvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    rankA: *mut c_void,
+    x: *mut c_void,
+    p: *mut c_void,
+    min_norm: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsqvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (rankA) as usize as u64,
+                (x) as usize as u64,
+                (p) as usize as u64,
+                (min_norm) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvchol(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsvchol,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvcholHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsvcholHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvluHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsvluHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqr(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsvqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f32,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrlsvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits() as u64,
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrBufferInfoBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrsvBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    x: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrsvBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrzfdHost(
+    handle: *mut c_void,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    P: *mut c_void,
+    numnz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrzfdHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (P) as usize as u64,
+                (numnz) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
@@ -7831,6 +14390,632 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverSpSetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrissymHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrissymHost(
+    handle: *mut c_void,
+    m: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrEndPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    issym: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrissymHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrEndPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (issym) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrmetisndHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrmetisndHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    options: *mut c_void,
+    p: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrmetisndHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (options) as usize as u64,
+                (p) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrperm_bufferSizeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    p: *mut c_void,
+    q: *mut c_void,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrperm_bufferSizeHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (p) as usize as u64,
+                (q) as usize as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrqrAnalysisBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrqrAnalysisBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrsymamdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymamdHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    p: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrsymamdHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (p) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrsymmdqHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymmdqHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    p: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrsymmdqHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (p) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrsymrcmHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymrcmHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    p: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrsymrcmHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (p) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigsHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    left_bottom_corner: chidori_cuda::types::double2,
+    right_upper_corner: chidori_cuda::types::double2,
+    num_eigs: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsreigsHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(left_bottom_corner) as *const _ as usize as u64,
+                &(right_upper_corner) as *const _ as usize as u64,
+                (num_eigs) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsi(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: chidori_cuda::types::double2,
+    x0: *mut c_void,
+    maxite: i32,
+    eps: f64,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsreigvsi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu0) as *const _ as usize as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (eps).to_bits(),
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsiHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu0: chidori_cuda::types::double2,
+    x0: *mut c_void,
+    maxite: i32,
+    tol: f64,
+    mu: *mut c_void,
+    x: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsreigvsiHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu0) as *const _ as usize as u64,
+                (x0) as usize as u64,
+                (maxite) as i64 as u64,
+                (tol).to_bits(),
+                (mu) as usize as u64,
+                (x) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsqvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    rankA: *mut c_void,
+    x: *mut c_void,
+    p: *mut c_void,
+    min_norm: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsqvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (rankA) as usize as u64,
+                (x) as usize as u64,
+                (p) as usize as u64,
+                (min_norm) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvchol(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsvchol,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvcholHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsvcholHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvluHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsvluHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqr(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsvqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqrHost(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    tol: f64,
+    reorder: i32,
+    x: *mut c_void,
+    singularity: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrlsvqrHost,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (tol).to_bits(),
+                (reorder) as i64 as u64,
+                (x) as usize as u64,
+                (singularity) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrBufferInfoBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrsvBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    b: *mut c_void,
+    x: *mut c_void,
+    batchSize: i32,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrsvBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (batchSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrzfdHost(
+    handle: *mut c_void,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    P: *mut c_void,
+    numnz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrzfdHost,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (P) as usize as u64,
+                (numnz) as usize as u64,
+            ],
         ) as u32
     }
 }

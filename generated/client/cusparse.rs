@@ -26,6 +26,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseAxpby(
         ) as u32
     }
 }
+///`cusparseBlockedEllGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseBlockedEllGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    ellBlockSize: *mut c_void,
+    ellCols: *mut c_void,
+    ellColInd: *mut c_void,
+    ellValue: *mut c_void,
+    ellIdxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseBlockedEllGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (ellBlockSize) as usize as u64,
+                (ellCols) as usize as u64,
+                (ellColInd) as usize as u64,
+                (ellValue) as usize as u64,
+                (ellIdxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseBsrSetStridedBatch` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseBsrSetStridedBatch(
@@ -44,6 +76,32 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseBsrSetStridedBatch(
                 (offsetsBatchStride) as i64 as u64,
                 (columnsBatchStride) as i64 as u64,
                 (ValuesBatchStride) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCaxpyi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCaxpyi(
+    handle: *mut c_void,
+    nnz: i32,
+    alpha: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCaxpyi,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
             ],
         ) as u32
     }
@@ -122,6 +180,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02(
         ) as u32
     }
 }
+///`cusparseCbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pInputBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pInputBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSize(
@@ -152,6 +246,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -258,6 +386,62 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
             ],
         ) as u32
     }
@@ -436,6 +620,46 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSize(
         ) as u32
     }
 }
+///`cusparseCbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_solve(
@@ -562,6 +786,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseCbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_solve(
@@ -654,6 +914,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrxmv(
         ) as u32
     }
 }
+///`cusparseCcsc2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsc2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsc2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2bsr(
@@ -692,6 +982,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2bsr(
         ) as u32
     }
 }
+///`cusparseCcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csr_compress(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzA: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    tol: chidori_cuda::types::float2,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2csr_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                &(tol) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csru(
@@ -720,6 +1048,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csru(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
             ],
         ) as u32
     }
@@ -796,6 +1154,76 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrcolor(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    fractionToColor: *mut c_void,
+    ncolors: *mut c_void,
+    coloring: *mut c_void,
+    reordering: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrcolor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (fractionToColor) as usize as u64,
+                (ncolors) as usize as u64,
+                (coloring) as usize as u64,
+                (reordering) as usize as u64,
+                (info) as usize as u64,
             ],
         ) as u32
     }
@@ -1022,6 +1450,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseCcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsric02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_analysis(
@@ -1080,6 +1540,68 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSize(
                 (csrSortedColIndA) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrilu02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
             ],
         ) as u32
     }
@@ -1146,6 +1668,58 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSize(
         ) as u32
     }
 }
+///`cusparseCcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCcsrsm2_analysis` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsm2_analysis(
@@ -1188,6 +1762,52 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsm2_analysis(
                 (info) as usize as u64,
                 (policy) as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -1304,6 +1924,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseCcsrsv2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCcsrsv2_solve` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_solve(
@@ -1406,6 +2058,70 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseCdense2csc` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCdense2csc(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerCol: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCdense2csc,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerCol) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCdense2csr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCdense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCdense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2csr(
@@ -1446,6 +2162,48 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2csr(
         ) as u32
     }
 }
+///`cusparseCgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    bscVal: *mut c_void,
+    bscRowInd: *mut c_void,
+    bscColPtr: *mut c_void,
+    copyValues: u32,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsc,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (bscVal) as usize as u64,
+                (bscRowInd) as usize as u64,
+                (bscColPtr) as usize as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize(
@@ -1474,6 +2232,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSizeExt(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsc_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -1566,6 +2356,266 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
+///`cusparseCgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgemmi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemmi(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    cscValB: *mut c_void,
+    cscColPtrB: *mut c_void,
+    cscRowIndB: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgemmi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (cscValB) as usize as u64,
+                (cscColPtrB) as usize as u64,
+                (cscRowIndB) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgemvi,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgemvi_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgpsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgpsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgpsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgpsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgthr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgthr(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgthr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgthrz` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgthrz(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgthrz,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2(
@@ -1592,6 +2642,96 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2(
                 (B) as usize as u64,
                 (ldb) as i64 as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2StridedBatch,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2StridedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
             ],
         ) as u32
     }
@@ -1626,7 +2766,313 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot(
         ) as u32
     }
 }
-///`cusparseConstDnMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2_nopivot_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRowCol: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCnnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRowCol) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz_compress(
+    handle: *mut c_void,
+    m: i32,
+    descr: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzPerRow: *mut c_void,
+    nnzC: *mut c_void,
+    tol: chidori_cuda::types::float2,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCnnz_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (descr) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzPerRow) as usize as u64,
+                (nnzC) as usize as u64,
+                &(tol) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstBlockedEllGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstBlockedEllGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    ellBlockSize: *mut c_void,
+    ellCols: *mut c_void,
+    ellColInd: *mut c_void,
+    ellValue: *mut c_void,
+    ellIdxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstBlockedEllGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (ellBlockSize) as usize as u64,
+                (ellCols) as usize as u64,
+                (ellColInd) as usize as u64,
+                (ellValue) as usize as u64,
+                (ellIdxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstCooGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCooGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    cooRowInd: *mut c_void,
+    cooColInd: *mut c_void,
+    cooValues: *mut c_void,
+    idxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstCooGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (cooRowInd) as usize as u64,
+                (cooColInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (idxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstCscGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCscGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    cscColOffsets: *mut c_void,
+    cscRowInd: *mut c_void,
+    cscValues: *mut c_void,
+    cscColOffsetsType: *mut c_void,
+    cscRowIndType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstCscGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (cscColOffsets) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (cscValues) as usize as u64,
+                (cscColOffsetsType) as usize as u64,
+                (cscRowIndType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstCsrGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCsrGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    csrRowOffsets: *mut c_void,
+    csrColInd: *mut c_void,
+    csrValues: *mut c_void,
+    csrRowOffsetsType: *mut c_void,
+    csrColIndType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstCsrGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (csrRowOffsets) as usize as u64,
+                (csrColInd) as usize as u64,
+                (csrValues) as usize as u64,
+                (csrRowOffsetsType) as usize as u64,
+                (csrColIndType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstDnMatGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGet(
+    dnMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    ld: *mut c_void,
+    values: *mut c_void,
+    r#type: *mut c_void,
+    order: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstDnMatGet,
+            &[
+                (dnMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (ld) as usize as u64,
+                (values) as usize as u64,
+                (r#type) as usize as u64,
+                (order) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstDnMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGetValues(
     dnMatDescr: *mut c_void,
@@ -1639,7 +3085,27 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGetValues(
         ) as u32
     }
 }
-///`cusparseConstDnVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseConstDnVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGet(
+    dnVecDescr: *mut c_void,
+    size: *mut c_void,
+    values: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstDnVecGet,
+            &[
+                (dnVecDescr) as usize as u64,
+                (size) as usize as u64,
+                (values) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstDnVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGetValues(
     dnVecDescr: *mut c_void,
@@ -1652,7 +3118,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGetValues(
         ) as u32
     }
 }
-///`cusparseConstSpMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseConstSpMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpMatGetValues(
     spMatDescr: *mut c_void,
@@ -1665,7 +3131,35 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpMatGetValues(
         ) as u32
     }
 }
-///`cusparseConstSpVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseConstSpVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGet(
+    spVecDescr: *mut c_void,
+    size: *mut c_void,
+    nnz: *mut c_void,
+    indices: *mut c_void,
+    values: *mut c_void,
+    idxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstSpVecGet,
+            &[
+                (spVecDescr) as usize as u64,
+                (size) as usize as u64,
+                (nnz) as usize as u64,
+                (indices) as usize as u64,
+                (values) as usize as u64,
+                (idxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstSpVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGetValues(
     spVecDescr: *mut c_void,
@@ -1742,6 +3236,68 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstrainedGeMM_bufferSize(
         ) as u32
     }
 }
+///`cusparseCooAoSGet` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCooAoSGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    cooInd: *mut c_void,
+    cooValues: *mut c_void,
+    idxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCooAoSGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (cooInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (idxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCooGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCooGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    cooRowInd: *mut c_void,
+    cooColInd: *mut c_void,
+    cooValues: *mut c_void,
+    idxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCooGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (cooRowInd) as usize as u64,
+                (cooColInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (idxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCooSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetPointers(
@@ -1797,6 +3353,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCopyMatDescr(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreate(handle: *mut c_void) -> u32 {
     unsafe { crate::custom::cusparse::cusparseCreate(handle) }
+}
+///`cusparseCreateBlockedEll` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBlockedEll(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ellBlockSize: i64,
+    ellCols: i64,
+    ellColInd: *mut c_void,
+    ellValue: *mut c_void,
+    ellIdxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateBlockedEll,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ellBlockSize) as i64 as u64,
+                (ellCols) as i64 as u64,
+                (ellColInd) as usize as u64,
+                (ellValue) as usize as u64,
+                (ellIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1898,6 +3486,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateColorInfo(
         ) as u32
     }
 }
+///`cusparseCreateConstBlockedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBlockedEll(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ellBlockSize: i64,
+    ellCols: i64,
+    ellColInd: *mut c_void,
+    ellValue: *mut c_void,
+    ellIdxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstBlockedEll,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ellBlockSize) as i64 as u64,
+                (ellCols) as i64 as u64,
+                (ellColInd) as usize as u64,
+                (ellValue) as usize as u64,
+                (ellIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
@@ -1964,6 +3584,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
                 (cooColInd) as usize as u64,
                 (cooValues) as usize as u64,
                 (cooIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstCsc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsc(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    cscColOffsets: *mut c_void,
+    cscRowInd: *mut c_void,
+    cscValues: *mut c_void,
+    cscColOffsetsType: u32,
+    cscRowIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstCsc,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cscColOffsets) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (cscValues) as usize as u64,
+                (cscColOffsetsType) as u64,
+                (cscRowIndType) as u64,
                 (idxBase) as u64,
                 (valueType) as u64,
             ],
@@ -2050,6 +3704,72 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
         ) as u32
     }
 }
+///`cusparseCreateConstSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSlicedEll(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    sellValuesSize: i64,
+    sliceSize: i64,
+    sellSliceOffsets: *mut c_void,
+    sellColInd: *mut c_void,
+    sellValues: *mut c_void,
+    sellSliceOffsetsType: u32,
+    sellColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstSlicedEll,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (sellValuesSize) as i64 as u64,
+                (sliceSize) as i64 as u64,
+                (sellSliceOffsets) as usize as u64,
+                (sellColInd) as usize as u64,
+                (sellValues) as usize as u64,
+                (sellSliceOffsetsType) as u64,
+                (sellColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstSpVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSpVec(
+    spVecDescr: *mut c_void,
+    size: i64,
+    nnz: i64,
+    indices: *mut c_void,
+    values: *mut c_void,
+    idxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstSpVec,
+            &[
+                (spVecDescr) as usize as u64,
+                (size) as i64 as u64,
+                (nnz) as i64 as u64,
+                (indices) as usize as u64,
+                (values) as usize as u64,
+                (idxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCoo(
@@ -2106,6 +3826,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCooAoS(
                 (cooInd) as usize as u64,
                 (cooValues) as usize as u64,
                 (cooIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateCsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsc(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    cscColOffsets: *mut c_void,
+    cscRowInd: *mut c_void,
+    cscValues: *mut c_void,
+    cscColOffsetsType: u32,
+    cscRowIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateCsc,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cscColOffsets) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (cscValues) as usize as u64,
+                (cscColOffsetsType) as u64,
+                (cscRowIndType) as u64,
                 (idxBase) as u64,
                 (valueType) as u64,
             ],
@@ -2302,6 +4056,268 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreatePruneInfo(
         ) as u32
     }
 }
+///`cusparseCreateSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSlicedEll(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    sellValuesSize: i64,
+    sliceSize: i64,
+    sellSliceOffsets: *mut c_void,
+    sellColInd: *mut c_void,
+    sellValues: *mut c_void,
+    sellSliceOffsetsType: u32,
+    sellColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateSlicedEll,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (sellValuesSize) as i64 as u64,
+                (sliceSize) as i64 as u64,
+                (sellSliceOffsets) as usize as u64,
+                (sellColInd) as usize as u64,
+                (sellValues) as usize as u64,
+                (sellSliceOffsetsType) as u64,
+                (sellColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateSpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSpVec(
+    spVecDescr: *mut c_void,
+    size: i64,
+    nnz: i64,
+    indices: *mut c_void,
+    values: *mut c_void,
+    idxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateSpVec,
+            &[
+                (spVecDescr) as usize as u64,
+                (size) as i64 as u64,
+                (nnz) as i64 as u64,
+                (indices) as usize as u64,
+                (values) as usize as u64,
+                (idxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCscGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCscGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    cscColOffsets: *mut c_void,
+    cscRowInd: *mut c_void,
+    cscValues: *mut c_void,
+    cscColOffsetsType: *mut c_void,
+    cscRowIndType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCscGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (cscColOffsets) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (cscValues) as usize as u64,
+                (cscColOffsetsType) as usize as u64,
+                (cscRowIndType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCscSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCscSetPointers(
+    spMatDescr: *mut c_void,
+    cscColOffsets: *mut c_void,
+    cscRowInd: *mut c_void,
+    cscValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCscSetPointers,
+            &[
+                (spMatDescr) as usize as u64,
+                (cscColOffsets) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (cscValues) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsctr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsctr(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsctr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsr2cscEx2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    cscVal: *mut c_void,
+    cscColPtr: *mut c_void,
+    cscRowInd: *mut c_void,
+    valType: u32,
+    copyValues: u32,
+    idxBase: u32,
+    alg: u32,
+    buffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsr2cscEx2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (cscVal) as usize as u64,
+                (cscColPtr) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (valType) as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (alg) as u64,
+                (buffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsr2cscEx2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    cscVal: *mut c_void,
+    cscColPtr: *mut c_void,
+    cscRowInd: *mut c_void,
+    valType: u32,
+    copyValues: u32,
+    idxBase: u32,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsr2cscEx2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (cscVal) as usize as u64,
+                (cscColPtr) as usize as u64,
+                (cscRowInd) as usize as u64,
+                (valType) as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsrGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrGet(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+    csrRowOffsets: *mut c_void,
+    csrColInd: *mut c_void,
+    csrValues: *mut c_void,
+    csrRowOffsetsType: *mut c_void,
+    csrColIndType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsrGet,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+                (csrRowOffsets) as usize as u64,
+                (csrColInd) as usize as u64,
+                (csrValues) as usize as u64,
+                (csrRowOffsetsType) as usize as u64,
+                (csrColIndType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseCsrSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetPointers(
@@ -2338,6 +4354,140 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetStridedBatch(
                 (batchCount) as i64 as u64,
                 (offsetsBatchStride) as i64 as u64,
                 (columnsValuesBatchStride) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsrmvEx` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrmvEx(
+    handle: *mut c_void,
+    alg: u32,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    alphatype: u32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrValAtype: u32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    x: *mut c_void,
+    xtype: u32,
+    beta: *mut c_void,
+    betatype: u32,
+    y: *mut c_void,
+    ytype: u32,
+    executiontype: u32,
+    buffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsrmvEx,
+            &[
+                (handle) as usize as u64,
+                (alg) as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphatype) as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrValAtype) as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (x) as usize as u64,
+                (xtype) as u64,
+                (beta) as usize as u64,
+                (betatype) as u64,
+                (y) as usize as u64,
+                (ytype) as u64,
+                (executiontype) as u64,
+                (buffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsrmvEx_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrmvEx_bufferSize(
+    handle: *mut c_void,
+    alg: u32,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    alphatype: u32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrValAtype: u32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    x: *mut c_void,
+    xtype: u32,
+    beta: *mut c_void,
+    betatype: u32,
+    y: *mut c_void,
+    ytype: u32,
+    executiontype: u32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsrmvEx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (alg) as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphatype) as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrValAtype) as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (x) as usize as u64,
+                (xtype) as u64,
+                (beta) as usize as u64,
+                (betatype) as u64,
+                (y) as usize as u64,
+                (ytype) as u64,
+                (executiontype) as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDaxpyi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDaxpyi(
+    handle: *mut c_void,
+    nnz: i32,
+    alpha: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDaxpyi,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
             ],
         ) as u32
     }
@@ -2416,6 +4566,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02(
         ) as u32
     }
 }
+///`cusparseDbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pInputBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pInputBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSize(
@@ -2446,6 +4632,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -2552,6 +4772,62 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
             ],
         ) as u32
     }
@@ -2730,6 +5006,46 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSize(
         ) as u32
     }
 }
+///`cusparseDbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_solve(
@@ -2856,6 +5172,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseDbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_solve(
@@ -2948,6 +5300,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrxmv(
         ) as u32
     }
 }
+///`cusparseDcsc2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsc2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsc2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2bsr(
@@ -2986,6 +5368,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2bsr(
         ) as u32
     }
 }
+///`cusparseDcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csr_compress(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzA: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    tol: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2csr_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (tol).to_bits(),
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csru(
@@ -3014,6 +5434,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csru(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
             ],
         ) as u32
     }
@@ -3090,6 +5540,76 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrcolor(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    fractionToColor: *mut c_void,
+    ncolors: *mut c_void,
+    coloring: *mut c_void,
+    reordering: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrcolor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (fractionToColor) as usize as u64,
+                (ncolors) as usize as u64,
+                (coloring) as usize as u64,
+                (reordering) as usize as u64,
+                (info) as usize as u64,
             ],
         ) as u32
     }
@@ -3316,6 +5836,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseDcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsric02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_analysis(
@@ -3374,6 +5926,68 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSize(
                 (csrSortedColIndA) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrilu02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
             ],
         ) as u32
     }
@@ -3440,6 +6054,58 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSize(
         ) as u32
     }
 }
+///`cusparseDcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDcsrsm2_analysis` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsm2_analysis(
@@ -3482,6 +6148,52 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsm2_analysis(
                 (info) as usize as u64,
                 (policy) as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -3598,6 +6310,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseDcsrsv2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDcsrsv2_solve` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_solve(
@@ -3696,6 +6440,70 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr_bufferSizeExt(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDdense2csc` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDdense2csc(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerCol: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDdense2csc,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerCol) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDdense2csr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDdense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDdense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
             ],
         ) as u32
     }
@@ -4020,6 +6828,48 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2csr(
         ) as u32
     }
 }
+///`cusparseDgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    bscVal: *mut c_void,
+    bscRowInd: *mut c_void,
+    bscColPtr: *mut c_void,
+    copyValues: u32,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsc,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (bscVal) as usize as u64,
+                (bscRowInd) as usize as u64,
+                (bscColPtr) as usize as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize(
@@ -4048,6 +6898,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSizeExt(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsc_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -4140,7 +7022,551 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseDnMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgemmi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemmi(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    cscValB: *mut c_void,
+    cscColPtrB: *mut c_void,
+    cscRowIndB: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgemmi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (cscValB) as usize as u64,
+                (cscColPtrB) as usize as u64,
+                (cscRowIndB) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgemvi,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgemvi_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgpsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgpsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgpsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgpsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgthr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgthr(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgthr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgthrz` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgthrz(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgthrz,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2StridedBatch,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2StridedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2_nopivot,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsv2_nopivot_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgtsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnMatGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGet(
+    dnMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    ld: *mut c_void,
+    values: *mut c_void,
+    r#type: *mut c_void,
+    order: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnMatGet,
+            &[
+                (dnMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (ld) as usize as u64,
+                (values) as usize as u64,
+                (r#type) as usize as u64,
+                (order) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetStridedBatch(
+    dnMatDescr: *mut c_void,
+    batchCount: *mut c_void,
+    batchStride: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnMatGetStridedBatch,
+            &[
+                (dnMatDescr) as usize as u64,
+                (batchCount) as usize as u64,
+                (batchStride) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetValues(
     dnMatDescr: *mut c_void,
@@ -4184,7 +7610,27 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetValues(
         ) as u32
     }
 }
-///`cusparseDnVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDnVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGet(
+    dnVecDescr: *mut c_void,
+    size: *mut c_void,
+    values: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnVecGet,
+            &[
+                (dnVecDescr) as usize as u64,
+                (size) as usize as u64,
+                (values) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGetValues(
     dnVecDescr: *mut c_void,
@@ -4207,6 +7653,104 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecSetValues(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseDnVecSetValues,
             &[(dnVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseDnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRowCol: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRowCol) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz_compress(
+    handle: *mut c_void,
+    m: i32,
+    descr: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzPerRow: *mut c_void,
+    nnzC: *mut c_void,
+    tol: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnnz_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (descr) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzPerRow) as usize as u64,
+                (nnzC) as usize as u64,
+                (tol).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -4294,6 +7838,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bu
         ) as u32
     }
 }
+///`cusparseDpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csrNnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseDpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage(
@@ -4334,6 +7916,304 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage
         ) as u32
     }
 }
+///`cusparseDpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csrByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csrByPercentage_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csrNnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnzByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csrNnzByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneDense2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDroti` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDroti(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDroti,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDsctr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDsctr(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDsctr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGather(
@@ -4345,6 +8225,19 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGather(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseGather,
             &[(handle) as usize as u64, (vecY) as usize as u64, (vecX) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseGetColorAlgs` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseGetColorAlgs(
+    info: *mut c_void,
+    alg: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseGetColorAlgs,
+            &[(info) as usize as u64, (alg) as usize as u64],
         ) as u32
     }
 }
@@ -4414,6 +8307,19 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatType(
         ) as u32
     }
 }
+///`cusparseGetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseGetPointerMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseGetPointerMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetProperty(
@@ -4480,6 +8386,28 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetMask(mask: i32) -> 
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseLoggerSetMask,
             &[(mask) as i64 as u64],
+        ) as u32
+    }
+}
+///`cusparseRot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseRot(
+    handle: *mut c_void,
+    c_coeff: *mut c_void,
+    s_coeff: *mut c_void,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseRot,
+            &[
+                (handle) as usize as u64,
+                (c_coeff) as usize as u64,
+                (s_coeff) as usize as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -4585,6 +8513,32 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_preprocess(
         ) as u32
     }
 }
+///`cusparseSaxpyi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSaxpyi(
+    handle: *mut c_void,
+    nnz: i32,
+    alpha: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSaxpyi,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsr2csr(
@@ -4659,6 +8613,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02(
         ) as u32
     }
 }
+///`cusparseSbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pInputBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pInputBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSize(
@@ -4689,6 +8679,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -4795,6 +8819,62 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
             ],
         ) as u32
     }
@@ -4973,6 +9053,46 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSize(
         ) as u32
     }
 }
+///`cusparseSbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_solve(
@@ -5099,6 +9219,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseSbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_solve(
@@ -5205,6 +9361,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScatter(
         ) as u32
     }
 }
+///`cusparseScsc2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsc2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsc2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseScsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2bsr(
@@ -5243,6 +9429,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2bsr(
         ) as u32
     }
 }
+///`cusparseScsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csr_compress(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzA: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    tol: f32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2csr_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (tol).to_bits() as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseScsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csru(
@@ -5271,6 +9495,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csru(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsr2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
             ],
         ) as u32
     }
@@ -5347,6 +9601,76 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrcolor(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    fractionToColor: *mut c_void,
+    ncolors: *mut c_void,
+    coloring: *mut c_void,
+    reordering: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrcolor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (fractionToColor) as usize as u64,
+                (ncolors) as usize as u64,
+                (coloring) as usize as u64,
+                (reordering) as usize as u64,
+                (info) as usize as u64,
             ],
         ) as u32
     }
@@ -5573,6 +9897,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseScsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsric02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseScsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_analysis(
@@ -5631,6 +9987,68 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSize(
                 (csrSortedColIndA) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrilu02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
             ],
         ) as u32
     }
@@ -5697,6 +10115,58 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSize(
         ) as u32
     }
 }
+///`cusparseScsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseScsrsm2_analysis` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsm2_analysis(
@@ -5739,6 +10209,52 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsm2_analysis(
                 (info) as usize as u64,
                 (policy) as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -5855,6 +10371,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseScsrsv2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseScsrsv2_solve` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_solve(
@@ -5953,6 +10501,70 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr_bufferSizeExt(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSdense2csc` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSdense2csc(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerCol: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSdense2csc,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerCol) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSdense2csr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSdense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSdense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
             ],
         ) as u32
     }
@@ -6083,6 +10695,48 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2csr(
         ) as u32
     }
 }
+///`cusparseSgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    bscVal: *mut c_void,
+    bscRowInd: *mut c_void,
+    bscColPtr: *mut c_void,
+    copyValues: u32,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsc,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (bscVal) as usize as u64,
+                (bscRowInd) as usize as u64,
+                (bscColPtr) as usize as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize(
@@ -6111,6 +10765,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSizeExt(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsc_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -6199,6 +10885,564 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize(
                 (rowBlockDimC) as i64 as u64,
                 (colBlockDimC) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgemmi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemmi(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    cscValB: *mut c_void,
+    cscColPtrB: *mut c_void,
+    cscRowIndB: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgemmi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (cscValB) as usize as u64,
+                (cscColPtrB) as usize as u64,
+                (cscRowIndB) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgemvi,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgemvi_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgpsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgpsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgpsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgpsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgthr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgthr(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgthr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgthrz` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgthrz(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgthrz,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2StridedBatch,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2StridedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2_nopivot,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsv2_nopivot_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgtsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRowCol: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSnnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRowCol) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz_compress(
+    handle: *mut c_void,
+    m: i32,
+    descr: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzPerRow: *mut c_void,
+    nnzC: *mut c_void,
+    tol: f32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSnnz_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (descr) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzPerRow) as usize as u64,
+                (nnzC) as usize as u64,
+                (tol).to_bits() as u64,
             ],
         ) as u32
     }
@@ -6299,6 +11543,61 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_destroyDescr(
         ) as u32
     }
 }
+///`cusparseSpGEMM_estimateMemory` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_estimateMemory(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    chunk_fraction: f32,
+    bufferSize3: *mut c_void,
+    externalBuffer3: *mut c_void,
+    bufferSize2: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMM_estimateMemory,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (chunk_fraction).to_bits() as u64,
+                (bufferSize3) as usize as u64,
+                (externalBuffer3) as usize as u64,
+                (bufferSize2) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMM_getNumProducts` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_getNumProducts(
+    spgemmDescr: *mut c_void,
+    num_prods: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMM_getNumProducts,
+            &[(spgemmDescr) as usize as u64, (num_prods) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseSpGEMM_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_workEstimation(
@@ -6367,6 +11666,78 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_compute(
                 (computeType) as u64,
                 (alg) as u64,
                 (spgemmDescr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMMreuse_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_copy(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    bufferSize5: *mut c_void,
+    externalBuffer5: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMMreuse_copy,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (bufferSize5) as usize as u64,
+                (externalBuffer5) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMMreuse_nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_nnz(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    bufferSize2: *mut c_void,
+    externalBuffer2: *mut c_void,
+    bufferSize3: *mut c_void,
+    externalBuffer3: *mut c_void,
+    bufferSize4: *mut c_void,
+    externalBuffer4: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMMreuse_nnz,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (bufferSize2) as usize as u64,
+                (externalBuffer2) as usize as u64,
+                (bufferSize3) as usize as u64,
+                (externalBuffer3) as usize as u64,
+                (bufferSize4) as usize as u64,
+                (externalBuffer4) as usize as u64,
             ],
         ) as u32
     }
@@ -6447,6 +11818,50 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSpMMOp,
             &[(plan) as usize as u64, (externalBuffer) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMMOp_createPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_createPlan(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    addOperationLtoirBuffer: *mut c_void,
+    addOperationBufferSize: usize,
+    mulOperationLtoirBuffer: *mut c_void,
+    mulOperationBufferSize: usize,
+    epilogueLtoirBuffer: *mut c_void,
+    epilogueBufferSize: usize,
+    SpMMWorkspaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMMOp_createPlan,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (addOperationLtoirBuffer) as usize as u64,
+                (addOperationBufferSize) as u64,
+                (mulOperationLtoirBuffer) as usize as u64,
+                (mulOperationBufferSize) as u64,
+                (epilogueLtoirBuffer) as usize as u64,
+                (epilogueBufferSize) as u64,
+                (SpMMWorkspaceSize) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -6646,6 +12061,32 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetAttribute(
         ) as u32
     }
 }
+///`cusparseSpMatGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetFormat(
+    spMatDescr: *mut c_void,
+    format: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetFormat,
+            &[(spMatDescr) as usize as u64, (format) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMatGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetIndexBase(
+    spMatDescr: *mut c_void,
+    idxBase: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetIndexBase,
+            &[(spMatDescr) as usize as u64, (idxBase) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseSpMatGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetSize(
@@ -6666,7 +12107,20 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetSize(
         ) as u32
     }
 }
-///`cusparseSpMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetStridedBatch(
+    spMatDescr: *mut c_void,
+    batchCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetStridedBatch,
+            &[(spMatDescr) as usize as u64, (batchCount) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetValues(
     spMatDescr: *mut c_void,
@@ -6849,6 +12303,26 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_solve(
         ) as u32
     }
 }
+///`cusparseSpSM_updateMatrix` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_updateMatrix(
+    handle: *mut c_void,
+    spsmDescr: *mut c_void,
+    newValues: *mut c_void,
+    updatePart: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSM_updateMatrix,
+            &[
+                (handle) as usize as u64,
+                (spsmDescr) as usize as u64,
+                (newValues) as usize as u64,
+                (updatePart) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSpSV_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_analysis(
@@ -6967,7 +12441,120 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_solve(
         ) as u32
     }
 }
-///`cusparseSpVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_updateMatrix` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_updateMatrix(
+    handle: *mut c_void,
+    spsvDescr: *mut c_void,
+    newValues: *mut c_void,
+    updatePart: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSV_updateMatrix,
+            &[
+                (handle) as usize as u64,
+                (spsvDescr) as usize as u64,
+                (newValues) as usize as u64,
+                (updatePart) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpVV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV(
+    handle: *mut c_void,
+    opX: u32,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+    result: *mut c_void,
+    computeType: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVV,
+            &[
+                (handle) as usize as u64,
+                (opX) as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+                (result) as usize as u64,
+                (computeType) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpVV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV_bufferSize(
+    handle: *mut c_void,
+    opX: u32,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+    result: *mut c_void,
+    computeType: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVV_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opX) as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+                (result) as usize as u64,
+                (computeType) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGet(
+    spVecDescr: *mut c_void,
+    size: *mut c_void,
+    nnz: *mut c_void,
+    indices: *mut c_void,
+    values: *mut c_void,
+    idxType: *mut c_void,
+    idxBase: *mut c_void,
+    valueType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVecGet,
+            &[
+                (spVecDescr) as usize as u64,
+                (size) as usize as u64,
+                (nnz) as usize as u64,
+                (indices) as usize as u64,
+                (values) as usize as u64,
+                (idxType) as usize as u64,
+                (idxBase) as usize as u64,
+                (valueType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpVecGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetIndexBase(
+    spVecDescr: *mut c_void,
+    idxBase: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVecGetIndexBase,
+            &[(spVecDescr) as usize as u64, (idxBase) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetValues(
     spVecDescr: *mut c_void,
@@ -7033,6 +12620,46 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense_bufferSize(
                 (matB) as usize as u64,
                 (alg) as u64,
                 (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
             ],
         ) as u32
     }
@@ -7121,6 +12748,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bu
         ) as u32
     }
 }
+///`cusparseSpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csrNnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseSpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage(
@@ -7157,6 +12822,304 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage
                 (nnzTotalDevHostPtr) as usize as u64,
                 (info) as usize as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csrByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csrByPercentage_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csrNnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnzByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csrNnzByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    threshold: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneDense2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (threshold) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSroti` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSroti(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSroti,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSsctr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSsctr(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSsctr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
             ],
         ) as u32
     }
@@ -7334,6 +13297,62 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosort_bufferSizeExt(
                 (nnz) as i64 as u64,
                 (cooRowsA) as usize as u64,
                 (cooColsA) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcscsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    cscColPtrA: *mut c_void,
+    cscRowIndA: *mut c_void,
+    P: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcscsort,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (cscColPtrA) as usize as u64,
+                (cscRowIndA) as usize as u64,
+                (P) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcscsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    cscColPtrA: *mut c_void,
+    cscRowIndA: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcscsort_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cscColPtrA) as usize as u64,
+                (cscRowIndA) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
             ],
         ) as u32
@@ -7739,6 +13758,32 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2gebsrNnz(
         ) as u32
     }
 }
+///`cusparseZaxpyi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZaxpyi(
+    handle: *mut c_void,
+    nnz: i32,
+    alpha: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZaxpyi,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsr2csr(
@@ -7813,6 +13858,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02(
         ) as u32
     }
 }
+///`cusparseZbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pInputBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pInputBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSize(
@@ -7843,6 +13924,40 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -7949,6 +14064,62 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSize(
                 (blockDim) as i64 as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
             ],
         ) as u32
     }
@@ -8127,6 +14298,46 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSize(
         ) as u32
     }
 }
+///`cusparseZbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_solve(
@@ -8253,6 +14464,42 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseZbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_solve(
@@ -8345,6 +14592,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrxmv(
         ) as u32
     }
 }
+///`cusparseZcsc2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsc2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsc2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2bsr(
@@ -8383,6 +14660,44 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2bsr(
         ) as u32
     }
 }
+///`cusparseZcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csr_compress(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzA: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    tol: chidori_cuda::types::double2,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2csr_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                &(tol) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csru(
@@ -8411,6 +14726,36 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csru(
                 (csrColInd) as usize as u64,
                 (info) as usize as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2dense` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2dense(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2dense,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
             ],
         ) as u32
     }
@@ -8487,6 +14832,76 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrcolor(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    fractionToColor: *mut c_void,
+    ncolors: *mut c_void,
+    coloring: *mut c_void,
+    reordering: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrcolor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (fractionToColor) as usize as u64,
+                (ncolors) as usize as u64,
+                (coloring) as usize as u64,
+                (reordering) as usize as u64,
+                (info) as usize as u64,
             ],
         ) as u32
     }
@@ -8713,6 +15128,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseZcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsric02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_analysis(
@@ -8771,6 +15218,68 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSize(
                 (csrSortedColIndA) as usize as u64,
                 (info) as usize as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsric02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA_valM: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrilu02,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA_valM) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
             ],
         ) as u32
     }
@@ -8837,6 +15346,58 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSize(
         ) as u32
     }
 }
+///`cusparseZcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedVal: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    csrSortedColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrilu02_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedVal) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (csrSortedColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_numericBoost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    enable_boost: i32,
+    tol: *mut c_void,
+    boost_val: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrilu02_numericBoost,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (enable_boost) as i64 as u64,
+                (tol) as usize as u64,
+                (boost_val) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZcsrsm2_analysis` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsm2_analysis(
@@ -8879,6 +15440,52 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsm2_analysis(
                 (info) as usize as u64,
                 (policy) as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsm2_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -8995,6 +15602,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_bufferSize(
         ) as u32
     }
 }
+///`cusparseZcsrsv2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_bufferSizeExt(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZcsrsv2_solve` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_solve(
@@ -9097,6 +15736,70 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr_bufferSizeExt(
         ) as u32
     }
 }
+///`cusparseZdense2csc` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZdense2csc(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerCol: *mut c_void,
+    cscSortedValA: *mut c_void,
+    cscSortedRowIndA: *mut c_void,
+    cscSortedColPtrA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZdense2csc,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerCol) as usize as u64,
+                (cscSortedValA) as usize as u64,
+                (cscSortedRowIndA) as usize as u64,
+                (cscSortedColPtrA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZdense2csr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZdense2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRow: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZdense2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRow) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2csr(
@@ -9137,6 +15840,48 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2csr(
         ) as u32
     }
 }
+///`cusparseZgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    bscVal: *mut c_void,
+    bscRowInd: *mut c_void,
+    bscColPtr: *mut c_void,
+    copyValues: u32,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsc,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (bscVal) as usize as u64,
+                (bscRowInd) as usize as u64,
+                (bscColPtr) as usize as u64,
+                (copyValues) as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize(
@@ -9165,6 +15910,38 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize(
                 (rowBlockDim) as i64 as u64,
                 (colBlockDim) as i64 as u64,
                 (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSizeExt(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsc_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSize) as usize as u64,
             ],
         ) as u32
     }
@@ -9257,6 +16034,266 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
+///`cusparseZgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSizeExt(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgemmi` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemmi(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    cscValB: *mut c_void,
+    cscColPtrB: *mut c_void,
+    cscRowIndB: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgemmi,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (cscValB) as usize as u64,
+                (cscColPtrB) as usize as u64,
+                (cscRowIndB) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgemvi,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    pBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgemvi_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (pBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgpsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgpsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgpsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    ds: *mut c_void,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    dw: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgpsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (ds) as usize as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (dw) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgthr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgthr(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgthr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgthrz` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgthrz(
+    handle: *mut c_void,
+    nnz: i32,
+    y: *mut c_void,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgthrz,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (y) as usize as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2(
@@ -9287,6 +16324,96 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2(
         ) as u32
     }
 }
+///`cusparseZgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2StridedBatch,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    batchStride: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2StridedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (batchStride) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusparseZgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot(
@@ -9313,6 +16440,178 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot(
                 (B) as usize as u64,
                 (ldb) as i64 as u64,
                 (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    bufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2_nopivot_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsvInterleavedBatch,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch_bufferSizeExt(
+    handle: *mut c_void,
+    algo: i32,
+    m: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    x: *mut c_void,
+    batchCount: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsvInterleavedBatch_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (m) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (x) as usize as u64,
+                (batchCount) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZnnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    nnzPerRowCol: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZnnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (nnzPerRowCol) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZnnz_compress(
+    handle: *mut c_void,
+    m: i32,
+    descr: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    nnzPerRow: *mut c_void,
+    nnzC: *mut c_void,
+    tol: chidori_cuda::types::double2,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZnnz_compress,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (descr) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (nnzPerRow) as usize as u64,
+                (nnzC) as usize as u64,
+                &(tol) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZsctr` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZsctr(
+    handle: *mut c_void,
+    nnz: i32,
+    xVal: *mut c_void,
+    xInd: *mut c_void,
+    y: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZsctr,
+            &[
+                (handle) as usize as u64,
+                (nnz) as i64 as u64,
+                (xVal) as usize as u64,
+                (xInd) as usize as u64,
+                (y) as usize as u64,
+                (idxBase) as u64,
             ],
         ) as u32
     }

@@ -307,39 +307,27 @@ cublasChpmv_v2:
     .globl cublasChpr
     .type cublasChpr, @function
 cublasChpr:
-    leaq .Lname6(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr@PLT
     .size cublasChpr, .-cublasChpr
     .globl cublasChpr2
     .type cublasChpr2, @function
 cublasChpr2:
-    leaq .Lname7(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2@PLT
     .size cublasChpr2, .-cublasChpr2
     .globl cublasChpr2_v2
     .type cublasChpr2_v2, @function
 cublasChpr2_v2:
-    leaq .Lname8(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2_v2@PLT
     .size cublasChpr2_v2, .-cublasChpr2_v2
     .globl cublasChpr_v2
     .type cublasChpr_v2, @function
 cublasChpr_v2:
-    leaq .Lname9(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr_v2@PLT
     .size cublasChpr_v2, .-cublasChpr_v2
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -367,7 +355,7 @@ cublasCrot_v2:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -570,10 +558,7 @@ cublasCtrsv_v2:
     .globl cublasCtrttp
     .type cublasCtrttp, @function
 cublasCtrttp:
-    leaq .Lname12(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrttp@PLT
     .size cublasCtrttp, .-cublasCtrttp
     .globl cublasDasum
     .type cublasDasum, @function
@@ -598,7 +583,7 @@ cublasDaxpy_v2:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -681,7 +666,7 @@ cublasDgemv:
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -729,7 +714,7 @@ cublasDgetrsBatched:
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -752,7 +737,7 @@ cublasDotEx:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -770,7 +755,7 @@ cublasDrot_v2:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -783,7 +768,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +781,7 @@ cublasDrotm_v2:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,50 +814,32 @@ cublasDscal_v2:
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname20(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv@PLT
     .size cublasDspmv, .-cublasDspmv
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname21(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv_v2@PLT
     .size cublasDspmv_v2, .-cublasDspmv_v2
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname22(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr@PLT
     .size cublasDspr, .-cublasDspr
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname23(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2@PLT
     .size cublasDspr2, .-cublasDspr2
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname24(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2_v2@PLT
     .size cublasDspr2_v2, .-cublasDspr2_v2
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname25(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr_v2@PLT
     .size cublasDspr_v2, .-cublasDspr_v2
     .globl cublasDswap
     .type cublasDswap, @function
@@ -972,42 +939,27 @@ cublasDtbsv_v2:
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname26(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv@PLT
     .size cublasDtpmv, .-cublasDtpmv
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname27(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv_v2@PLT
     .size cublasDtpmv_v2, .-cublasDtpmv_v2
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname28(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv@PLT
     .size cublasDtpsv, .-cublasDtpsv
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname29(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv_v2@PLT
     .size cublasDtpsv_v2, .-cublasDtpsv_v2
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname30(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpttr@PLT
     .size cublasDtpttr, .-cublasDtpttr
     .globl cublasDtrmm
     .type cublasDtrmm, @function
@@ -1057,10 +1009,7 @@ cublasDtrsv_v2:
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname31(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrttp@PLT
     .size cublasDtrttp, .-cublasDtrttp
     .globl cublasDzasum
     .type cublasDzasum, @function
@@ -1085,7 +1034,7 @@ cublasDznrm2_v2:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,7 +1062,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1131,7 +1080,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1113,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1156,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,7 +1164,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1223,7 +1172,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,7 +1180,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1239,7 +1188,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1196,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,7 +1204,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1358,7 +1307,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1366,7 +1315,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1379,7 +1328,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1387,7 +1336,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1395,7 +1344,7 @@ cublasRotmEx:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1423,7 +1372,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1486,7 +1435,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1494,7 +1443,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1507,7 +1456,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1610,7 +1559,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1663,7 +1612,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1691,7 +1640,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1704,7 +1653,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1717,7 +1666,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,50 +1699,32 @@ cublasSscal_v2:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname57(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv@PLT
     .size cublasSspmv, .-cublasSspmv
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname58(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv_v2@PLT
     .size cublasSspmv_v2, .-cublasSspmv_v2
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname59(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr@PLT
     .size cublasSspr, .-cublasSspr
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname60(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2@PLT
     .size cublasSspr2, .-cublasSspr2
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname61(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2_v2@PLT
     .size cublasSspr2_v2, .-cublasSspr2_v2
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname62(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr_v2@PLT
     .size cublasSspr_v2, .-cublasSspr_v2
     .globl cublasSswap
     .type cublasSswap, @function
@@ -1893,42 +1824,27 @@ cublasStbsv_v2:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname63(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv@PLT
     .size cublasStpmv, .-cublasStpmv
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname64(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv_v2@PLT
     .size cublasStpmv_v2, .-cublasStpmv_v2
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname65(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv@PLT
     .size cublasStpsv, .-cublasStpsv
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname66(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv_v2@PLT
     .size cublasStpsv_v2, .-cublasStpsv_v2
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname67(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpttr@PLT
     .size cublasStpttr, .-cublasStpttr
     .globl cublasStrmm
     .type cublasStrmm, @function
@@ -1978,10 +1894,7 @@ cublasStrsv_v2:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname68(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrttp@PLT
     .size cublasStrttp, .-cublasStrttp
     .globl cublasSwapEx
     .type cublasSwapEx, @function
@@ -1991,7 +1904,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1999,7 +1912,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2007,7 +1920,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2015,7 +1928,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2103,7 +2016,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2116,10 +2029,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname74(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDspmm@PLT
     .size cublasXtDspmm, .-cublasXtDspmm
     .globl cublasXtDsymm
     .type cublasXtDsymm, @function
@@ -2154,7 +2064,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2162,7 +2072,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2175,7 +2085,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +2103,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2211,10 +2121,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname79(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSspmm@PLT
     .size cublasXtSspmm, .-cublasXtSspmm
     .globl cublasXtSsymm
     .type cublasXtSsymm, @function
@@ -2319,7 +2226,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2342,7 +2249,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2355,7 +2262,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,7 +2345,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2581,39 +2488,27 @@ cublasZhpmv_v2:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname84(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr@PLT
     .size cublasZhpr, .-cublasZhpr
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname85(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2@PLT
     .size cublasZhpr2, .-cublasZhpr2
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname86(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2_v2@PLT
     .size cublasZhpr2_v2, .-cublasZhpr2_v2
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname87(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr_v2@PLT
     .size cublasZhpr_v2, .-cublasZhpr_v2
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2631,7 +2526,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2804,10 +2699,7 @@ cublasZtrsv_v2:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname90(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrttp@PLT
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
@@ -2823,173 +2715,101 @@ cublasZtrttp:
 .Lname5:
     .asciz "cublasCgemvBatched"
 .Lname6:
-    .asciz "cublasChpr"
-.Lname7:
-    .asciz "cublasChpr2"
-.Lname8:
-    .asciz "cublasChpr2_v2"
-.Lname9:
-    .asciz "cublasChpr_v2"
-.Lname10:
     .asciz "cublasCmatinvBatched"
-.Lname11:
+.Lname7:
     .asciz "cublasCrotg"
-.Lname12:
-    .asciz "cublasCtrttp"
-.Lname13:
+.Lname8:
     .asciz "cublasDbdmm"
-.Lname14:
+.Lname9:
     .asciz "cublasDgemvBatched"
-.Lname15:
+.Lname10:
     .asciz "cublasDmatinvBatched"
-.Lname16:
+.Lname11:
     .asciz "cublasDotcEx"
-.Lname17:
+.Lname12:
     .asciz "cublasDrotg"
-.Lname18:
+.Lname13:
     .asciz "cublasDrotm"
-.Lname19:
+.Lname14:
     .asciz "cublasDrotmg"
-.Lname20:
-    .asciz "cublasDspmv"
-.Lname21:
-    .asciz "cublasDspmv_v2"
-.Lname22:
-    .asciz "cublasDspr"
-.Lname23:
-    .asciz "cublasDspr2"
-.Lname24:
-    .asciz "cublasDspr2_v2"
-.Lname25:
-    .asciz "cublasDspr_v2"
-.Lname26:
-    .asciz "cublasDtpmv"
-.Lname27:
-    .asciz "cublasDtpmv_v2"
-.Lname28:
-    .asciz "cublasDtpsv"
-.Lname29:
-    .asciz "cublasDtpsv_v2"
-.Lname30:
-    .asciz "cublasDtpttr"
-.Lname31:
-    .asciz "cublasDtrttp"
-.Lname32:
+.Lname15:
     .asciz "cublasFree"
-.Lname33:
+.Lname16:
     .asciz "cublasGetBackdoor"
-.Lname34:
+.Lname17:
     .asciz "cublasGetLoggerCallback"
-.Lname35:
+.Lname18:
     .asciz "cublasGetSmCountTarget"
-.Lname36:
+.Lname19:
     .asciz "cublasHSHgemvBatched"
-.Lname37:
+.Lname20:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname38:
+.Lname21:
     .asciz "cublasHSSgemvBatched"
-.Lname39:
+.Lname22:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname40:
+.Lname23:
     .asciz "cublasHgemm"
-.Lname41:
+.Lname24:
     .asciz "cublasHgemmBatched"
-.Lname42:
+.Lname25:
     .asciz "cublasHgemmStridedBatched"
-.Lname43:
+.Lname26:
     .asciz "cublasLoggerConfigure"
-.Lname44:
+.Lname27:
     .asciz "cublasNrm2Ex"
-.Lname45:
+.Lname28:
     .asciz "cublasRotgEx"
-.Lname46:
+.Lname29:
     .asciz "cublasRotmEx"
-.Lname47:
+.Lname30:
     .asciz "cublasRotmgEx"
-.Lname48:
+.Lname31:
     .asciz "cublasSbdmm"
-.Lname49:
+.Lname32:
     .asciz "cublasSetBackdoor"
-.Lname50:
+.Lname33:
     .asciz "cublasSetBackdoorEx"
-.Lname51:
+.Lname34:
     .asciz "cublasSetLoggerCallback"
-.Lname52:
+.Lname35:
     .asciz "cublasSgemvBatched"
-.Lname53:
+.Lname36:
     .asciz "cublasSmatinvBatched"
-.Lname54:
+.Lname37:
     .asciz "cublasSrotg"
-.Lname55:
+.Lname38:
     .asciz "cublasSrotm"
-.Lname56:
+.Lname39:
     .asciz "cublasSrotmg"
-.Lname57:
-    .asciz "cublasSspmv"
-.Lname58:
-    .asciz "cublasSspmv_v2"
-.Lname59:
-    .asciz "cublasSspr"
-.Lname60:
-    .asciz "cublasSspr2"
-.Lname61:
-    .asciz "cublasSspr2_v2"
-.Lname62:
-    .asciz "cublasSspr_v2"
-.Lname63:
-    .asciz "cublasStpmv"
-.Lname64:
-    .asciz "cublasStpmv_v2"
-.Lname65:
-    .asciz "cublasStpsv"
-.Lname66:
-    .asciz "cublasStpsv_v2"
-.Lname67:
-    .asciz "cublasStpttr"
-.Lname68:
-    .asciz "cublasStrttp"
-.Lname69:
+.Lname40:
     .asciz "cublasTSSgemvBatched"
-.Lname70:
+.Lname41:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname71:
+.Lname42:
     .asciz "cublasTSTgemvBatched"
-.Lname72:
+.Lname43:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname73:
+.Lname44:
     .asciz "cublasXtDeviceSelect"
-.Lname74:
-    .asciz "cublasXtDspmm"
-.Lname75:
+.Lname45:
     .asciz "cublasXtGetBlockDim"
-.Lname76:
+.Lname46:
     .asciz "cublasXtGetNumBoards"
-.Lname77:
+.Lname47:
     .asciz "cublasXtMaxBoards"
-.Lname78:
+.Lname48:
     .asciz "cublasXtSetCpuRoutine"
-.Lname79:
-    .asciz "cublasXtSspmm"
-.Lname80:
+.Lname49:
     .asciz "cublasZbdmm"
-.Lname81:
+.Lname50:
     .asciz "cublasZdotc"
-.Lname82:
+.Lname51:
     .asciz "cublasZdotu"
-.Lname83:
+.Lname52:
     .asciz "cublasZgemvBatched"
-.Lname84:
-    .asciz "cublasZhpr"
-.Lname85:
-    .asciz "cublasZhpr2"
-.Lname86:
-    .asciz "cublasZhpr2_v2"
-.Lname87:
-    .asciz "cublasZhpr_v2"
-.Lname88:
+.Lname53:
     .asciz "cublasZmatinvBatched"
-.Lname89:
+.Lname54:
     .asciz "cublasZrotg"
-.Lname90:
-    .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -478,55 +478,37 @@ cublasChpmv_v2_64:
     .globl cublasChpr
     .type cublasChpr, @function
 cublasChpr:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr@PLT
     .size cublasChpr, .-cublasChpr
     .globl cublasChpr2
     .type cublasChpr2, @function
 cublasChpr2:
-    leaq .Lname9(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2@PLT
     .size cublasChpr2, .-cublasChpr2
     .globl cublasChpr2_v2
     .type cublasChpr2_v2, @function
 cublasChpr2_v2:
-    leaq .Lname10(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2_v2@PLT
     .size cublasChpr2_v2, .-cublasChpr2_v2
     .globl cublasChpr2_v2_64
     .type cublasChpr2_v2_64, @function
 cublasChpr2_v2_64:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2_v2_64@PLT
     .size cublasChpr2_v2_64, .-cublasChpr2_v2_64
     .globl cublasChpr_v2
     .type cublasChpr_v2, @function
 cublasChpr_v2:
-    leaq .Lname12(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr_v2@PLT
     .size cublasChpr_v2, .-cublasChpr_v2
     .globl cublasChpr_v2_64
     .type cublasChpr_v2_64, @function
 cublasChpr_v2_64:
-    leaq .Lname13(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr_v2_64@PLT
     .size cublasChpr_v2_64, .-cublasChpr_v2_64
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +546,7 @@ cublasCrot_v2_64:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -877,10 +859,7 @@ cublasCtrsv_v2_64:
     .globl cublasCtrttp
     .type cublasCtrttp, @function
 cublasCtrttp:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrttp@PLT
     .size cublasCtrttp, .-cublasCtrttp
     .globl cublasDasum
     .type cublasDasum, @function
@@ -915,7 +894,7 @@ cublasDaxpy_v2_64:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1013,7 +992,7 @@ cublasDgemmBatched_64:
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1021,7 +1000,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1054,7 +1033,7 @@ cublasDgemv:
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1041,7 @@ cublasDgemvBatched:
     .globl cublasDgemvBatched_64
     .type cublasDgemvBatched_64, @function
 cublasDgemvBatched_64:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1125,7 +1104,7 @@ cublasDgetrsBatched:
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1153,7 +1132,7 @@ cublasDotEx:
     .globl cublasDotEx_64
     .type cublasDotEx_64, @function
 cublasDotEx_64:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1161,7 +1140,7 @@ cublasDotEx_64:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1169,7 +1148,7 @@ cublasDotcEx:
     .globl cublasDotcEx_64
     .type cublasDotcEx_64, @function
 cublasDotcEx_64:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1171,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1205,7 +1184,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1197,7 @@ cublasDrotm_v2:
     .globl cublasDrotm_v2_64
     .type cublasDrotm_v2_64, @function
 cublasDrotm_v2_64:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,7 +1205,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1269,74 +1248,47 @@ cublasDscal_v2_64:
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname30(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv@PLT
     .size cublasDspmv, .-cublasDspmv
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname31(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv_v2@PLT
     .size cublasDspmv_v2, .-cublasDspmv_v2
     .globl cublasDspmv_v2_64
     .type cublasDspmv_v2_64, @function
 cublasDspmv_v2_64:
-    leaq .Lname32(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv_v2_64@PLT
     .size cublasDspmv_v2_64, .-cublasDspmv_v2_64
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname33(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr@PLT
     .size cublasDspr, .-cublasDspr
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname34(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2@PLT
     .size cublasDspr2, .-cublasDspr2
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2_v2@PLT
     .size cublasDspr2_v2, .-cublasDspr2_v2
     .globl cublasDspr2_v2_64
     .type cublasDspr2_v2_64, @function
 cublasDspr2_v2_64:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2_v2_64@PLT
     .size cublasDspr2_v2_64, .-cublasDspr2_v2_64
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr_v2@PLT
     .size cublasDspr_v2, .-cublasDspr_v2
     .globl cublasDspr_v2_64
     .type cublasDspr_v2_64, @function
 cublasDspr_v2_64:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr_v2_64@PLT
     .size cublasDspr_v2_64, .-cublasDspr_v2_64
     .globl cublasDswap
     .type cublasDswap, @function
@@ -1486,58 +1438,37 @@ cublasDtbsv_v2_64:
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname39(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv@PLT
     .size cublasDtpmv, .-cublasDtpmv
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname40(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv_v2@PLT
     .size cublasDtpmv_v2, .-cublasDtpmv_v2
     .globl cublasDtpmv_v2_64
     .type cublasDtpmv_v2_64, @function
 cublasDtpmv_v2_64:
-    leaq .Lname41(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv_v2_64@PLT
     .size cublasDtpmv_v2_64, .-cublasDtpmv_v2_64
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname42(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv@PLT
     .size cublasDtpsv, .-cublasDtpsv
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname43(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv_v2@PLT
     .size cublasDtpsv_v2, .-cublasDtpsv_v2
     .globl cublasDtpsv_v2_64
     .type cublasDtpsv_v2_64, @function
 cublasDtpsv_v2_64:
-    leaq .Lname44(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv_v2_64@PLT
     .size cublasDtpsv_v2_64, .-cublasDtpsv_v2_64
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname45(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpttr@PLT
     .size cublasDtpttr, .-cublasDtpttr
     .globl cublasDtrmm
     .type cublasDtrmm, @function
@@ -1612,10 +1543,7 @@ cublasDtrsv_v2_64:
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname46(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrttp@PLT
     .size cublasDtrttp, .-cublasDtrttp
     .globl cublasDzasum
     .type cublasDzasum, @function
@@ -1650,7 +1578,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1606,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1686,7 +1614,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1637,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,7 +1655,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,7 +1698,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1751,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1831,7 +1759,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1839,7 +1767,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1847,7 +1775,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1855,7 +1783,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1863,7 +1791,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1871,7 +1799,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,7 +1807,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +1815,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1895,7 +1823,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1903,7 +1831,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1911,7 +1839,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1919,7 +1847,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1927,7 +1855,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2080,7 +2008,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2088,7 +2016,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2096,7 +2024,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +2042,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2122,7 +2050,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2130,7 +2058,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2138,7 +2066,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2176,7 +2104,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2269,7 +2197,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2277,7 +2205,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2290,7 +2218,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2418,7 +2346,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2426,7 +2354,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2459,7 +2387,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2467,7 +2395,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,7 +2463,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2573,7 +2501,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2586,7 +2514,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2599,7 +2527,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2607,7 +2535,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2650,74 +2578,47 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname87(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv@PLT
     .size cublasSspmv, .-cublasSspmv
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname88(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv_v2@PLT
     .size cublasSspmv_v2, .-cublasSspmv_v2
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname89(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv_v2_64@PLT
     .size cublasSspmv_v2_64, .-cublasSspmv_v2_64
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname90(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr@PLT
     .size cublasSspr, .-cublasSspr
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname91(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2@PLT
     .size cublasSspr2, .-cublasSspr2
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname92(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2_v2@PLT
     .size cublasSspr2_v2, .-cublasSspr2_v2
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname93(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2_v2_64@PLT
     .size cublasSspr2_v2_64, .-cublasSspr2_v2_64
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname94(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr_v2@PLT
     .size cublasSspr_v2, .-cublasSspr_v2
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname95(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr_v2_64@PLT
     .size cublasSspr_v2_64, .-cublasSspr_v2_64
     .globl cublasSswap
     .type cublasSswap, @function
@@ -2867,58 +2768,37 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname96(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv@PLT
     .size cublasStpmv, .-cublasStpmv
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv_v2@PLT
     .size cublasStpmv_v2, .-cublasStpmv_v2
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname98(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv_v2_64@PLT
     .size cublasStpmv_v2_64, .-cublasStpmv_v2_64
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname99(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv@PLT
     .size cublasStpsv, .-cublasStpsv
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname100(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv_v2@PLT
     .size cublasStpsv_v2, .-cublasStpsv_v2
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname101(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv_v2_64@PLT
     .size cublasStpsv_v2_64, .-cublasStpsv_v2_64
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname102(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpttr@PLT
     .size cublasStpttr, .-cublasStpttr
     .globl cublasStrmm
     .type cublasStrmm, @function
@@ -2993,10 +2873,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname103(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrttp@PLT
     .size cublasStrttp, .-cublasStrttp
     .globl cublasSwapEx
     .type cublasSwapEx, @function
@@ -3011,7 +2888,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3019,7 +2896,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3027,7 +2904,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3035,7 +2912,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3043,7 +2920,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3051,7 +2928,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3059,7 +2936,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3067,7 +2944,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3155,7 +3032,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3168,10 +3045,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname113(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDspmm@PLT
     .size cublasXtDspmm, .-cublasXtDspmm
     .globl cublasXtDsymm
     .type cublasXtDsymm, @function
@@ -3206,7 +3080,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3214,7 +3088,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3227,7 +3101,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3245,7 +3119,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3263,10 +3137,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname118(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSspmm@PLT
     .size cublasXtSspmm, .-cublasXtSspmm
     .globl cublasXtSsymm
     .type cublasXtSsymm, @function
@@ -3376,7 +3247,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3409,7 +3280,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3427,7 +3298,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3555,7 +3426,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3563,7 +3434,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3771,55 +3642,37 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname124(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr@PLT
     .size cublasZhpr, .-cublasZhpr
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname125(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2@PLT
     .size cublasZhpr2, .-cublasZhpr2
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname126(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2_v2@PLT
     .size cublasZhpr2_v2, .-cublasZhpr2_v2
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname127(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2_v2_64@PLT
     .size cublasZhpr2_v2_64, .-cublasZhpr2_v2_64
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname128(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr_v2@PLT
     .size cublasZhpr_v2, .-cublasZhpr_v2
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname129(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr_v2_64@PLT
     .size cublasZhpr_v2_64, .-cublasZhpr_v2_64
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3842,7 +3695,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4105,10 +3958,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname132(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrttp@PLT
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
@@ -4128,253 +3978,153 @@ cublasZtrttp:
 .Lname7:
     .asciz "cublasCgemvBatched_64"
 .Lname8:
-    .asciz "cublasChpr"
-.Lname9:
-    .asciz "cublasChpr2"
-.Lname10:
-    .asciz "cublasChpr2_v2"
-.Lname11:
-    .asciz "cublasChpr2_v2_64"
-.Lname12:
-    .asciz "cublasChpr_v2"
-.Lname13:
-    .asciz "cublasChpr_v2_64"
-.Lname14:
     .asciz "cublasCmatinvBatched"
-.Lname15:
+.Lname9:
     .asciz "cublasCrotg"
-.Lname16:
-    .asciz "cublasCtrttp"
-.Lname17:
+.Lname10:
     .asciz "cublasDbdmm"
-.Lname18:
+.Lname11:
     .asciz "cublasDgemmGroupedBatched"
-.Lname19:
+.Lname12:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname20:
+.Lname13:
     .asciz "cublasDgemvBatched"
-.Lname21:
+.Lname14:
     .asciz "cublasDgemvBatched_64"
-.Lname22:
+.Lname15:
     .asciz "cublasDmatinvBatched"
-.Lname23:
+.Lname16:
     .asciz "cublasDotEx_64"
-.Lname24:
+.Lname17:
     .asciz "cublasDotcEx"
-.Lname25:
+.Lname18:
     .asciz "cublasDotcEx_64"
-.Lname26:
+.Lname19:
     .asciz "cublasDrotg"
-.Lname27:
+.Lname20:
     .asciz "cublasDrotm"
-.Lname28:
+.Lname21:
     .asciz "cublasDrotm_v2_64"
-.Lname29:
+.Lname22:
     .asciz "cublasDrotmg"
-.Lname30:
-    .asciz "cublasDspmv"
-.Lname31:
-    .asciz "cublasDspmv_v2"
-.Lname32:
-    .asciz "cublasDspmv_v2_64"
-.Lname33:
-    .asciz "cublasDspr"
-.Lname34:
-    .asciz "cublasDspr2"
-.Lname35:
-    .asciz "cublasDspr2_v2"
-.Lname36:
-    .asciz "cublasDspr2_v2_64"
-.Lname37:
-    .asciz "cublasDspr_v2"
-.Lname38:
-    .asciz "cublasDspr_v2_64"
-.Lname39:
-    .asciz "cublasDtpmv"
-.Lname40:
-    .asciz "cublasDtpmv_v2"
-.Lname41:
-    .asciz "cublasDtpmv_v2_64"
-.Lname42:
-    .asciz "cublasDtpsv"
-.Lname43:
-    .asciz "cublasDtpsv_v2"
-.Lname44:
-    .asciz "cublasDtpsv_v2_64"
-.Lname45:
-    .asciz "cublasDtpttr"
-.Lname46:
-    .asciz "cublasDtrttp"
-.Lname47:
+.Lname23:
     .asciz "cublasFree"
-.Lname48:
+.Lname24:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname49:
+.Lname25:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname50:
+.Lname26:
     .asciz "cublasGetBackdoor"
-.Lname51:
+.Lname27:
     .asciz "cublasGetLoggerCallback"
-.Lname52:
+.Lname28:
     .asciz "cublasGetSmCountTarget"
-.Lname53:
+.Lname29:
     .asciz "cublasHSHgemvBatched"
-.Lname54:
+.Lname30:
     .asciz "cublasHSHgemvBatched_64"
-.Lname55:
+.Lname31:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname56:
+.Lname32:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname57:
+.Lname33:
     .asciz "cublasHSSgemvBatched"
-.Lname58:
+.Lname34:
     .asciz "cublasHSSgemvBatched_64"
-.Lname59:
+.Lname35:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname60:
+.Lname36:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname61:
+.Lname37:
     .asciz "cublasHgemm"
-.Lname62:
+.Lname38:
     .asciz "cublasHgemmBatched"
-.Lname63:
+.Lname39:
     .asciz "cublasHgemmBatched_64"
-.Lname64:
+.Lname40:
     .asciz "cublasHgemmStridedBatched"
-.Lname65:
+.Lname41:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname66:
+.Lname42:
     .asciz "cublasHgemm_64"
-.Lname67:
+.Lname43:
     .asciz "cublasLoggerConfigure"
-.Lname68:
+.Lname44:
     .asciz "cublasNrm2Ex"
-.Lname69:
+.Lname45:
     .asciz "cublasNrm2Ex_64"
-.Lname70:
+.Lname46:
     .asciz "cublasRotgEx"
-.Lname71:
+.Lname47:
     .asciz "cublasRotmEx"
-.Lname72:
+.Lname48:
     .asciz "cublasRotmEx_64"
-.Lname73:
+.Lname49:
     .asciz "cublasRotmgEx"
-.Lname74:
+.Lname50:
     .asciz "cublasSbdmm"
-.Lname75:
+.Lname51:
     .asciz "cublasSetBackdoor"
-.Lname76:
+.Lname52:
     .asciz "cublasSetBackdoorEx"
-.Lname77:
+.Lname53:
     .asciz "cublasSetLoggerCallback"
-.Lname78:
+.Lname54:
     .asciz "cublasSgemmGroupedBatched"
-.Lname79:
+.Lname55:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname80:
+.Lname56:
     .asciz "cublasSgemvBatched"
-.Lname81:
+.Lname57:
     .asciz "cublasSgemvBatched_64"
-.Lname82:
+.Lname58:
     .asciz "cublasSmatinvBatched"
-.Lname83:
+.Lname59:
     .asciz "cublasSrotg"
-.Lname84:
+.Lname60:
     .asciz "cublasSrotm"
-.Lname85:
+.Lname61:
     .asciz "cublasSrotm_v2_64"
-.Lname86:
+.Lname62:
     .asciz "cublasSrotmg"
-.Lname87:
-    .asciz "cublasSspmv"
-.Lname88:
-    .asciz "cublasSspmv_v2"
-.Lname89:
-    .asciz "cublasSspmv_v2_64"
-.Lname90:
-    .asciz "cublasSspr"
-.Lname91:
-    .asciz "cublasSspr2"
-.Lname92:
-    .asciz "cublasSspr2_v2"
-.Lname93:
-    .asciz "cublasSspr2_v2_64"
-.Lname94:
-    .asciz "cublasSspr_v2"
-.Lname95:
-    .asciz "cublasSspr_v2_64"
-.Lname96:
-    .asciz "cublasStpmv"
-.Lname97:
-    .asciz "cublasStpmv_v2"
-.Lname98:
-    .asciz "cublasStpmv_v2_64"
-.Lname99:
-    .asciz "cublasStpsv"
-.Lname100:
-    .asciz "cublasStpsv_v2"
-.Lname101:
-    .asciz "cublasStpsv_v2_64"
-.Lname102:
-    .asciz "cublasStpttr"
-.Lname103:
-    .asciz "cublasStrttp"
-.Lname104:
+.Lname63:
     .asciz "cublasTSSgemvBatched"
-.Lname105:
+.Lname64:
     .asciz "cublasTSSgemvBatched_64"
-.Lname106:
+.Lname65:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname107:
+.Lname66:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname108:
+.Lname67:
     .asciz "cublasTSTgemvBatched"
-.Lname109:
+.Lname68:
     .asciz "cublasTSTgemvBatched_64"
-.Lname110:
+.Lname69:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname111:
+.Lname70:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname112:
+.Lname71:
     .asciz "cublasXtDeviceSelect"
-.Lname113:
-    .asciz "cublasXtDspmm"
-.Lname114:
+.Lname72:
     .asciz "cublasXtGetBlockDim"
-.Lname115:
+.Lname73:
     .asciz "cublasXtGetNumBoards"
-.Lname116:
+.Lname74:
     .asciz "cublasXtMaxBoards"
-.Lname117:
+.Lname75:
     .asciz "cublasXtSetCpuRoutine"
-.Lname118:
-    .asciz "cublasXtSspmm"
-.Lname119:
+.Lname76:
     .asciz "cublasZbdmm"
-.Lname120:
+.Lname77:
     .asciz "cublasZdotc"
-.Lname121:
+.Lname78:
     .asciz "cublasZdotu"
-.Lname122:
+.Lname79:
     .asciz "cublasZgemvBatched"
-.Lname123:
+.Lname80:
     .asciz "cublasZgemvBatched_64"
-.Lname124:
-    .asciz "cublasZhpr"
-.Lname125:
-    .asciz "cublasZhpr2"
-.Lname126:
-    .asciz "cublasZhpr2_v2"
-.Lname127:
-    .asciz "cublasZhpr2_v2_64"
-.Lname128:
-    .asciz "cublasZhpr_v2"
-.Lname129:
-    .asciz "cublasZhpr_v2_64"
-.Lname130:
+.Lname81:
     .asciz "cublasZmatinvBatched"
-.Lname131:
+.Lname82:
     .asciz "cublasZrotg"
-.Lname132:
-    .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -478,55 +478,37 @@ cublasChpmv_v2_64:
     .globl cublasChpr
     .type cublasChpr, @function
 cublasChpr:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr@PLT
     .size cublasChpr, .-cublasChpr
     .globl cublasChpr2
     .type cublasChpr2, @function
 cublasChpr2:
-    leaq .Lname9(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2@PLT
     .size cublasChpr2, .-cublasChpr2
     .globl cublasChpr2_v2
     .type cublasChpr2_v2, @function
 cublasChpr2_v2:
-    leaq .Lname10(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2_v2@PLT
     .size cublasChpr2_v2, .-cublasChpr2_v2
     .globl cublasChpr2_v2_64
     .type cublasChpr2_v2_64, @function
 cublasChpr2_v2_64:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr2_v2_64@PLT
     .size cublasChpr2_v2_64, .-cublasChpr2_v2_64
     .globl cublasChpr_v2
     .type cublasChpr_v2, @function
 cublasChpr_v2:
-    leaq .Lname12(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr_v2@PLT
     .size cublasChpr_v2, .-cublasChpr_v2
     .globl cublasChpr_v2_64
     .type cublasChpr_v2_64, @function
 cublasChpr_v2_64:
-    leaq .Lname13(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpr_v2_64@PLT
     .size cublasChpr_v2_64, .-cublasChpr_v2_64
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +546,7 @@ cublasCrot_v2_64:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -877,10 +859,7 @@ cublasCtrsv_v2_64:
     .globl cublasCtrttp
     .type cublasCtrttp, @function
 cublasCtrttp:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrttp@PLT
     .size cublasCtrttp, .-cublasCtrttp
     .globl cublasDasum
     .type cublasDasum, @function
@@ -915,7 +894,7 @@ cublasDaxpy_v2_64:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1013,7 +992,7 @@ cublasDgemmBatched_64:
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1021,7 +1000,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1054,7 +1033,7 @@ cublasDgemv:
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1041,7 @@ cublasDgemvBatched:
     .globl cublasDgemvBatched_64
     .type cublasDgemvBatched_64, @function
 cublasDgemvBatched_64:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1125,7 +1104,7 @@ cublasDgetrsBatched:
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1153,7 +1132,7 @@ cublasDotEx:
     .globl cublasDotEx_64
     .type cublasDotEx_64, @function
 cublasDotEx_64:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1161,7 +1140,7 @@ cublasDotEx_64:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1169,7 +1148,7 @@ cublasDotcEx:
     .globl cublasDotcEx_64
     .type cublasDotcEx_64, @function
 cublasDotcEx_64:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1171,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1205,7 +1184,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1197,7 @@ cublasDrotm_v2:
     .globl cublasDrotm_v2_64
     .type cublasDrotm_v2_64, @function
 cublasDrotm_v2_64:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,7 +1205,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1269,74 +1248,47 @@ cublasDscal_v2_64:
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname30(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv@PLT
     .size cublasDspmv, .-cublasDspmv
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname31(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv_v2@PLT
     .size cublasDspmv_v2, .-cublasDspmv_v2
     .globl cublasDspmv_v2_64
     .type cublasDspmv_v2_64, @function
 cublasDspmv_v2_64:
-    leaq .Lname32(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspmv_v2_64@PLT
     .size cublasDspmv_v2_64, .-cublasDspmv_v2_64
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname33(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr@PLT
     .size cublasDspr, .-cublasDspr
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname34(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2@PLT
     .size cublasDspr2, .-cublasDspr2
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2_v2@PLT
     .size cublasDspr2_v2, .-cublasDspr2_v2
     .globl cublasDspr2_v2_64
     .type cublasDspr2_v2_64, @function
 cublasDspr2_v2_64:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr2_v2_64@PLT
     .size cublasDspr2_v2_64, .-cublasDspr2_v2_64
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr_v2@PLT
     .size cublasDspr_v2, .-cublasDspr_v2
     .globl cublasDspr_v2_64
     .type cublasDspr_v2_64, @function
 cublasDspr_v2_64:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDspr_v2_64@PLT
     .size cublasDspr_v2_64, .-cublasDspr_v2_64
     .globl cublasDswap
     .type cublasDswap, @function
@@ -1486,58 +1438,37 @@ cublasDtbsv_v2_64:
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname39(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv@PLT
     .size cublasDtpmv, .-cublasDtpmv
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname40(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv_v2@PLT
     .size cublasDtpmv_v2, .-cublasDtpmv_v2
     .globl cublasDtpmv_v2_64
     .type cublasDtpmv_v2_64, @function
 cublasDtpmv_v2_64:
-    leaq .Lname41(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpmv_v2_64@PLT
     .size cublasDtpmv_v2_64, .-cublasDtpmv_v2_64
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname42(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv@PLT
     .size cublasDtpsv, .-cublasDtpsv
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname43(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv_v2@PLT
     .size cublasDtpsv_v2, .-cublasDtpsv_v2
     .globl cublasDtpsv_v2_64
     .type cublasDtpsv_v2_64, @function
 cublasDtpsv_v2_64:
-    leaq .Lname44(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpsv_v2_64@PLT
     .size cublasDtpsv_v2_64, .-cublasDtpsv_v2_64
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname45(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtpttr@PLT
     .size cublasDtpttr, .-cublasDtpttr
     .globl cublasDtrmm
     .type cublasDtrmm, @function
@@ -1612,10 +1543,7 @@ cublasDtrsv_v2_64:
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname46(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrttp@PLT
     .size cublasDtrttp, .-cublasDtrttp
     .globl cublasDzasum
     .type cublasDzasum, @function
@@ -1650,7 +1578,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1606,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1686,7 +1614,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1637,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1722,7 +1650,7 @@ cublasGetCudartVersion:
     .globl cublasGetEmulationSpecialValuesSupport
     .type cublasGetEmulationSpecialValuesSupport, @function
 cublasGetEmulationSpecialValuesSupport:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1730,7 +1658,7 @@ cublasGetEmulationSpecialValuesSupport:
     .globl cublasGetEmulationStrategy
     .type cublasGetEmulationStrategy, @function
 cublasGetEmulationStrategy:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1738,7 +1666,7 @@ cublasGetEmulationStrategy:
     .globl cublasGetEnvironmentMode
     .type cublasGetEnvironmentMode, @function
 cublasGetEnvironmentMode:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1751,7 +1679,7 @@ cublasGetError:
     .globl cublasGetFixedPointEmulationMantissaBitCountPointer
     .type cublasGetFixedPointEmulationMantissaBitCountPointer, @function
 cublasGetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1759,7 +1687,7 @@ cublasGetFixedPointEmulationMantissaBitCountPointer:
     .globl cublasGetFixedPointEmulationMantissaBitOffset
     .type cublasGetFixedPointEmulationMantissaBitOffset, @function
 cublasGetFixedPointEmulationMantissaBitOffset:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1767,7 +1695,7 @@ cublasGetFixedPointEmulationMantissaBitOffset:
     .globl cublasGetFixedPointEmulationMantissaControl
     .type cublasGetFixedPointEmulationMantissaControl, @function
 cublasGetFixedPointEmulationMantissaControl:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1775,7 +1703,7 @@ cublasGetFixedPointEmulationMantissaControl:
     .globl cublasGetFixedPointEmulationMaxMantissaBitCount
     .type cublasGetFixedPointEmulationMaxMantissaBitCount, @function
 cublasGetFixedPointEmulationMaxMantissaBitCount:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1783,7 +1711,7 @@ cublasGetFixedPointEmulationMaxMantissaBitCount:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1826,7 +1754,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,7 +1807,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +1815,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1895,7 +1823,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1903,7 +1831,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1911,7 +1839,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1919,7 +1847,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1927,7 +1855,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1935,7 +1863,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1943,7 +1871,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1951,7 +1879,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1959,7 +1887,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1967,7 +1895,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1975,7 +1903,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1983,7 +1911,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2136,7 +2064,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2144,7 +2072,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2152,7 +2080,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2170,7 +2098,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2178,7 +2106,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2186,7 +2114,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2194,7 +2122,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,7 +2160,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2325,7 +2253,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2333,7 +2261,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2351,7 +2279,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2359,7 +2287,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2387,7 +2315,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2515,7 +2443,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2523,7 +2451,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2556,7 +2484,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2564,7 +2492,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2632,7 +2560,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2670,7 +2598,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2683,7 +2611,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2696,7 +2624,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2704,7 +2632,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2747,74 +2675,47 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname96(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv@PLT
     .size cublasSspmv, .-cublasSspmv
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv_v2@PLT
     .size cublasSspmv_v2, .-cublasSspmv_v2
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname98(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspmv_v2_64@PLT
     .size cublasSspmv_v2_64, .-cublasSspmv_v2_64
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname99(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr@PLT
     .size cublasSspr, .-cublasSspr
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname100(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2@PLT
     .size cublasSspr2, .-cublasSspr2
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname101(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2_v2@PLT
     .size cublasSspr2_v2, .-cublasSspr2_v2
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname102(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr2_v2_64@PLT
     .size cublasSspr2_v2_64, .-cublasSspr2_v2_64
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname103(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr_v2@PLT
     .size cublasSspr_v2, .-cublasSspr_v2
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname104(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSspr_v2_64@PLT
     .size cublasSspr_v2_64, .-cublasSspr_v2_64
     .globl cublasSswap
     .type cublasSswap, @function
@@ -2964,58 +2865,37 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname105(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv@PLT
     .size cublasStpmv, .-cublasStpmv
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname106(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv_v2@PLT
     .size cublasStpmv_v2, .-cublasStpmv_v2
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname107(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpmv_v2_64@PLT
     .size cublasStpmv_v2_64, .-cublasStpmv_v2_64
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname108(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv@PLT
     .size cublasStpsv, .-cublasStpsv
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname109(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv_v2@PLT
     .size cublasStpsv_v2, .-cublasStpsv_v2
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname110(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpsv_v2_64@PLT
     .size cublasStpsv_v2_64, .-cublasStpsv_v2_64
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname111(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStpttr@PLT
     .size cublasStpttr, .-cublasStpttr
     .globl cublasStrmm
     .type cublasStrmm, @function
@@ -3090,10 +2970,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname112(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrttp@PLT
     .size cublasStrttp, .-cublasStrttp
     .globl cublasSwapEx
     .type cublasSwapEx, @function
@@ -3108,7 +2985,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3116,7 +2993,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3124,7 +3001,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3132,7 +3009,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3140,7 +3017,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3148,7 +3025,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3156,7 +3033,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3164,7 +3041,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3252,7 +3129,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3265,10 +3142,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname122(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDspmm@PLT
     .size cublasXtDspmm, .-cublasXtDspmm
     .globl cublasXtDsymm
     .type cublasXtDsymm, @function
@@ -3303,7 +3177,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3311,7 +3185,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3324,7 +3198,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3342,7 +3216,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3360,10 +3234,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname127(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSspmm@PLT
     .size cublasXtSspmm, .-cublasXtSspmm
     .globl cublasXtSsymm
     .type cublasXtSsymm, @function
@@ -3473,7 +3344,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3506,7 +3377,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3524,7 +3395,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3652,7 +3523,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3660,7 +3531,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3868,55 +3739,37 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname133(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr@PLT
     .size cublasZhpr, .-cublasZhpr
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname134(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2@PLT
     .size cublasZhpr2, .-cublasZhpr2
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname135(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2_v2@PLT
     .size cublasZhpr2_v2, .-cublasZhpr2_v2
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname136(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr2_v2_64@PLT
     .size cublasZhpr2_v2_64, .-cublasZhpr2_v2_64
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname137(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr_v2@PLT
     .size cublasZhpr_v2, .-cublasZhpr_v2
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname138(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpr_v2_64@PLT
     .size cublasZhpr_v2_64, .-cublasZhpr_v2_64
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3939,7 +3792,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4202,10 +4055,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname141(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrttp@PLT
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
@@ -4225,271 +4075,171 @@ cublasZtrttp:
 .Lname7:
     .asciz "cublasCgemvBatched_64"
 .Lname8:
-    .asciz "cublasChpr"
-.Lname9:
-    .asciz "cublasChpr2"
-.Lname10:
-    .asciz "cublasChpr2_v2"
-.Lname11:
-    .asciz "cublasChpr2_v2_64"
-.Lname12:
-    .asciz "cublasChpr_v2"
-.Lname13:
-    .asciz "cublasChpr_v2_64"
-.Lname14:
     .asciz "cublasCmatinvBatched"
-.Lname15:
+.Lname9:
     .asciz "cublasCrotg"
-.Lname16:
-    .asciz "cublasCtrttp"
-.Lname17:
+.Lname10:
     .asciz "cublasDbdmm"
-.Lname18:
+.Lname11:
     .asciz "cublasDgemmGroupedBatched"
-.Lname19:
+.Lname12:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname20:
+.Lname13:
     .asciz "cublasDgemvBatched"
-.Lname21:
+.Lname14:
     .asciz "cublasDgemvBatched_64"
-.Lname22:
+.Lname15:
     .asciz "cublasDmatinvBatched"
-.Lname23:
+.Lname16:
     .asciz "cublasDotEx_64"
-.Lname24:
+.Lname17:
     .asciz "cublasDotcEx"
-.Lname25:
+.Lname18:
     .asciz "cublasDotcEx_64"
-.Lname26:
+.Lname19:
     .asciz "cublasDrotg"
-.Lname27:
+.Lname20:
     .asciz "cublasDrotm"
-.Lname28:
+.Lname21:
     .asciz "cublasDrotm_v2_64"
-.Lname29:
+.Lname22:
     .asciz "cublasDrotmg"
-.Lname30:
-    .asciz "cublasDspmv"
-.Lname31:
-    .asciz "cublasDspmv_v2"
-.Lname32:
-    .asciz "cublasDspmv_v2_64"
-.Lname33:
-    .asciz "cublasDspr"
-.Lname34:
-    .asciz "cublasDspr2"
-.Lname35:
-    .asciz "cublasDspr2_v2"
-.Lname36:
-    .asciz "cublasDspr2_v2_64"
-.Lname37:
-    .asciz "cublasDspr_v2"
-.Lname38:
-    .asciz "cublasDspr_v2_64"
-.Lname39:
-    .asciz "cublasDtpmv"
-.Lname40:
-    .asciz "cublasDtpmv_v2"
-.Lname41:
-    .asciz "cublasDtpmv_v2_64"
-.Lname42:
-    .asciz "cublasDtpsv"
-.Lname43:
-    .asciz "cublasDtpsv_v2"
-.Lname44:
-    .asciz "cublasDtpsv_v2_64"
-.Lname45:
-    .asciz "cublasDtpttr"
-.Lname46:
-    .asciz "cublasDtrttp"
-.Lname47:
+.Lname23:
     .asciz "cublasFree"
-.Lname48:
+.Lname24:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname49:
+.Lname25:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname50:
+.Lname26:
     .asciz "cublasGetBackdoor"
-.Lname51:
+.Lname27:
     .asciz "cublasGetEmulationSpecialValuesSupport"
-.Lname52:
+.Lname28:
     .asciz "cublasGetEmulationStrategy"
-.Lname53:
+.Lname29:
     .asciz "cublasGetEnvironmentMode"
-.Lname54:
+.Lname30:
     .asciz "cublasGetFixedPointEmulationMantissaBitCountPointer"
-.Lname55:
+.Lname31:
     .asciz "cublasGetFixedPointEmulationMantissaBitOffset"
-.Lname56:
+.Lname32:
     .asciz "cublasGetFixedPointEmulationMantissaControl"
-.Lname57:
+.Lname33:
     .asciz "cublasGetFixedPointEmulationMaxMantissaBitCount"
-.Lname58:
+.Lname34:
     .asciz "cublasGetLoggerCallback"
-.Lname59:
+.Lname35:
     .asciz "cublasGetSmCountTarget"
-.Lname60:
+.Lname36:
     .asciz "cublasHSHgemvBatched"
-.Lname61:
+.Lname37:
     .asciz "cublasHSHgemvBatched_64"
-.Lname62:
+.Lname38:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname63:
+.Lname39:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname64:
+.Lname40:
     .asciz "cublasHSSgemvBatched"
-.Lname65:
+.Lname41:
     .asciz "cublasHSSgemvBatched_64"
-.Lname66:
+.Lname42:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname67:
+.Lname43:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname68:
+.Lname44:
     .asciz "cublasHgemm"
-.Lname69:
+.Lname45:
     .asciz "cublasHgemmBatched"
-.Lname70:
+.Lname46:
     .asciz "cublasHgemmBatched_64"
-.Lname71:
+.Lname47:
     .asciz "cublasHgemmStridedBatched"
-.Lname72:
+.Lname48:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname73:
+.Lname49:
     .asciz "cublasHgemm_64"
-.Lname74:
+.Lname50:
     .asciz "cublasLoggerConfigure"
-.Lname75:
+.Lname51:
     .asciz "cublasNrm2Ex"
-.Lname76:
+.Lname52:
     .asciz "cublasNrm2Ex_64"
-.Lname77:
+.Lname53:
     .asciz "cublasRotgEx"
-.Lname78:
+.Lname54:
     .asciz "cublasRotmEx"
-.Lname79:
+.Lname55:
     .asciz "cublasRotmEx_64"
-.Lname80:
+.Lname56:
     .asciz "cublasRotmgEx"
-.Lname81:
+.Lname57:
     .asciz "cublasSbdmm"
-.Lname82:
+.Lname58:
     .asciz "cublasSetBackdoor"
-.Lname83:
+.Lname59:
     .asciz "cublasSetBackdoorEx"
-.Lname84:
+.Lname60:
     .asciz "cublasSetEnvironmentMode"
-.Lname85:
+.Lname61:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname86:
+.Lname62:
     .asciz "cublasSetLoggerCallback"
-.Lname87:
+.Lname63:
     .asciz "cublasSgemmGroupedBatched"
-.Lname88:
+.Lname64:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname89:
+.Lname65:
     .asciz "cublasSgemvBatched"
-.Lname90:
+.Lname66:
     .asciz "cublasSgemvBatched_64"
-.Lname91:
+.Lname67:
     .asciz "cublasSmatinvBatched"
-.Lname92:
+.Lname68:
     .asciz "cublasSrotg"
-.Lname93:
+.Lname69:
     .asciz "cublasSrotm"
-.Lname94:
+.Lname70:
     .asciz "cublasSrotm_v2_64"
-.Lname95:
+.Lname71:
     .asciz "cublasSrotmg"
-.Lname96:
-    .asciz "cublasSspmv"
-.Lname97:
-    .asciz "cublasSspmv_v2"
-.Lname98:
-    .asciz "cublasSspmv_v2_64"
-.Lname99:
-    .asciz "cublasSspr"
-.Lname100:
-    .asciz "cublasSspr2"
-.Lname101:
-    .asciz "cublasSspr2_v2"
-.Lname102:
-    .asciz "cublasSspr2_v2_64"
-.Lname103:
-    .asciz "cublasSspr_v2"
-.Lname104:
-    .asciz "cublasSspr_v2_64"
-.Lname105:
-    .asciz "cublasStpmv"
-.Lname106:
-    .asciz "cublasStpmv_v2"
-.Lname107:
-    .asciz "cublasStpmv_v2_64"
-.Lname108:
-    .asciz "cublasStpsv"
-.Lname109:
-    .asciz "cublasStpsv_v2"
-.Lname110:
-    .asciz "cublasStpsv_v2_64"
-.Lname111:
-    .asciz "cublasStpttr"
-.Lname112:
-    .asciz "cublasStrttp"
-.Lname113:
+.Lname72:
     .asciz "cublasTSSgemvBatched"
-.Lname114:
+.Lname73:
     .asciz "cublasTSSgemvBatched_64"
-.Lname115:
+.Lname74:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname116:
+.Lname75:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname117:
+.Lname76:
     .asciz "cublasTSTgemvBatched"
-.Lname118:
+.Lname77:
     .asciz "cublasTSTgemvBatched_64"
-.Lname119:
+.Lname78:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname120:
+.Lname79:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname121:
+.Lname80:
     .asciz "cublasXtDeviceSelect"
-.Lname122:
-    .asciz "cublasXtDspmm"
-.Lname123:
+.Lname81:
     .asciz "cublasXtGetBlockDim"
-.Lname124:
+.Lname82:
     .asciz "cublasXtGetNumBoards"
-.Lname125:
+.Lname83:
     .asciz "cublasXtMaxBoards"
-.Lname126:
+.Lname84:
     .asciz "cublasXtSetCpuRoutine"
-.Lname127:
-    .asciz "cublasXtSspmm"
-.Lname128:
+.Lname85:
     .asciz "cublasZbdmm"
-.Lname129:
+.Lname86:
     .asciz "cublasZdotc"
-.Lname130:
+.Lname87:
     .asciz "cublasZdotu"
-.Lname131:
+.Lname88:
     .asciz "cublasZgemvBatched"
-.Lname132:
+.Lname89:
     .asciz "cublasZgemvBatched_64"
-.Lname133:
-    .asciz "cublasZhpr"
-.Lname134:
-    .asciz "cublasZhpr2"
-.Lname135:
-    .asciz "cublasZhpr2_v2"
-.Lname136:
-    .asciz "cublasZhpr2_v2_64"
-.Lname137:
-    .asciz "cublasZhpr_v2"
-.Lname138:
-    .asciz "cublasZhpr_v2_64"
-.Lname139:
+.Lname90:
     .asciz "cublasZmatinvBatched"
-.Lname140:
+.Lname91:
     .asciz "cublasZrotg"
-.Lname141:
-    .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

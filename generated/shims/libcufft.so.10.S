@@ -304,18 +304,12 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname15(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtQueryPlan@PLT
     .size cufftXtQueryPlan, .-cufftXtQueryPlan
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetCallback@PLT
     .size cufftXtSetCallback, .-cufftXtSetCallback
     .globl cufftXtSetCallbackSharedSize
     .type cufftXtSetCallbackSharedSize, @function
@@ -330,7 +324,7 @@ cufftXtSetDistribution:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -338,18 +332,12 @@ cufftXtSetGPUs:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkArea@PLT
     .size cufftXtSetWorkArea, .-cufftXtSetWorkArea
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname19(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkAreaPolicy@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
@@ -383,13 +371,5 @@ cufftXtSetWorkAreaPolicy:
 .Lname14:
     .asciz "cufftXtMemcpy"
 .Lname15:
-    .asciz "cufftXtQueryPlan"
-.Lname16:
-    .asciz "cufftXtSetCallback"
-.Lname17:
     .asciz "cufftXtSetGPUs"
-.Lname18:
-    .asciz "cufftXtSetWorkArea"
-.Lname19:
-    .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

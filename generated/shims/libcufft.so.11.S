@@ -4,10 +4,7 @@
     .globl __cufftXtSetJITCallback_12_7
     .type __cufftXtSetJITCallback_12_7, @function
 __cufftXtSetJITCallback_12_7:
-    leaq .Lname0(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft___cufftXtSetJITCallback_12_7@PLT
     .size __cufftXtSetJITCallback_12_7, .-__cufftXtSetJITCallback_12_7
     .globl cufftCreate
     .type cufftCreate, @function
@@ -17,7 +14,7 @@ cufftCreate:
     .globl cufftDebug
     .type cufftDebug, @function
 cufftDebug:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -30,7 +27,7 @@ cufftDestroy:
     .globl cufftEnterCS
     .type cufftEnterCS, @function
 cufftEnterCS:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -133,7 +130,7 @@ cufftGetVersion:
     .globl cufftLeaveCS
     .type cufftLeaveCS, @function
 cufftLeaveCS:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -156,7 +153,7 @@ cufftMakePlan3d:
     .globl cufftMakePlanGuru64
     .type cufftMakePlanGuru64, @function
 cufftMakePlanGuru64:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -229,7 +226,7 @@ cufftXtExec:
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -237,7 +234,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -245,7 +242,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -253,7 +250,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -261,7 +258,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -269,7 +266,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -277,7 +274,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -285,7 +282,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -298,7 +295,7 @@ cufftXtGetSizeMany:
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -311,7 +308,7 @@ cufftXtMakePlanMany:
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -319,7 +316,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -327,18 +324,12 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname16(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtQueryPlan@PLT
     .size cufftXtQueryPlan, .-cufftXtQueryPlan
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname17(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetCallback@PLT
     .size cufftXtSetCallback, .-cufftXtSetCallback
     .globl cufftXtSetCallbackSharedSize
     .type cufftXtSetCallbackSharedSize, @function
@@ -348,15 +339,12 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetDistribution
     .type cufftXtSetDistribution, @function
 cufftXtSetDistribution:
-    leaq .Lname18(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetDistribution__cu121@PLT
     .size cufftXtSetDistribution, .-cufftXtSetDistribution
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +352,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,64 +360,46 @@ cufftXtSetJITCallback:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname21(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkArea@PLT
     .size cufftXtSetWorkArea, .-cufftXtSetWorkArea
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname22(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkAreaPolicy@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
-    .asciz "__cufftXtSetJITCallback_12_7"
-.Lname1:
     .asciz "cufftDebug"
-.Lname2:
+.Lname1:
     .asciz "cufftEnterCS"
-.Lname3:
+.Lname2:
     .asciz "cufftLeaveCS"
-.Lname4:
+.Lname3:
     .asciz "cufftMakePlanGuru64"
-.Lname5:
+.Lname4:
     .asciz "cufftXtExecDescriptor"
-.Lname6:
+.Lname5:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname7:
+.Lname6:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname8:
+.Lname7:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname9:
+.Lname8:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname10:
+.Lname9:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname11:
+.Lname10:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname12:
+.Lname11:
     .asciz "cufftXtFree"
-.Lname13:
+.Lname12:
     .asciz "cufftXtMakePlanGuru64"
-.Lname14:
+.Lname13:
     .asciz "cufftXtMalloc"
-.Lname15:
+.Lname14:
     .asciz "cufftXtMemcpy"
-.Lname16:
-    .asciz "cufftXtQueryPlan"
-.Lname17:
-    .asciz "cufftXtSetCallback"
-.Lname18:
-    .asciz "cufftXtSetDistribution"
-.Lname19:
+.Lname15:
     .asciz "cufftXtSetGPUs"
-.Lname20:
+.Lname16:
     .asciz "cufftXtSetJITCallback"
-.Lname21:
-    .asciz "cufftXtSetWorkArea"
-.Lname22:
-    .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

@@ -415,18 +415,12 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname27(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtQueryPlan@PLT
     .size cufftXtQueryPlan, .-cufftXtQueryPlan
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname28(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetCallback@PLT
     .size cufftXtSetCallback, .-cufftXtSetCallback
     .globl cufftXtSetCallbackSharedSize
     .type cufftXtSetCallbackSharedSize, @function
@@ -436,7 +430,7 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,26 +438,17 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname30(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetJITCallback@PLT
     .size cufftXtSetJITCallback, .-cufftXtSetJITCallback
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname31(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkArea@PLT
     .size cufftXtSetWorkArea, .-cufftXtSetWorkArea
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname32(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtSetWorkAreaPolicy@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
@@ -521,15 +506,5 @@ cufftXtSetWorkAreaPolicy:
 .Lname26:
     .asciz "cufftXtMemcpy"
 .Lname27:
-    .asciz "cufftXtQueryPlan"
-.Lname28:
-    .asciz "cufftXtSetCallback"
-.Lname29:
     .asciz "cufftXtSetGPUs"
-.Lname30:
-    .asciz "cufftXtSetJITCallback"
-.Lname31:
-    .asciz "cufftXtSetWorkArea"
-.Lname32:
-    .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

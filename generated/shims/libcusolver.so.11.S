@@ -4,135 +4,87 @@
     .globl cusolverDnCCgels
     .type cusolverDnCCgels, @function
 cusolverDnCCgels:
-    leaq .Lname0(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgels@PLT
     .size cusolverDnCCgels, .-cusolverDnCCgels
     .globl cusolverDnCCgels_bufferSize
     .type cusolverDnCCgels_bufferSize, @function
 cusolverDnCCgels_bufferSize:
-    leaq .Lname1(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgels_bufferSize@PLT
     .size cusolverDnCCgels_bufferSize, .-cusolverDnCCgels_bufferSize
     .globl cusolverDnCCgesv
     .type cusolverDnCCgesv, @function
 cusolverDnCCgesv:
-    leaq .Lname2(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgesv@PLT
     .size cusolverDnCCgesv, .-cusolverDnCCgesv
     .globl cusolverDnCCgesv_bufferSize
     .type cusolverDnCCgesv_bufferSize, @function
 cusolverDnCCgesv_bufferSize:
-    leaq .Lname3(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgesv_bufferSize@PLT
     .size cusolverDnCCgesv_bufferSize, .-cusolverDnCCgesv_bufferSize
     .globl cusolverDnCEgels
     .type cusolverDnCEgels, @function
 cusolverDnCEgels:
-    leaq .Lname4(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgels@PLT
     .size cusolverDnCEgels, .-cusolverDnCEgels
     .globl cusolverDnCEgels_bufferSize
     .type cusolverDnCEgels_bufferSize, @function
 cusolverDnCEgels_bufferSize:
-    leaq .Lname5(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgels_bufferSize@PLT
     .size cusolverDnCEgels_bufferSize, .-cusolverDnCEgels_bufferSize
     .globl cusolverDnCEgesv
     .type cusolverDnCEgesv, @function
 cusolverDnCEgesv:
-    leaq .Lname6(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgesv@PLT
     .size cusolverDnCEgesv, .-cusolverDnCEgesv
     .globl cusolverDnCEgesv_bufferSize
     .type cusolverDnCEgesv_bufferSize, @function
 cusolverDnCEgesv_bufferSize:
-    leaq .Lname7(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgesv_bufferSize@PLT
     .size cusolverDnCEgesv_bufferSize, .-cusolverDnCEgesv_bufferSize
     .globl cusolverDnCKgels
     .type cusolverDnCKgels, @function
 cusolverDnCKgels:
-    leaq .Lname8(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgels@PLT
     .size cusolverDnCKgels, .-cusolverDnCKgels
     .globl cusolverDnCKgels_bufferSize
     .type cusolverDnCKgels_bufferSize, @function
 cusolverDnCKgels_bufferSize:
-    leaq .Lname9(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgels_bufferSize@PLT
     .size cusolverDnCKgels_bufferSize, .-cusolverDnCKgels_bufferSize
     .globl cusolverDnCKgesv
     .type cusolverDnCKgesv, @function
 cusolverDnCKgesv:
-    leaq .Lname10(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgesv@PLT
     .size cusolverDnCKgesv, .-cusolverDnCKgesv
     .globl cusolverDnCKgesv_bufferSize
     .type cusolverDnCKgesv_bufferSize, @function
 cusolverDnCKgesv_bufferSize:
-    leaq .Lname11(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgesv_bufferSize@PLT
     .size cusolverDnCKgesv_bufferSize, .-cusolverDnCKgesv_bufferSize
     .globl cusolverDnCYgels
     .type cusolverDnCYgels, @function
 cusolverDnCYgels:
-    leaq .Lname12(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgels@PLT
     .size cusolverDnCYgels, .-cusolverDnCYgels
     .globl cusolverDnCYgels_bufferSize
     .type cusolverDnCYgels_bufferSize, @function
 cusolverDnCYgels_bufferSize:
-    leaq .Lname13(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgels_bufferSize@PLT
     .size cusolverDnCYgels_bufferSize, .-cusolverDnCYgels_bufferSize
     .globl cusolverDnCYgesv
     .type cusolverDnCYgesv, @function
 cusolverDnCYgesv:
-    leaq .Lname14(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgesv@PLT
     .size cusolverDnCYgesv, .-cusolverDnCYgesv
     .globl cusolverDnCYgesv_bufferSize
     .type cusolverDnCYgesv_bufferSize, @function
 cusolverDnCYgesv_bufferSize:
-    leaq .Lname15(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgesv_bufferSize@PLT
     .size cusolverDnCYgesv_bufferSize, .-cusolverDnCYgesv_bufferSize
     .globl cusolverDnCaxpyHost
     .type cusolverDnCaxpyHost, @function
 cusolverDnCaxpyHost:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -140,7 +92,7 @@ cusolverDnCaxpyHost:
     .globl cusolverDnCeyeBatch
     .type cusolverDnCeyeBatch, @function
 cusolverDnCeyeBatch:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,10 +100,7 @@ cusolverDnCeyeBatch:
     .globl cusolverDnCgebrd
     .type cusolverDnCgebrd, @function
 cusolverDnCgebrd:
-    leaq .Lname18(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgebrd@PLT
     .size cusolverDnCgebrd, .-cusolverDnCgebrd
     .globl cusolverDnCgebrd_bufferSize
     .type cusolverDnCgebrd_bufferSize, @function
@@ -161,7 +110,7 @@ cusolverDnCgebrd_bufferSize:
     .globl cusolverDnCgehd2
     .type cusolverDnCgehd2, @function
 cusolverDnCgehd2:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -169,7 +118,7 @@ cusolverDnCgehd2:
     .globl cusolverDnCgehd2_bufferSize
     .type cusolverDnCgehd2_bufferSize, @function
 cusolverDnCgehd2_bufferSize:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -177,7 +126,7 @@ cusolverDnCgehd2_bufferSize:
     .globl cusolverDnCgehrd
     .type cusolverDnCgehrd, @function
 cusolverDnCgehrd:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -185,7 +134,7 @@ cusolverDnCgehrd:
     .globl cusolverDnCgehrd_bufferSize
     .type cusolverDnCgehrd_bufferSize, @function
 cusolverDnCgehrd_bufferSize:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -193,7 +142,7 @@ cusolverDnCgehrd_bufferSize:
     .globl cusolverDnCgelqfHost
     .type cusolverDnCgelqfHost, @function
 cusolverDnCgelqfHost:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -201,7 +150,7 @@ cusolverDnCgelqfHost:
     .globl cusolverDnCgemmHost
     .type cusolverDnCgemmHost, @function
 cusolverDnCgemmHost:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -209,7 +158,7 @@ cusolverDnCgemmHost:
     .globl cusolverDnCgeqlfHost
     .type cusolverDnCgeqlfHost, @function
 cusolverDnCgeqlfHost:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -222,7 +171,7 @@ cusolverDnCgeqrf:
     .globl cusolverDnCgeqrfHost
     .type cusolverDnCgeqrfHost, @function
 cusolverDnCgeqrfHost:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -230,7 +179,7 @@ cusolverDnCgeqrfHost:
     .globl cusolverDnCgeqrf_ApI
     .type cusolverDnCgeqrf_ApI, @function
 cusolverDnCgeqrf_ApI:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -238,7 +187,7 @@ cusolverDnCgeqrf_ApI:
     .globl cusolverDnCgeqrf_ApI_bufferSize
     .type cusolverDnCgeqrf_ApI_bufferSize, @function
 cusolverDnCgeqrf_ApI_bufferSize:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -251,7 +200,7 @@ cusolverDnCgeqrf_bufferSize:
     .globl cusolverDnCgercond
     .type cusolverDnCgercond, @function
 cusolverDnCgercond:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -259,7 +208,7 @@ cusolverDnCgercond:
     .globl cusolverDnCgercond_bufferSize
     .type cusolverDnCgercond_bufferSize, @function
 cusolverDnCgercond_bufferSize:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -332,18 +281,12 @@ cusolverDnCheevd_bufferSize:
     .globl cusolverDnCheevdx
     .type cusolverDnCheevdx, @function
 cusolverDnCheevdx:
-    leaq .Lname31(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevdx@PLT
     .size cusolverDnCheevdx, .-cusolverDnCheevdx
     .globl cusolverDnCheevdx_bufferSize
     .type cusolverDnCheevdx_bufferSize, @function
 cusolverDnCheevdx_bufferSize:
-    leaq .Lname32(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevdx_bufferSize@PLT
     .size cusolverDnCheevdx_bufferSize, .-cusolverDnCheevdx_bufferSize
     .globl cusolverDnCheevj
     .type cusolverDnCheevj, @function
@@ -368,7 +311,7 @@ cusolverDnCheevj_bufferSize:
     .globl cusolverDnChegst
     .type cusolverDnChegst, @function
 cusolverDnChegst:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -376,7 +319,7 @@ cusolverDnChegst:
     .globl cusolverDnChegst2
     .type cusolverDnChegst2, @function
 cusolverDnChegst2:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -384,7 +327,7 @@ cusolverDnChegst2:
     .globl cusolverDnChegst2_bufferSize
     .type cusolverDnChegst2_bufferSize, @function
 cusolverDnChegst2_bufferSize:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -392,7 +335,7 @@ cusolverDnChegst2_bufferSize:
     .globl cusolverDnChegst_bufferSize
     .type cusolverDnChegst_bufferSize, @function
 cusolverDnChegst_bufferSize:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -410,18 +353,12 @@ cusolverDnChegvd_bufferSize:
     .globl cusolverDnChegvdx
     .type cusolverDnChegvdx, @function
 cusolverDnChegvdx:
-    leaq .Lname37(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvdx@PLT
     .size cusolverDnChegvdx, .-cusolverDnChegvdx
     .globl cusolverDnChegvdx_bufferSize
     .type cusolverDnChegvdx_bufferSize, @function
 cusolverDnChegvdx_bufferSize:
-    leaq .Lname38(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvdx_bufferSize@PLT
     .size cusolverDnChegvdx_bufferSize, .-cusolverDnChegvdx_bufferSize
     .globl cusolverDnChegvj
     .type cusolverDnChegvj, @function
@@ -436,7 +373,7 @@ cusolverDnChegvj_bufferSize:
     .globl cusolverDnChemv
     .type cusolverDnChemv, @function
 cusolverDnChemv:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,7 +381,7 @@ cusolverDnChemv:
     .globl cusolverDnChemv_bufferSize
     .type cusolverDnChemv_bufferSize, @function
 cusolverDnChemv_bufferSize:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,23 +389,17 @@ cusolverDnChemv_bufferSize:
     .globl cusolverDnChetrd
     .type cusolverDnChetrd, @function
 cusolverDnChetrd:
-    leaq .Lname41(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChetrd@PLT
     .size cusolverDnChetrd, .-cusolverDnChetrd
     .globl cusolverDnChetrd_bufferSize
     .type cusolverDnChetrd_bufferSize, @function
 cusolverDnChetrd_bufferSize:
-    leaq .Lname42(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChetrd_bufferSize@PLT
     .size cusolverDnChetrd_bufferSize, .-cusolverDnChetrd_bufferSize
     .globl cusolverDnClacpyHost
     .type cusolverDnClacpyHost, @function
 cusolverDnClacpyHost:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -476,7 +407,7 @@ cusolverDnClacpyHost:
     .globl cusolverDnClahr2
     .type cusolverDnClahr2, @function
 cusolverDnClahr2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -484,7 +415,7 @@ cusolverDnClahr2:
     .globl cusolverDnClange
     .type cusolverDnClange, @function
 cusolverDnClange:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,7 +423,7 @@ cusolverDnClange:
     .globl cusolverDnClangeHost
     .type cusolverDnClangeHost, @function
 cusolverDnClangeHost:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -500,7 +431,7 @@ cusolverDnClangeHost:
     .globl cusolverDnClange_bufferSize
     .type cusolverDnClange_bufferSize, @function
 cusolverDnClange_bufferSize:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -508,7 +439,7 @@ cusolverDnClange_bufferSize:
     .globl cusolverDnClanhe
     .type cusolverDnClanhe, @function
 cusolverDnClanhe:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,7 +447,7 @@ cusolverDnClanhe:
     .globl cusolverDnClanheHost
     .type cusolverDnClanheHost, @function
 cusolverDnClanheHost:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +455,7 @@ cusolverDnClanheHost:
     .globl cusolverDnClanhe_bufferSize
     .type cusolverDnClanhe_bufferSize, @function
 cusolverDnClanhe_bufferSize:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +463,7 @@ cusolverDnClanhe_bufferSize:
     .globl cusolverDnClantrHost
     .type cusolverDnClantrHost, @function
 cusolverDnClantrHost:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +471,7 @@ cusolverDnClantrHost:
     .globl cusolverDnClarfb
     .type cusolverDnClarfb, @function
 cusolverDnClarfb:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +479,7 @@ cusolverDnClarfb:
     .globl cusolverDnClarfgHost
     .type cusolverDnClarfgHost, @function
 cusolverDnClarfgHost:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +487,7 @@ cusolverDnClarfgHost:
     .globl cusolverDnClarft
     .type cusolverDnClarft, @function
 cusolverDnClarft:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +495,7 @@ cusolverDnClarft:
     .globl cusolverDnClarft_bufferSize
     .type cusolverDnClarft_bufferSize, @function
 cusolverDnClarft_bufferSize:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,7 +503,7 @@ cusolverDnClarft_bufferSize:
     .globl cusolverDnClarnvHost
     .type cusolverDnClarnvHost, @function
 cusolverDnClarnvHost:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,7 +511,7 @@ cusolverDnClarnvHost:
     .globl cusolverDnClascl
     .type cusolverDnClascl, @function
 cusolverDnClascl:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,7 +519,7 @@ cusolverDnClascl:
     .globl cusolverDnClasetHost
     .type cusolverDnClasetHost, @function
 cusolverDnClasetHost:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -606,7 +537,7 @@ cusolverDnClauum:
     .globl cusolverDnClauumHost
     .type cusolverDnClauumHost, @function
 cusolverDnClauumHost:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -619,7 +550,7 @@ cusolverDnClauum_bufferSize:
     .globl cusolverDnCnrm2Host
     .type cusolverDnCnrm2Host, @function
 cusolverDnCnrm2Host:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -627,7 +558,7 @@ cusolverDnCnrm2Host:
     .globl cusolverDnCpolar
     .type cusolverDnCpolar, @function
 cusolverDnCpolar:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -635,7 +566,7 @@ cusolverDnCpolar:
     .globl cusolverDnCpolar_bufferSize
     .type cusolverDnCpolar_bufferSize, @function
 cusolverDnCpolar_bufferSize:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -653,7 +584,7 @@ cusolverDnCpotrfBatched:
     .globl cusolverDnCpotrfHost
     .type cusolverDnCpotrfHost, @function
 cusolverDnCpotrfHost:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -671,7 +602,7 @@ cusolverDnCpotri:
     .globl cusolverDnCpotriHost
     .type cusolverDnCpotriHost, @function
 cusolverDnCpotriHost:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -694,7 +625,7 @@ cusolverDnCpotrsBatched:
     .globl cusolverDnCpotrsHost
     .type cusolverDnCpotrsHost, @function
 cusolverDnCpotrsHost:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -722,7 +653,7 @@ cusolverDnCreateSyevjInfo:
     .globl cusolverDnCsscalHost
     .type cusolverDnCsscalHost, @function
 cusolverDnCsscalHost:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -745,7 +676,7 @@ cusolverDnCsytri:
     .globl cusolverDnCsytriHost
     .type cusolverDnCsytriHost, @function
 cusolverDnCsytriHost:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -758,7 +689,7 @@ cusolverDnCsytri_bufferSize:
     .globl cusolverDnCsytrsHost
     .type cusolverDnCsytrsHost, @function
 cusolverDnCsytrsHost:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -766,7 +697,7 @@ cusolverDnCsytrsHost:
     .globl cusolverDnCtrtriHost
     .type cusolverDnCtrtriHost, @function
 cusolverDnCtrtriHost:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -779,7 +710,7 @@ cusolverDnCungbr:
     .globl cusolverDnCungbrHost
     .type cusolverDnCungbrHost, @function
 cusolverDnCungbrHost:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,7 +723,7 @@ cusolverDnCungbr_bufferSize:
     .globl cusolverDnCunghrHost
     .type cusolverDnCunghrHost, @function
 cusolverDnCunghrHost:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -800,7 +731,7 @@ cusolverDnCunghrHost:
     .globl cusolverDnCunglqHost
     .type cusolverDnCunglqHost, @function
 cusolverDnCunglqHost:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -813,7 +744,7 @@ cusolverDnCungqr:
     .globl cusolverDnCungqrHost
     .type cusolverDnCungqrHost, @function
 cusolverDnCungqrHost:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -821,7 +752,7 @@ cusolverDnCungqrHost:
     .globl cusolverDnCungqr_ApI
     .type cusolverDnCungqr_ApI, @function
 cusolverDnCungqr_ApI:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,7 +760,7 @@ cusolverDnCungqr_ApI:
     .globl cusolverDnCungqr_ApI_bufferSize
     .type cusolverDnCungqr_ApI_bufferSize, @function
 cusolverDnCungqr_ApI_bufferSize:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -847,7 +778,7 @@ cusolverDnCungtr:
     .globl cusolverDnCungtrHost
     .type cusolverDnCungtrHost, @function
 cusolverDnCungtrHost:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +796,7 @@ cusolverDnCunmqr:
     .globl cusolverDnCunmqrHost
     .type cusolverDnCunmqrHost, @function
 cusolverDnCunmqrHost:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -883,7 +814,7 @@ cusolverDnCunmtr:
     .globl cusolverDnCunmtrHost
     .type cusolverDnCunmtrHost, @function
 cusolverDnCunmtrHost:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,167 +827,107 @@ cusolverDnCunmtr_bufferSize:
     .globl cusolverDnDBgels
     .type cusolverDnDBgels, @function
 cusolverDnDBgels:
-    leaq .Lname79(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgels@PLT
     .size cusolverDnDBgels, .-cusolverDnDBgels
     .globl cusolverDnDBgels_bufferSize
     .type cusolverDnDBgels_bufferSize, @function
 cusolverDnDBgels_bufferSize:
-    leaq .Lname80(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgels_bufferSize@PLT
     .size cusolverDnDBgels_bufferSize, .-cusolverDnDBgels_bufferSize
     .globl cusolverDnDBgesv
     .type cusolverDnDBgesv, @function
 cusolverDnDBgesv:
-    leaq .Lname81(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgesv@PLT
     .size cusolverDnDBgesv, .-cusolverDnDBgesv
     .globl cusolverDnDBgesv_bufferSize
     .type cusolverDnDBgesv_bufferSize, @function
 cusolverDnDBgesv_bufferSize:
-    leaq .Lname82(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgesv_bufferSize@PLT
     .size cusolverDnDBgesv_bufferSize, .-cusolverDnDBgesv_bufferSize
     .globl cusolverDnDDgels
     .type cusolverDnDDgels, @function
 cusolverDnDDgels:
-    leaq .Lname83(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgels@PLT
     .size cusolverDnDDgels, .-cusolverDnDDgels
     .globl cusolverDnDDgels_bufferSize
     .type cusolverDnDDgels_bufferSize, @function
 cusolverDnDDgels_bufferSize:
-    leaq .Lname84(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgels_bufferSize@PLT
     .size cusolverDnDDgels_bufferSize, .-cusolverDnDDgels_bufferSize
     .globl cusolverDnDDgesv
     .type cusolverDnDDgesv, @function
 cusolverDnDDgesv:
-    leaq .Lname85(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgesv@PLT
     .size cusolverDnDDgesv, .-cusolverDnDDgesv
     .globl cusolverDnDDgesv_bufferSize
     .type cusolverDnDDgesv_bufferSize, @function
 cusolverDnDDgesv_bufferSize:
-    leaq .Lname86(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgesv_bufferSize@PLT
     .size cusolverDnDDgesv_bufferSize, .-cusolverDnDDgesv_bufferSize
     .globl cusolverDnDHgels
     .type cusolverDnDHgels, @function
 cusolverDnDHgels:
-    leaq .Lname87(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgels@PLT
     .size cusolverDnDHgels, .-cusolverDnDHgels
     .globl cusolverDnDHgels_bufferSize
     .type cusolverDnDHgels_bufferSize, @function
 cusolverDnDHgels_bufferSize:
-    leaq .Lname88(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgels_bufferSize@PLT
     .size cusolverDnDHgels_bufferSize, .-cusolverDnDHgels_bufferSize
     .globl cusolverDnDHgesv
     .type cusolverDnDHgesv, @function
 cusolverDnDHgesv:
-    leaq .Lname89(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgesv@PLT
     .size cusolverDnDHgesv, .-cusolverDnDHgesv
     .globl cusolverDnDHgesv_bufferSize
     .type cusolverDnDHgesv_bufferSize, @function
 cusolverDnDHgesv_bufferSize:
-    leaq .Lname90(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgesv_bufferSize@PLT
     .size cusolverDnDHgesv_bufferSize, .-cusolverDnDHgesv_bufferSize
     .globl cusolverDnDSgels
     .type cusolverDnDSgels, @function
 cusolverDnDSgels:
-    leaq .Lname91(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgels@PLT
     .size cusolverDnDSgels, .-cusolverDnDSgels
     .globl cusolverDnDSgels_bufferSize
     .type cusolverDnDSgels_bufferSize, @function
 cusolverDnDSgels_bufferSize:
-    leaq .Lname92(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgels_bufferSize@PLT
     .size cusolverDnDSgels_bufferSize, .-cusolverDnDSgels_bufferSize
     .globl cusolverDnDSgesv
     .type cusolverDnDSgesv, @function
 cusolverDnDSgesv:
-    leaq .Lname93(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgesv@PLT
     .size cusolverDnDSgesv, .-cusolverDnDSgesv
     .globl cusolverDnDSgesv_bufferSize
     .type cusolverDnDSgesv_bufferSize, @function
 cusolverDnDSgesv_bufferSize:
-    leaq .Lname94(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgesv_bufferSize@PLT
     .size cusolverDnDSgesv_bufferSize, .-cusolverDnDSgesv_bufferSize
     .globl cusolverDnDXgels
     .type cusolverDnDXgels, @function
 cusolverDnDXgels:
-    leaq .Lname95(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgels@PLT
     .size cusolverDnDXgels, .-cusolverDnDXgels
     .globl cusolverDnDXgels_bufferSize
     .type cusolverDnDXgels_bufferSize, @function
 cusolverDnDXgels_bufferSize:
-    leaq .Lname96(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgels_bufferSize@PLT
     .size cusolverDnDXgels_bufferSize, .-cusolverDnDXgels_bufferSize
     .globl cusolverDnDXgesv
     .type cusolverDnDXgesv, @function
 cusolverDnDXgesv:
-    leaq .Lname97(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgesv@PLT
     .size cusolverDnDXgesv, .-cusolverDnDXgesv
     .globl cusolverDnDXgesv_bufferSize
     .type cusolverDnDXgesv_bufferSize, @function
 cusolverDnDXgesv_bufferSize:
-    leaq .Lname98(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgesv_bufferSize@PLT
     .size cusolverDnDXgesv_bufferSize, .-cusolverDnDXgesv_bufferSize
     .globl cusolverDnDaxpyHost
     .type cusolverDnDaxpyHost, @function
 cusolverDnDaxpyHost:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +955,7 @@ cusolverDnDestroySyevjInfo:
     .globl cusolverDnDeyeBatch
     .type cusolverDnDeyeBatch, @function
 cusolverDnDeyeBatch:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,10 +963,7 @@ cusolverDnDeyeBatch:
     .globl cusolverDnDgebrd
     .type cusolverDnDgebrd, @function
 cusolverDnDgebrd:
-    leaq .Lname101(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgebrd@PLT
     .size cusolverDnDgebrd, .-cusolverDnDgebrd
     .globl cusolverDnDgebrd_bufferSize
     .type cusolverDnDgebrd_bufferSize, @function
@@ -1105,7 +973,7 @@ cusolverDnDgebrd_bufferSize:
     .globl cusolverDnDgehd2
     .type cusolverDnDgehd2, @function
 cusolverDnDgehd2:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,7 +981,7 @@ cusolverDnDgehd2:
     .globl cusolverDnDgehd2_bufferSize
     .type cusolverDnDgehd2_bufferSize, @function
 cusolverDnDgehd2_bufferSize:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1121,7 +989,7 @@ cusolverDnDgehd2_bufferSize:
     .globl cusolverDnDgehrd
     .type cusolverDnDgehrd, @function
 cusolverDnDgehrd:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1129,7 +997,7 @@ cusolverDnDgehrd:
     .globl cusolverDnDgehrd_bufferSize
     .type cusolverDnDgehrd_bufferSize, @function
 cusolverDnDgehrd_bufferSize:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1137,7 +1005,7 @@ cusolverDnDgehrd_bufferSize:
     .globl cusolverDnDgelqfHost
     .type cusolverDnDgelqfHost, @function
 cusolverDnDgelqfHost:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1145,7 +1013,7 @@ cusolverDnDgelqfHost:
     .globl cusolverDnDgemmHost
     .type cusolverDnDgemmHost, @function
 cusolverDnDgemmHost:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1153,7 +1021,7 @@ cusolverDnDgemmHost:
     .globl cusolverDnDgeqlfHost
     .type cusolverDnDgeqlfHost, @function
 cusolverDnDgeqlfHost:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +1034,7 @@ cusolverDnDgeqrf:
     .globl cusolverDnDgeqrfHost
     .type cusolverDnDgeqrfHost, @function
 cusolverDnDgeqrfHost:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1174,7 +1042,7 @@ cusolverDnDgeqrfHost:
     .globl cusolverDnDgeqrf_ApI
     .type cusolverDnDgeqrf_ApI, @function
 cusolverDnDgeqrf_ApI:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1182,7 +1050,7 @@ cusolverDnDgeqrf_ApI:
     .globl cusolverDnDgeqrf_ApI_bufferSize
     .type cusolverDnDgeqrf_ApI_bufferSize, @function
 cusolverDnDgeqrf_ApI_bufferSize:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1195,7 +1063,7 @@ cusolverDnDgeqrf_bufferSize:
     .globl cusolverDnDgercond
     .type cusolverDnDgercond, @function
 cusolverDnDgercond:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1203,7 +1071,7 @@ cusolverDnDgercond:
     .globl cusolverDnDgercond_bufferSize
     .type cusolverDnDgercond_bufferSize, @function
 cusolverDnDgercond_bufferSize:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1266,7 +1134,7 @@ cusolverDnDgetrs:
     .globl cusolverDnDlacpyHost
     .type cusolverDnDlacpyHost, @function
 cusolverDnDlacpyHost:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1274,7 +1142,7 @@ cusolverDnDlacpyHost:
     .globl cusolverDnDlahr2
     .type cusolverDnDlahr2, @function
 cusolverDnDlahr2:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1282,7 +1150,7 @@ cusolverDnDlahr2:
     .globl cusolverDnDlamchHost
     .type cusolverDnDlamchHost, @function
 cusolverDnDlamchHost:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1290,7 +1158,7 @@ cusolverDnDlamchHost:
     .globl cusolverDnDlange
     .type cusolverDnDlange, @function
 cusolverDnDlange:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1298,7 +1166,7 @@ cusolverDnDlange:
     .globl cusolverDnDlangeHost
     .type cusolverDnDlangeHost, @function
 cusolverDnDlangeHost:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1306,7 +1174,7 @@ cusolverDnDlangeHost:
     .globl cusolverDnDlange_bufferSize
     .type cusolverDnDlange_bufferSize, @function
 cusolverDnDlange_bufferSize:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1314,7 +1182,7 @@ cusolverDnDlange_bufferSize:
     .globl cusolverDnDlansy
     .type cusolverDnDlansy, @function
 cusolverDnDlansy:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1322,7 +1190,7 @@ cusolverDnDlansy:
     .globl cusolverDnDlansyHost
     .type cusolverDnDlansyHost, @function
 cusolverDnDlansyHost:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1330,7 +1198,7 @@ cusolverDnDlansyHost:
     .globl cusolverDnDlansy_bufferSize
     .type cusolverDnDlansy_bufferSize, @function
 cusolverDnDlansy_bufferSize:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1338,7 +1206,7 @@ cusolverDnDlansy_bufferSize:
     .globl cusolverDnDlantrHost
     .type cusolverDnDlantrHost, @function
 cusolverDnDlantrHost:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1346,7 +1214,7 @@ cusolverDnDlantrHost:
     .globl cusolverDnDlarfb
     .type cusolverDnDlarfb, @function
 cusolverDnDlarfb:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1354,7 +1222,7 @@ cusolverDnDlarfb:
     .globl cusolverDnDlarfgHost
     .type cusolverDnDlarfgHost, @function
 cusolverDnDlarfgHost:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1362,7 +1230,7 @@ cusolverDnDlarfgHost:
     .globl cusolverDnDlarft
     .type cusolverDnDlarft, @function
 cusolverDnDlarft:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1370,7 +1238,7 @@ cusolverDnDlarft:
     .globl cusolverDnDlarft_bufferSize
     .type cusolverDnDlarft_bufferSize, @function
 cusolverDnDlarft_bufferSize:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1246,7 @@ cusolverDnDlarft_bufferSize:
     .globl cusolverDnDlarnvHost
     .type cusolverDnDlarnvHost, @function
 cusolverDnDlarnvHost:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1386,7 +1254,7 @@ cusolverDnDlarnvHost:
     .globl cusolverDnDlascl
     .type cusolverDnDlascl, @function
 cusolverDnDlascl:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1262,7 @@ cusolverDnDlascl:
     .globl cusolverDnDlasetHost
     .type cusolverDnDlasetHost, @function
 cusolverDnDlasetHost:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1412,7 +1280,7 @@ cusolverDnDlauum:
     .globl cusolverDnDlauumHost
     .type cusolverDnDlauumHost, @function
 cusolverDnDlauumHost:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1425,7 +1293,7 @@ cusolverDnDlauum_bufferSize:
     .globl cusolverDnDnrm2Host
     .type cusolverDnDnrm2Host, @function
 cusolverDnDnrm2Host:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1438,7 +1306,7 @@ cusolverDnDorgbr:
     .globl cusolverDnDorgbrHost
     .type cusolverDnDorgbrHost, @function
 cusolverDnDorgbrHost:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1451,7 +1319,7 @@ cusolverDnDorgbr_bufferSize:
     .globl cusolverDnDorghrHost
     .type cusolverDnDorghrHost, @function
 cusolverDnDorghrHost:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1459,7 +1327,7 @@ cusolverDnDorghrHost:
     .globl cusolverDnDorglqHost
     .type cusolverDnDorglqHost, @function
 cusolverDnDorglqHost:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1472,7 +1340,7 @@ cusolverDnDorgqr:
     .globl cusolverDnDorgqrHost
     .type cusolverDnDorgqrHost, @function
 cusolverDnDorgqrHost:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1480,7 +1348,7 @@ cusolverDnDorgqrHost:
     .globl cusolverDnDorgqr_ApI
     .type cusolverDnDorgqr_ApI, @function
 cusolverDnDorgqr_ApI:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1488,7 +1356,7 @@ cusolverDnDorgqr_ApI:
     .globl cusolverDnDorgqr_ApI_bufferSize
     .type cusolverDnDorgqr_ApI_bufferSize, @function
 cusolverDnDorgqr_ApI_bufferSize:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1506,7 +1374,7 @@ cusolverDnDorgtr:
     .globl cusolverDnDorgtrHost
     .type cusolverDnDorgtrHost, @function
 cusolverDnDorgtrHost:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1524,7 +1392,7 @@ cusolverDnDormqr:
     .globl cusolverDnDormqrHost
     .type cusolverDnDormqrHost, @function
 cusolverDnDormqrHost:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1542,7 +1410,7 @@ cusolverDnDormtr:
     .globl cusolverDnDormtrHost
     .type cusolverDnDormtrHost, @function
 cusolverDnDormtrHost:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1555,7 +1423,7 @@ cusolverDnDormtr_bufferSize:
     .globl cusolverDnDpolar
     .type cusolverDnDpolar, @function
 cusolverDnDpolar:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1563,7 +1431,7 @@ cusolverDnDpolar:
     .globl cusolverDnDpolar_bufferSize
     .type cusolverDnDpolar_bufferSize, @function
 cusolverDnDpolar_bufferSize:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1581,7 +1449,7 @@ cusolverDnDpotrfBatched:
     .globl cusolverDnDpotrfHost
     .type cusolverDnDpotrfHost, @function
 cusolverDnDpotrfHost:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1467,7 @@ cusolverDnDpotri:
     .globl cusolverDnDpotriHost
     .type cusolverDnDpotriHost, @function
 cusolverDnDpotriHost:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1622,7 +1490,7 @@ cusolverDnDpotrsBatched:
     .globl cusolverDnDpotrsHost
     .type cusolverDnDpotrsHost, @function
 cusolverDnDpotrsHost:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1630,7 +1498,7 @@ cusolverDnDpotrsHost:
     .globl cusolverDnDscalHost
     .type cusolverDnDscalHost, @function
 cusolverDnDscalHost:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1638,7 +1506,7 @@ cusolverDnDscalHost:
     .globl cusolverDnDsteqrHost
     .type cusolverDnDsteqrHost, @function
 cusolverDnDsteqrHost:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1646,7 +1514,7 @@ cusolverDnDsteqrHost:
     .globl cusolverDnDsterfHost
     .type cusolverDnDsterfHost, @function
 cusolverDnDsterfHost:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1664,18 +1532,12 @@ cusolverDnDsyevd_bufferSize:
     .globl cusolverDnDsyevdx
     .type cusolverDnDsyevdx, @function
 cusolverDnDsyevdx:
-    leaq .Lname150(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevdx@PLT
     .size cusolverDnDsyevdx, .-cusolverDnDsyevdx
     .globl cusolverDnDsyevdx_bufferSize
     .type cusolverDnDsyevdx_bufferSize, @function
 cusolverDnDsyevdx_bufferSize:
-    leaq .Lname151(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevdx_bufferSize@PLT
     .size cusolverDnDsyevdx_bufferSize, .-cusolverDnDsyevdx_bufferSize
     .globl cusolverDnDsyevj
     .type cusolverDnDsyevj, @function
@@ -1700,7 +1562,7 @@ cusolverDnDsyevj_bufferSize:
     .globl cusolverDnDsygst
     .type cusolverDnDsygst, @function
 cusolverDnDsygst:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1708,7 +1570,7 @@ cusolverDnDsygst:
     .globl cusolverDnDsygst2
     .type cusolverDnDsygst2, @function
 cusolverDnDsygst2:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,7 +1578,7 @@ cusolverDnDsygst2:
     .globl cusolverDnDsygst2_bufferSize
     .type cusolverDnDsygst2_bufferSize, @function
 cusolverDnDsygst2_bufferSize:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,7 +1586,7 @@ cusolverDnDsygst2_bufferSize:
     .globl cusolverDnDsygst_bufferSize
     .type cusolverDnDsygst_bufferSize, @function
 cusolverDnDsygst_bufferSize:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1742,18 +1604,12 @@ cusolverDnDsygvd_bufferSize:
     .globl cusolverDnDsygvdx
     .type cusolverDnDsygvdx, @function
 cusolverDnDsygvdx:
-    leaq .Lname156(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvdx@PLT
     .size cusolverDnDsygvdx, .-cusolverDnDsygvdx
     .globl cusolverDnDsygvdx_bufferSize
     .type cusolverDnDsygvdx_bufferSize, @function
 cusolverDnDsygvdx_bufferSize:
-    leaq .Lname157(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvdx_bufferSize@PLT
     .size cusolverDnDsygvdx_bufferSize, .-cusolverDnDsygvdx_bufferSize
     .globl cusolverDnDsygvj
     .type cusolverDnDsygvj, @function
@@ -1768,7 +1624,7 @@ cusolverDnDsygvj_bufferSize:
     .globl cusolverDnDsymv
     .type cusolverDnDsymv, @function
 cusolverDnDsymv:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1776,7 +1632,7 @@ cusolverDnDsymv:
     .globl cusolverDnDsymv_bufferSize
     .type cusolverDnDsymv_bufferSize, @function
 cusolverDnDsymv_bufferSize:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1784,18 +1640,12 @@ cusolverDnDsymv_bufferSize:
     .globl cusolverDnDsytrd
     .type cusolverDnDsytrd, @function
 cusolverDnDsytrd:
-    leaq .Lname160(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrd@PLT
     .size cusolverDnDsytrd, .-cusolverDnDsytrd
     .globl cusolverDnDsytrd_bufferSize
     .type cusolverDnDsytrd_bufferSize, @function
 cusolverDnDsytrd_bufferSize:
-    leaq .Lname161(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrd_bufferSize@PLT
     .size cusolverDnDsytrd_bufferSize, .-cusolverDnDsytrd_bufferSize
     .globl cusolverDnDsytrf
     .type cusolverDnDsytrf, @function
@@ -1815,7 +1665,7 @@ cusolverDnDsytri:
     .globl cusolverDnDsytriHost
     .type cusolverDnDsytriHost, @function
 cusolverDnDsytriHost:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1828,7 +1678,7 @@ cusolverDnDsytri_bufferSize:
     .globl cusolverDnDsytrsHost
     .type cusolverDnDsytrsHost, @function
 cusolverDnDsytrsHost:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1686,7 @@ cusolverDnDsytrsHost:
     .globl cusolverDnDtrtriHost
     .type cusolverDnDtrtriHost, @function
 cusolverDnDtrtriHost:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,42 +1694,27 @@ cusolverDnDtrtriHost:
     .globl cusolverDnGeqrf
     .type cusolverDnGeqrf, @function
 cusolverDnGeqrf:
-    leaq .Lname165(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGeqrf@PLT
     .size cusolverDnGeqrf, .-cusolverDnGeqrf
     .globl cusolverDnGeqrf_bufferSize
     .type cusolverDnGeqrf_bufferSize, @function
 cusolverDnGeqrf_bufferSize:
-    leaq .Lname166(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGeqrf_bufferSize@PLT
     .size cusolverDnGeqrf_bufferSize, .-cusolverDnGeqrf_bufferSize
     .globl cusolverDnGesvd
     .type cusolverDnGesvd, @function
 cusolverDnGesvd:
-    leaq .Lname167(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGesvd@PLT
     .size cusolverDnGesvd, .-cusolverDnGesvd
     .globl cusolverDnGesvd_bufferSize
     .type cusolverDnGesvd_bufferSize, @function
 cusolverDnGesvd_bufferSize:
-    leaq .Lname168(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGesvd_bufferSize@PLT
     .size cusolverDnGesvd_bufferSize, .-cusolverDnGesvd_bufferSize
     .globl cusolverDnGetDeterministicMode
     .type cusolverDnGetDeterministicMode, @function
 cusolverDnGetDeterministicMode:
-    leaq .Lname169(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetDeterministicMode@PLT
     .size cusolverDnGetDeterministicMode, .-cusolverDnGetDeterministicMode
     .globl cusolverDnGetStream
     .type cusolverDnGetStream, @function
@@ -1889,18 +1724,12 @@ cusolverDnGetStream:
     .globl cusolverDnGetrf
     .type cusolverDnGetrf, @function
 cusolverDnGetrf:
-    leaq .Lname170(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetrf@PLT
     .size cusolverDnGetrf, .-cusolverDnGetrf
     .globl cusolverDnGetrf_bufferSize
     .type cusolverDnGetrf_bufferSize, @function
 cusolverDnGetrf_bufferSize:
-    leaq .Lname171(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetrf_bufferSize@PLT
     .size cusolverDnGetrf_bufferSize, .-cusolverDnGetrf_bufferSize
     .globl cusolverDnGetrs
     .type cusolverDnGetrs, @function
@@ -1920,31 +1749,22 @@ cusolverDnIRSInfosDestroy:
     .globl cusolverDnIRSInfosGetMaxIters
     .type cusolverDnIRSInfosGetMaxIters, @function
 cusolverDnIRSInfosGetMaxIters:
-    leaq .Lname172(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetMaxIters@PLT
     .size cusolverDnIRSInfosGetMaxIters, .-cusolverDnIRSInfosGetMaxIters
     .globl cusolverDnIRSInfosGetNiters
     .type cusolverDnIRSInfosGetNiters, @function
 cusolverDnIRSInfosGetNiters:
-    leaq .Lname173(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetNiters@PLT
     .size cusolverDnIRSInfosGetNiters, .-cusolverDnIRSInfosGetNiters
     .globl cusolverDnIRSInfosGetOuterNiters
     .type cusolverDnIRSInfosGetOuterNiters, @function
 cusolverDnIRSInfosGetOuterNiters:
-    leaq .Lname174(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetOuterNiters@PLT
     .size cusolverDnIRSInfosGetOuterNiters, .-cusolverDnIRSInfosGetOuterNiters
     .globl cusolverDnIRSInfosGetResidualHistory
     .type cusolverDnIRSInfosGetResidualHistory, @function
 cusolverDnIRSInfosGetResidualHistory:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1977,10 +1797,7 @@ cusolverDnIRSParamsEnableFallback:
     .globl cusolverDnIRSParamsGetMaxIters
     .type cusolverDnIRSParamsGetMaxIters, @function
 cusolverDnIRSParamsGetMaxIters:
-    leaq .Lname176(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSParamsGetMaxIters@PLT
     .size cusolverDnIRSParamsGetMaxIters, .-cusolverDnIRSParamsGetMaxIters
     .globl cusolverDnIRSParamsSetMaxIters
     .type cusolverDnIRSParamsSetMaxIters, @function
@@ -2025,34 +1842,22 @@ cusolverDnIRSParamsSetTolInner:
     .globl cusolverDnIRSXgels
     .type cusolverDnIRSXgels, @function
 cusolverDnIRSXgels:
-    leaq .Lname177(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgels@PLT
     .size cusolverDnIRSXgels, .-cusolverDnIRSXgels
     .globl cusolverDnIRSXgels_bufferSize
     .type cusolverDnIRSXgels_bufferSize, @function
 cusolverDnIRSXgels_bufferSize:
-    leaq .Lname178(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgels_bufferSize@PLT
     .size cusolverDnIRSXgels_bufferSize, .-cusolverDnIRSXgels_bufferSize
     .globl cusolverDnIRSXgesv
     .type cusolverDnIRSXgesv, @function
 cusolverDnIRSXgesv:
-    leaq .Lname179(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgesv@PLT
     .size cusolverDnIRSXgesv, .-cusolverDnIRSXgesv
     .globl cusolverDnIRSXgesv_bufferSize
     .type cusolverDnIRSXgesv_bufferSize, @function
 cusolverDnIRSXgesv_bufferSize:
-    leaq .Lname180(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgesv_bufferSize@PLT
     .size cusolverDnIRSXgesv_bufferSize, .-cusolverDnIRSXgesv_bufferSize
     .globl cusolverDnLoggerForceDisable
     .type cusolverDnLoggerForceDisable, @function
@@ -2062,7 +1867,7 @@ cusolverDnLoggerForceDisable:
     .globl cusolverDnLoggerOpenFile
     .type cusolverDnLoggerOpenFile, @function
 cusolverDnLoggerOpenFile:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2070,7 +1875,7 @@ cusolverDnLoggerOpenFile:
     .globl cusolverDnLoggerSetCallback
     .type cusolverDnLoggerSetCallback, @function
 cusolverDnLoggerSetCallback:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2078,7 +1883,7 @@ cusolverDnLoggerSetCallback:
     .globl cusolverDnLoggerSetFile
     .type cusolverDnLoggerSetFile, @function
 cusolverDnLoggerSetFile:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2096,18 +1901,12 @@ cusolverDnLoggerSetMask:
     .globl cusolverDnPotrf
     .type cusolverDnPotrf, @function
 cusolverDnPotrf:
-    leaq .Lname184(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnPotrf@PLT
     .size cusolverDnPotrf, .-cusolverDnPotrf
     .globl cusolverDnPotrf_bufferSize
     .type cusolverDnPotrf_bufferSize, @function
 cusolverDnPotrf_bufferSize:
-    leaq .Lname185(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnPotrf_bufferSize@PLT
     .size cusolverDnPotrf_bufferSize, .-cusolverDnPotrf_bufferSize
     .globl cusolverDnPotrs
     .type cusolverDnPotrs, @function
@@ -2117,135 +1916,87 @@ cusolverDnPotrs:
     .globl cusolverDnSBgels
     .type cusolverDnSBgels, @function
 cusolverDnSBgels:
-    leaq .Lname186(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgels@PLT
     .size cusolverDnSBgels, .-cusolverDnSBgels
     .globl cusolverDnSBgels_bufferSize
     .type cusolverDnSBgels_bufferSize, @function
 cusolverDnSBgels_bufferSize:
-    leaq .Lname187(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgels_bufferSize@PLT
     .size cusolverDnSBgels_bufferSize, .-cusolverDnSBgels_bufferSize
     .globl cusolverDnSBgesv
     .type cusolverDnSBgesv, @function
 cusolverDnSBgesv:
-    leaq .Lname188(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgesv@PLT
     .size cusolverDnSBgesv, .-cusolverDnSBgesv
     .globl cusolverDnSBgesv_bufferSize
     .type cusolverDnSBgesv_bufferSize, @function
 cusolverDnSBgesv_bufferSize:
-    leaq .Lname189(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgesv_bufferSize@PLT
     .size cusolverDnSBgesv_bufferSize, .-cusolverDnSBgesv_bufferSize
     .globl cusolverDnSHgels
     .type cusolverDnSHgels, @function
 cusolverDnSHgels:
-    leaq .Lname190(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgels@PLT
     .size cusolverDnSHgels, .-cusolverDnSHgels
     .globl cusolverDnSHgels_bufferSize
     .type cusolverDnSHgels_bufferSize, @function
 cusolverDnSHgels_bufferSize:
-    leaq .Lname191(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgels_bufferSize@PLT
     .size cusolverDnSHgels_bufferSize, .-cusolverDnSHgels_bufferSize
     .globl cusolverDnSHgesv
     .type cusolverDnSHgesv, @function
 cusolverDnSHgesv:
-    leaq .Lname192(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgesv@PLT
     .size cusolverDnSHgesv, .-cusolverDnSHgesv
     .globl cusolverDnSHgesv_bufferSize
     .type cusolverDnSHgesv_bufferSize, @function
 cusolverDnSHgesv_bufferSize:
-    leaq .Lname193(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgesv_bufferSize@PLT
     .size cusolverDnSHgesv_bufferSize, .-cusolverDnSHgesv_bufferSize
     .globl cusolverDnSSgels
     .type cusolverDnSSgels, @function
 cusolverDnSSgels:
-    leaq .Lname194(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgels@PLT
     .size cusolverDnSSgels, .-cusolverDnSSgels
     .globl cusolverDnSSgels_bufferSize
     .type cusolverDnSSgels_bufferSize, @function
 cusolverDnSSgels_bufferSize:
-    leaq .Lname195(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgels_bufferSize@PLT
     .size cusolverDnSSgels_bufferSize, .-cusolverDnSSgels_bufferSize
     .globl cusolverDnSSgesv
     .type cusolverDnSSgesv, @function
 cusolverDnSSgesv:
-    leaq .Lname196(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgesv@PLT
     .size cusolverDnSSgesv, .-cusolverDnSSgesv
     .globl cusolverDnSSgesv_bufferSize
     .type cusolverDnSSgesv_bufferSize, @function
 cusolverDnSSgesv_bufferSize:
-    leaq .Lname197(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgesv_bufferSize@PLT
     .size cusolverDnSSgesv_bufferSize, .-cusolverDnSSgesv_bufferSize
     .globl cusolverDnSXgels
     .type cusolverDnSXgels, @function
 cusolverDnSXgels:
-    leaq .Lname198(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgels@PLT
     .size cusolverDnSXgels, .-cusolverDnSXgels
     .globl cusolverDnSXgels_bufferSize
     .type cusolverDnSXgels_bufferSize, @function
 cusolverDnSXgels_bufferSize:
-    leaq .Lname199(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgels_bufferSize@PLT
     .size cusolverDnSXgels_bufferSize, .-cusolverDnSXgels_bufferSize
     .globl cusolverDnSXgesv
     .type cusolverDnSXgesv, @function
 cusolverDnSXgesv:
-    leaq .Lname200(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgesv@PLT
     .size cusolverDnSXgesv, .-cusolverDnSXgesv
     .globl cusolverDnSXgesv_bufferSize
     .type cusolverDnSXgesv_bufferSize, @function
 cusolverDnSXgesv_bufferSize:
-    leaq .Lname201(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgesv_bufferSize@PLT
     .size cusolverDnSXgesv_bufferSize, .-cusolverDnSXgesv_bufferSize
     .globl cusolverDnSaxpyHost
     .type cusolverDnSaxpyHost, @function
 cusolverDnSaxpyHost:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,7 +2019,7 @@ cusolverDnSetStream:
     .globl cusolverDnSeyeBatch
     .type cusolverDnSeyeBatch, @function
 cusolverDnSeyeBatch:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2276,10 +2027,7 @@ cusolverDnSeyeBatch:
     .globl cusolverDnSgebrd
     .type cusolverDnSgebrd, @function
 cusolverDnSgebrd:
-    leaq .Lname204(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgebrd@PLT
     .size cusolverDnSgebrd, .-cusolverDnSgebrd
     .globl cusolverDnSgebrd_bufferSize
     .type cusolverDnSgebrd_bufferSize, @function
@@ -2289,7 +2037,7 @@ cusolverDnSgebrd_bufferSize:
     .globl cusolverDnSgehd2
     .type cusolverDnSgehd2, @function
 cusolverDnSgehd2:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2297,7 +2045,7 @@ cusolverDnSgehd2:
     .globl cusolverDnSgehd2_bufferSize
     .type cusolverDnSgehd2_bufferSize, @function
 cusolverDnSgehd2_bufferSize:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2305,7 +2053,7 @@ cusolverDnSgehd2_bufferSize:
     .globl cusolverDnSgehrd
     .type cusolverDnSgehrd, @function
 cusolverDnSgehrd:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2313,7 +2061,7 @@ cusolverDnSgehrd:
     .globl cusolverDnSgehrd_bufferSize
     .type cusolverDnSgehrd_bufferSize, @function
 cusolverDnSgehrd_bufferSize:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2321,7 +2069,7 @@ cusolverDnSgehrd_bufferSize:
     .globl cusolverDnSgelqfHost
     .type cusolverDnSgelqfHost, @function
 cusolverDnSgelqfHost:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2329,7 +2077,7 @@ cusolverDnSgelqfHost:
     .globl cusolverDnSgemmHost
     .type cusolverDnSgemmHost, @function
 cusolverDnSgemmHost:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2337,7 +2085,7 @@ cusolverDnSgemmHost:
     .globl cusolverDnSgeqlfHost
     .type cusolverDnSgeqlfHost, @function
 cusolverDnSgeqlfHost:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,7 +2098,7 @@ cusolverDnSgeqrf:
     .globl cusolverDnSgeqrfHost
     .type cusolverDnSgeqrfHost, @function
 cusolverDnSgeqrfHost:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2358,7 +2106,7 @@ cusolverDnSgeqrfHost:
     .globl cusolverDnSgeqrf_ApI
     .type cusolverDnSgeqrf_ApI, @function
 cusolverDnSgeqrf_ApI:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,7 +2114,7 @@ cusolverDnSgeqrf_ApI:
     .globl cusolverDnSgeqrf_ApI_bufferSize
     .type cusolverDnSgeqrf_ApI_bufferSize, @function
 cusolverDnSgeqrf_ApI_bufferSize:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2379,7 +2127,7 @@ cusolverDnSgeqrf_bufferSize:
     .globl cusolverDnSgercond
     .type cusolverDnSgercond, @function
 cusolverDnSgercond:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2387,7 +2135,7 @@ cusolverDnSgercond:
     .globl cusolverDnSgercond_bufferSize
     .type cusolverDnSgercond_bufferSize, @function
 cusolverDnSgercond_bufferSize:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2450,7 +2198,7 @@ cusolverDnSgetrs:
     .globl cusolverDnSlacpyHost
     .type cusolverDnSlacpyHost, @function
 cusolverDnSlacpyHost:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2458,7 +2206,7 @@ cusolverDnSlacpyHost:
     .globl cusolverDnSlahr2
     .type cusolverDnSlahr2, @function
 cusolverDnSlahr2:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2466,7 +2214,7 @@ cusolverDnSlahr2:
     .globl cusolverDnSlamchHost
     .type cusolverDnSlamchHost, @function
 cusolverDnSlamchHost:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2474,7 +2222,7 @@ cusolverDnSlamchHost:
     .globl cusolverDnSlange
     .type cusolverDnSlange, @function
 cusolverDnSlange:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2482,7 +2230,7 @@ cusolverDnSlange:
     .globl cusolverDnSlangeHost
     .type cusolverDnSlangeHost, @function
 cusolverDnSlangeHost:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2490,7 +2238,7 @@ cusolverDnSlangeHost:
     .globl cusolverDnSlange_bufferSize
     .type cusolverDnSlange_bufferSize, @function
 cusolverDnSlange_bufferSize:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2498,7 +2246,7 @@ cusolverDnSlange_bufferSize:
     .globl cusolverDnSlansy
     .type cusolverDnSlansy, @function
 cusolverDnSlansy:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2506,7 +2254,7 @@ cusolverDnSlansy:
     .globl cusolverDnSlansyHost
     .type cusolverDnSlansyHost, @function
 cusolverDnSlansyHost:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2514,7 +2262,7 @@ cusolverDnSlansyHost:
     .globl cusolverDnSlansy_bufferSize
     .type cusolverDnSlansy_bufferSize, @function
 cusolverDnSlansy_bufferSize:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2522,7 +2270,7 @@ cusolverDnSlansy_bufferSize:
     .globl cusolverDnSlantrHost
     .type cusolverDnSlantrHost, @function
 cusolverDnSlantrHost:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2530,7 +2278,7 @@ cusolverDnSlantrHost:
     .globl cusolverDnSlarfb
     .type cusolverDnSlarfb, @function
 cusolverDnSlarfb:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2538,7 +2286,7 @@ cusolverDnSlarfb:
     .globl cusolverDnSlarfgHost
     .type cusolverDnSlarfgHost, @function
 cusolverDnSlarfgHost:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2546,7 +2294,7 @@ cusolverDnSlarfgHost:
     .globl cusolverDnSlarft
     .type cusolverDnSlarft, @function
 cusolverDnSlarft:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2554,7 +2302,7 @@ cusolverDnSlarft:
     .globl cusolverDnSlarft_bufferSize
     .type cusolverDnSlarft_bufferSize, @function
 cusolverDnSlarft_bufferSize:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2562,7 +2310,7 @@ cusolverDnSlarft_bufferSize:
     .globl cusolverDnSlarnvHost
     .type cusolverDnSlarnvHost, @function
 cusolverDnSlarnvHost:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2570,7 +2318,7 @@ cusolverDnSlarnvHost:
     .globl cusolverDnSlascl
     .type cusolverDnSlascl, @function
 cusolverDnSlascl:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2578,7 +2326,7 @@ cusolverDnSlascl:
     .globl cusolverDnSlasetHost
     .type cusolverDnSlasetHost, @function
 cusolverDnSlasetHost:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2596,7 +2344,7 @@ cusolverDnSlauum:
     .globl cusolverDnSlauumHost
     .type cusolverDnSlauumHost, @function
 cusolverDnSlauumHost:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2609,7 +2357,7 @@ cusolverDnSlauum_bufferSize:
     .globl cusolverDnSnrm2Host
     .type cusolverDnSnrm2Host, @function
 cusolverDnSnrm2Host:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2622,7 +2370,7 @@ cusolverDnSorgbr:
     .globl cusolverDnSorgbrHost
     .type cusolverDnSorgbrHost, @function
 cusolverDnSorgbrHost:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2635,7 +2383,7 @@ cusolverDnSorgbr_bufferSize:
     .globl cusolverDnSorghrHost
     .type cusolverDnSorghrHost, @function
 cusolverDnSorghrHost:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2643,7 +2391,7 @@ cusolverDnSorghrHost:
     .globl cusolverDnSorglqHost
     .type cusolverDnSorglqHost, @function
 cusolverDnSorglqHost:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2656,7 +2404,7 @@ cusolverDnSorgqr:
     .globl cusolverDnSorgqrHost
     .type cusolverDnSorgqrHost, @function
 cusolverDnSorgqrHost:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2664,7 +2412,7 @@ cusolverDnSorgqrHost:
     .globl cusolverDnSorgqr_ApI
     .type cusolverDnSorgqr_ApI, @function
 cusolverDnSorgqr_ApI:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2672,7 +2420,7 @@ cusolverDnSorgqr_ApI:
     .globl cusolverDnSorgqr_ApI_bufferSize
     .type cusolverDnSorgqr_ApI_bufferSize, @function
 cusolverDnSorgqr_ApI_bufferSize:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2690,7 +2438,7 @@ cusolverDnSorgtr:
     .globl cusolverDnSorgtrHost
     .type cusolverDnSorgtrHost, @function
 cusolverDnSorgtrHost:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2708,7 +2456,7 @@ cusolverDnSormqr:
     .globl cusolverDnSormqrHost
     .type cusolverDnSormqrHost, @function
 cusolverDnSormqrHost:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2726,7 +2474,7 @@ cusolverDnSormtr:
     .globl cusolverDnSormtrHost
     .type cusolverDnSormtrHost, @function
 cusolverDnSormtrHost:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2739,7 +2487,7 @@ cusolverDnSormtr_bufferSize:
     .globl cusolverDnSpolar
     .type cusolverDnSpolar, @function
 cusolverDnSpolar:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2747,7 +2495,7 @@ cusolverDnSpolar:
     .globl cusolverDnSpolar_bufferSize
     .type cusolverDnSpolar_bufferSize, @function
 cusolverDnSpolar_bufferSize:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2765,7 +2513,7 @@ cusolverDnSpotrfBatched:
     .globl cusolverDnSpotrfHost
     .type cusolverDnSpotrfHost, @function
 cusolverDnSpotrfHost:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2531,7 @@ cusolverDnSpotri:
     .globl cusolverDnSpotriHost
     .type cusolverDnSpotriHost, @function
 cusolverDnSpotriHost:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2806,7 +2554,7 @@ cusolverDnSpotrsBatched:
     .globl cusolverDnSpotrsHost
     .type cusolverDnSpotrsHost, @function
 cusolverDnSpotrsHost:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2814,7 +2562,7 @@ cusolverDnSpotrsHost:
     .globl cusolverDnSscalHost
     .type cusolverDnSscalHost, @function
 cusolverDnSscalHost:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2822,7 +2570,7 @@ cusolverDnSscalHost:
     .globl cusolverDnSsteqrHost
     .type cusolverDnSsteqrHost, @function
 cusolverDnSsteqrHost:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2830,7 +2578,7 @@ cusolverDnSsteqrHost:
     .globl cusolverDnSsterfHost
     .type cusolverDnSsterfHost, @function
 cusolverDnSsterfHost:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2848,18 +2596,12 @@ cusolverDnSsyevd_bufferSize:
     .globl cusolverDnSsyevdx
     .type cusolverDnSsyevdx, @function
 cusolverDnSsyevdx:
-    leaq .Lname253(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevdx@PLT
     .size cusolverDnSsyevdx, .-cusolverDnSsyevdx
     .globl cusolverDnSsyevdx_bufferSize
     .type cusolverDnSsyevdx_bufferSize, @function
 cusolverDnSsyevdx_bufferSize:
-    leaq .Lname254(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevdx_bufferSize@PLT
     .size cusolverDnSsyevdx_bufferSize, .-cusolverDnSsyevdx_bufferSize
     .globl cusolverDnSsyevj
     .type cusolverDnSsyevj, @function
@@ -2884,7 +2626,7 @@ cusolverDnSsyevj_bufferSize:
     .globl cusolverDnSsygst
     .type cusolverDnSsygst, @function
 cusolverDnSsygst:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2892,7 +2634,7 @@ cusolverDnSsygst:
     .globl cusolverDnSsygst2
     .type cusolverDnSsygst2, @function
 cusolverDnSsygst2:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2900,7 +2642,7 @@ cusolverDnSsygst2:
     .globl cusolverDnSsygst2_bufferSize
     .type cusolverDnSsygst2_bufferSize, @function
 cusolverDnSsygst2_bufferSize:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2908,7 +2650,7 @@ cusolverDnSsygst2_bufferSize:
     .globl cusolverDnSsygst_bufferSize
     .type cusolverDnSsygst_bufferSize, @function
 cusolverDnSsygst_bufferSize:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2926,18 +2668,12 @@ cusolverDnSsygvd_bufferSize:
     .globl cusolverDnSsygvdx
     .type cusolverDnSsygvdx, @function
 cusolverDnSsygvdx:
-    leaq .Lname259(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvdx@PLT
     .size cusolverDnSsygvdx, .-cusolverDnSsygvdx
     .globl cusolverDnSsygvdx_bufferSize
     .type cusolverDnSsygvdx_bufferSize, @function
 cusolverDnSsygvdx_bufferSize:
-    leaq .Lname260(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvdx_bufferSize@PLT
     .size cusolverDnSsygvdx_bufferSize, .-cusolverDnSsygvdx_bufferSize
     .globl cusolverDnSsygvj
     .type cusolverDnSsygvj, @function
@@ -2952,7 +2688,7 @@ cusolverDnSsygvj_bufferSize:
     .globl cusolverDnSsymv
     .type cusolverDnSsymv, @function
 cusolverDnSsymv:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2960,7 +2696,7 @@ cusolverDnSsymv:
     .globl cusolverDnSsymv_bufferSize
     .type cusolverDnSsymv_bufferSize, @function
 cusolverDnSsymv_bufferSize:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2968,18 +2704,12 @@ cusolverDnSsymv_bufferSize:
     .globl cusolverDnSsytrd
     .type cusolverDnSsytrd, @function
 cusolverDnSsytrd:
-    leaq .Lname263(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrd@PLT
     .size cusolverDnSsytrd, .-cusolverDnSsytrd
     .globl cusolverDnSsytrd_bufferSize
     .type cusolverDnSsytrd_bufferSize, @function
 cusolverDnSsytrd_bufferSize:
-    leaq .Lname264(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrd_bufferSize@PLT
     .size cusolverDnSsytrd_bufferSize, .-cusolverDnSsytrd_bufferSize
     .globl cusolverDnSsytrf
     .type cusolverDnSsytrf, @function
@@ -2999,7 +2729,7 @@ cusolverDnSsytri:
     .globl cusolverDnSsytriHost
     .type cusolverDnSsytriHost, @function
 cusolverDnSsytriHost:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3012,7 +2742,7 @@ cusolverDnSsytri_bufferSize:
     .globl cusolverDnSsytrsHost
     .type cusolverDnSsytrsHost, @function
 cusolverDnSsytrsHost:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3020,7 +2750,7 @@ cusolverDnSsytrsHost:
     .globl cusolverDnStrtriHost
     .type cusolverDnStrtriHost, @function
 cusolverDnStrtriHost:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3028,39 +2758,27 @@ cusolverDnStrtriHost:
     .globl cusolverDnSyevd
     .type cusolverDnSyevd, @function
 cusolverDnSyevd:
-    leaq .Lname268(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSyevd@PLT
     .size cusolverDnSyevd, .-cusolverDnSyevd
     .globl cusolverDnSyevd_bufferSize
     .type cusolverDnSyevd_bufferSize, @function
 cusolverDnSyevd_bufferSize:
-    leaq .Lname269(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSyevd_bufferSize@PLT
     .size cusolverDnSyevd_bufferSize, .-cusolverDnSyevd_bufferSize
     .globl cusolverDnSyevdx
     .type cusolverDnSyevdx, @function
 cusolverDnSyevdx:
-    leaq .Lname270(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSyevdx@PLT
     .size cusolverDnSyevdx, .-cusolverDnSyevdx
     .globl cusolverDnSyevdx_bufferSize
     .type cusolverDnSyevdx_bufferSize, @function
 cusolverDnSyevdx_bufferSize:
-    leaq .Lname271(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSyevdx_bufferSize@PLT
     .size cusolverDnSyevdx_bufferSize, .-cusolverDnSyevdx_bufferSize
     .globl cusolverDnXfillRandNormalOnDevice
     .type cusolverDnXfillRandNormalOnDevice, @function
 cusolverDnXfillRandNormalOnDevice:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3068,7 +2786,7 @@ cusolverDnXfillRandNormalOnDevice:
     .globl cusolverDnXfillRandNormalOnHost
     .type cusolverDnXfillRandNormalOnHost, @function
 cusolverDnXfillRandNormalOnHost:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3106,18 +2824,12 @@ cusolverDnXgesvd_bufferSize:
     .globl cusolverDnXgesvdjGetResidual
     .type cusolverDnXgesvdjGetResidual, @function
 cusolverDnXgesvdjGetResidual:
-    leaq .Lname274(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdjGetResidual@PLT
     .size cusolverDnXgesvdjGetResidual, .-cusolverDnXgesvdjGetResidual
     .globl cusolverDnXgesvdjGetSweeps
     .type cusolverDnXgesvdjGetSweeps, @function
 cusolverDnXgesvdjGetSweeps:
-    leaq .Lname275(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdjGetSweeps@PLT
     .size cusolverDnXgesvdjGetSweeps, .-cusolverDnXgesvdjGetSweeps
     .globl cusolverDnXgesvdjSetMaxSweeps
     .type cusolverDnXgesvdjSetMaxSweeps, @function
@@ -3137,10 +2849,7 @@ cusolverDnXgesvdjSetTolerance:
     .globl cusolverDnXgesvdp
     .type cusolverDnXgesvdp, @function
 cusolverDnXgesvdp:
-    leaq .Lname276(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdp@PLT
     .size cusolverDnXgesvdp, .-cusolverDnXgesvdp
     .globl cusolverDnXgesvdp_bufferSize
     .type cusolverDnXgesvdp_bufferSize, @function
@@ -3150,18 +2859,12 @@ cusolverDnXgesvdp_bufferSize:
     .globl cusolverDnXgesvdr
     .type cusolverDnXgesvdr, @function
 cusolverDnXgesvdr:
-    leaq .Lname277(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdr@PLT
     .size cusolverDnXgesvdr, .-cusolverDnXgesvdr
     .globl cusolverDnXgesvdr_bufferSize
     .type cusolverDnXgesvdr_bufferSize, @function
 cusolverDnXgesvdr_bufferSize:
-    leaq .Lname278(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdr_bufferSize@PLT
     .size cusolverDnXgesvdr_bufferSize, .-cusolverDnXgesvdr_bufferSize
     .globl cusolverDnXgetrf
     .type cusolverDnXgetrf, @function
@@ -3181,7 +2884,7 @@ cusolverDnXgetrs:
     .globl cusolverDnXlansy
     .type cusolverDnXlansy, @function
 cusolverDnXlansy:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3189,7 +2892,7 @@ cusolverDnXlansy:
     .globl cusolverDnXlansy_bufferSize
     .type cusolverDnXlansy_bufferSize, @function
 cusolverDnXlansy_bufferSize:
-    leaq .Lname280(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3197,18 +2900,12 @@ cusolverDnXlansy_bufferSize:
     .globl cusolverDnXlarft
     .type cusolverDnXlarft, @function
 cusolverDnXlarft:
-    leaq .Lname281(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXlarft@PLT
     .size cusolverDnXlarft, .-cusolverDnXlarft
     .globl cusolverDnXlarft_bufferSize
     .type cusolverDnXlarft_bufferSize, @function
 cusolverDnXlarft_bufferSize:
-    leaq .Lname282(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXlarft_bufferSize@PLT
     .size cusolverDnXlarft_bufferSize, .-cusolverDnXlarft_bufferSize
     .globl cusolverDnXpotrf
     .type cusolverDnXpotrf, @function
@@ -3248,34 +2945,22 @@ cusolverDnXsyevd_bufferSize:
     .globl cusolverDnXsyevdx
     .type cusolverDnXsyevdx, @function
 cusolverDnXsyevdx:
-    leaq .Lname283(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevdx@PLT
     .size cusolverDnXsyevdx, .-cusolverDnXsyevdx
     .globl cusolverDnXsyevdx_bufferSize
     .type cusolverDnXsyevdx_bufferSize, @function
 cusolverDnXsyevdx_bufferSize:
-    leaq .Lname284(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevdx_bufferSize@PLT
     .size cusolverDnXsyevdx_bufferSize, .-cusolverDnXsyevdx_bufferSize
     .globl cusolverDnXsyevjGetResidual
     .type cusolverDnXsyevjGetResidual, @function
 cusolverDnXsyevjGetResidual:
-    leaq .Lname285(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevjGetResidual@PLT
     .size cusolverDnXsyevjGetResidual, .-cusolverDnXsyevjGetResidual
     .globl cusolverDnXsyevjGetSweeps
     .type cusolverDnXsyevjGetSweeps, @function
 cusolverDnXsyevjGetSweeps:
-    leaq .Lname286(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevjGetSweeps@PLT
     .size cusolverDnXsyevjGetSweeps, .-cusolverDnXsyevjGetSweeps
     .globl cusolverDnXsyevjSetMaxSweeps
     .type cusolverDnXsyevjSetMaxSweeps, @function
@@ -3315,167 +3000,107 @@ cusolverDnXtrtri_bufferSize:
     .globl cusolverDnZCgels
     .type cusolverDnZCgels, @function
 cusolverDnZCgels:
-    leaq .Lname287(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgels@PLT
     .size cusolverDnZCgels, .-cusolverDnZCgels
     .globl cusolverDnZCgels_bufferSize
     .type cusolverDnZCgels_bufferSize, @function
 cusolverDnZCgels_bufferSize:
-    leaq .Lname288(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgels_bufferSize@PLT
     .size cusolverDnZCgels_bufferSize, .-cusolverDnZCgels_bufferSize
     .globl cusolverDnZCgesv
     .type cusolverDnZCgesv, @function
 cusolverDnZCgesv:
-    leaq .Lname289(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgesv@PLT
     .size cusolverDnZCgesv, .-cusolverDnZCgesv
     .globl cusolverDnZCgesv_bufferSize
     .type cusolverDnZCgesv_bufferSize, @function
 cusolverDnZCgesv_bufferSize:
-    leaq .Lname290(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgesv_bufferSize@PLT
     .size cusolverDnZCgesv_bufferSize, .-cusolverDnZCgesv_bufferSize
     .globl cusolverDnZEgels
     .type cusolverDnZEgels, @function
 cusolverDnZEgels:
-    leaq .Lname291(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgels@PLT
     .size cusolverDnZEgels, .-cusolverDnZEgels
     .globl cusolverDnZEgels_bufferSize
     .type cusolverDnZEgels_bufferSize, @function
 cusolverDnZEgels_bufferSize:
-    leaq .Lname292(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgels_bufferSize@PLT
     .size cusolverDnZEgels_bufferSize, .-cusolverDnZEgels_bufferSize
     .globl cusolverDnZEgesv
     .type cusolverDnZEgesv, @function
 cusolverDnZEgesv:
-    leaq .Lname293(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgesv@PLT
     .size cusolverDnZEgesv, .-cusolverDnZEgesv
     .globl cusolverDnZEgesv_bufferSize
     .type cusolverDnZEgesv_bufferSize, @function
 cusolverDnZEgesv_bufferSize:
-    leaq .Lname294(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgesv_bufferSize@PLT
     .size cusolverDnZEgesv_bufferSize, .-cusolverDnZEgesv_bufferSize
     .globl cusolverDnZKgels
     .type cusolverDnZKgels, @function
 cusolverDnZKgels:
-    leaq .Lname295(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgels@PLT
     .size cusolverDnZKgels, .-cusolverDnZKgels
     .globl cusolverDnZKgels_bufferSize
     .type cusolverDnZKgels_bufferSize, @function
 cusolverDnZKgels_bufferSize:
-    leaq .Lname296(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgels_bufferSize@PLT
     .size cusolverDnZKgels_bufferSize, .-cusolverDnZKgels_bufferSize
     .globl cusolverDnZKgesv
     .type cusolverDnZKgesv, @function
 cusolverDnZKgesv:
-    leaq .Lname297(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgesv@PLT
     .size cusolverDnZKgesv, .-cusolverDnZKgesv
     .globl cusolverDnZKgesv_bufferSize
     .type cusolverDnZKgesv_bufferSize, @function
 cusolverDnZKgesv_bufferSize:
-    leaq .Lname298(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgesv_bufferSize@PLT
     .size cusolverDnZKgesv_bufferSize, .-cusolverDnZKgesv_bufferSize
     .globl cusolverDnZYgels
     .type cusolverDnZYgels, @function
 cusolverDnZYgels:
-    leaq .Lname299(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgels@PLT
     .size cusolverDnZYgels, .-cusolverDnZYgels
     .globl cusolverDnZYgels_bufferSize
     .type cusolverDnZYgels_bufferSize, @function
 cusolverDnZYgels_bufferSize:
-    leaq .Lname300(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgels_bufferSize@PLT
     .size cusolverDnZYgels_bufferSize, .-cusolverDnZYgels_bufferSize
     .globl cusolverDnZYgesv
     .type cusolverDnZYgesv, @function
 cusolverDnZYgesv:
-    leaq .Lname301(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgesv@PLT
     .size cusolverDnZYgesv, .-cusolverDnZYgesv
     .globl cusolverDnZYgesv_bufferSize
     .type cusolverDnZYgesv_bufferSize, @function
 cusolverDnZYgesv_bufferSize:
-    leaq .Lname302(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgesv_bufferSize@PLT
     .size cusolverDnZYgesv_bufferSize, .-cusolverDnZYgesv_bufferSize
     .globl cusolverDnZZgels
     .type cusolverDnZZgels, @function
 cusolverDnZZgels:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgels@PLT
     .size cusolverDnZZgels, .-cusolverDnZZgels
     .globl cusolverDnZZgels_bufferSize
     .type cusolverDnZZgels_bufferSize, @function
 cusolverDnZZgels_bufferSize:
-    leaq .Lname304(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgels_bufferSize@PLT
     .size cusolverDnZZgels_bufferSize, .-cusolverDnZZgels_bufferSize
     .globl cusolverDnZZgesv
     .type cusolverDnZZgesv, @function
 cusolverDnZZgesv:
-    leaq .Lname305(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgesv@PLT
     .size cusolverDnZZgesv, .-cusolverDnZZgesv
     .globl cusolverDnZZgesv_bufferSize
     .type cusolverDnZZgesv_bufferSize, @function
 cusolverDnZZgesv_bufferSize:
-    leaq .Lname306(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgesv_bufferSize@PLT
     .size cusolverDnZZgesv_bufferSize, .-cusolverDnZZgesv_bufferSize
     .globl cusolverDnZaxpyHost
     .type cusolverDnZaxpyHost, @function
 cusolverDnZaxpyHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3483,7 +3108,7 @@ cusolverDnZaxpyHost:
     .globl cusolverDnZdscalHost
     .type cusolverDnZdscalHost, @function
 cusolverDnZdscalHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3491,7 +3116,7 @@ cusolverDnZdscalHost:
     .globl cusolverDnZeyeBatch
     .type cusolverDnZeyeBatch, @function
 cusolverDnZeyeBatch:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3499,10 +3124,7 @@ cusolverDnZeyeBatch:
     .globl cusolverDnZgebrd
     .type cusolverDnZgebrd, @function
 cusolverDnZgebrd:
-    leaq .Lname310(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgebrd@PLT
     .size cusolverDnZgebrd, .-cusolverDnZgebrd
     .globl cusolverDnZgebrd_bufferSize
     .type cusolverDnZgebrd_bufferSize, @function
@@ -3512,7 +3134,7 @@ cusolverDnZgebrd_bufferSize:
     .globl cusolverDnZgehd2
     .type cusolverDnZgehd2, @function
 cusolverDnZgehd2:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3520,7 +3142,7 @@ cusolverDnZgehd2:
     .globl cusolverDnZgehd2_bufferSize
     .type cusolverDnZgehd2_bufferSize, @function
 cusolverDnZgehd2_bufferSize:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3528,7 +3150,7 @@ cusolverDnZgehd2_bufferSize:
     .globl cusolverDnZgehrd
     .type cusolverDnZgehrd, @function
 cusolverDnZgehrd:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3536,7 +3158,7 @@ cusolverDnZgehrd:
     .globl cusolverDnZgehrd_bufferSize
     .type cusolverDnZgehrd_bufferSize, @function
 cusolverDnZgehrd_bufferSize:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3544,7 +3166,7 @@ cusolverDnZgehrd_bufferSize:
     .globl cusolverDnZgelqfHost
     .type cusolverDnZgelqfHost, @function
 cusolverDnZgelqfHost:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3552,7 +3174,7 @@ cusolverDnZgelqfHost:
     .globl cusolverDnZgemmHost
     .type cusolverDnZgemmHost, @function
 cusolverDnZgemmHost:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3560,7 +3182,7 @@ cusolverDnZgemmHost:
     .globl cusolverDnZgeqlfHost
     .type cusolverDnZgeqlfHost, @function
 cusolverDnZgeqlfHost:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3573,7 +3195,7 @@ cusolverDnZgeqrf:
     .globl cusolverDnZgeqrfHost
     .type cusolverDnZgeqrfHost, @function
 cusolverDnZgeqrfHost:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3581,7 +3203,7 @@ cusolverDnZgeqrfHost:
     .globl cusolverDnZgeqrf_ApI
     .type cusolverDnZgeqrf_ApI, @function
 cusolverDnZgeqrf_ApI:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3589,7 +3211,7 @@ cusolverDnZgeqrf_ApI:
     .globl cusolverDnZgeqrf_ApI_bufferSize
     .type cusolverDnZgeqrf_ApI_bufferSize, @function
 cusolverDnZgeqrf_ApI_bufferSize:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3602,7 +3224,7 @@ cusolverDnZgeqrf_bufferSize:
     .globl cusolverDnZgercond
     .type cusolverDnZgercond, @function
 cusolverDnZgercond:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3610,7 +3232,7 @@ cusolverDnZgercond:
     .globl cusolverDnZgercond_bufferSize
     .type cusolverDnZgercond_bufferSize, @function
 cusolverDnZgercond_bufferSize:
-    leaq .Lname322(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3683,18 +3305,12 @@ cusolverDnZheevd_bufferSize:
     .globl cusolverDnZheevdx
     .type cusolverDnZheevdx, @function
 cusolverDnZheevdx:
-    leaq .Lname323(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevdx@PLT
     .size cusolverDnZheevdx, .-cusolverDnZheevdx
     .globl cusolverDnZheevdx_bufferSize
     .type cusolverDnZheevdx_bufferSize, @function
 cusolverDnZheevdx_bufferSize:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevdx_bufferSize@PLT
     .size cusolverDnZheevdx_bufferSize, .-cusolverDnZheevdx_bufferSize
     .globl cusolverDnZheevj
     .type cusolverDnZheevj, @function
@@ -3719,7 +3335,7 @@ cusolverDnZheevj_bufferSize:
     .globl cusolverDnZhegst
     .type cusolverDnZhegst, @function
 cusolverDnZhegst:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3727,7 +3343,7 @@ cusolverDnZhegst:
     .globl cusolverDnZhegst2
     .type cusolverDnZhegst2, @function
 cusolverDnZhegst2:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3735,7 +3351,7 @@ cusolverDnZhegst2:
     .globl cusolverDnZhegst2_bufferSize
     .type cusolverDnZhegst2_bufferSize, @function
 cusolverDnZhegst2_bufferSize:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3743,7 +3359,7 @@ cusolverDnZhegst2_bufferSize:
     .globl cusolverDnZhegst_bufferSize
     .type cusolverDnZhegst_bufferSize, @function
 cusolverDnZhegst_bufferSize:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3761,18 +3377,12 @@ cusolverDnZhegvd_bufferSize:
     .globl cusolverDnZhegvdx
     .type cusolverDnZhegvdx, @function
 cusolverDnZhegvdx:
-    leaq .Lname329(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvdx@PLT
     .size cusolverDnZhegvdx, .-cusolverDnZhegvdx
     .globl cusolverDnZhegvdx_bufferSize
     .type cusolverDnZhegvdx_bufferSize, @function
 cusolverDnZhegvdx_bufferSize:
-    leaq .Lname330(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvdx_bufferSize@PLT
     .size cusolverDnZhegvdx_bufferSize, .-cusolverDnZhegvdx_bufferSize
     .globl cusolverDnZhegvj
     .type cusolverDnZhegvj, @function
@@ -3787,7 +3397,7 @@ cusolverDnZhegvj_bufferSize:
     .globl cusolverDnZhemv
     .type cusolverDnZhemv, @function
 cusolverDnZhemv:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3795,7 +3405,7 @@ cusolverDnZhemv:
     .globl cusolverDnZhemv_bufferSize
     .type cusolverDnZhemv_bufferSize, @function
 cusolverDnZhemv_bufferSize:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3803,23 +3413,17 @@ cusolverDnZhemv_bufferSize:
     .globl cusolverDnZhetrd
     .type cusolverDnZhetrd, @function
 cusolverDnZhetrd:
-    leaq .Lname333(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhetrd@PLT
     .size cusolverDnZhetrd, .-cusolverDnZhetrd
     .globl cusolverDnZhetrd_bufferSize
     .type cusolverDnZhetrd_bufferSize, @function
 cusolverDnZhetrd_bufferSize:
-    leaq .Lname334(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhetrd_bufferSize@PLT
     .size cusolverDnZhetrd_bufferSize, .-cusolverDnZhetrd_bufferSize
     .globl cusolverDnZlacpyHost
     .type cusolverDnZlacpyHost, @function
 cusolverDnZlacpyHost:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3827,7 +3431,7 @@ cusolverDnZlacpyHost:
     .globl cusolverDnZlahr2
     .type cusolverDnZlahr2, @function
 cusolverDnZlahr2:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3835,7 +3439,7 @@ cusolverDnZlahr2:
     .globl cusolverDnZlange
     .type cusolverDnZlange, @function
 cusolverDnZlange:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3843,7 +3447,7 @@ cusolverDnZlange:
     .globl cusolverDnZlangeHost
     .type cusolverDnZlangeHost, @function
 cusolverDnZlangeHost:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3851,7 +3455,7 @@ cusolverDnZlangeHost:
     .globl cusolverDnZlange_bufferSize
     .type cusolverDnZlange_bufferSize, @function
 cusolverDnZlange_bufferSize:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3859,7 +3463,7 @@ cusolverDnZlange_bufferSize:
     .globl cusolverDnZlanhe
     .type cusolverDnZlanhe, @function
 cusolverDnZlanhe:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3867,7 +3471,7 @@ cusolverDnZlanhe:
     .globl cusolverDnZlanheHost
     .type cusolverDnZlanheHost, @function
 cusolverDnZlanheHost:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3875,7 +3479,7 @@ cusolverDnZlanheHost:
     .globl cusolverDnZlanhe_bufferSize
     .type cusolverDnZlanhe_bufferSize, @function
 cusolverDnZlanhe_bufferSize:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3883,7 +3487,7 @@ cusolverDnZlanhe_bufferSize:
     .globl cusolverDnZlantrHost
     .type cusolverDnZlantrHost, @function
 cusolverDnZlantrHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3891,7 +3495,7 @@ cusolverDnZlantrHost:
     .globl cusolverDnZlarfb
     .type cusolverDnZlarfb, @function
 cusolverDnZlarfb:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3899,7 +3503,7 @@ cusolverDnZlarfb:
     .globl cusolverDnZlarfgHost
     .type cusolverDnZlarfgHost, @function
 cusolverDnZlarfgHost:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3907,7 +3511,7 @@ cusolverDnZlarfgHost:
     .globl cusolverDnZlarft
     .type cusolverDnZlarft, @function
 cusolverDnZlarft:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3915,7 +3519,7 @@ cusolverDnZlarft:
     .globl cusolverDnZlarft_bufferSize
     .type cusolverDnZlarft_bufferSize, @function
 cusolverDnZlarft_bufferSize:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3923,7 +3527,7 @@ cusolverDnZlarft_bufferSize:
     .globl cusolverDnZlarnvHost
     .type cusolverDnZlarnvHost, @function
 cusolverDnZlarnvHost:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3931,7 +3535,7 @@ cusolverDnZlarnvHost:
     .globl cusolverDnZlascl
     .type cusolverDnZlascl, @function
 cusolverDnZlascl:
-    leaq .Lname349(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3939,7 +3543,7 @@ cusolverDnZlascl:
     .globl cusolverDnZlasetHost
     .type cusolverDnZlasetHost, @function
 cusolverDnZlasetHost:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3957,7 +3561,7 @@ cusolverDnZlauum:
     .globl cusolverDnZlauumHost
     .type cusolverDnZlauumHost, @function
 cusolverDnZlauumHost:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3970,7 +3574,7 @@ cusolverDnZlauum_bufferSize:
     .globl cusolverDnZnrm2Host
     .type cusolverDnZnrm2Host, @function
 cusolverDnZnrm2Host:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3978,7 +3582,7 @@ cusolverDnZnrm2Host:
     .globl cusolverDnZpolar
     .type cusolverDnZpolar, @function
 cusolverDnZpolar:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3986,7 +3590,7 @@ cusolverDnZpolar:
     .globl cusolverDnZpolar_bufferSize
     .type cusolverDnZpolar_bufferSize, @function
 cusolverDnZpolar_bufferSize:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4004,7 +3608,7 @@ cusolverDnZpotrfBatched:
     .globl cusolverDnZpotrfHost
     .type cusolverDnZpotrfHost, @function
 cusolverDnZpotrfHost:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4022,7 +3626,7 @@ cusolverDnZpotri:
     .globl cusolverDnZpotriHost
     .type cusolverDnZpotriHost, @function
 cusolverDnZpotriHost:
-    leaq .Lname356(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4045,7 +3649,7 @@ cusolverDnZpotrsBatched:
     .globl cusolverDnZpotrsHost
     .type cusolverDnZpotrsHost, @function
 cusolverDnZpotrsHost:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4068,7 +3672,7 @@ cusolverDnZsytri:
     .globl cusolverDnZsytriHost
     .type cusolverDnZsytriHost, @function
 cusolverDnZsytriHost:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4081,7 +3685,7 @@ cusolverDnZsytri_bufferSize:
     .globl cusolverDnZsytrsHost
     .type cusolverDnZsytrsHost, @function
 cusolverDnZsytrsHost:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4089,7 +3693,7 @@ cusolverDnZsytrsHost:
     .globl cusolverDnZtrtriHost
     .type cusolverDnZtrtriHost, @function
 cusolverDnZtrtriHost:
-    leaq .Lname360(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4102,7 +3706,7 @@ cusolverDnZungbr:
     .globl cusolverDnZungbrHost
     .type cusolverDnZungbrHost, @function
 cusolverDnZungbrHost:
-    leaq .Lname361(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4115,7 +3719,7 @@ cusolverDnZungbr_bufferSize:
     .globl cusolverDnZunghrHost
     .type cusolverDnZunghrHost, @function
 cusolverDnZunghrHost:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4123,7 +3727,7 @@ cusolverDnZunghrHost:
     .globl cusolverDnZunglqHost
     .type cusolverDnZunglqHost, @function
 cusolverDnZunglqHost:
-    leaq .Lname363(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4136,7 +3740,7 @@ cusolverDnZungqr:
     .globl cusolverDnZungqrHost
     .type cusolverDnZungqrHost, @function
 cusolverDnZungqrHost:
-    leaq .Lname364(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4144,7 +3748,7 @@ cusolverDnZungqrHost:
     .globl cusolverDnZungqr_ApI
     .type cusolverDnZungqr_ApI, @function
 cusolverDnZungqr_ApI:
-    leaq .Lname365(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4152,7 +3756,7 @@ cusolverDnZungqr_ApI:
     .globl cusolverDnZungqr_ApI_bufferSize
     .type cusolverDnZungqr_ApI_bufferSize, @function
 cusolverDnZungqr_ApI_bufferSize:
-    leaq .Lname366(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4170,7 +3774,7 @@ cusolverDnZungtr:
     .globl cusolverDnZungtrHost
     .type cusolverDnZungtrHost, @function
 cusolverDnZungtrHost:
-    leaq .Lname367(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4188,7 +3792,7 @@ cusolverDnZunmqr:
     .globl cusolverDnZunmqrHost
     .type cusolverDnZunmqrHost, @function
 cusolverDnZunmqrHost:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4206,7 +3810,7 @@ cusolverDnZunmtr:
     .globl cusolverDnZunmtrHost
     .type cusolverDnZunmtrHost, @function
 cusolverDnZunmtrHost:
-    leaq .Lname369(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4229,7 +3833,7 @@ cusolverGetVersion:
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4237,7 +3841,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname371(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4260,15 +3864,12 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname372(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfBatchResetValues@PLT
     .size cusolverRfBatchResetValues, .-cusolverRfBatchResetValues
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4276,7 +3877,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4284,7 +3885,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4302,7 +3903,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4310,7 +3911,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4318,42 +3919,27 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname378(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetAlgs@PLT
     .size cusolverRfGetAlgs, .-cusolverRfGetAlgs
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname379(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetMatrixFormat@PLT
     .size cusolverRfGetMatrixFormat, .-cusolverRfGetMatrixFormat
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname380(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetNumericBoostReport@PLT
     .size cusolverRfGetNumericBoostReport, .-cusolverRfGetNumericBoostReport
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname381(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetNumericProperties@PLT
     .size cusolverRfGetNumericProperties, .-cusolverRfGetNumericProperties
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname382(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetResetValuesFastMode@PLT
     .size cusolverRfGetResetValuesFastMode, .-cusolverRfGetResetValuesFastMode
     .globl cusolverRfRefactor
     .type cusolverRfRefactor, @function
@@ -4363,10 +3949,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname383(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfResetValues@PLT
     .size cusolverRfResetValues, .-cusolverRfResetValues
     .globl cusolverRfSetAlgs
     .type cusolverRfSetAlgs, @function
@@ -4391,23 +3974,17 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname384(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSetupDevice@PLT
     .size cusolverRfSetupDevice, .-cusolverRfSetupDevice
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname385(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSetupHost@PLT
     .size cusolverRfSetupHost, .-cusolverRfSetupHost
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4415,15 +3992,12 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname387(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSolve@PLT
     .size cusolverRfSolve, .-cusolverRfSolve
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4431,7 +4005,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4439,7 +4013,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4447,7 +4021,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4455,7 +4029,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4463,7 +4037,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4471,7 +4045,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4479,7 +4053,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4487,7 +4061,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4495,7 +4069,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4503,79 +4077,52 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname398(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigsHost@PLT
     .size cusolverSpCcsreigsHost, .-cusolverSpCcsreigsHost
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname399(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigvsi@PLT
     .size cusolverSpCcsreigvsi, .-cusolverSpCcsreigvsi
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname400(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigvsiHost@PLT
     .size cusolverSpCcsreigvsiHost, .-cusolverSpCcsreigvsiHost
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname401(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsqvqrHost@PLT
     .size cusolverSpCcsrlsqvqrHost, .-cusolverSpCcsrlsqvqrHost
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname402(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvchol@PLT
     .size cusolverSpCcsrlsvchol, .-cusolverSpCcsrlsvchol
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname403(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvcholHost@PLT
     .size cusolverSpCcsrlsvcholHost, .-cusolverSpCcsrlsvcholHost
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname404(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvluHost@PLT
     .size cusolverSpCcsrlsvluHost, .-cusolverSpCcsrlsvluHost
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname405(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvqr@PLT
     .size cusolverSpCcsrlsvqr, .-cusolverSpCcsrlsvqr
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname406(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvqrHost@PLT
     .size cusolverSpCcsrlsvqrHost, .-cusolverSpCcsrlsvqrHost
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4583,7 +4130,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4591,7 +4138,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4599,7 +4146,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4607,7 +4154,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4615,7 +4162,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4623,7 +4170,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4631,7 +4178,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4639,7 +4186,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4647,7 +4194,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4655,15 +4202,12 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname417(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched@PLT
     .size cusolverSpCcsrqrBufferInfoBatched, .-cusolverSpCcsrqrBufferInfoBatched
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4671,7 +4215,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4679,7 +4223,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4687,7 +4231,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4695,7 +4239,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname422(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4703,7 +4247,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4711,7 +4255,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4719,7 +4263,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4727,7 +4271,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname426(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4735,7 +4279,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4743,15 +4287,12 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname428(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrsvBatched@PLT
     .size cusolverSpCcsrqrsvBatched, .-cusolverSpCcsrqrsvBatched
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname429(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4759,15 +4300,12 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname430(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrzfdHost@PLT
     .size cusolverSpCcsrzfdHost, .-cusolverSpCcsrzfdHost
     .globl cusolverSpClangeHost
     .type cusolverSpClangeHost, @function
 cusolverSpClangeHost:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4775,7 +4313,7 @@ cusolverSpClangeHost:
     .globl cusolverSpCndsydmHost
     .type cusolverSpCndsydmHost, @function
 cusolverSpCndsydmHost:
-    leaq .Lname432(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4788,7 +4326,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4796,7 +4334,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4804,7 +4342,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4817,7 +4355,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4825,7 +4363,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4833,7 +4371,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4841,7 +4379,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4849,7 +4387,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4857,7 +4395,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4865,7 +4403,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname442(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4873,7 +4411,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4881,7 +4419,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4889,7 +4427,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4897,7 +4435,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4905,7 +4443,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4913,7 +4451,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4921,7 +4459,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4929,7 +4467,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4937,7 +4475,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4945,7 +4483,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4953,7 +4491,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4961,79 +4499,52 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname454(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigsHost@PLT
     .size cusolverSpDcsreigsHost, .-cusolverSpDcsreigsHost
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname455(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigvsi@PLT
     .size cusolverSpDcsreigvsi, .-cusolverSpDcsreigvsi
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname456(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigvsiHost@PLT
     .size cusolverSpDcsreigvsiHost, .-cusolverSpDcsreigvsiHost
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname457(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsqvqrHost@PLT
     .size cusolverSpDcsrlsqvqrHost, .-cusolverSpDcsrlsqvqrHost
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname458(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvchol@PLT
     .size cusolverSpDcsrlsvchol, .-cusolverSpDcsrlsvchol
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname459(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvcholHost@PLT
     .size cusolverSpDcsrlsvcholHost, .-cusolverSpDcsrlsvcholHost
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname460(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvluHost@PLT
     .size cusolverSpDcsrlsvluHost, .-cusolverSpDcsrlsvluHost
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname461(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvqr@PLT
     .size cusolverSpDcsrlsvqr, .-cusolverSpDcsrlsvqr
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname462(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvqrHost@PLT
     .size cusolverSpDcsrlsvqrHost, .-cusolverSpDcsrlsvqrHost
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5041,7 +4552,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5049,7 +4560,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5057,7 +4568,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname466(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5065,7 +4576,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5073,7 +4584,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5081,7 +4592,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5089,7 +4600,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5097,7 +4608,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname471(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5105,7 +4616,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5113,15 +4624,12 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname473(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched@PLT
     .size cusolverSpDcsrqrBufferInfoBatched, .-cusolverSpDcsrqrBufferInfoBatched
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname474(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5129,7 +4637,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5137,7 +4645,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname476(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5145,7 +4653,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5153,7 +4661,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname478(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5161,7 +4669,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5169,7 +4677,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5177,7 +4685,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname481(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5185,7 +4693,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname482(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5193,7 +4701,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5201,15 +4709,12 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname484(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrsvBatched@PLT
     .size cusolverSpDcsrqrsvBatched, .-cusolverSpDcsrqrsvBatched
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname485(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5217,10 +4722,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname486(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrzfdHost@PLT
     .size cusolverSpDcsrzfdHost, .-cusolverSpDcsrzfdHost
     .globl cusolverSpDestroy
     .type cusolverSpDestroy, @function
@@ -5230,7 +4732,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5238,7 +4740,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5246,7 +4748,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5259,7 +4761,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname490(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5267,7 +4769,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5275,7 +4777,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5283,7 +4785,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname493(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5291,7 +4793,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname494(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5299,7 +4801,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname495(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5307,7 +4809,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname496(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5315,7 +4817,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname497(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5323,7 +4825,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname498(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5331,7 +4833,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname499(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5339,7 +4841,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname500(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5347,7 +4849,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5355,7 +4857,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDlangeHost
     .type cusolverSpDlangeHost, @function
 cusolverSpDlangeHost:
-    leaq .Lname502(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5363,7 +4865,7 @@ cusolverSpDlangeHost:
     .globl cusolverSpDndsydmHost
     .type cusolverSpDndsydmHost, @function
 cusolverSpDndsydmHost:
-    leaq .Lname503(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5371,7 +4873,7 @@ cusolverSpDndsydmHost:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname504(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5379,7 +4881,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname505(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5387,7 +4889,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5395,7 +4897,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5403,7 +4905,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname508(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5411,7 +4913,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname509(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5424,7 +4926,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname510(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5432,7 +4934,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname511(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5440,7 +4942,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5448,7 +4950,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5456,7 +4958,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5464,7 +4966,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5472,7 +4974,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname516(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5480,7 +4982,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname517(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5488,7 +4990,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5496,7 +4998,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname353(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5504,7 +5006,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname520(%rip), %rdi
+    leaq .Lname354(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5512,7 +5014,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname521(%rip), %rdi
+    leaq .Lname355(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5520,7 +5022,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname356(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5528,7 +5030,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname357(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5536,7 +5038,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname358(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5544,7 +5046,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname359(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5552,7 +5054,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname360(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5560,7 +5062,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname361(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5568,7 +5070,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname362(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5576,7 +5078,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname363(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5584,7 +5086,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname364(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5592,7 +5094,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname365(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5600,7 +5102,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname366(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5608,7 +5110,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname367(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5616,79 +5118,52 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname534(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigsHost@PLT
     .size cusolverSpScsreigsHost, .-cusolverSpScsreigsHost
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname535(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigvsi@PLT
     .size cusolverSpScsreigvsi, .-cusolverSpScsreigvsi
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname536(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigvsiHost@PLT
     .size cusolverSpScsreigvsiHost, .-cusolverSpScsreigvsiHost
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname537(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsqvqrHost@PLT
     .size cusolverSpScsrlsqvqrHost, .-cusolverSpScsrlsqvqrHost
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname538(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvchol@PLT
     .size cusolverSpScsrlsvchol, .-cusolverSpScsrlsvchol
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname539(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvcholHost@PLT
     .size cusolverSpScsrlsvcholHost, .-cusolverSpScsrlsvcholHost
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname540(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvluHost@PLT
     .size cusolverSpScsrlsvluHost, .-cusolverSpScsrlsvluHost
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname541(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvqr@PLT
     .size cusolverSpScsrlsvqr, .-cusolverSpScsrlsvqr
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname542(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvqrHost@PLT
     .size cusolverSpScsrlsvqrHost, .-cusolverSpScsrlsvqrHost
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname543(%rip), %rdi
+    leaq .Lname368(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5696,7 +5171,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname544(%rip), %rdi
+    leaq .Lname369(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5704,7 +5179,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname545(%rip), %rdi
+    leaq .Lname370(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5712,7 +5187,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname546(%rip), %rdi
+    leaq .Lname371(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5720,7 +5195,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname547(%rip), %rdi
+    leaq .Lname372(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5728,7 +5203,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname548(%rip), %rdi
+    leaq .Lname373(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5736,7 +5211,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname549(%rip), %rdi
+    leaq .Lname374(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5744,7 +5219,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname550(%rip), %rdi
+    leaq .Lname375(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5752,7 +5227,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname551(%rip), %rdi
+    leaq .Lname376(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5760,7 +5235,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname552(%rip), %rdi
+    leaq .Lname377(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5768,15 +5243,12 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname553(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched@PLT
     .size cusolverSpScsrqrBufferInfoBatched, .-cusolverSpScsrqrBufferInfoBatched
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname554(%rip), %rdi
+    leaq .Lname378(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5784,7 +5256,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname555(%rip), %rdi
+    leaq .Lname379(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5792,7 +5264,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname556(%rip), %rdi
+    leaq .Lname380(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5800,7 +5272,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname557(%rip), %rdi
+    leaq .Lname381(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5808,7 +5280,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname558(%rip), %rdi
+    leaq .Lname382(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5816,7 +5288,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname559(%rip), %rdi
+    leaq .Lname383(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5824,7 +5296,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname560(%rip), %rdi
+    leaq .Lname384(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5832,7 +5304,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname561(%rip), %rdi
+    leaq .Lname385(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5840,7 +5312,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname562(%rip), %rdi
+    leaq .Lname386(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5848,7 +5320,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname563(%rip), %rdi
+    leaq .Lname387(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5856,15 +5328,12 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname564(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrsvBatched@PLT
     .size cusolverSpScsrqrsvBatched, .-cusolverSpScsrqrsvBatched
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname565(%rip), %rdi
+    leaq .Lname388(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5872,10 +5341,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname566(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrzfdHost@PLT
     .size cusolverSpScsrzfdHost, .-cusolverSpScsrzfdHost
     .globl cusolverSpSetStream
     .type cusolverSpSetStream, @function
@@ -5885,7 +5351,7 @@ cusolverSpSetStream:
     .globl cusolverSpSlangeHost
     .type cusolverSpSlangeHost, @function
 cusolverSpSlangeHost:
-    leaq .Lname567(%rip), %rdi
+    leaq .Lname389(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5893,7 +5359,7 @@ cusolverSpSlangeHost:
     .globl cusolverSpSndsydmHost
     .type cusolverSpSndsydmHost, @function
 cusolverSpSndsydmHost:
-    leaq .Lname568(%rip), %rdi
+    leaq .Lname390(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5901,7 +5367,7 @@ cusolverSpSndsydmHost:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname569(%rip), %rdi
+    leaq .Lname391(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5909,7 +5375,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname570(%rip), %rdi
+    leaq .Lname392(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5917,7 +5383,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname571(%rip), %rdi
+    leaq .Lname393(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5925,7 +5391,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname572(%rip), %rdi
+    leaq .Lname394(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5933,7 +5399,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname573(%rip), %rdi
+    leaq .Lname395(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5941,7 +5407,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname574(%rip), %rdi
+    leaq .Lname396(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5949,7 +5415,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname575(%rip), %rdi
+    leaq .Lname397(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5957,7 +5423,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrbndHost
     .type cusolverSpXcsrbndHost, @function
 cusolverSpXcsrbndHost:
-    leaq .Lname576(%rip), %rdi
+    leaq .Lname398(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5965,7 +5431,7 @@ cusolverSpXcsrbndHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname577(%rip), %rdi
+    leaq .Lname399(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5973,7 +5439,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname578(%rip), %rdi
+    leaq .Lname400(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5981,15 +5447,12 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname579(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrissymHost@PLT
     .size cusolverSpXcsrissymHost, .-cusolverSpXcsrissymHost
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname580(%rip), %rdi
+    leaq .Lname401(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5997,7 +5460,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname581(%rip), %rdi
+    leaq .Lname402(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6005,7 +5468,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname582(%rip), %rdi
+    leaq .Lname403(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6013,7 +5476,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname583(%rip), %rdi
+    leaq .Lname404(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6021,15 +5484,12 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname584(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrmetisndHost@PLT
     .size cusolverSpXcsrmetisndHost, .-cusolverSpXcsrmetisndHost
     .globl cusolverSpXcsrndHost
     .type cusolverSpXcsrndHost, @function
 cusolverSpXcsrndHost:
-    leaq .Lname585(%rip), %rdi
+    leaq .Lname405(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6037,7 +5497,7 @@ cusolverSpXcsrndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname586(%rip), %rdi
+    leaq .Lname406(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6045,7 +5505,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname587(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6053,15 +5513,12 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname588(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost@PLT
     .size cusolverSpXcsrperm_bufferSizeHost, .-cusolverSpXcsrperm_bufferSizeHost
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname589(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6069,15 +5526,12 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname590(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched@PLT
     .size cusolverSpXcsrqrAnalysisBatched, .-cusolverSpXcsrqrAnalysisBatched
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname591(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6085,7 +5539,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname592(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6093,7 +5547,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname593(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6101,7 +5555,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname594(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6109,23 +5563,17 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname595(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymamdHost@PLT
     .size cusolverSpXcsrsymamdHost, .-cusolverSpXcsrsymamdHost
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname596(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymmdqHost@PLT
     .size cusolverSpXcsrsymmdqHost, .-cusolverSpXcsrsymmdqHost
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname597(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6133,7 +5581,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname598(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6141,15 +5589,12 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname599(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymrcmHost@PLT
     .size cusolverSpXcsrsymrcmHost, .-cusolverSpXcsrsymrcmHost
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname600(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6157,7 +5602,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXndsydmNnzHost
     .type cusolverSpXndsydmNnzHost, @function
 cusolverSpXndsydmNnzHost:
-    leaq .Lname601(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6165,7 +5610,7 @@ cusolverSpXndsydmNnzHost:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname602(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6173,7 +5618,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname603(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6181,7 +5626,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname604(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6189,7 +5634,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname605(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6197,7 +5642,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname606(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6205,7 +5650,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname607(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6213,7 +5658,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname608(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6221,7 +5666,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname609(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6229,7 +5674,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname610(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6237,7 +5682,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname611(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6245,7 +5690,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname612(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6253,7 +5698,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname613(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6261,7 +5706,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname614(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6269,7 +5714,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname615(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6277,7 +5722,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname616(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6285,79 +5730,52 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname617(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigsHost@PLT
     .size cusolverSpZcsreigsHost, .-cusolverSpZcsreigsHost
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname618(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigvsi@PLT
     .size cusolverSpZcsreigvsi, .-cusolverSpZcsreigvsi
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname619(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigvsiHost@PLT
     .size cusolverSpZcsreigvsiHost, .-cusolverSpZcsreigvsiHost
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname620(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsqvqrHost@PLT
     .size cusolverSpZcsrlsqvqrHost, .-cusolverSpZcsrlsqvqrHost
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname621(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvchol@PLT
     .size cusolverSpZcsrlsvchol, .-cusolverSpZcsrlsvchol
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname622(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvcholHost@PLT
     .size cusolverSpZcsrlsvcholHost, .-cusolverSpZcsrlsvcholHost
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname623(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvluHost@PLT
     .size cusolverSpZcsrlsvluHost, .-cusolverSpZcsrlsvluHost
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname624(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvqr@PLT
     .size cusolverSpZcsrlsvqr, .-cusolverSpZcsrlsvqr
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname625(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvqrHost@PLT
     .size cusolverSpZcsrlsvqrHost, .-cusolverSpZcsrlsvqrHost
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname626(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6365,7 +5783,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname627(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6373,7 +5791,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname628(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6381,7 +5799,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname629(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6389,7 +5807,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname630(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6397,7 +5815,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname631(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6405,7 +5823,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname632(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6413,7 +5831,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname633(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6421,7 +5839,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname634(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6429,7 +5847,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname635(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6437,15 +5855,12 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname636(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched@PLT
     .size cusolverSpZcsrqrBufferInfoBatched, .-cusolverSpZcsrqrBufferInfoBatched
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname637(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6453,7 +5868,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname638(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6461,7 +5876,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname639(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6469,7 +5884,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname640(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6477,7 +5892,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname641(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6485,7 +5900,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname642(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6493,7 +5908,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname643(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6501,7 +5916,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname644(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6509,7 +5924,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname645(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6517,7 +5932,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname646(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6525,15 +5940,12 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname647(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrsvBatched@PLT
     .size cusolverSpZcsrqrsvBatched, .-cusolverSpZcsrqrsvBatched
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname648(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6541,15 +5953,12 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname649(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrzfdHost@PLT
     .size cusolverSpZcsrzfdHost, .-cusolverSpZcsrzfdHost
     .globl cusolverSpZlangeHost
     .type cusolverSpZlangeHost, @function
 cusolverSpZlangeHost:
-    leaq .Lname650(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6557,7 +5966,7 @@ cusolverSpZlangeHost:
     .globl cusolverSpZndsydmHost
     .type cusolverSpZndsydmHost, @function
 cusolverSpZndsydmHost:
-    leaq .Lname651(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6565,7 +5974,7 @@ cusolverSpZndsydmHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname652(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6573,7 +5982,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname653(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6581,7 +5990,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname654(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6589,7 +5998,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname655(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6597,7 +6006,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname656(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6605,1326 +6014,932 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname657(%rip), %rdi
+    leaq .Lname460(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cusolverXcsrqr_dump, .-cusolverXcsrqr_dump
     .section .rodata
 .Lname0:
-    .asciz "cusolverDnCCgels"
-.Lname1:
-    .asciz "cusolverDnCCgels_bufferSize"
-.Lname2:
-    .asciz "cusolverDnCCgesv"
-.Lname3:
-    .asciz "cusolverDnCCgesv_bufferSize"
-.Lname4:
-    .asciz "cusolverDnCEgels"
-.Lname5:
-    .asciz "cusolverDnCEgels_bufferSize"
-.Lname6:
-    .asciz "cusolverDnCEgesv"
-.Lname7:
-    .asciz "cusolverDnCEgesv_bufferSize"
-.Lname8:
-    .asciz "cusolverDnCKgels"
-.Lname9:
-    .asciz "cusolverDnCKgels_bufferSize"
-.Lname10:
-    .asciz "cusolverDnCKgesv"
-.Lname11:
-    .asciz "cusolverDnCKgesv_bufferSize"
-.Lname12:
-    .asciz "cusolverDnCYgels"
-.Lname13:
-    .asciz "cusolverDnCYgels_bufferSize"
-.Lname14:
-    .asciz "cusolverDnCYgesv"
-.Lname15:
-    .asciz "cusolverDnCYgesv_bufferSize"
-.Lname16:
     .asciz "cusolverDnCaxpyHost"
-.Lname17:
+.Lname1:
     .asciz "cusolverDnCeyeBatch"
-.Lname18:
-    .asciz "cusolverDnCgebrd"
-.Lname19:
+.Lname2:
     .asciz "cusolverDnCgehd2"
-.Lname20:
+.Lname3:
     .asciz "cusolverDnCgehd2_bufferSize"
-.Lname21:
+.Lname4:
     .asciz "cusolverDnCgehrd"
-.Lname22:
+.Lname5:
     .asciz "cusolverDnCgehrd_bufferSize"
-.Lname23:
+.Lname6:
     .asciz "cusolverDnCgelqfHost"
-.Lname24:
+.Lname7:
     .asciz "cusolverDnCgemmHost"
-.Lname25:
+.Lname8:
     .asciz "cusolverDnCgeqlfHost"
-.Lname26:
+.Lname9:
     .asciz "cusolverDnCgeqrfHost"
-.Lname27:
+.Lname10:
     .asciz "cusolverDnCgeqrf_ApI"
-.Lname28:
+.Lname11:
     .asciz "cusolverDnCgeqrf_ApI_bufferSize"
-.Lname29:
+.Lname12:
     .asciz "cusolverDnCgercond"
-.Lname30:
+.Lname13:
     .asciz "cusolverDnCgercond_bufferSize"
-.Lname31:
-    .asciz "cusolverDnCheevdx"
-.Lname32:
-    .asciz "cusolverDnCheevdx_bufferSize"
-.Lname33:
+.Lname14:
     .asciz "cusolverDnChegst"
-.Lname34:
+.Lname15:
     .asciz "cusolverDnChegst2"
-.Lname35:
+.Lname16:
     .asciz "cusolverDnChegst2_bufferSize"
-.Lname36:
+.Lname17:
     .asciz "cusolverDnChegst_bufferSize"
-.Lname37:
-    .asciz "cusolverDnChegvdx"
-.Lname38:
-    .asciz "cusolverDnChegvdx_bufferSize"
-.Lname39:
+.Lname18:
     .asciz "cusolverDnChemv"
-.Lname40:
+.Lname19:
     .asciz "cusolverDnChemv_bufferSize"
-.Lname41:
-    .asciz "cusolverDnChetrd"
-.Lname42:
-    .asciz "cusolverDnChetrd_bufferSize"
-.Lname43:
+.Lname20:
     .asciz "cusolverDnClacpyHost"
-.Lname44:
+.Lname21:
     .asciz "cusolverDnClahr2"
-.Lname45:
+.Lname22:
     .asciz "cusolverDnClange"
-.Lname46:
+.Lname23:
     .asciz "cusolverDnClangeHost"
-.Lname47:
+.Lname24:
     .asciz "cusolverDnClange_bufferSize"
-.Lname48:
+.Lname25:
     .asciz "cusolverDnClanhe"
-.Lname49:
+.Lname26:
     .asciz "cusolverDnClanheHost"
-.Lname50:
+.Lname27:
     .asciz "cusolverDnClanhe_bufferSize"
-.Lname51:
+.Lname28:
     .asciz "cusolverDnClantrHost"
-.Lname52:
+.Lname29:
     .asciz "cusolverDnClarfb"
-.Lname53:
+.Lname30:
     .asciz "cusolverDnClarfgHost"
-.Lname54:
+.Lname31:
     .asciz "cusolverDnClarft"
-.Lname55:
+.Lname32:
     .asciz "cusolverDnClarft_bufferSize"
-.Lname56:
+.Lname33:
     .asciz "cusolverDnClarnvHost"
-.Lname57:
+.Lname34:
     .asciz "cusolverDnClascl"
-.Lname58:
+.Lname35:
     .asciz "cusolverDnClasetHost"
-.Lname59:
+.Lname36:
     .asciz "cusolverDnClauumHost"
-.Lname60:
+.Lname37:
     .asciz "cusolverDnCnrm2Host"
-.Lname61:
+.Lname38:
     .asciz "cusolverDnCpolar"
-.Lname62:
+.Lname39:
     .asciz "cusolverDnCpolar_bufferSize"
-.Lname63:
+.Lname40:
     .asciz "cusolverDnCpotrfHost"
-.Lname64:
+.Lname41:
     .asciz "cusolverDnCpotriHost"
-.Lname65:
+.Lname42:
     .asciz "cusolverDnCpotrsHost"
-.Lname66:
+.Lname43:
     .asciz "cusolverDnCsscalHost"
-.Lname67:
+.Lname44:
     .asciz "cusolverDnCsytriHost"
-.Lname68:
+.Lname45:
     .asciz "cusolverDnCsytrsHost"
-.Lname69:
+.Lname46:
     .asciz "cusolverDnCtrtriHost"
-.Lname70:
+.Lname47:
     .asciz "cusolverDnCungbrHost"
-.Lname71:
+.Lname48:
     .asciz "cusolverDnCunghrHost"
-.Lname72:
+.Lname49:
     .asciz "cusolverDnCunglqHost"
-.Lname73:
+.Lname50:
     .asciz "cusolverDnCungqrHost"
-.Lname74:
+.Lname51:
     .asciz "cusolverDnCungqr_ApI"
-.Lname75:
+.Lname52:
     .asciz "cusolverDnCungqr_ApI_bufferSize"
-.Lname76:
+.Lname53:
     .asciz "cusolverDnCungtrHost"
-.Lname77:
+.Lname54:
     .asciz "cusolverDnCunmqrHost"
-.Lname78:
+.Lname55:
     .asciz "cusolverDnCunmtrHost"
-.Lname79:
-    .asciz "cusolverDnDBgels"
-.Lname80:
-    .asciz "cusolverDnDBgels_bufferSize"
-.Lname81:
-    .asciz "cusolverDnDBgesv"
-.Lname82:
-    .asciz "cusolverDnDBgesv_bufferSize"
-.Lname83:
-    .asciz "cusolverDnDDgels"
-.Lname84:
-    .asciz "cusolverDnDDgels_bufferSize"
-.Lname85:
-    .asciz "cusolverDnDDgesv"
-.Lname86:
-    .asciz "cusolverDnDDgesv_bufferSize"
-.Lname87:
-    .asciz "cusolverDnDHgels"
-.Lname88:
-    .asciz "cusolverDnDHgels_bufferSize"
-.Lname89:
-    .asciz "cusolverDnDHgesv"
-.Lname90:
-    .asciz "cusolverDnDHgesv_bufferSize"
-.Lname91:
-    .asciz "cusolverDnDSgels"
-.Lname92:
-    .asciz "cusolverDnDSgels_bufferSize"
-.Lname93:
-    .asciz "cusolverDnDSgesv"
-.Lname94:
-    .asciz "cusolverDnDSgesv_bufferSize"
-.Lname95:
-    .asciz "cusolverDnDXgels"
-.Lname96:
-    .asciz "cusolverDnDXgels_bufferSize"
-.Lname97:
-    .asciz "cusolverDnDXgesv"
-.Lname98:
-    .asciz "cusolverDnDXgesv_bufferSize"
-.Lname99:
+.Lname56:
     .asciz "cusolverDnDaxpyHost"
-.Lname100:
+.Lname57:
     .asciz "cusolverDnDeyeBatch"
-.Lname101:
-    .asciz "cusolverDnDgebrd"
-.Lname102:
+.Lname58:
     .asciz "cusolverDnDgehd2"
-.Lname103:
+.Lname59:
     .asciz "cusolverDnDgehd2_bufferSize"
-.Lname104:
+.Lname60:
     .asciz "cusolverDnDgehrd"
-.Lname105:
+.Lname61:
     .asciz "cusolverDnDgehrd_bufferSize"
-.Lname106:
+.Lname62:
     .asciz "cusolverDnDgelqfHost"
-.Lname107:
+.Lname63:
     .asciz "cusolverDnDgemmHost"
-.Lname108:
+.Lname64:
     .asciz "cusolverDnDgeqlfHost"
-.Lname109:
+.Lname65:
     .asciz "cusolverDnDgeqrfHost"
-.Lname110:
+.Lname66:
     .asciz "cusolverDnDgeqrf_ApI"
-.Lname111:
+.Lname67:
     .asciz "cusolverDnDgeqrf_ApI_bufferSize"
-.Lname112:
+.Lname68:
     .asciz "cusolverDnDgercond"
-.Lname113:
+.Lname69:
     .asciz "cusolverDnDgercond_bufferSize"
-.Lname114:
+.Lname70:
     .asciz "cusolverDnDlacpyHost"
-.Lname115:
+.Lname71:
     .asciz "cusolverDnDlahr2"
-.Lname116:
+.Lname72:
     .asciz "cusolverDnDlamchHost"
-.Lname117:
+.Lname73:
     .asciz "cusolverDnDlange"
-.Lname118:
+.Lname74:
     .asciz "cusolverDnDlangeHost"
-.Lname119:
+.Lname75:
     .asciz "cusolverDnDlange_bufferSize"
-.Lname120:
+.Lname76:
     .asciz "cusolverDnDlansy"
-.Lname121:
+.Lname77:
     .asciz "cusolverDnDlansyHost"
-.Lname122:
+.Lname78:
     .asciz "cusolverDnDlansy_bufferSize"
-.Lname123:
+.Lname79:
     .asciz "cusolverDnDlantrHost"
-.Lname124:
+.Lname80:
     .asciz "cusolverDnDlarfb"
-.Lname125:
+.Lname81:
     .asciz "cusolverDnDlarfgHost"
-.Lname126:
+.Lname82:
     .asciz "cusolverDnDlarft"
-.Lname127:
+.Lname83:
     .asciz "cusolverDnDlarft_bufferSize"
-.Lname128:
+.Lname84:
     .asciz "cusolverDnDlarnvHost"
-.Lname129:
+.Lname85:
     .asciz "cusolverDnDlascl"
-.Lname130:
+.Lname86:
     .asciz "cusolverDnDlasetHost"
-.Lname131:
+.Lname87:
     .asciz "cusolverDnDlauumHost"
-.Lname132:
+.Lname88:
     .asciz "cusolverDnDnrm2Host"
-.Lname133:
+.Lname89:
     .asciz "cusolverDnDorgbrHost"
-.Lname134:
+.Lname90:
     .asciz "cusolverDnDorghrHost"
-.Lname135:
+.Lname91:
     .asciz "cusolverDnDorglqHost"
-.Lname136:
+.Lname92:
     .asciz "cusolverDnDorgqrHost"
-.Lname137:
+.Lname93:
     .asciz "cusolverDnDorgqr_ApI"
-.Lname138:
+.Lname94:
     .asciz "cusolverDnDorgqr_ApI_bufferSize"
-.Lname139:
+.Lname95:
     .asciz "cusolverDnDorgtrHost"
-.Lname140:
+.Lname96:
     .asciz "cusolverDnDormqrHost"
-.Lname141:
+.Lname97:
     .asciz "cusolverDnDormtrHost"
-.Lname142:
+.Lname98:
     .asciz "cusolverDnDpolar"
-.Lname143:
+.Lname99:
     .asciz "cusolverDnDpolar_bufferSize"
-.Lname144:
+.Lname100:
     .asciz "cusolverDnDpotrfHost"
-.Lname145:
+.Lname101:
     .asciz "cusolverDnDpotriHost"
-.Lname146:
+.Lname102:
     .asciz "cusolverDnDpotrsHost"
-.Lname147:
+.Lname103:
     .asciz "cusolverDnDscalHost"
-.Lname148:
+.Lname104:
     .asciz "cusolverDnDsteqrHost"
-.Lname149:
+.Lname105:
     .asciz "cusolverDnDsterfHost"
-.Lname150:
-    .asciz "cusolverDnDsyevdx"
-.Lname151:
-    .asciz "cusolverDnDsyevdx_bufferSize"
-.Lname152:
+.Lname106:
     .asciz "cusolverDnDsygst"
-.Lname153:
+.Lname107:
     .asciz "cusolverDnDsygst2"
-.Lname154:
+.Lname108:
     .asciz "cusolverDnDsygst2_bufferSize"
-.Lname155:
+.Lname109:
     .asciz "cusolverDnDsygst_bufferSize"
-.Lname156:
-    .asciz "cusolverDnDsygvdx"
-.Lname157:
-    .asciz "cusolverDnDsygvdx_bufferSize"
-.Lname158:
+.Lname110:
     .asciz "cusolverDnDsymv"
-.Lname159:
+.Lname111:
     .asciz "cusolverDnDsymv_bufferSize"
-.Lname160:
-    .asciz "cusolverDnDsytrd"
-.Lname161:
-    .asciz "cusolverDnDsytrd_bufferSize"
-.Lname162:
+.Lname112:
     .asciz "cusolverDnDsytriHost"
-.Lname163:
+.Lname113:
     .asciz "cusolverDnDsytrsHost"
-.Lname164:
+.Lname114:
     .asciz "cusolverDnDtrtriHost"
-.Lname165:
-    .asciz "cusolverDnGeqrf"
-.Lname166:
-    .asciz "cusolverDnGeqrf_bufferSize"
-.Lname167:
-    .asciz "cusolverDnGesvd"
-.Lname168:
-    .asciz "cusolverDnGesvd_bufferSize"
-.Lname169:
-    .asciz "cusolverDnGetDeterministicMode"
-.Lname170:
-    .asciz "cusolverDnGetrf"
-.Lname171:
-    .asciz "cusolverDnGetrf_bufferSize"
-.Lname172:
-    .asciz "cusolverDnIRSInfosGetMaxIters"
-.Lname173:
-    .asciz "cusolverDnIRSInfosGetNiters"
-.Lname174:
-    .asciz "cusolverDnIRSInfosGetOuterNiters"
-.Lname175:
+.Lname115:
     .asciz "cusolverDnIRSInfosGetResidualHistory"
-.Lname176:
-    .asciz "cusolverDnIRSParamsGetMaxIters"
-.Lname177:
-    .asciz "cusolverDnIRSXgels"
-.Lname178:
-    .asciz "cusolverDnIRSXgels_bufferSize"
-.Lname179:
-    .asciz "cusolverDnIRSXgesv"
-.Lname180:
-    .asciz "cusolverDnIRSXgesv_bufferSize"
-.Lname181:
+.Lname116:
     .asciz "cusolverDnLoggerOpenFile"
-.Lname182:
+.Lname117:
     .asciz "cusolverDnLoggerSetCallback"
-.Lname183:
+.Lname118:
     .asciz "cusolverDnLoggerSetFile"
-.Lname184:
-    .asciz "cusolverDnPotrf"
-.Lname185:
-    .asciz "cusolverDnPotrf_bufferSize"
-.Lname186:
-    .asciz "cusolverDnSBgels"
-.Lname187:
-    .asciz "cusolverDnSBgels_bufferSize"
-.Lname188:
-    .asciz "cusolverDnSBgesv"
-.Lname189:
-    .asciz "cusolverDnSBgesv_bufferSize"
-.Lname190:
-    .asciz "cusolverDnSHgels"
-.Lname191:
-    .asciz "cusolverDnSHgels_bufferSize"
-.Lname192:
-    .asciz "cusolverDnSHgesv"
-.Lname193:
-    .asciz "cusolverDnSHgesv_bufferSize"
-.Lname194:
-    .asciz "cusolverDnSSgels"
-.Lname195:
-    .asciz "cusolverDnSSgels_bufferSize"
-.Lname196:
-    .asciz "cusolverDnSSgesv"
-.Lname197:
-    .asciz "cusolverDnSSgesv_bufferSize"
-.Lname198:
-    .asciz "cusolverDnSXgels"
-.Lname199:
-    .asciz "cusolverDnSXgels_bufferSize"
-.Lname200:
-    .asciz "cusolverDnSXgesv"
-.Lname201:
-    .asciz "cusolverDnSXgesv_bufferSize"
-.Lname202:
+.Lname119:
     .asciz "cusolverDnSaxpyHost"
-.Lname203:
+.Lname120:
     .asciz "cusolverDnSeyeBatch"
-.Lname204:
-    .asciz "cusolverDnSgebrd"
-.Lname205:
+.Lname121:
     .asciz "cusolverDnSgehd2"
-.Lname206:
+.Lname122:
     .asciz "cusolverDnSgehd2_bufferSize"
-.Lname207:
+.Lname123:
     .asciz "cusolverDnSgehrd"
-.Lname208:
+.Lname124:
     .asciz "cusolverDnSgehrd_bufferSize"
-.Lname209:
+.Lname125:
     .asciz "cusolverDnSgelqfHost"
-.Lname210:
+.Lname126:
     .asciz "cusolverDnSgemmHost"
-.Lname211:
+.Lname127:
     .asciz "cusolverDnSgeqlfHost"
-.Lname212:
+.Lname128:
     .asciz "cusolverDnSgeqrfHost"
-.Lname213:
+.Lname129:
     .asciz "cusolverDnSgeqrf_ApI"
-.Lname214:
+.Lname130:
     .asciz "cusolverDnSgeqrf_ApI_bufferSize"
-.Lname215:
+.Lname131:
     .asciz "cusolverDnSgercond"
-.Lname216:
+.Lname132:
     .asciz "cusolverDnSgercond_bufferSize"
-.Lname217:
+.Lname133:
     .asciz "cusolverDnSlacpyHost"
-.Lname218:
+.Lname134:
     .asciz "cusolverDnSlahr2"
-.Lname219:
+.Lname135:
     .asciz "cusolverDnSlamchHost"
-.Lname220:
+.Lname136:
     .asciz "cusolverDnSlange"
-.Lname221:
+.Lname137:
     .asciz "cusolverDnSlangeHost"
-.Lname222:
+.Lname138:
     .asciz "cusolverDnSlange_bufferSize"
-.Lname223:
+.Lname139:
     .asciz "cusolverDnSlansy"
-.Lname224:
+.Lname140:
     .asciz "cusolverDnSlansyHost"
-.Lname225:
+.Lname141:
     .asciz "cusolverDnSlansy_bufferSize"
-.Lname226:
+.Lname142:
     .asciz "cusolverDnSlantrHost"
-.Lname227:
+.Lname143:
     .asciz "cusolverDnSlarfb"
-.Lname228:
+.Lname144:
     .asciz "cusolverDnSlarfgHost"
-.Lname229:
+.Lname145:
     .asciz "cusolverDnSlarft"
-.Lname230:
+.Lname146:
     .asciz "cusolverDnSlarft_bufferSize"
-.Lname231:
+.Lname147:
     .asciz "cusolverDnSlarnvHost"
-.Lname232:
+.Lname148:
     .asciz "cusolverDnSlascl"
-.Lname233:
+.Lname149:
     .asciz "cusolverDnSlasetHost"
-.Lname234:
+.Lname150:
     .asciz "cusolverDnSlauumHost"
-.Lname235:
+.Lname151:
     .asciz "cusolverDnSnrm2Host"
-.Lname236:
+.Lname152:
     .asciz "cusolverDnSorgbrHost"
-.Lname237:
+.Lname153:
     .asciz "cusolverDnSorghrHost"
-.Lname238:
+.Lname154:
     .asciz "cusolverDnSorglqHost"
-.Lname239:
+.Lname155:
     .asciz "cusolverDnSorgqrHost"
-.Lname240:
+.Lname156:
     .asciz "cusolverDnSorgqr_ApI"
-.Lname241:
+.Lname157:
     .asciz "cusolverDnSorgqr_ApI_bufferSize"
-.Lname242:
+.Lname158:
     .asciz "cusolverDnSorgtrHost"
-.Lname243:
+.Lname159:
     .asciz "cusolverDnSormqrHost"
-.Lname244:
+.Lname160:
     .asciz "cusolverDnSormtrHost"
-.Lname245:
+.Lname161:
     .asciz "cusolverDnSpolar"
-.Lname246:
+.Lname162:
     .asciz "cusolverDnSpolar_bufferSize"
-.Lname247:
+.Lname163:
     .asciz "cusolverDnSpotrfHost"
-.Lname248:
+.Lname164:
     .asciz "cusolverDnSpotriHost"
-.Lname249:
+.Lname165:
     .asciz "cusolverDnSpotrsHost"
-.Lname250:
+.Lname166:
     .asciz "cusolverDnSscalHost"
-.Lname251:
+.Lname167:
     .asciz "cusolverDnSsteqrHost"
-.Lname252:
+.Lname168:
     .asciz "cusolverDnSsterfHost"
-.Lname253:
-    .asciz "cusolverDnSsyevdx"
-.Lname254:
-    .asciz "cusolverDnSsyevdx_bufferSize"
-.Lname255:
+.Lname169:
     .asciz "cusolverDnSsygst"
-.Lname256:
+.Lname170:
     .asciz "cusolverDnSsygst2"
-.Lname257:
+.Lname171:
     .asciz "cusolverDnSsygst2_bufferSize"
-.Lname258:
+.Lname172:
     .asciz "cusolverDnSsygst_bufferSize"
-.Lname259:
-    .asciz "cusolverDnSsygvdx"
-.Lname260:
-    .asciz "cusolverDnSsygvdx_bufferSize"
-.Lname261:
+.Lname173:
     .asciz "cusolverDnSsymv"
-.Lname262:
+.Lname174:
     .asciz "cusolverDnSsymv_bufferSize"
-.Lname263:
-    .asciz "cusolverDnSsytrd"
-.Lname264:
-    .asciz "cusolverDnSsytrd_bufferSize"
-.Lname265:
+.Lname175:
     .asciz "cusolverDnSsytriHost"
-.Lname266:
+.Lname176:
     .asciz "cusolverDnSsytrsHost"
-.Lname267:
+.Lname177:
     .asciz "cusolverDnStrtriHost"
-.Lname268:
-    .asciz "cusolverDnSyevd"
-.Lname269:
-    .asciz "cusolverDnSyevd_bufferSize"
-.Lname270:
-    .asciz "cusolverDnSyevdx"
-.Lname271:
-    .asciz "cusolverDnSyevdx_bufferSize"
-.Lname272:
+.Lname178:
     .asciz "cusolverDnXfillRandNormalOnDevice"
-.Lname273:
+.Lname179:
     .asciz "cusolverDnXfillRandNormalOnHost"
-.Lname274:
-    .asciz "cusolverDnXgesvdjGetResidual"
-.Lname275:
-    .asciz "cusolverDnXgesvdjGetSweeps"
-.Lname276:
-    .asciz "cusolverDnXgesvdp"
-.Lname277:
-    .asciz "cusolverDnXgesvdr"
-.Lname278:
-    .asciz "cusolverDnXgesvdr_bufferSize"
-.Lname279:
+.Lname180:
     .asciz "cusolverDnXlansy"
-.Lname280:
+.Lname181:
     .asciz "cusolverDnXlansy_bufferSize"
-.Lname281:
-    .asciz "cusolverDnXlarft"
-.Lname282:
-    .asciz "cusolverDnXlarft_bufferSize"
-.Lname283:
-    .asciz "cusolverDnXsyevdx"
-.Lname284:
-    .asciz "cusolverDnXsyevdx_bufferSize"
-.Lname285:
-    .asciz "cusolverDnXsyevjGetResidual"
-.Lname286:
-    .asciz "cusolverDnXsyevjGetSweeps"
-.Lname287:
-    .asciz "cusolverDnZCgels"
-.Lname288:
-    .asciz "cusolverDnZCgels_bufferSize"
-.Lname289:
-    .asciz "cusolverDnZCgesv"
-.Lname290:
-    .asciz "cusolverDnZCgesv_bufferSize"
-.Lname291:
-    .asciz "cusolverDnZEgels"
-.Lname292:
-    .asciz "cusolverDnZEgels_bufferSize"
-.Lname293:
-    .asciz "cusolverDnZEgesv"
-.Lname294:
-    .asciz "cusolverDnZEgesv_bufferSize"
-.Lname295:
-    .asciz "cusolverDnZKgels"
-.Lname296:
-    .asciz "cusolverDnZKgels_bufferSize"
-.Lname297:
-    .asciz "cusolverDnZKgesv"
-.Lname298:
-    .asciz "cusolverDnZKgesv_bufferSize"
-.Lname299:
-    .asciz "cusolverDnZYgels"
-.Lname300:
-    .asciz "cusolverDnZYgels_bufferSize"
-.Lname301:
-    .asciz "cusolverDnZYgesv"
-.Lname302:
-    .asciz "cusolverDnZYgesv_bufferSize"
-.Lname303:
-    .asciz "cusolverDnZZgels"
-.Lname304:
-    .asciz "cusolverDnZZgels_bufferSize"
-.Lname305:
-    .asciz "cusolverDnZZgesv"
-.Lname306:
-    .asciz "cusolverDnZZgesv_bufferSize"
-.Lname307:
+.Lname182:
     .asciz "cusolverDnZaxpyHost"
-.Lname308:
+.Lname183:
     .asciz "cusolverDnZdscalHost"
-.Lname309:
+.Lname184:
     .asciz "cusolverDnZeyeBatch"
-.Lname310:
-    .asciz "cusolverDnZgebrd"
-.Lname311:
+.Lname185:
     .asciz "cusolverDnZgehd2"
-.Lname312:
+.Lname186:
     .asciz "cusolverDnZgehd2_bufferSize"
-.Lname313:
+.Lname187:
     .asciz "cusolverDnZgehrd"
-.Lname314:
+.Lname188:
     .asciz "cusolverDnZgehrd_bufferSize"
-.Lname315:
+.Lname189:
     .asciz "cusolverDnZgelqfHost"
-.Lname316:
+.Lname190:
     .asciz "cusolverDnZgemmHost"
-.Lname317:
+.Lname191:
     .asciz "cusolverDnZgeqlfHost"
-.Lname318:
+.Lname192:
     .asciz "cusolverDnZgeqrfHost"
-.Lname319:
+.Lname193:
     .asciz "cusolverDnZgeqrf_ApI"
-.Lname320:
+.Lname194:
     .asciz "cusolverDnZgeqrf_ApI_bufferSize"
-.Lname321:
+.Lname195:
     .asciz "cusolverDnZgercond"
-.Lname322:
+.Lname196:
     .asciz "cusolverDnZgercond_bufferSize"
-.Lname323:
-    .asciz "cusolverDnZheevdx"
-.Lname324:
-    .asciz "cusolverDnZheevdx_bufferSize"
-.Lname325:
+.Lname197:
     .asciz "cusolverDnZhegst"
-.Lname326:
+.Lname198:
     .asciz "cusolverDnZhegst2"
-.Lname327:
+.Lname199:
     .asciz "cusolverDnZhegst2_bufferSize"
-.Lname328:
+.Lname200:
     .asciz "cusolverDnZhegst_bufferSize"
-.Lname329:
-    .asciz "cusolverDnZhegvdx"
-.Lname330:
-    .asciz "cusolverDnZhegvdx_bufferSize"
-.Lname331:
+.Lname201:
     .asciz "cusolverDnZhemv"
-.Lname332:
+.Lname202:
     .asciz "cusolverDnZhemv_bufferSize"
-.Lname333:
-    .asciz "cusolverDnZhetrd"
-.Lname334:
-    .asciz "cusolverDnZhetrd_bufferSize"
-.Lname335:
+.Lname203:
     .asciz "cusolverDnZlacpyHost"
-.Lname336:
+.Lname204:
     .asciz "cusolverDnZlahr2"
-.Lname337:
+.Lname205:
     .asciz "cusolverDnZlange"
-.Lname338:
+.Lname206:
     .asciz "cusolverDnZlangeHost"
-.Lname339:
+.Lname207:
     .asciz "cusolverDnZlange_bufferSize"
-.Lname340:
+.Lname208:
     .asciz "cusolverDnZlanhe"
-.Lname341:
+.Lname209:
     .asciz "cusolverDnZlanheHost"
-.Lname342:
+.Lname210:
     .asciz "cusolverDnZlanhe_bufferSize"
-.Lname343:
+.Lname211:
     .asciz "cusolverDnZlantrHost"
-.Lname344:
+.Lname212:
     .asciz "cusolverDnZlarfb"
-.Lname345:
+.Lname213:
     .asciz "cusolverDnZlarfgHost"
-.Lname346:
+.Lname214:
     .asciz "cusolverDnZlarft"
-.Lname347:
+.Lname215:
     .asciz "cusolverDnZlarft_bufferSize"
-.Lname348:
+.Lname216:
     .asciz "cusolverDnZlarnvHost"
-.Lname349:
+.Lname217:
     .asciz "cusolverDnZlascl"
-.Lname350:
+.Lname218:
     .asciz "cusolverDnZlasetHost"
-.Lname351:
+.Lname219:
     .asciz "cusolverDnZlauumHost"
-.Lname352:
+.Lname220:
     .asciz "cusolverDnZnrm2Host"
-.Lname353:
+.Lname221:
     .asciz "cusolverDnZpolar"
-.Lname354:
+.Lname222:
     .asciz "cusolverDnZpolar_bufferSize"
-.Lname355:
+.Lname223:
     .asciz "cusolverDnZpotrfHost"
-.Lname356:
+.Lname224:
     .asciz "cusolverDnZpotriHost"
-.Lname357:
+.Lname225:
     .asciz "cusolverDnZpotrsHost"
-.Lname358:
+.Lname226:
     .asciz "cusolverDnZsytriHost"
-.Lname359:
+.Lname227:
     .asciz "cusolverDnZsytrsHost"
-.Lname360:
+.Lname228:
     .asciz "cusolverDnZtrtriHost"
-.Lname361:
+.Lname229:
     .asciz "cusolverDnZungbrHost"
-.Lname362:
+.Lname230:
     .asciz "cusolverDnZunghrHost"
-.Lname363:
+.Lname231:
     .asciz "cusolverDnZunglqHost"
-.Lname364:
+.Lname232:
     .asciz "cusolverDnZungqrHost"
-.Lname365:
+.Lname233:
     .asciz "cusolverDnZungqr_ApI"
-.Lname366:
+.Lname234:
     .asciz "cusolverDnZungqr_ApI_bufferSize"
-.Lname367:
+.Lname235:
     .asciz "cusolverDnZungtrHost"
-.Lname368:
+.Lname236:
     .asciz "cusolverDnZunmqrHost"
-.Lname369:
+.Lname237:
     .asciz "cusolverDnZunmtrHost"
-.Lname370:
+.Lname238:
     .asciz "cusolverIidentityHost"
-.Lname371:
+.Lname239:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname372:
-    .asciz "cusolverRfBatchResetValues"
-.Lname373:
+.Lname240:
     .asciz "cusolverRfBatchSetupHost"
-.Lname374:
+.Lname241:
     .asciz "cusolverRfBatchSolve"
-.Lname375:
+.Lname242:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname376:
+.Lname243:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname377:
+.Lname244:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname378:
-    .asciz "cusolverRfGetAlgs"
-.Lname379:
-    .asciz "cusolverRfGetMatrixFormat"
-.Lname380:
-    .asciz "cusolverRfGetNumericBoostReport"
-.Lname381:
-    .asciz "cusolverRfGetNumericProperties"
-.Lname382:
-    .asciz "cusolverRfGetResetValuesFastMode"
-.Lname383:
-    .asciz "cusolverRfResetValues"
-.Lname384:
-    .asciz "cusolverRfSetupDevice"
-.Lname385:
-    .asciz "cusolverRfSetupHost"
-.Lname386:
+.Lname245:
     .asciz "cusolverRfSetupM"
-.Lname387:
-    .asciz "cusolverRfSolve"
-.Lname388:
+.Lname246:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname389:
+.Lname247:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname390:
+.Lname248:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname391:
+.Lname249:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname392:
+.Lname250:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname393:
+.Lname251:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname394:
+.Lname252:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname395:
+.Lname253:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname396:
+.Lname254:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname397:
+.Lname255:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname398:
-    .asciz "cusolverSpCcsreigsHost"
-.Lname399:
-    .asciz "cusolverSpCcsreigvsi"
-.Lname400:
-    .asciz "cusolverSpCcsreigvsiHost"
-.Lname401:
-    .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname402:
-    .asciz "cusolverSpCcsrlsvchol"
-.Lname403:
-    .asciz "cusolverSpCcsrlsvcholHost"
-.Lname404:
-    .asciz "cusolverSpCcsrlsvluHost"
-.Lname405:
-    .asciz "cusolverSpCcsrlsvqr"
-.Lname406:
-    .asciz "cusolverSpCcsrlsvqrHost"
-.Lname407:
+.Lname256:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname408:
+.Lname257:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname409:
+.Lname258:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname410:
+.Lname259:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname411:
+.Lname260:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname412:
+.Lname261:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname413:
+.Lname262:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname414:
+.Lname263:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname415:
+.Lname264:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname416:
+.Lname265:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname417:
-    .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname418:
+.Lname266:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname419:
+.Lname267:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname420:
+.Lname268:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname421:
+.Lname269:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname422:
+.Lname270:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname423:
+.Lname271:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname424:
+.Lname272:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname425:
+.Lname273:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname426:
+.Lname274:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname427:
+.Lname275:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname428:
-    .asciz "cusolverSpCcsrqrsvBatched"
-.Lname429:
+.Lname276:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname430:
-    .asciz "cusolverSpCcsrzfdHost"
-.Lname431:
+.Lname277:
     .asciz "cusolverSpClangeHost"
-.Lname432:
+.Lname278:
     .asciz "cusolverSpCndsydmHost"
-.Lname433:
+.Lname279:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname434:
+.Lname280:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname435:
+.Lname281:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname436:
+.Lname282:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname437:
+.Lname283:
     .asciz "cusolverSpCreateGluInfo"
-.Lname438:
+.Lname284:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname439:
+.Lname285:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname440:
+.Lname286:
     .asciz "cusolverSpCsnluFactor"
-.Lname441:
+.Lname287:
     .asciz "cusolverSpCsnluSolve"
-.Lname442:
+.Lname288:
     .asciz "cusolverSpCsymgthr"
-.Lname443:
+.Lname289:
     .asciz "cusolverSpCsymgthrHost"
-.Lname444:
+.Lname290:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname445:
+.Lname291:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname446:
+.Lname292:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname447:
+.Lname293:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname448:
+.Lname294:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname449:
+.Lname295:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname450:
+.Lname296:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname451:
+.Lname297:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname452:
+.Lname298:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname453:
+.Lname299:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname454:
-    .asciz "cusolverSpDcsreigsHost"
-.Lname455:
-    .asciz "cusolverSpDcsreigvsi"
-.Lname456:
-    .asciz "cusolverSpDcsreigvsiHost"
-.Lname457:
-    .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname458:
-    .asciz "cusolverSpDcsrlsvchol"
-.Lname459:
-    .asciz "cusolverSpDcsrlsvcholHost"
-.Lname460:
-    .asciz "cusolverSpDcsrlsvluHost"
-.Lname461:
-    .asciz "cusolverSpDcsrlsvqr"
-.Lname462:
-    .asciz "cusolverSpDcsrlsvqrHost"
-.Lname463:
+.Lname300:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname464:
+.Lname301:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname465:
+.Lname302:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname466:
+.Lname303:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname467:
+.Lname304:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname468:
+.Lname305:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname469:
+.Lname306:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname470:
+.Lname307:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname471:
+.Lname308:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname472:
+.Lname309:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname473:
-    .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname474:
+.Lname310:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname475:
+.Lname311:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname476:
+.Lname312:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname477:
+.Lname313:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname478:
+.Lname314:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname479:
+.Lname315:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname480:
+.Lname316:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname481:
+.Lname317:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname482:
+.Lname318:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname483:
+.Lname319:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname484:
-    .asciz "cusolverSpDcsrqrsvBatched"
-.Lname485:
+.Lname320:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname486:
-    .asciz "cusolverSpDcsrzfdHost"
-.Lname487:
+.Lname321:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname488:
+.Lname322:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname489:
+.Lname323:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname490:
+.Lname324:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname491:
+.Lname325:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname492:
+.Lname326:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname493:
+.Lname327:
     .asciz "cusolverSpDgluAnalysis"
-.Lname494:
+.Lname328:
     .asciz "cusolverSpDgluBufferSize"
-.Lname495:
+.Lname329:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname496:
+.Lname330:
     .asciz "cusolverSpDgluFactor"
-.Lname497:
+.Lname331:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname498:
+.Lname332:
     .asciz "cusolverSpDgluReset"
-.Lname499:
+.Lname333:
     .asciz "cusolverSpDgluSetup"
-.Lname500:
+.Lname334:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname501:
+.Lname335:
     .asciz "cusolverSpDgluSolve"
-.Lname502:
+.Lname336:
     .asciz "cusolverSpDlangeHost"
-.Lname503:
+.Lname337:
     .asciz "cusolverSpDndsydmHost"
-.Lname504:
+.Lname338:
     .asciz "cusolverSpDnrminf"
-.Lname505:
+.Lname339:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname506:
+.Lname340:
     .asciz "cusolverSpDsnluFactor"
-.Lname507:
+.Lname341:
     .asciz "cusolverSpDsnluSolve"
-.Lname508:
+.Lname342:
     .asciz "cusolverSpDsymgthr"
-.Lname509:
+.Lname343:
     .asciz "cusolverSpDsymgthrHost"
-.Lname510:
+.Lname344:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname511:
+.Lname345:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname512:
+.Lname346:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname513:
+.Lname347:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname514:
+.Lname348:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname515:
+.Lname349:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname516:
+.Lname350:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname517:
+.Lname351:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname518:
+.Lname352:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname519:
+.Lname353:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname520:
+.Lname354:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname521:
+.Lname355:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname522:
+.Lname356:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname523:
+.Lname357:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname524:
+.Lname358:
     .asciz "cusolverSpScsrbtfHost"
-.Lname525:
+.Lname359:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname526:
+.Lname360:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname527:
+.Lname361:
     .asciz "cusolverSpScsrcholDiag"
-.Lname528:
+.Lname362:
     .asciz "cusolverSpScsrcholFactor"
-.Lname529:
+.Lname363:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname530:
+.Lname364:
     .asciz "cusolverSpScsrcholSolve"
-.Lname531:
+.Lname365:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname532:
+.Lname366:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname533:
+.Lname367:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname534:
-    .asciz "cusolverSpScsreigsHost"
-.Lname535:
-    .asciz "cusolverSpScsreigvsi"
-.Lname536:
-    .asciz "cusolverSpScsreigvsiHost"
-.Lname537:
-    .asciz "cusolverSpScsrlsqvqrHost"
-.Lname538:
-    .asciz "cusolverSpScsrlsvchol"
-.Lname539:
-    .asciz "cusolverSpScsrlsvcholHost"
-.Lname540:
-    .asciz "cusolverSpScsrlsvluHost"
-.Lname541:
-    .asciz "cusolverSpScsrlsvqr"
-.Lname542:
-    .asciz "cusolverSpScsrlsvqrHost"
-.Lname543:
+.Lname368:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname544:
+.Lname369:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname545:
+.Lname370:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname546:
+.Lname371:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname547:
+.Lname372:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname548:
+.Lname373:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname549:
+.Lname374:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname550:
+.Lname375:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname551:
+.Lname376:
     .asciz "cusolverSpScsrlucondHost"
-.Lname552:
+.Lname377:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname553:
-    .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname554:
+.Lname378:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname555:
+.Lname379:
     .asciz "cusolverSpScsrqrFactor"
-.Lname556:
+.Lname380:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname557:
+.Lname381:
     .asciz "cusolverSpScsrqrSetup"
-.Lname558:
+.Lname382:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname559:
+.Lname383:
     .asciz "cusolverSpScsrqrSolve"
-.Lname560:
+.Lname384:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname561:
+.Lname385:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname562:
+.Lname386:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname563:
+.Lname387:
     .asciz "cusolverSpScsrqrrcond"
-.Lname564:
-    .asciz "cusolverSpScsrqrsvBatched"
-.Lname565:
+.Lname388:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname566:
-    .asciz "cusolverSpScsrzfdHost"
-.Lname567:
+.Lname389:
     .asciz "cusolverSpSlangeHost"
-.Lname568:
+.Lname390:
     .asciz "cusolverSpSndsydmHost"
-.Lname569:
+.Lname391:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname570:
+.Lname392:
     .asciz "cusolverSpSsnluFactor"
-.Lname571:
+.Lname393:
     .asciz "cusolverSpSsnluSolve"
-.Lname572:
+.Lname394:
     .asciz "cusolverSpSsymgthr"
-.Lname573:
+.Lname395:
     .asciz "cusolverSpSsymgthrHost"
-.Lname574:
+.Lname396:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname575:
+.Lname397:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname576:
+.Lname398:
     .asciz "cusolverSpXcsrbndHost"
-.Lname577:
+.Lname399:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname578:
+.Lname400:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname579:
-    .asciz "cusolverSpXcsrissymHost"
-.Lname580:
+.Lname401:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname581:
+.Lname402:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname582:
+.Lname403:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname583:
+.Lname404:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname584:
-    .asciz "cusolverSpXcsrmetisndHost"
-.Lname585:
+.Lname405:
     .asciz "cusolverSpXcsrndHost"
-.Lname586:
+.Lname406:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname587:
+.Lname407:
     .asciz "cusolverSpXcsrpermHost"
-.Lname588:
-    .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname589:
+.Lname408:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname590:
-    .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname591:
+.Lname409:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname592:
+.Lname410:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname593:
+.Lname411:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname594:
+.Lname412:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname595:
-    .asciz "cusolverSpXcsrsymamdHost"
-.Lname596:
-    .asciz "cusolverSpXcsrsymmdqHost"
-.Lname597:
+.Lname413:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname598:
+.Lname414:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname599:
-    .asciz "cusolverSpXcsrsymrcmHost"
-.Lname600:
+.Lname415:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname601:
+.Lname416:
     .asciz "cusolverSpXndsydmNnzHost"
-.Lname602:
+.Lname417:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname603:
+.Lname418:
     .asciz "cusolverSpXsnluFlops"
-.Lname604:
+.Lname419:
     .asciz "cusolverSpXsnluReport"
-.Lname605:
+.Lname420:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname606:
+.Lname421:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname607:
+.Lname422:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname608:
+.Lname423:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname609:
+.Lname424:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname610:
+.Lname425:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname611:
+.Lname426:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname612:
+.Lname427:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname613:
+.Lname428:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname614:
+.Lname429:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname615:
+.Lname430:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname616:
+.Lname431:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname617:
-    .asciz "cusolverSpZcsreigsHost"
-.Lname618:
-    .asciz "cusolverSpZcsreigvsi"
-.Lname619:
-    .asciz "cusolverSpZcsreigvsiHost"
-.Lname620:
-    .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname621:
-    .asciz "cusolverSpZcsrlsvchol"
-.Lname622:
-    .asciz "cusolverSpZcsrlsvcholHost"
-.Lname623:
-    .asciz "cusolverSpZcsrlsvluHost"
-.Lname624:
-    .asciz "cusolverSpZcsrlsvqr"
-.Lname625:
-    .asciz "cusolverSpZcsrlsvqrHost"
-.Lname626:
+.Lname432:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname627:
+.Lname433:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname628:
+.Lname434:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname629:
+.Lname435:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname630:
+.Lname436:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname631:
+.Lname437:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname632:
+.Lname438:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname633:
+.Lname439:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname634:
+.Lname440:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname635:
+.Lname441:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname636:
-    .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname637:
+.Lname442:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname638:
+.Lname443:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname639:
+.Lname444:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname640:
+.Lname445:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname641:
+.Lname446:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname642:
+.Lname447:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname643:
+.Lname448:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname644:
+.Lname449:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname645:
+.Lname450:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname646:
+.Lname451:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname647:
-    .asciz "cusolverSpZcsrqrsvBatched"
-.Lname648:
+.Lname452:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname649:
-    .asciz "cusolverSpZcsrzfdHost"
-.Lname650:
+.Lname453:
     .asciz "cusolverSpZlangeHost"
-.Lname651:
+.Lname454:
     .asciz "cusolverSpZndsydmHost"
-.Lname652:
+.Lname455:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname653:
+.Lname456:
     .asciz "cusolverSpZsnluFactor"
-.Lname654:
+.Lname457:
     .asciz "cusolverSpZsnluSolve"
-.Lname655:
+.Lname458:
     .asciz "cusolverSpZsymgthr"
-.Lname656:
+.Lname459:
     .asciz "cusolverSpZsymgthrHost"
-.Lname657:
+.Lname460:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -4,135 +4,87 @@
     .globl cusolverDnCCgels
     .type cusolverDnCCgels, @function
 cusolverDnCCgels:
-    leaq .Lname0(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgels@PLT
     .size cusolverDnCCgels, .-cusolverDnCCgels
     .globl cusolverDnCCgels_bufferSize
     .type cusolverDnCCgels_bufferSize, @function
 cusolverDnCCgels_bufferSize:
-    leaq .Lname1(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgels_bufferSize@PLT
     .size cusolverDnCCgels_bufferSize, .-cusolverDnCCgels_bufferSize
     .globl cusolverDnCCgesv
     .type cusolverDnCCgesv, @function
 cusolverDnCCgesv:
-    leaq .Lname2(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgesv@PLT
     .size cusolverDnCCgesv, .-cusolverDnCCgesv
     .globl cusolverDnCCgesv_bufferSize
     .type cusolverDnCCgesv_bufferSize, @function
 cusolverDnCCgesv_bufferSize:
-    leaq .Lname3(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCCgesv_bufferSize@PLT
     .size cusolverDnCCgesv_bufferSize, .-cusolverDnCCgesv_bufferSize
     .globl cusolverDnCEgels
     .type cusolverDnCEgels, @function
 cusolverDnCEgels:
-    leaq .Lname4(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgels@PLT
     .size cusolverDnCEgels, .-cusolverDnCEgels
     .globl cusolverDnCEgels_bufferSize
     .type cusolverDnCEgels_bufferSize, @function
 cusolverDnCEgels_bufferSize:
-    leaq .Lname5(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgels_bufferSize@PLT
     .size cusolverDnCEgels_bufferSize, .-cusolverDnCEgels_bufferSize
     .globl cusolverDnCEgesv
     .type cusolverDnCEgesv, @function
 cusolverDnCEgesv:
-    leaq .Lname6(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgesv@PLT
     .size cusolverDnCEgesv, .-cusolverDnCEgesv
     .globl cusolverDnCEgesv_bufferSize
     .type cusolverDnCEgesv_bufferSize, @function
 cusolverDnCEgesv_bufferSize:
-    leaq .Lname7(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCEgesv_bufferSize@PLT
     .size cusolverDnCEgesv_bufferSize, .-cusolverDnCEgesv_bufferSize
     .globl cusolverDnCKgels
     .type cusolverDnCKgels, @function
 cusolverDnCKgels:
-    leaq .Lname8(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgels@PLT
     .size cusolverDnCKgels, .-cusolverDnCKgels
     .globl cusolverDnCKgels_bufferSize
     .type cusolverDnCKgels_bufferSize, @function
 cusolverDnCKgels_bufferSize:
-    leaq .Lname9(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgels_bufferSize@PLT
     .size cusolverDnCKgels_bufferSize, .-cusolverDnCKgels_bufferSize
     .globl cusolverDnCKgesv
     .type cusolverDnCKgesv, @function
 cusolverDnCKgesv:
-    leaq .Lname10(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgesv@PLT
     .size cusolverDnCKgesv, .-cusolverDnCKgesv
     .globl cusolverDnCKgesv_bufferSize
     .type cusolverDnCKgesv_bufferSize, @function
 cusolverDnCKgesv_bufferSize:
-    leaq .Lname11(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCKgesv_bufferSize@PLT
     .size cusolverDnCKgesv_bufferSize, .-cusolverDnCKgesv_bufferSize
     .globl cusolverDnCYgels
     .type cusolverDnCYgels, @function
 cusolverDnCYgels:
-    leaq .Lname12(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgels@PLT
     .size cusolverDnCYgels, .-cusolverDnCYgels
     .globl cusolverDnCYgels_bufferSize
     .type cusolverDnCYgels_bufferSize, @function
 cusolverDnCYgels_bufferSize:
-    leaq .Lname13(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgels_bufferSize@PLT
     .size cusolverDnCYgels_bufferSize, .-cusolverDnCYgels_bufferSize
     .globl cusolverDnCYgesv
     .type cusolverDnCYgesv, @function
 cusolverDnCYgesv:
-    leaq .Lname14(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgesv@PLT
     .size cusolverDnCYgesv, .-cusolverDnCYgesv
     .globl cusolverDnCYgesv_bufferSize
     .type cusolverDnCYgesv_bufferSize, @function
 cusolverDnCYgesv_bufferSize:
-    leaq .Lname15(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCYgesv_bufferSize@PLT
     .size cusolverDnCYgesv_bufferSize, .-cusolverDnCYgesv_bufferSize
     .globl cusolverDnCaxpyHost
     .type cusolverDnCaxpyHost, @function
 cusolverDnCaxpyHost:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -140,7 +92,7 @@ cusolverDnCaxpyHost:
     .globl cusolverDnCeyeBatch
     .type cusolverDnCeyeBatch, @function
 cusolverDnCeyeBatch:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,10 +100,7 @@ cusolverDnCeyeBatch:
     .globl cusolverDnCgebrd
     .type cusolverDnCgebrd, @function
 cusolverDnCgebrd:
-    leaq .Lname18(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgebrd@PLT
     .size cusolverDnCgebrd, .-cusolverDnCgebrd
     .globl cusolverDnCgebrd_bufferSize
     .type cusolverDnCgebrd_bufferSize, @function
@@ -161,7 +110,7 @@ cusolverDnCgebrd_bufferSize:
     .globl cusolverDnCgelqfHost
     .type cusolverDnCgelqfHost, @function
 cusolverDnCgelqfHost:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -169,7 +118,7 @@ cusolverDnCgelqfHost:
     .globl cusolverDnCgemmHost
     .type cusolverDnCgemmHost, @function
 cusolverDnCgemmHost:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -177,7 +126,7 @@ cusolverDnCgemmHost:
     .globl cusolverDnCgeqlfHost
     .type cusolverDnCgeqlfHost, @function
 cusolverDnCgeqlfHost:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -190,7 +139,7 @@ cusolverDnCgeqrf:
     .globl cusolverDnCgeqrfHost
     .type cusolverDnCgeqrfHost, @function
 cusolverDnCgeqrfHost:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -268,18 +217,12 @@ cusolverDnCheevd_bufferSize:
     .globl cusolverDnCheevdx
     .type cusolverDnCheevdx, @function
 cusolverDnCheevdx:
-    leaq .Lname23(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevdx@PLT
     .size cusolverDnCheevdx, .-cusolverDnCheevdx
     .globl cusolverDnCheevdx_bufferSize
     .type cusolverDnCheevdx_bufferSize, @function
 cusolverDnCheevdx_bufferSize:
-    leaq .Lname24(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevdx_bufferSize@PLT
     .size cusolverDnCheevdx_bufferSize, .-cusolverDnCheevdx_bufferSize
     .globl cusolverDnCheevj
     .type cusolverDnCheevj, @function
@@ -304,7 +247,7 @@ cusolverDnCheevj_bufferSize:
     .globl cusolverDnChegst
     .type cusolverDnChegst, @function
 cusolverDnChegst:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -312,7 +255,7 @@ cusolverDnChegst:
     .globl cusolverDnChegst_bufferSize
     .type cusolverDnChegst_bufferSize, @function
 cusolverDnChegst_bufferSize:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -330,18 +273,12 @@ cusolverDnChegvd_bufferSize:
     .globl cusolverDnChegvdx
     .type cusolverDnChegvdx, @function
 cusolverDnChegvdx:
-    leaq .Lname27(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvdx@PLT
     .size cusolverDnChegvdx, .-cusolverDnChegvdx
     .globl cusolverDnChegvdx_bufferSize
     .type cusolverDnChegvdx_bufferSize, @function
 cusolverDnChegvdx_bufferSize:
-    leaq .Lname28(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvdx_bufferSize@PLT
     .size cusolverDnChegvdx_bufferSize, .-cusolverDnChegvdx_bufferSize
     .globl cusolverDnChegvj
     .type cusolverDnChegvj, @function
@@ -356,23 +293,17 @@ cusolverDnChegvj_bufferSize:
     .globl cusolverDnChetrd
     .type cusolverDnChetrd, @function
 cusolverDnChetrd:
-    leaq .Lname29(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChetrd@PLT
     .size cusolverDnChetrd, .-cusolverDnChetrd
     .globl cusolverDnChetrd_bufferSize
     .type cusolverDnChetrd_bufferSize, @function
 cusolverDnChetrd_bufferSize:
-    leaq .Lname30(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChetrd_bufferSize@PLT
     .size cusolverDnChetrd_bufferSize, .-cusolverDnChetrd_bufferSize
     .globl cusolverDnClacpyHost
     .type cusolverDnClacpyHost, @function
 cusolverDnClacpyHost:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -380,7 +311,7 @@ cusolverDnClacpyHost:
     .globl cusolverDnClange
     .type cusolverDnClange, @function
 cusolverDnClange:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,7 +319,7 @@ cusolverDnClange:
     .globl cusolverDnClangeHost
     .type cusolverDnClangeHost, @function
 cusolverDnClangeHost:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,7 +327,7 @@ cusolverDnClangeHost:
     .globl cusolverDnClange_bufferSize
     .type cusolverDnClange_bufferSize, @function
 cusolverDnClange_bufferSize:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -404,7 +335,7 @@ cusolverDnClange_bufferSize:
     .globl cusolverDnClanheHost
     .type cusolverDnClanheHost, @function
 cusolverDnClanheHost:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -412,7 +343,7 @@ cusolverDnClanheHost:
     .globl cusolverDnClantrHost
     .type cusolverDnClantrHost, @function
 cusolverDnClantrHost:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -420,7 +351,7 @@ cusolverDnClantrHost:
     .globl cusolverDnClarfgHost
     .type cusolverDnClarfgHost, @function
 cusolverDnClarfgHost:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -428,7 +359,7 @@ cusolverDnClarfgHost:
     .globl cusolverDnClarnvHost
     .type cusolverDnClarnvHost, @function
 cusolverDnClarnvHost:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +367,7 @@ cusolverDnClarnvHost:
     .globl cusolverDnClasetHost
     .type cusolverDnClasetHost, @function
 cusolverDnClasetHost:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -454,7 +385,7 @@ cusolverDnClauum:
     .globl cusolverDnClauumHost
     .type cusolverDnClauumHost, @function
 cusolverDnClauumHost:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -467,7 +398,7 @@ cusolverDnClauum_bufferSize:
     .globl cusolverDnCnrm2Host
     .type cusolverDnCnrm2Host, @function
 cusolverDnCnrm2Host:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -485,7 +416,7 @@ cusolverDnCpotrfBatched:
     .globl cusolverDnCpotrfHost
     .type cusolverDnCpotrfHost, @function
 cusolverDnCpotrfHost:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -503,7 +434,7 @@ cusolverDnCpotri:
     .globl cusolverDnCpotriHost
     .type cusolverDnCpotriHost, @function
 cusolverDnCpotriHost:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -526,7 +457,7 @@ cusolverDnCpotrsBatched:
     .globl cusolverDnCpotrsHost
     .type cusolverDnCpotrsHost, @function
 cusolverDnCpotrsHost:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -554,7 +485,7 @@ cusolverDnCreateSyevjInfo:
     .globl cusolverDnCsscalHost
     .type cusolverDnCsscalHost, @function
 cusolverDnCsscalHost:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +508,7 @@ cusolverDnCsytri:
     .globl cusolverDnCsytriHost
     .type cusolverDnCsytriHost, @function
 cusolverDnCsytriHost:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -590,7 +521,7 @@ cusolverDnCsytri_bufferSize:
     .globl cusolverDnCsytrsHost
     .type cusolverDnCsytrsHost, @function
 cusolverDnCsytrsHost:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -598,7 +529,7 @@ cusolverDnCsytrsHost:
     .globl cusolverDnCtrtriHost
     .type cusolverDnCtrtriHost, @function
 cusolverDnCtrtriHost:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -611,7 +542,7 @@ cusolverDnCungbr:
     .globl cusolverDnCungbrHost
     .type cusolverDnCungbrHost, @function
 cusolverDnCungbrHost:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -624,7 +555,7 @@ cusolverDnCungbr_bufferSize:
     .globl cusolverDnCunghrHost
     .type cusolverDnCunghrHost, @function
 cusolverDnCunghrHost:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -632,7 +563,7 @@ cusolverDnCunghrHost:
     .globl cusolverDnCunglqHost
     .type cusolverDnCunglqHost, @function
 cusolverDnCunglqHost:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -655,7 +586,7 @@ cusolverDnCungtr:
     .globl cusolverDnCungtrHost
     .type cusolverDnCungtrHost, @function
 cusolverDnCungtrHost:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -673,7 +604,7 @@ cusolverDnCunmqr:
     .globl cusolverDnCunmqrHost
     .type cusolverDnCunmqrHost, @function
 cusolverDnCunmqrHost:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -691,7 +622,7 @@ cusolverDnCunmtr:
     .globl cusolverDnCunmtrHost
     .type cusolverDnCunmtrHost, @function
 cusolverDnCunmtrHost:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -704,167 +635,107 @@ cusolverDnCunmtr_bufferSize:
     .globl cusolverDnDBgels
     .type cusolverDnDBgels, @function
 cusolverDnDBgels:
-    leaq .Lname55(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgels@PLT
     .size cusolverDnDBgels, .-cusolverDnDBgels
     .globl cusolverDnDBgels_bufferSize
     .type cusolverDnDBgels_bufferSize, @function
 cusolverDnDBgels_bufferSize:
-    leaq .Lname56(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgels_bufferSize@PLT
     .size cusolverDnDBgels_bufferSize, .-cusolverDnDBgels_bufferSize
     .globl cusolverDnDBgesv
     .type cusolverDnDBgesv, @function
 cusolverDnDBgesv:
-    leaq .Lname57(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgesv@PLT
     .size cusolverDnDBgesv, .-cusolverDnDBgesv
     .globl cusolverDnDBgesv_bufferSize
     .type cusolverDnDBgesv_bufferSize, @function
 cusolverDnDBgesv_bufferSize:
-    leaq .Lname58(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDBgesv_bufferSize@PLT
     .size cusolverDnDBgesv_bufferSize, .-cusolverDnDBgesv_bufferSize
     .globl cusolverDnDDgels
     .type cusolverDnDDgels, @function
 cusolverDnDDgels:
-    leaq .Lname59(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgels@PLT
     .size cusolverDnDDgels, .-cusolverDnDDgels
     .globl cusolverDnDDgels_bufferSize
     .type cusolverDnDDgels_bufferSize, @function
 cusolverDnDDgels_bufferSize:
-    leaq .Lname60(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgels_bufferSize@PLT
     .size cusolverDnDDgels_bufferSize, .-cusolverDnDDgels_bufferSize
     .globl cusolverDnDDgesv
     .type cusolverDnDDgesv, @function
 cusolverDnDDgesv:
-    leaq .Lname61(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgesv@PLT
     .size cusolverDnDDgesv, .-cusolverDnDDgesv
     .globl cusolverDnDDgesv_bufferSize
     .type cusolverDnDDgesv_bufferSize, @function
 cusolverDnDDgesv_bufferSize:
-    leaq .Lname62(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDDgesv_bufferSize@PLT
     .size cusolverDnDDgesv_bufferSize, .-cusolverDnDDgesv_bufferSize
     .globl cusolverDnDHgels
     .type cusolverDnDHgels, @function
 cusolverDnDHgels:
-    leaq .Lname63(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgels@PLT
     .size cusolverDnDHgels, .-cusolverDnDHgels
     .globl cusolverDnDHgels_bufferSize
     .type cusolverDnDHgels_bufferSize, @function
 cusolverDnDHgels_bufferSize:
-    leaq .Lname64(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgels_bufferSize@PLT
     .size cusolverDnDHgels_bufferSize, .-cusolverDnDHgels_bufferSize
     .globl cusolverDnDHgesv
     .type cusolverDnDHgesv, @function
 cusolverDnDHgesv:
-    leaq .Lname65(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgesv@PLT
     .size cusolverDnDHgesv, .-cusolverDnDHgesv
     .globl cusolverDnDHgesv_bufferSize
     .type cusolverDnDHgesv_bufferSize, @function
 cusolverDnDHgesv_bufferSize:
-    leaq .Lname66(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDHgesv_bufferSize@PLT
     .size cusolverDnDHgesv_bufferSize, .-cusolverDnDHgesv_bufferSize
     .globl cusolverDnDSgels
     .type cusolverDnDSgels, @function
 cusolverDnDSgels:
-    leaq .Lname67(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgels@PLT
     .size cusolverDnDSgels, .-cusolverDnDSgels
     .globl cusolverDnDSgels_bufferSize
     .type cusolverDnDSgels_bufferSize, @function
 cusolverDnDSgels_bufferSize:
-    leaq .Lname68(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgels_bufferSize@PLT
     .size cusolverDnDSgels_bufferSize, .-cusolverDnDSgels_bufferSize
     .globl cusolverDnDSgesv
     .type cusolverDnDSgesv, @function
 cusolverDnDSgesv:
-    leaq .Lname69(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgesv@PLT
     .size cusolverDnDSgesv, .-cusolverDnDSgesv
     .globl cusolverDnDSgesv_bufferSize
     .type cusolverDnDSgesv_bufferSize, @function
 cusolverDnDSgesv_bufferSize:
-    leaq .Lname70(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDSgesv_bufferSize@PLT
     .size cusolverDnDSgesv_bufferSize, .-cusolverDnDSgesv_bufferSize
     .globl cusolverDnDXgels
     .type cusolverDnDXgels, @function
 cusolverDnDXgels:
-    leaq .Lname71(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgels@PLT
     .size cusolverDnDXgels, .-cusolverDnDXgels
     .globl cusolverDnDXgels_bufferSize
     .type cusolverDnDXgels_bufferSize, @function
 cusolverDnDXgels_bufferSize:
-    leaq .Lname72(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgels_bufferSize@PLT
     .size cusolverDnDXgels_bufferSize, .-cusolverDnDXgels_bufferSize
     .globl cusolverDnDXgesv
     .type cusolverDnDXgesv, @function
 cusolverDnDXgesv:
-    leaq .Lname73(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgesv@PLT
     .size cusolverDnDXgesv, .-cusolverDnDXgesv
     .globl cusolverDnDXgesv_bufferSize
     .type cusolverDnDXgesv_bufferSize, @function
 cusolverDnDXgesv_bufferSize:
-    leaq .Lname74(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDXgesv_bufferSize@PLT
     .size cusolverDnDXgesv_bufferSize, .-cusolverDnDXgesv_bufferSize
     .globl cusolverDnDaxpyHost
     .type cusolverDnDaxpyHost, @function
 cusolverDnDaxpyHost:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -892,7 +763,7 @@ cusolverDnDestroySyevjInfo:
     .globl cusolverDnDeyeBatch
     .type cusolverDnDeyeBatch, @function
 cusolverDnDeyeBatch:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -900,10 +771,7 @@ cusolverDnDeyeBatch:
     .globl cusolverDnDgebrd
     .type cusolverDnDgebrd, @function
 cusolverDnDgebrd:
-    leaq .Lname77(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgebrd@PLT
     .size cusolverDnDgebrd, .-cusolverDnDgebrd
     .globl cusolverDnDgebrd_bufferSize
     .type cusolverDnDgebrd_bufferSize, @function
@@ -913,7 +781,7 @@ cusolverDnDgebrd_bufferSize:
     .globl cusolverDnDgelqfHost
     .type cusolverDnDgelqfHost, @function
 cusolverDnDgelqfHost:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +789,7 @@ cusolverDnDgelqfHost:
     .globl cusolverDnDgemmHost
     .type cusolverDnDgemmHost, @function
 cusolverDnDgemmHost:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -929,7 +797,7 @@ cusolverDnDgemmHost:
     .globl cusolverDnDgeqlfHost
     .type cusolverDnDgeqlfHost, @function
 cusolverDnDgeqlfHost:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -942,7 +810,7 @@ cusolverDnDgeqrf:
     .globl cusolverDnDgeqrfHost
     .type cusolverDnDgeqrfHost, @function
 cusolverDnDgeqrfHost:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1010,7 +878,7 @@ cusolverDnDgetrs:
     .globl cusolverDnDlacpyHost
     .type cusolverDnDlacpyHost, @function
 cusolverDnDlacpyHost:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1018,7 +886,7 @@ cusolverDnDlacpyHost:
     .globl cusolverDnDlamchHost
     .type cusolverDnDlamchHost, @function
 cusolverDnDlamchHost:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1026,7 +894,7 @@ cusolverDnDlamchHost:
     .globl cusolverDnDlange
     .type cusolverDnDlange, @function
 cusolverDnDlange:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1034,7 +902,7 @@ cusolverDnDlange:
     .globl cusolverDnDlangeHost
     .type cusolverDnDlangeHost, @function
 cusolverDnDlangeHost:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1042,7 +910,7 @@ cusolverDnDlangeHost:
     .globl cusolverDnDlange_bufferSize
     .type cusolverDnDlange_bufferSize, @function
 cusolverDnDlange_bufferSize:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1050,7 +918,7 @@ cusolverDnDlange_bufferSize:
     .globl cusolverDnDlansyHost
     .type cusolverDnDlansyHost, @function
 cusolverDnDlansyHost:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1058,7 +926,7 @@ cusolverDnDlansyHost:
     .globl cusolverDnDlantrHost
     .type cusolverDnDlantrHost, @function
 cusolverDnDlantrHost:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1066,7 +934,7 @@ cusolverDnDlantrHost:
     .globl cusolverDnDlarfgHost
     .type cusolverDnDlarfgHost, @function
 cusolverDnDlarfgHost:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1074,7 +942,7 @@ cusolverDnDlarfgHost:
     .globl cusolverDnDlarnvHost
     .type cusolverDnDlarnvHost, @function
 cusolverDnDlarnvHost:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1082,7 +950,7 @@ cusolverDnDlarnvHost:
     .globl cusolverDnDlasetHost
     .type cusolverDnDlasetHost, @function
 cusolverDnDlasetHost:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +968,7 @@ cusolverDnDlauum:
     .globl cusolverDnDlauumHost
     .type cusolverDnDlauumHost, @function
 cusolverDnDlauumHost:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,7 +981,7 @@ cusolverDnDlauum_bufferSize:
     .globl cusolverDnDnrm2Host
     .type cusolverDnDnrm2Host, @function
 cusolverDnDnrm2Host:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1126,7 +994,7 @@ cusolverDnDorgbr:
     .globl cusolverDnDorgbrHost
     .type cusolverDnDorgbrHost, @function
 cusolverDnDorgbrHost:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1139,7 +1007,7 @@ cusolverDnDorgbr_bufferSize:
     .globl cusolverDnDorghrHost
     .type cusolverDnDorghrHost, @function
 cusolverDnDorghrHost:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1147,7 +1015,7 @@ cusolverDnDorghrHost:
     .globl cusolverDnDorglqHost
     .type cusolverDnDorglqHost, @function
 cusolverDnDorglqHost:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,7 +1038,7 @@ cusolverDnDorgtr:
     .globl cusolverDnDorgtrHost
     .type cusolverDnDorgtrHost, @function
 cusolverDnDorgtrHost:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1056,7 @@ cusolverDnDormqr:
     .globl cusolverDnDormqrHost
     .type cusolverDnDormqrHost, @function
 cusolverDnDormqrHost:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1206,7 +1074,7 @@ cusolverDnDormtr:
     .globl cusolverDnDormtrHost
     .type cusolverDnDormtrHost, @function
 cusolverDnDormtrHost:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1229,7 +1097,7 @@ cusolverDnDpotrfBatched:
     .globl cusolverDnDpotrfHost
     .type cusolverDnDpotrfHost, @function
 cusolverDnDpotrfHost:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1115,7 @@ cusolverDnDpotri:
     .globl cusolverDnDpotriHost
     .type cusolverDnDpotriHost, @function
 cusolverDnDpotriHost:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1270,7 +1138,7 @@ cusolverDnDpotrsBatched:
     .globl cusolverDnDpotrsHost
     .type cusolverDnDpotrsHost, @function
 cusolverDnDpotrsHost:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1278,7 +1146,7 @@ cusolverDnDpotrsHost:
     .globl cusolverDnDscalHost
     .type cusolverDnDscalHost, @function
 cusolverDnDscalHost:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1154,7 @@ cusolverDnDscalHost:
     .globl cusolverDnDsteqrHost
     .type cusolverDnDsteqrHost, @function
 cusolverDnDsteqrHost:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1162,7 @@ cusolverDnDsteqrHost:
     .globl cusolverDnDsterfHost
     .type cusolverDnDsterfHost, @function
 cusolverDnDsterfHost:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1312,18 +1180,12 @@ cusolverDnDsyevd_bufferSize:
     .globl cusolverDnDsyevdx
     .type cusolverDnDsyevdx, @function
 cusolverDnDsyevdx:
-    leaq .Lname106(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevdx@PLT
     .size cusolverDnDsyevdx, .-cusolverDnDsyevdx
     .globl cusolverDnDsyevdx_bufferSize
     .type cusolverDnDsyevdx_bufferSize, @function
 cusolverDnDsyevdx_bufferSize:
-    leaq .Lname107(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevdx_bufferSize@PLT
     .size cusolverDnDsyevdx_bufferSize, .-cusolverDnDsyevdx_bufferSize
     .globl cusolverDnDsyevj
     .type cusolverDnDsyevj, @function
@@ -1348,7 +1210,7 @@ cusolverDnDsyevj_bufferSize:
     .globl cusolverDnDsygst
     .type cusolverDnDsygst, @function
 cusolverDnDsygst:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1218,7 @@ cusolverDnDsygst:
     .globl cusolverDnDsygst_bufferSize
     .type cusolverDnDsygst_bufferSize, @function
 cusolverDnDsygst_bufferSize:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1374,18 +1236,12 @@ cusolverDnDsygvd_bufferSize:
     .globl cusolverDnDsygvdx
     .type cusolverDnDsygvdx, @function
 cusolverDnDsygvdx:
-    leaq .Lname110(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvdx@PLT
     .size cusolverDnDsygvdx, .-cusolverDnDsygvdx
     .globl cusolverDnDsygvdx_bufferSize
     .type cusolverDnDsygvdx_bufferSize, @function
 cusolverDnDsygvdx_bufferSize:
-    leaq .Lname111(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvdx_bufferSize@PLT
     .size cusolverDnDsygvdx_bufferSize, .-cusolverDnDsygvdx_bufferSize
     .globl cusolverDnDsygvj
     .type cusolverDnDsygvj, @function
@@ -1400,18 +1256,12 @@ cusolverDnDsygvj_bufferSize:
     .globl cusolverDnDsytrd
     .type cusolverDnDsytrd, @function
 cusolverDnDsytrd:
-    leaq .Lname112(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrd@PLT
     .size cusolverDnDsytrd, .-cusolverDnDsytrd
     .globl cusolverDnDsytrd_bufferSize
     .type cusolverDnDsytrd_bufferSize, @function
 cusolverDnDsytrd_bufferSize:
-    leaq .Lname113(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrd_bufferSize@PLT
     .size cusolverDnDsytrd_bufferSize, .-cusolverDnDsytrd_bufferSize
     .globl cusolverDnDsytrf
     .type cusolverDnDsytrf, @function
@@ -1431,7 +1281,7 @@ cusolverDnDsytri:
     .globl cusolverDnDsytriHost
     .type cusolverDnDsytriHost, @function
 cusolverDnDsytriHost:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1444,7 +1294,7 @@ cusolverDnDsytri_bufferSize:
     .globl cusolverDnDsytrsHost
     .type cusolverDnDsytrsHost, @function
 cusolverDnDsytrsHost:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1452,7 +1302,7 @@ cusolverDnDsytrsHost:
     .globl cusolverDnDtrtriHost
     .type cusolverDnDtrtriHost, @function
 cusolverDnDtrtriHost:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1460,26 +1310,17 @@ cusolverDnDtrtriHost:
     .globl cusolverDnGetDeterministicMode
     .type cusolverDnGetDeterministicMode, @function
 cusolverDnGetDeterministicMode:
-    leaq .Lname117(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetDeterministicMode@PLT
     .size cusolverDnGetDeterministicMode, .-cusolverDnGetDeterministicMode
     .globl cusolverDnGetEmulationStrategy
     .type cusolverDnGetEmulationStrategy, @function
 cusolverDnGetEmulationStrategy:
-    leaq .Lname118(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetEmulationStrategy@PLT
     .size cusolverDnGetEmulationStrategy, .-cusolverDnGetEmulationStrategy
     .globl cusolverDnGetMathMode
     .type cusolverDnGetMathMode, @function
 cusolverDnGetMathMode:
-    leaq .Lname119(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetMathMode@PLT
     .size cusolverDnGetMathMode, .-cusolverDnGetMathMode
     .globl cusolverDnGetStream
     .type cusolverDnGetStream, @function
@@ -1499,31 +1340,22 @@ cusolverDnIRSInfosDestroy:
     .globl cusolverDnIRSInfosGetMaxIters
     .type cusolverDnIRSInfosGetMaxIters, @function
 cusolverDnIRSInfosGetMaxIters:
-    leaq .Lname120(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetMaxIters@PLT
     .size cusolverDnIRSInfosGetMaxIters, .-cusolverDnIRSInfosGetMaxIters
     .globl cusolverDnIRSInfosGetNiters
     .type cusolverDnIRSInfosGetNiters, @function
 cusolverDnIRSInfosGetNiters:
-    leaq .Lname121(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetNiters@PLT
     .size cusolverDnIRSInfosGetNiters, .-cusolverDnIRSInfosGetNiters
     .globl cusolverDnIRSInfosGetOuterNiters
     .type cusolverDnIRSInfosGetOuterNiters, @function
 cusolverDnIRSInfosGetOuterNiters:
-    leaq .Lname122(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSInfosGetOuterNiters@PLT
     .size cusolverDnIRSInfosGetOuterNiters, .-cusolverDnIRSInfosGetOuterNiters
     .globl cusolverDnIRSInfosGetResidualHistory
     .type cusolverDnIRSInfosGetResidualHistory, @function
 cusolverDnIRSInfosGetResidualHistory:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1556,10 +1388,7 @@ cusolverDnIRSParamsEnableFallback:
     .globl cusolverDnIRSParamsGetMaxIters
     .type cusolverDnIRSParamsGetMaxIters, @function
 cusolverDnIRSParamsGetMaxIters:
-    leaq .Lname124(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSParamsGetMaxIters@PLT
     .size cusolverDnIRSParamsGetMaxIters, .-cusolverDnIRSParamsGetMaxIters
     .globl cusolverDnIRSParamsSetMaxIters
     .type cusolverDnIRSParamsSetMaxIters, @function
@@ -1604,34 +1433,22 @@ cusolverDnIRSParamsSetTolInner:
     .globl cusolverDnIRSXgels
     .type cusolverDnIRSXgels, @function
 cusolverDnIRSXgels:
-    leaq .Lname125(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgels@PLT
     .size cusolverDnIRSXgels, .-cusolverDnIRSXgels
     .globl cusolverDnIRSXgels_bufferSize
     .type cusolverDnIRSXgels_bufferSize, @function
 cusolverDnIRSXgels_bufferSize:
-    leaq .Lname126(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgels_bufferSize@PLT
     .size cusolverDnIRSXgels_bufferSize, .-cusolverDnIRSXgels_bufferSize
     .globl cusolverDnIRSXgesv
     .type cusolverDnIRSXgesv, @function
 cusolverDnIRSXgesv:
-    leaq .Lname127(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgesv@PLT
     .size cusolverDnIRSXgesv, .-cusolverDnIRSXgesv
     .globl cusolverDnIRSXgesv_bufferSize
     .type cusolverDnIRSXgesv_bufferSize, @function
 cusolverDnIRSXgesv_bufferSize:
-    leaq .Lname128(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnIRSXgesv_bufferSize@PLT
     .size cusolverDnIRSXgesv_bufferSize, .-cusolverDnIRSXgesv_bufferSize
     .globl cusolverDnLoggerForceDisable
     .type cusolverDnLoggerForceDisable, @function
@@ -1641,7 +1458,7 @@ cusolverDnLoggerForceDisable:
     .globl cusolverDnLoggerOpenFile
     .type cusolverDnLoggerOpenFile, @function
 cusolverDnLoggerOpenFile:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1649,7 +1466,7 @@ cusolverDnLoggerOpenFile:
     .globl cusolverDnLoggerSetCallback
     .type cusolverDnLoggerSetCallback, @function
 cusolverDnLoggerSetCallback:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1657,7 +1474,7 @@ cusolverDnLoggerSetCallback:
     .globl cusolverDnLoggerSetFile
     .type cusolverDnLoggerSetFile, @function
 cusolverDnLoggerSetFile:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1675,135 +1492,87 @@ cusolverDnLoggerSetMask:
     .globl cusolverDnSBgels
     .type cusolverDnSBgels, @function
 cusolverDnSBgels:
-    leaq .Lname132(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgels@PLT
     .size cusolverDnSBgels, .-cusolverDnSBgels
     .globl cusolverDnSBgels_bufferSize
     .type cusolverDnSBgels_bufferSize, @function
 cusolverDnSBgels_bufferSize:
-    leaq .Lname133(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgels_bufferSize@PLT
     .size cusolverDnSBgels_bufferSize, .-cusolverDnSBgels_bufferSize
     .globl cusolverDnSBgesv
     .type cusolverDnSBgesv, @function
 cusolverDnSBgesv:
-    leaq .Lname134(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgesv@PLT
     .size cusolverDnSBgesv, .-cusolverDnSBgesv
     .globl cusolverDnSBgesv_bufferSize
     .type cusolverDnSBgesv_bufferSize, @function
 cusolverDnSBgesv_bufferSize:
-    leaq .Lname135(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSBgesv_bufferSize@PLT
     .size cusolverDnSBgesv_bufferSize, .-cusolverDnSBgesv_bufferSize
     .globl cusolverDnSHgels
     .type cusolverDnSHgels, @function
 cusolverDnSHgels:
-    leaq .Lname136(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgels@PLT
     .size cusolverDnSHgels, .-cusolverDnSHgels
     .globl cusolverDnSHgels_bufferSize
     .type cusolverDnSHgels_bufferSize, @function
 cusolverDnSHgels_bufferSize:
-    leaq .Lname137(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgels_bufferSize@PLT
     .size cusolverDnSHgels_bufferSize, .-cusolverDnSHgels_bufferSize
     .globl cusolverDnSHgesv
     .type cusolverDnSHgesv, @function
 cusolverDnSHgesv:
-    leaq .Lname138(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgesv@PLT
     .size cusolverDnSHgesv, .-cusolverDnSHgesv
     .globl cusolverDnSHgesv_bufferSize
     .type cusolverDnSHgesv_bufferSize, @function
 cusolverDnSHgesv_bufferSize:
-    leaq .Lname139(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSHgesv_bufferSize@PLT
     .size cusolverDnSHgesv_bufferSize, .-cusolverDnSHgesv_bufferSize
     .globl cusolverDnSSgels
     .type cusolverDnSSgels, @function
 cusolverDnSSgels:
-    leaq .Lname140(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgels@PLT
     .size cusolverDnSSgels, .-cusolverDnSSgels
     .globl cusolverDnSSgels_bufferSize
     .type cusolverDnSSgels_bufferSize, @function
 cusolverDnSSgels_bufferSize:
-    leaq .Lname141(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgels_bufferSize@PLT
     .size cusolverDnSSgels_bufferSize, .-cusolverDnSSgels_bufferSize
     .globl cusolverDnSSgesv
     .type cusolverDnSSgesv, @function
 cusolverDnSSgesv:
-    leaq .Lname142(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgesv@PLT
     .size cusolverDnSSgesv, .-cusolverDnSSgesv
     .globl cusolverDnSSgesv_bufferSize
     .type cusolverDnSSgesv_bufferSize, @function
 cusolverDnSSgesv_bufferSize:
-    leaq .Lname143(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSSgesv_bufferSize@PLT
     .size cusolverDnSSgesv_bufferSize, .-cusolverDnSSgesv_bufferSize
     .globl cusolverDnSXgels
     .type cusolverDnSXgels, @function
 cusolverDnSXgels:
-    leaq .Lname144(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgels@PLT
     .size cusolverDnSXgels, .-cusolverDnSXgels
     .globl cusolverDnSXgels_bufferSize
     .type cusolverDnSXgels_bufferSize, @function
 cusolverDnSXgels_bufferSize:
-    leaq .Lname145(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgels_bufferSize@PLT
     .size cusolverDnSXgels_bufferSize, .-cusolverDnSXgels_bufferSize
     .globl cusolverDnSXgesv
     .type cusolverDnSXgesv, @function
 cusolverDnSXgesv:
-    leaq .Lname146(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgesv@PLT
     .size cusolverDnSXgesv, .-cusolverDnSXgesv
     .globl cusolverDnSXgesv_bufferSize
     .type cusolverDnSXgesv_bufferSize, @function
 cusolverDnSXgesv_bufferSize:
-    leaq .Lname147(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSXgesv_bufferSize@PLT
     .size cusolverDnSXgesv_bufferSize, .-cusolverDnSXgesv_bufferSize
     .globl cusolverDnSaxpyHost
     .type cusolverDnSaxpyHost, @function
 cusolverDnSaxpyHost:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1605,7 @@ cusolverDnSetStream:
     .globl cusolverDnSeyeBatch
     .type cusolverDnSeyeBatch, @function
 cusolverDnSeyeBatch:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,10 +1613,7 @@ cusolverDnSeyeBatch:
     .globl cusolverDnSgebrd
     .type cusolverDnSgebrd, @function
 cusolverDnSgebrd:
-    leaq .Lname150(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgebrd@PLT
     .size cusolverDnSgebrd, .-cusolverDnSgebrd
     .globl cusolverDnSgebrd_bufferSize
     .type cusolverDnSgebrd_bufferSize, @function
@@ -1857,7 +1623,7 @@ cusolverDnSgebrd_bufferSize:
     .globl cusolverDnSgelqfHost
     .type cusolverDnSgelqfHost, @function
 cusolverDnSgelqfHost:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1865,7 +1631,7 @@ cusolverDnSgelqfHost:
     .globl cusolverDnSgemmHost
     .type cusolverDnSgemmHost, @function
 cusolverDnSgemmHost:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1873,7 +1639,7 @@ cusolverDnSgemmHost:
     .globl cusolverDnSgeqlfHost
     .type cusolverDnSgeqlfHost, @function
 cusolverDnSgeqlfHost:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1886,7 +1652,7 @@ cusolverDnSgeqrf:
     .globl cusolverDnSgeqrfHost
     .type cusolverDnSgeqrfHost, @function
 cusolverDnSgeqrfHost:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1954,7 +1720,7 @@ cusolverDnSgetrs:
     .globl cusolverDnSlacpyHost
     .type cusolverDnSlacpyHost, @function
 cusolverDnSlacpyHost:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,7 +1728,7 @@ cusolverDnSlacpyHost:
     .globl cusolverDnSlamchHost
     .type cusolverDnSlamchHost, @function
 cusolverDnSlamchHost:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,7 +1736,7 @@ cusolverDnSlamchHost:
     .globl cusolverDnSlange
     .type cusolverDnSlange, @function
 cusolverDnSlange:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,7 +1744,7 @@ cusolverDnSlange:
     .globl cusolverDnSlangeHost
     .type cusolverDnSlangeHost, @function
 cusolverDnSlangeHost:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1986,7 +1752,7 @@ cusolverDnSlangeHost:
     .globl cusolverDnSlange_bufferSize
     .type cusolverDnSlange_bufferSize, @function
 cusolverDnSlange_bufferSize:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1760,7 @@ cusolverDnSlange_bufferSize:
     .globl cusolverDnSlansyHost
     .type cusolverDnSlansyHost, @function
 cusolverDnSlansyHost:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1768,7 @@ cusolverDnSlansyHost:
     .globl cusolverDnSlantrHost
     .type cusolverDnSlantrHost, @function
 cusolverDnSlantrHost:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +1776,7 @@ cusolverDnSlantrHost:
     .globl cusolverDnSlarfgHost
     .type cusolverDnSlarfgHost, @function
 cusolverDnSlarfgHost:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2018,7 +1784,7 @@ cusolverDnSlarfgHost:
     .globl cusolverDnSlarnvHost
     .type cusolverDnSlarnvHost, @function
 cusolverDnSlarnvHost:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2026,7 +1792,7 @@ cusolverDnSlarnvHost:
     .globl cusolverDnSlasetHost
     .type cusolverDnSlasetHost, @function
 cusolverDnSlasetHost:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2044,7 +1810,7 @@ cusolverDnSlauum:
     .globl cusolverDnSlauumHost
     .type cusolverDnSlauumHost, @function
 cusolverDnSlauumHost:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2057,7 +1823,7 @@ cusolverDnSlauum_bufferSize:
     .globl cusolverDnSnrm2Host
     .type cusolverDnSnrm2Host, @function
 cusolverDnSnrm2Host:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2070,7 +1836,7 @@ cusolverDnSorgbr:
     .globl cusolverDnSorgbrHost
     .type cusolverDnSorgbrHost, @function
 cusolverDnSorgbrHost:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +1849,7 @@ cusolverDnSorgbr_bufferSize:
     .globl cusolverDnSorghrHost
     .type cusolverDnSorghrHost, @function
 cusolverDnSorghrHost:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +1857,7 @@ cusolverDnSorghrHost:
     .globl cusolverDnSorglqHost
     .type cusolverDnSorglqHost, @function
 cusolverDnSorglqHost:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +1880,7 @@ cusolverDnSorgtr:
     .globl cusolverDnSorgtrHost
     .type cusolverDnSorgtrHost, @function
 cusolverDnSorgtrHost:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2132,7 +1898,7 @@ cusolverDnSormqr:
     .globl cusolverDnSormqrHost
     .type cusolverDnSormqrHost, @function
 cusolverDnSormqrHost:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2150,7 +1916,7 @@ cusolverDnSormtr:
     .globl cusolverDnSormtrHost
     .type cusolverDnSormtrHost, @function
 cusolverDnSormtrHost:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2173,7 +1939,7 @@ cusolverDnSpotrfBatched:
     .globl cusolverDnSpotrfHost
     .type cusolverDnSpotrfHost, @function
 cusolverDnSpotrfHost:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2191,7 +1957,7 @@ cusolverDnSpotri:
     .globl cusolverDnSpotriHost
     .type cusolverDnSpotriHost, @function
 cusolverDnSpotriHost:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +1980,7 @@ cusolverDnSpotrsBatched:
     .globl cusolverDnSpotrsHost
     .type cusolverDnSpotrsHost, @function
 cusolverDnSpotrsHost:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +1988,7 @@ cusolverDnSpotrsHost:
     .globl cusolverDnSscalHost
     .type cusolverDnSscalHost, @function
 cusolverDnSscalHost:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +1996,7 @@ cusolverDnSscalHost:
     .globl cusolverDnSsteqrHost
     .type cusolverDnSsteqrHost, @function
 cusolverDnSsteqrHost:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2238,7 +2004,7 @@ cusolverDnSsteqrHost:
     .globl cusolverDnSsterfHost
     .type cusolverDnSsterfHost, @function
 cusolverDnSsterfHost:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2256,18 +2022,12 @@ cusolverDnSsyevd_bufferSize:
     .globl cusolverDnSsyevdx
     .type cusolverDnSsyevdx, @function
 cusolverDnSsyevdx:
-    leaq .Lname179(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevdx@PLT
     .size cusolverDnSsyevdx, .-cusolverDnSsyevdx
     .globl cusolverDnSsyevdx_bufferSize
     .type cusolverDnSsyevdx_bufferSize, @function
 cusolverDnSsyevdx_bufferSize:
-    leaq .Lname180(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevdx_bufferSize@PLT
     .size cusolverDnSsyevdx_bufferSize, .-cusolverDnSsyevdx_bufferSize
     .globl cusolverDnSsyevj
     .type cusolverDnSsyevj, @function
@@ -2292,7 +2052,7 @@ cusolverDnSsyevj_bufferSize:
     .globl cusolverDnSsygst
     .type cusolverDnSsygst, @function
 cusolverDnSsygst:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2300,7 +2060,7 @@ cusolverDnSsygst:
     .globl cusolverDnSsygst_bufferSize
     .type cusolverDnSsygst_bufferSize, @function
 cusolverDnSsygst_bufferSize:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2318,18 +2078,12 @@ cusolverDnSsygvd_bufferSize:
     .globl cusolverDnSsygvdx
     .type cusolverDnSsygvdx, @function
 cusolverDnSsygvdx:
-    leaq .Lname183(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvdx@PLT
     .size cusolverDnSsygvdx, .-cusolverDnSsygvdx
     .globl cusolverDnSsygvdx_bufferSize
     .type cusolverDnSsygvdx_bufferSize, @function
 cusolverDnSsygvdx_bufferSize:
-    leaq .Lname184(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvdx_bufferSize@PLT
     .size cusolverDnSsygvdx_bufferSize, .-cusolverDnSsygvdx_bufferSize
     .globl cusolverDnSsygvj
     .type cusolverDnSsygvj, @function
@@ -2344,18 +2098,12 @@ cusolverDnSsygvj_bufferSize:
     .globl cusolverDnSsytrd
     .type cusolverDnSsytrd, @function
 cusolverDnSsytrd:
-    leaq .Lname185(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrd@PLT
     .size cusolverDnSsytrd, .-cusolverDnSsytrd
     .globl cusolverDnSsytrd_bufferSize
     .type cusolverDnSsytrd_bufferSize, @function
 cusolverDnSsytrd_bufferSize:
-    leaq .Lname186(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrd_bufferSize@PLT
     .size cusolverDnSsytrd_bufferSize, .-cusolverDnSsytrd_bufferSize
     .globl cusolverDnSsytrf
     .type cusolverDnSsytrf, @function
@@ -2375,7 +2123,7 @@ cusolverDnSsytri:
     .globl cusolverDnSsytriHost
     .type cusolverDnSsytriHost, @function
 cusolverDnSsytriHost:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,7 +2136,7 @@ cusolverDnSsytri_bufferSize:
     .globl cusolverDnSsytrsHost
     .type cusolverDnSsytrsHost, @function
 cusolverDnSsytrsHost:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2144,7 @@ cusolverDnSsytrsHost:
     .globl cusolverDnStrtriHost
     .type cusolverDnStrtriHost, @function
 cusolverDnStrtriHost:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2404,7 +2152,7 @@ cusolverDnStrtriHost:
     .globl cusolverDnXfillRandNormalOnDevice
     .type cusolverDnXfillRandNormalOnDevice, @function
 cusolverDnXfillRandNormalOnDevice:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2412,7 +2160,7 @@ cusolverDnXfillRandNormalOnDevice:
     .globl cusolverDnXfillRandNormalOnHost
     .type cusolverDnXfillRandNormalOnHost, @function
 cusolverDnXfillRandNormalOnHost:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2450,18 +2198,12 @@ cusolverDnXgesvd_bufferSize:
     .globl cusolverDnXgesvdjGetResidual
     .type cusolverDnXgesvdjGetResidual, @function
 cusolverDnXgesvdjGetResidual:
-    leaq .Lname192(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdjGetResidual@PLT
     .size cusolverDnXgesvdjGetResidual, .-cusolverDnXgesvdjGetResidual
     .globl cusolverDnXgesvdjGetSweeps
     .type cusolverDnXgesvdjGetSweeps, @function
 cusolverDnXgesvdjGetSweeps:
-    leaq .Lname193(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdjGetSweeps@PLT
     .size cusolverDnXgesvdjGetSweeps, .-cusolverDnXgesvdjGetSweeps
     .globl cusolverDnXgesvdjSetMaxSweeps
     .type cusolverDnXgesvdjSetMaxSweeps, @function
@@ -2481,10 +2223,7 @@ cusolverDnXgesvdjSetTolerance:
     .globl cusolverDnXgesvdp
     .type cusolverDnXgesvdp, @function
 cusolverDnXgesvdp:
-    leaq .Lname194(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdp@PLT
     .size cusolverDnXgesvdp, .-cusolverDnXgesvdp
     .globl cusolverDnXgesvdp_bufferSize
     .type cusolverDnXgesvdp_bufferSize, @function
@@ -2494,18 +2233,12 @@ cusolverDnXgesvdp_bufferSize:
     .globl cusolverDnXgesvdr
     .type cusolverDnXgesvdr, @function
 cusolverDnXgesvdr:
-    leaq .Lname195(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdr@PLT
     .size cusolverDnXgesvdr, .-cusolverDnXgesvdr
     .globl cusolverDnXgesvdr_bufferSize
     .type cusolverDnXgesvdr_bufferSize, @function
 cusolverDnXgesvdr_bufferSize:
-    leaq .Lname196(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdr_bufferSize@PLT
     .size cusolverDnXgesvdr_bufferSize, .-cusolverDnXgesvdr_bufferSize
     .globl cusolverDnXgetrf
     .type cusolverDnXgetrf, @function
@@ -2525,7 +2258,7 @@ cusolverDnXgetrs:
     .globl cusolverDnXlansy
     .type cusolverDnXlansy, @function
 cusolverDnXlansy:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2533,7 +2266,7 @@ cusolverDnXlansy:
     .globl cusolverDnXlansy_bufferSize
     .type cusolverDnXlansy_bufferSize, @function
 cusolverDnXlansy_bufferSize:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2541,18 +2274,12 @@ cusolverDnXlansy_bufferSize:
     .globl cusolverDnXlarft
     .type cusolverDnXlarft, @function
 cusolverDnXlarft:
-    leaq .Lname199(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXlarft@PLT
     .size cusolverDnXlarft, .-cusolverDnXlarft
     .globl cusolverDnXlarft_bufferSize
     .type cusolverDnXlarft_bufferSize, @function
 cusolverDnXlarft_bufferSize:
-    leaq .Lname200(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXlarft_bufferSize@PLT
     .size cusolverDnXlarft_bufferSize, .-cusolverDnXlarft_bufferSize
     .globl cusolverDnXpotrf
     .type cusolverDnXpotrf, @function
@@ -2592,34 +2319,22 @@ cusolverDnXsyevd_bufferSize:
     .globl cusolverDnXsyevdx
     .type cusolverDnXsyevdx, @function
 cusolverDnXsyevdx:
-    leaq .Lname201(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevdx@PLT
     .size cusolverDnXsyevdx, .-cusolverDnXsyevdx
     .globl cusolverDnXsyevdx_bufferSize
     .type cusolverDnXsyevdx_bufferSize, @function
 cusolverDnXsyevdx_bufferSize:
-    leaq .Lname202(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevdx_bufferSize@PLT
     .size cusolverDnXsyevdx_bufferSize, .-cusolverDnXsyevdx_bufferSize
     .globl cusolverDnXsyevjGetResidual
     .type cusolverDnXsyevjGetResidual, @function
 cusolverDnXsyevjGetResidual:
-    leaq .Lname203(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevjGetResidual@PLT
     .size cusolverDnXsyevjGetResidual, .-cusolverDnXsyevjGetResidual
     .globl cusolverDnXsyevjGetSweeps
     .type cusolverDnXsyevjGetSweeps, @function
 cusolverDnXsyevjGetSweeps:
-    leaq .Lname204(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevjGetSweeps@PLT
     .size cusolverDnXsyevjGetSweeps, .-cusolverDnXsyevjGetSweeps
     .globl cusolverDnXsyevjSetMaxSweeps
     .type cusolverDnXsyevjSetMaxSweeps, @function
@@ -2659,167 +2374,107 @@ cusolverDnXtrtri_bufferSize:
     .globl cusolverDnZCgels
     .type cusolverDnZCgels, @function
 cusolverDnZCgels:
-    leaq .Lname205(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgels@PLT
     .size cusolverDnZCgels, .-cusolverDnZCgels
     .globl cusolverDnZCgels_bufferSize
     .type cusolverDnZCgels_bufferSize, @function
 cusolverDnZCgels_bufferSize:
-    leaq .Lname206(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgels_bufferSize@PLT
     .size cusolverDnZCgels_bufferSize, .-cusolverDnZCgels_bufferSize
     .globl cusolverDnZCgesv
     .type cusolverDnZCgesv, @function
 cusolverDnZCgesv:
-    leaq .Lname207(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgesv@PLT
     .size cusolverDnZCgesv, .-cusolverDnZCgesv
     .globl cusolverDnZCgesv_bufferSize
     .type cusolverDnZCgesv_bufferSize, @function
 cusolverDnZCgesv_bufferSize:
-    leaq .Lname208(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZCgesv_bufferSize@PLT
     .size cusolverDnZCgesv_bufferSize, .-cusolverDnZCgesv_bufferSize
     .globl cusolverDnZEgels
     .type cusolverDnZEgels, @function
 cusolverDnZEgels:
-    leaq .Lname209(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgels@PLT
     .size cusolverDnZEgels, .-cusolverDnZEgels
     .globl cusolverDnZEgels_bufferSize
     .type cusolverDnZEgels_bufferSize, @function
 cusolverDnZEgels_bufferSize:
-    leaq .Lname210(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgels_bufferSize@PLT
     .size cusolverDnZEgels_bufferSize, .-cusolverDnZEgels_bufferSize
     .globl cusolverDnZEgesv
     .type cusolverDnZEgesv, @function
 cusolverDnZEgesv:
-    leaq .Lname211(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgesv@PLT
     .size cusolverDnZEgesv, .-cusolverDnZEgesv
     .globl cusolverDnZEgesv_bufferSize
     .type cusolverDnZEgesv_bufferSize, @function
 cusolverDnZEgesv_bufferSize:
-    leaq .Lname212(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZEgesv_bufferSize@PLT
     .size cusolverDnZEgesv_bufferSize, .-cusolverDnZEgesv_bufferSize
     .globl cusolverDnZKgels
     .type cusolverDnZKgels, @function
 cusolverDnZKgels:
-    leaq .Lname213(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgels@PLT
     .size cusolverDnZKgels, .-cusolverDnZKgels
     .globl cusolverDnZKgels_bufferSize
     .type cusolverDnZKgels_bufferSize, @function
 cusolverDnZKgels_bufferSize:
-    leaq .Lname214(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgels_bufferSize@PLT
     .size cusolverDnZKgels_bufferSize, .-cusolverDnZKgels_bufferSize
     .globl cusolverDnZKgesv
     .type cusolverDnZKgesv, @function
 cusolverDnZKgesv:
-    leaq .Lname215(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgesv@PLT
     .size cusolverDnZKgesv, .-cusolverDnZKgesv
     .globl cusolverDnZKgesv_bufferSize
     .type cusolverDnZKgesv_bufferSize, @function
 cusolverDnZKgesv_bufferSize:
-    leaq .Lname216(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZKgesv_bufferSize@PLT
     .size cusolverDnZKgesv_bufferSize, .-cusolverDnZKgesv_bufferSize
     .globl cusolverDnZYgels
     .type cusolverDnZYgels, @function
 cusolverDnZYgels:
-    leaq .Lname217(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgels@PLT
     .size cusolverDnZYgels, .-cusolverDnZYgels
     .globl cusolverDnZYgels_bufferSize
     .type cusolverDnZYgels_bufferSize, @function
 cusolverDnZYgels_bufferSize:
-    leaq .Lname218(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgels_bufferSize@PLT
     .size cusolverDnZYgels_bufferSize, .-cusolverDnZYgels_bufferSize
     .globl cusolverDnZYgesv
     .type cusolverDnZYgesv, @function
 cusolverDnZYgesv:
-    leaq .Lname219(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgesv@PLT
     .size cusolverDnZYgesv, .-cusolverDnZYgesv
     .globl cusolverDnZYgesv_bufferSize
     .type cusolverDnZYgesv_bufferSize, @function
 cusolverDnZYgesv_bufferSize:
-    leaq .Lname220(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZYgesv_bufferSize@PLT
     .size cusolverDnZYgesv_bufferSize, .-cusolverDnZYgesv_bufferSize
     .globl cusolverDnZZgels
     .type cusolverDnZZgels, @function
 cusolverDnZZgels:
-    leaq .Lname221(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgels@PLT
     .size cusolverDnZZgels, .-cusolverDnZZgels
     .globl cusolverDnZZgels_bufferSize
     .type cusolverDnZZgels_bufferSize, @function
 cusolverDnZZgels_bufferSize:
-    leaq .Lname222(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgels_bufferSize@PLT
     .size cusolverDnZZgels_bufferSize, .-cusolverDnZZgels_bufferSize
     .globl cusolverDnZZgesv
     .type cusolverDnZZgesv, @function
 cusolverDnZZgesv:
-    leaq .Lname223(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgesv@PLT
     .size cusolverDnZZgesv, .-cusolverDnZZgesv
     .globl cusolverDnZZgesv_bufferSize
     .type cusolverDnZZgesv_bufferSize, @function
 cusolverDnZZgesv_bufferSize:
-    leaq .Lname224(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZZgesv_bufferSize@PLT
     .size cusolverDnZZgesv_bufferSize, .-cusolverDnZZgesv_bufferSize
     .globl cusolverDnZaxpyHost
     .type cusolverDnZaxpyHost, @function
 cusolverDnZaxpyHost:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2827,7 +2482,7 @@ cusolverDnZaxpyHost:
     .globl cusolverDnZdscalHost
     .type cusolverDnZdscalHost, @function
 cusolverDnZdscalHost:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2835,7 +2490,7 @@ cusolverDnZdscalHost:
     .globl cusolverDnZeyeBatch
     .type cusolverDnZeyeBatch, @function
 cusolverDnZeyeBatch:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2843,10 +2498,7 @@ cusolverDnZeyeBatch:
     .globl cusolverDnZgebrd
     .type cusolverDnZgebrd, @function
 cusolverDnZgebrd:
-    leaq .Lname228(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgebrd@PLT
     .size cusolverDnZgebrd, .-cusolverDnZgebrd
     .globl cusolverDnZgebrd_bufferSize
     .type cusolverDnZgebrd_bufferSize, @function
@@ -2856,7 +2508,7 @@ cusolverDnZgebrd_bufferSize:
     .globl cusolverDnZgelqfHost
     .type cusolverDnZgelqfHost, @function
 cusolverDnZgelqfHost:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2864,7 +2516,7 @@ cusolverDnZgelqfHost:
     .globl cusolverDnZgemmHost
     .type cusolverDnZgemmHost, @function
 cusolverDnZgemmHost:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2872,7 +2524,7 @@ cusolverDnZgemmHost:
     .globl cusolverDnZgeqlfHost
     .type cusolverDnZgeqlfHost, @function
 cusolverDnZgeqlfHost:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2885,7 +2537,7 @@ cusolverDnZgeqrf:
     .globl cusolverDnZgeqrfHost
     .type cusolverDnZgeqrfHost, @function
 cusolverDnZgeqrfHost:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2963,18 +2615,12 @@ cusolverDnZheevd_bufferSize:
     .globl cusolverDnZheevdx
     .type cusolverDnZheevdx, @function
 cusolverDnZheevdx:
-    leaq .Lname233(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevdx@PLT
     .size cusolverDnZheevdx, .-cusolverDnZheevdx
     .globl cusolverDnZheevdx_bufferSize
     .type cusolverDnZheevdx_bufferSize, @function
 cusolverDnZheevdx_bufferSize:
-    leaq .Lname234(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevdx_bufferSize@PLT
     .size cusolverDnZheevdx_bufferSize, .-cusolverDnZheevdx_bufferSize
     .globl cusolverDnZheevj
     .type cusolverDnZheevj, @function
@@ -2999,7 +2645,7 @@ cusolverDnZheevj_bufferSize:
     .globl cusolverDnZhegst
     .type cusolverDnZhegst, @function
 cusolverDnZhegst:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3007,7 +2653,7 @@ cusolverDnZhegst:
     .globl cusolverDnZhegst_bufferSize
     .type cusolverDnZhegst_bufferSize, @function
 cusolverDnZhegst_bufferSize:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3025,18 +2671,12 @@ cusolverDnZhegvd_bufferSize:
     .globl cusolverDnZhegvdx
     .type cusolverDnZhegvdx, @function
 cusolverDnZhegvdx:
-    leaq .Lname237(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvdx@PLT
     .size cusolverDnZhegvdx, .-cusolverDnZhegvdx
     .globl cusolverDnZhegvdx_bufferSize
     .type cusolverDnZhegvdx_bufferSize, @function
 cusolverDnZhegvdx_bufferSize:
-    leaq .Lname238(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvdx_bufferSize@PLT
     .size cusolverDnZhegvdx_bufferSize, .-cusolverDnZhegvdx_bufferSize
     .globl cusolverDnZhegvj
     .type cusolverDnZhegvj, @function
@@ -3051,23 +2691,17 @@ cusolverDnZhegvj_bufferSize:
     .globl cusolverDnZhetrd
     .type cusolverDnZhetrd, @function
 cusolverDnZhetrd:
-    leaq .Lname239(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhetrd@PLT
     .size cusolverDnZhetrd, .-cusolverDnZhetrd
     .globl cusolverDnZhetrd_bufferSize
     .type cusolverDnZhetrd_bufferSize, @function
 cusolverDnZhetrd_bufferSize:
-    leaq .Lname240(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhetrd_bufferSize@PLT
     .size cusolverDnZhetrd_bufferSize, .-cusolverDnZhetrd_bufferSize
     .globl cusolverDnZlacpyHost
     .type cusolverDnZlacpyHost, @function
 cusolverDnZlacpyHost:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3075,7 +2709,7 @@ cusolverDnZlacpyHost:
     .globl cusolverDnZlange
     .type cusolverDnZlange, @function
 cusolverDnZlange:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3083,7 +2717,7 @@ cusolverDnZlange:
     .globl cusolverDnZlangeHost
     .type cusolverDnZlangeHost, @function
 cusolverDnZlangeHost:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3091,7 +2725,7 @@ cusolverDnZlangeHost:
     .globl cusolverDnZlange_bufferSize
     .type cusolverDnZlange_bufferSize, @function
 cusolverDnZlange_bufferSize:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3099,7 +2733,7 @@ cusolverDnZlange_bufferSize:
     .globl cusolverDnZlanheHost
     .type cusolverDnZlanheHost, @function
 cusolverDnZlanheHost:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3107,7 +2741,7 @@ cusolverDnZlanheHost:
     .globl cusolverDnZlantrHost
     .type cusolverDnZlantrHost, @function
 cusolverDnZlantrHost:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3115,7 +2749,7 @@ cusolverDnZlantrHost:
     .globl cusolverDnZlarfgHost
     .type cusolverDnZlarfgHost, @function
 cusolverDnZlarfgHost:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3123,7 +2757,7 @@ cusolverDnZlarfgHost:
     .globl cusolverDnZlarnvHost
     .type cusolverDnZlarnvHost, @function
 cusolverDnZlarnvHost:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3131,7 +2765,7 @@ cusolverDnZlarnvHost:
     .globl cusolverDnZlasetHost
     .type cusolverDnZlasetHost, @function
 cusolverDnZlasetHost:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3149,7 +2783,7 @@ cusolverDnZlauum:
     .globl cusolverDnZlauumHost
     .type cusolverDnZlauumHost, @function
 cusolverDnZlauumHost:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3162,7 +2796,7 @@ cusolverDnZlauum_bufferSize:
     .globl cusolverDnZnrm2Host
     .type cusolverDnZnrm2Host, @function
 cusolverDnZnrm2Host:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3180,7 +2814,7 @@ cusolverDnZpotrfBatched:
     .globl cusolverDnZpotrfHost
     .type cusolverDnZpotrfHost, @function
 cusolverDnZpotrfHost:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3198,7 +2832,7 @@ cusolverDnZpotri:
     .globl cusolverDnZpotriHost
     .type cusolverDnZpotriHost, @function
 cusolverDnZpotriHost:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3221,7 +2855,7 @@ cusolverDnZpotrsBatched:
     .globl cusolverDnZpotrsHost
     .type cusolverDnZpotrsHost, @function
 cusolverDnZpotrsHost:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3244,7 +2878,7 @@ cusolverDnZsytri:
     .globl cusolverDnZsytriHost
     .type cusolverDnZsytriHost, @function
 cusolverDnZsytriHost:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3257,7 +2891,7 @@ cusolverDnZsytri_bufferSize:
     .globl cusolverDnZsytrsHost
     .type cusolverDnZsytrsHost, @function
 cusolverDnZsytrsHost:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3265,7 +2899,7 @@ cusolverDnZsytrsHost:
     .globl cusolverDnZtrtriHost
     .type cusolverDnZtrtriHost, @function
 cusolverDnZtrtriHost:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3278,7 +2912,7 @@ cusolverDnZungbr:
     .globl cusolverDnZungbrHost
     .type cusolverDnZungbrHost, @function
 cusolverDnZungbrHost:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3291,7 +2925,7 @@ cusolverDnZungbr_bufferSize:
     .globl cusolverDnZunghrHost
     .type cusolverDnZunghrHost, @function
 cusolverDnZunghrHost:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3299,7 +2933,7 @@ cusolverDnZunghrHost:
     .globl cusolverDnZunglqHost
     .type cusolverDnZunglqHost, @function
 cusolverDnZunglqHost:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3322,7 +2956,7 @@ cusolverDnZungtr:
     .globl cusolverDnZungtrHost
     .type cusolverDnZungtrHost, @function
 cusolverDnZungtrHost:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3340,7 +2974,7 @@ cusolverDnZunmqr:
     .globl cusolverDnZunmqrHost
     .type cusolverDnZunmqrHost, @function
 cusolverDnZunmqrHost:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3358,7 +2992,7 @@ cusolverDnZunmtr:
     .globl cusolverDnZunmtrHost
     .type cusolverDnZunmtrHost, @function
 cusolverDnZunmtrHost:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3381,7 +3015,7 @@ cusolverGetVersion:
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3389,7 +3023,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3412,15 +3046,12 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname266(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfBatchResetValues@PLT
     .size cusolverRfBatchResetValues, .-cusolverRfBatchResetValues
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3428,7 +3059,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3436,7 +3067,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3454,7 +3085,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3462,7 +3093,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3470,42 +3101,27 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname272(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetAlgs@PLT
     .size cusolverRfGetAlgs, .-cusolverRfGetAlgs
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname273(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetMatrixFormat@PLT
     .size cusolverRfGetMatrixFormat, .-cusolverRfGetMatrixFormat
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname274(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetNumericBoostReport@PLT
     .size cusolverRfGetNumericBoostReport, .-cusolverRfGetNumericBoostReport
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname275(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetNumericProperties@PLT
     .size cusolverRfGetNumericProperties, .-cusolverRfGetNumericProperties
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname276(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfGetResetValuesFastMode@PLT
     .size cusolverRfGetResetValuesFastMode, .-cusolverRfGetResetValuesFastMode
     .globl cusolverRfRefactor
     .type cusolverRfRefactor, @function
@@ -3515,10 +3131,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname277(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfResetValues@PLT
     .size cusolverRfResetValues, .-cusolverRfResetValues
     .globl cusolverRfSetAlgs
     .type cusolverRfSetAlgs, @function
@@ -3543,23 +3156,17 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname278(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSetupDevice@PLT
     .size cusolverRfSetupDevice, .-cusolverRfSetupDevice
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname279(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSetupHost@PLT
     .size cusolverRfSetupHost, .-cusolverRfSetupHost
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname280(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3567,15 +3174,12 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname281(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverRfSolve@PLT
     .size cusolverRfSolve, .-cusolverRfSolve
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname282(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3583,7 +3187,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3591,7 +3195,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3599,7 +3203,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3607,7 +3211,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3615,7 +3219,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3623,7 +3227,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3631,7 +3235,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3639,7 +3243,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3647,7 +3251,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3655,79 +3259,52 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname292(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigsHost@PLT
     .size cusolverSpCcsreigsHost, .-cusolverSpCcsreigsHost
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname293(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigvsi@PLT
     .size cusolverSpCcsreigvsi, .-cusolverSpCcsreigvsi
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname294(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsreigvsiHost@PLT
     .size cusolverSpCcsreigvsiHost, .-cusolverSpCcsreigvsiHost
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname295(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsqvqrHost@PLT
     .size cusolverSpCcsrlsqvqrHost, .-cusolverSpCcsrlsqvqrHost
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname296(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvchol@PLT
     .size cusolverSpCcsrlsvchol, .-cusolverSpCcsrlsvchol
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname297(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvcholHost@PLT
     .size cusolverSpCcsrlsvcholHost, .-cusolverSpCcsrlsvcholHost
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname298(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvluHost@PLT
     .size cusolverSpCcsrlsvluHost, .-cusolverSpCcsrlsvluHost
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname299(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvqr@PLT
     .size cusolverSpCcsrlsvqr, .-cusolverSpCcsrlsvqr
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname300(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrlsvqrHost@PLT
     .size cusolverSpCcsrlsvqrHost, .-cusolverSpCcsrlsvqrHost
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3735,7 +3312,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3743,7 +3320,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname303(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3751,7 +3328,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3759,7 +3336,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3767,7 +3344,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3775,7 +3352,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3783,7 +3360,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3791,7 +3368,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3799,7 +3376,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3807,15 +3384,12 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname311(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched@PLT
     .size cusolverSpCcsrqrBufferInfoBatched, .-cusolverSpCcsrqrBufferInfoBatched
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3823,7 +3397,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3831,7 +3405,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3839,7 +3413,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3847,7 +3421,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3855,7 +3429,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3863,7 +3437,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3871,7 +3445,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3879,7 +3453,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3887,7 +3461,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3895,15 +3469,12 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname322(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrsvBatched@PLT
     .size cusolverSpCcsrqrsvBatched, .-cusolverSpCcsrqrsvBatched
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname323(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3911,10 +3482,7 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrzfdHost@PLT
     .size cusolverSpCcsrzfdHost, .-cusolverSpCcsrzfdHost
     .globl cusolverSpCreate
     .type cusolverSpCreate, @function
@@ -3924,7 +3492,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3932,7 +3500,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3940,7 +3508,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3953,7 +3521,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3961,7 +3529,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3969,7 +3537,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3977,7 +3545,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3985,7 +3553,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3993,7 +3561,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4001,7 +3569,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4009,7 +3577,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4017,7 +3585,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4025,7 +3593,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4033,7 +3601,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4041,7 +3609,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4049,7 +3617,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4057,7 +3625,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4065,7 +3633,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4073,7 +3641,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4081,7 +3649,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4089,7 +3657,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4097,79 +3665,52 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname346(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigsHost@PLT
     .size cusolverSpDcsreigsHost, .-cusolverSpDcsreigsHost
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname347(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigvsi@PLT
     .size cusolverSpDcsreigvsi, .-cusolverSpDcsreigvsi
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname348(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsreigvsiHost@PLT
     .size cusolverSpDcsreigvsiHost, .-cusolverSpDcsreigvsiHost
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname349(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsqvqrHost@PLT
     .size cusolverSpDcsrlsqvqrHost, .-cusolverSpDcsrlsqvqrHost
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname350(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvchol@PLT
     .size cusolverSpDcsrlsvchol, .-cusolverSpDcsrlsvchol
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname351(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvcholHost@PLT
     .size cusolverSpDcsrlsvcholHost, .-cusolverSpDcsrlsvcholHost
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname352(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvluHost@PLT
     .size cusolverSpDcsrlsvluHost, .-cusolverSpDcsrlsvluHost
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname353(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvqr@PLT
     .size cusolverSpDcsrlsvqr, .-cusolverSpDcsrlsvqr
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname354(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrlsvqrHost@PLT
     .size cusolverSpDcsrlsvqrHost, .-cusolverSpDcsrlsvqrHost
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4177,7 +3718,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname356(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4185,7 +3726,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4193,7 +3734,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4201,7 +3742,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4209,7 +3750,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname360(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4217,7 +3758,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname361(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4225,7 +3766,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4233,7 +3774,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname363(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4241,7 +3782,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname364(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4249,15 +3790,12 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname365(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched@PLT
     .size cusolverSpDcsrqrBufferInfoBatched, .-cusolverSpDcsrqrBufferInfoBatched
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname366(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4265,7 +3803,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname367(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4273,7 +3811,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4281,7 +3819,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname369(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4289,7 +3827,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4297,7 +3835,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname371(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4305,7 +3843,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4313,7 +3851,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4321,7 +3859,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4329,7 +3867,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4337,15 +3875,12 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname376(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrsvBatched@PLT
     .size cusolverSpDcsrqrsvBatched, .-cusolverSpDcsrqrsvBatched
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4353,10 +3888,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname378(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrzfdHost@PLT
     .size cusolverSpDcsrzfdHost, .-cusolverSpDcsrzfdHost
     .globl cusolverSpDestroy
     .type cusolverSpDestroy, @function
@@ -4366,7 +3898,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname379(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4374,7 +3906,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname380(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4382,7 +3914,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname381(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4395,7 +3927,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4403,7 +3935,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4411,7 +3943,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4419,7 +3951,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname385(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4427,7 +3959,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4435,7 +3967,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4443,7 +3975,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4451,7 +3983,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4459,7 +3991,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4467,7 +3999,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4475,7 +4007,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4483,7 +4015,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4491,7 +4023,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4499,7 +4031,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4507,7 +4039,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4515,7 +4047,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4523,7 +4055,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4531,7 +4063,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4544,7 +4076,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4552,7 +4084,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4560,7 +4092,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname402(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4568,7 +4100,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname403(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4576,7 +4108,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4584,7 +4116,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4592,7 +4124,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4600,7 +4132,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4608,7 +4140,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4616,7 +4148,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4624,7 +4156,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4632,7 +4164,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4640,7 +4172,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4648,7 +4180,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4656,7 +4188,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4664,7 +4196,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4672,7 +4204,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4680,7 +4212,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4688,7 +4220,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4696,7 +4228,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4704,7 +4236,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4712,7 +4244,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4720,7 +4252,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname422(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4728,7 +4260,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4736,79 +4268,52 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname424(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigsHost@PLT
     .size cusolverSpScsreigsHost, .-cusolverSpScsreigsHost
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname425(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigvsi@PLT
     .size cusolverSpScsreigvsi, .-cusolverSpScsreigvsi
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname426(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsreigvsiHost@PLT
     .size cusolverSpScsreigvsiHost, .-cusolverSpScsreigvsiHost
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname427(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsqvqrHost@PLT
     .size cusolverSpScsrlsqvqrHost, .-cusolverSpScsrlsqvqrHost
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname428(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvchol@PLT
     .size cusolverSpScsrlsvchol, .-cusolverSpScsrlsvchol
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname429(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvcholHost@PLT
     .size cusolverSpScsrlsvcholHost, .-cusolverSpScsrlsvcholHost
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname430(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvluHost@PLT
     .size cusolverSpScsrlsvluHost, .-cusolverSpScsrlsvluHost
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname431(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvqr@PLT
     .size cusolverSpScsrlsvqr, .-cusolverSpScsrlsvqr
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname432(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrlsvqrHost@PLT
     .size cusolverSpScsrlsvqrHost, .-cusolverSpScsrlsvqrHost
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4816,7 +4321,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4824,7 +4329,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4832,7 +4337,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4840,7 +4345,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4848,7 +4353,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4856,7 +4361,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4864,7 +4369,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4872,7 +4377,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4880,7 +4385,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname442(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4888,15 +4393,12 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname443(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched@PLT
     .size cusolverSpScsrqrBufferInfoBatched, .-cusolverSpScsrqrBufferInfoBatched
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4904,7 +4406,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4912,7 +4414,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4920,7 +4422,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4928,7 +4430,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4936,7 +4438,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4944,7 +4446,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4952,7 +4454,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4960,7 +4462,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4968,7 +4470,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4976,15 +4478,12 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname454(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrsvBatched@PLT
     .size cusolverSpScsrqrsvBatched, .-cusolverSpScsrqrsvBatched
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4992,10 +4491,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname456(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrzfdHost@PLT
     .size cusolverSpScsrzfdHost, .-cusolverSpScsrzfdHost
     .globl cusolverSpSetStream
     .type cusolverSpSetStream, @function
@@ -5005,7 +4501,7 @@ cusolverSpSetStream:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5013,7 +4509,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5021,7 +4517,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5029,7 +4525,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5037,7 +4533,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname461(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5045,7 +4541,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname462(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5053,7 +4549,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5061,7 +4557,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5069,7 +4565,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5077,15 +4573,12 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname466(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrissymHost@PLT
     .size cusolverSpXcsrissymHost, .-cusolverSpXcsrissymHost
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5093,7 +4586,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5101,7 +4594,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5109,7 +4602,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5117,15 +4610,12 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname471(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrmetisndHost@PLT
     .size cusolverSpXcsrmetisndHost, .-cusolverSpXcsrmetisndHost
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5133,7 +4623,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname473(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5141,15 +4631,12 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname474(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost@PLT
     .size cusolverSpXcsrperm_bufferSizeHost, .-cusolverSpXcsrperm_bufferSizeHost
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5157,15 +4644,12 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname476(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched@PLT
     .size cusolverSpXcsrqrAnalysisBatched, .-cusolverSpXcsrqrAnalysisBatched
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5173,7 +4657,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname478(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5181,7 +4665,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5189,7 +4673,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5197,23 +4681,17 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname481(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymamdHost@PLT
     .size cusolverSpXcsrsymamdHost, .-cusolverSpXcsrsymamdHost
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname482(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymmdqHost@PLT
     .size cusolverSpXcsrsymmdqHost, .-cusolverSpXcsrsymmdqHost
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5221,7 +4699,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname484(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5229,15 +4707,12 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname485(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrsymrcmHost@PLT
     .size cusolverSpXcsrsymrcmHost, .-cusolverSpXcsrsymrcmHost
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname486(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5245,7 +4720,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5253,7 +4728,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5261,7 +4736,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5269,7 +4744,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname490(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5277,7 +4752,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5285,7 +4760,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5293,7 +4768,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname493(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5301,7 +4776,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname494(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5309,7 +4784,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname495(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5317,7 +4792,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname496(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5325,7 +4800,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname497(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5333,7 +4808,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname498(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5341,7 +4816,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname499(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5349,7 +4824,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname500(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5357,7 +4832,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5365,79 +4840,52 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname502(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigsHost@PLT
     .size cusolverSpZcsreigsHost, .-cusolverSpZcsreigsHost
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname503(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigvsi@PLT
     .size cusolverSpZcsreigvsi, .-cusolverSpZcsreigvsi
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname504(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsreigvsiHost@PLT
     .size cusolverSpZcsreigvsiHost, .-cusolverSpZcsreigvsiHost
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname505(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsqvqrHost@PLT
     .size cusolverSpZcsrlsqvqrHost, .-cusolverSpZcsrlsqvqrHost
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname506(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvchol@PLT
     .size cusolverSpZcsrlsvchol, .-cusolverSpZcsrlsvchol
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname507(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvcholHost@PLT
     .size cusolverSpZcsrlsvcholHost, .-cusolverSpZcsrlsvcholHost
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname508(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvluHost@PLT
     .size cusolverSpZcsrlsvluHost, .-cusolverSpZcsrlsvluHost
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname509(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvqr@PLT
     .size cusolverSpZcsrlsvqr, .-cusolverSpZcsrlsvqr
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname510(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrlsvqrHost@PLT
     .size cusolverSpZcsrlsvqrHost, .-cusolverSpZcsrlsvqrHost
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname511(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5445,7 +4893,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5453,7 +4901,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5461,7 +4909,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5469,7 +4917,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5477,7 +4925,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname516(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5485,7 +4933,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname517(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5493,7 +4941,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5501,7 +4949,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5509,7 +4957,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname520(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5517,15 +4965,12 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname521(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched@PLT
     .size cusolverSpZcsrqrBufferInfoBatched, .-cusolverSpZcsrqrBufferInfoBatched
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5533,7 +4978,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5541,7 +4986,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5549,7 +4994,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5557,7 +5002,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5565,7 +5010,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5573,7 +5018,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5581,7 +5026,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5589,7 +5034,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5597,7 +5042,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5605,15 +5050,12 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname532(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrsvBatched@PLT
     .size cusolverSpZcsrqrsvBatched, .-cusolverSpZcsrqrsvBatched
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5621,15 +5063,12 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname534(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrzfdHost@PLT
     .size cusolverSpZcsrzfdHost, .-cusolverSpZcsrzfdHost
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname535(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5637,7 +5076,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname536(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5645,7 +5084,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname537(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5653,7 +5092,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname538(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5661,7 +5100,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname539(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5669,1092 +5108,718 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname540(%rip), %rdi
+    leaq .Lname353(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cusolverXcsrqr_dump, .-cusolverXcsrqr_dump
     .section .rodata
 .Lname0:
-    .asciz "cusolverDnCCgels"
-.Lname1:
-    .asciz "cusolverDnCCgels_bufferSize"
-.Lname2:
-    .asciz "cusolverDnCCgesv"
-.Lname3:
-    .asciz "cusolverDnCCgesv_bufferSize"
-.Lname4:
-    .asciz "cusolverDnCEgels"
-.Lname5:
-    .asciz "cusolverDnCEgels_bufferSize"
-.Lname6:
-    .asciz "cusolverDnCEgesv"
-.Lname7:
-    .asciz "cusolverDnCEgesv_bufferSize"
-.Lname8:
-    .asciz "cusolverDnCKgels"
-.Lname9:
-    .asciz "cusolverDnCKgels_bufferSize"
-.Lname10:
-    .asciz "cusolverDnCKgesv"
-.Lname11:
-    .asciz "cusolverDnCKgesv_bufferSize"
-.Lname12:
-    .asciz "cusolverDnCYgels"
-.Lname13:
-    .asciz "cusolverDnCYgels_bufferSize"
-.Lname14:
-    .asciz "cusolverDnCYgesv"
-.Lname15:
-    .asciz "cusolverDnCYgesv_bufferSize"
-.Lname16:
     .asciz "cusolverDnCaxpyHost"
-.Lname17:
+.Lname1:
     .asciz "cusolverDnCeyeBatch"
-.Lname18:
-    .asciz "cusolverDnCgebrd"
-.Lname19:
+.Lname2:
     .asciz "cusolverDnCgelqfHost"
-.Lname20:
+.Lname3:
     .asciz "cusolverDnCgemmHost"
-.Lname21:
+.Lname4:
     .asciz "cusolverDnCgeqlfHost"
-.Lname22:
+.Lname5:
     .asciz "cusolverDnCgeqrfHost"
-.Lname23:
-    .asciz "cusolverDnCheevdx"
-.Lname24:
-    .asciz "cusolverDnCheevdx_bufferSize"
-.Lname25:
+.Lname6:
     .asciz "cusolverDnChegst"
-.Lname26:
+.Lname7:
     .asciz "cusolverDnChegst_bufferSize"
-.Lname27:
-    .asciz "cusolverDnChegvdx"
-.Lname28:
-    .asciz "cusolverDnChegvdx_bufferSize"
-.Lname29:
-    .asciz "cusolverDnChetrd"
-.Lname30:
-    .asciz "cusolverDnChetrd_bufferSize"
-.Lname31:
+.Lname8:
     .asciz "cusolverDnClacpyHost"
-.Lname32:
+.Lname9:
     .asciz "cusolverDnClange"
-.Lname33:
+.Lname10:
     .asciz "cusolverDnClangeHost"
-.Lname34:
+.Lname11:
     .asciz "cusolverDnClange_bufferSize"
-.Lname35:
+.Lname12:
     .asciz "cusolverDnClanheHost"
-.Lname36:
+.Lname13:
     .asciz "cusolverDnClantrHost"
-.Lname37:
+.Lname14:
     .asciz "cusolverDnClarfgHost"
-.Lname38:
+.Lname15:
     .asciz "cusolverDnClarnvHost"
-.Lname39:
+.Lname16:
     .asciz "cusolverDnClasetHost"
-.Lname40:
+.Lname17:
     .asciz "cusolverDnClauumHost"
-.Lname41:
+.Lname18:
     .asciz "cusolverDnCnrm2Host"
-.Lname42:
+.Lname19:
     .asciz "cusolverDnCpotrfHost"
-.Lname43:
+.Lname20:
     .asciz "cusolverDnCpotriHost"
-.Lname44:
+.Lname21:
     .asciz "cusolverDnCpotrsHost"
-.Lname45:
+.Lname22:
     .asciz "cusolverDnCsscalHost"
-.Lname46:
+.Lname23:
     .asciz "cusolverDnCsytriHost"
-.Lname47:
+.Lname24:
     .asciz "cusolverDnCsytrsHost"
-.Lname48:
+.Lname25:
     .asciz "cusolverDnCtrtriHost"
-.Lname49:
+.Lname26:
     .asciz "cusolverDnCungbrHost"
-.Lname50:
+.Lname27:
     .asciz "cusolverDnCunghrHost"
-.Lname51:
+.Lname28:
     .asciz "cusolverDnCunglqHost"
-.Lname52:
+.Lname29:
     .asciz "cusolverDnCungtrHost"
-.Lname53:
+.Lname30:
     .asciz "cusolverDnCunmqrHost"
-.Lname54:
+.Lname31:
     .asciz "cusolverDnCunmtrHost"
-.Lname55:
-    .asciz "cusolverDnDBgels"
-.Lname56:
-    .asciz "cusolverDnDBgels_bufferSize"
-.Lname57:
-    .asciz "cusolverDnDBgesv"
-.Lname58:
-    .asciz "cusolverDnDBgesv_bufferSize"
-.Lname59:
-    .asciz "cusolverDnDDgels"
-.Lname60:
-    .asciz "cusolverDnDDgels_bufferSize"
-.Lname61:
-    .asciz "cusolverDnDDgesv"
-.Lname62:
-    .asciz "cusolverDnDDgesv_bufferSize"
-.Lname63:
-    .asciz "cusolverDnDHgels"
-.Lname64:
-    .asciz "cusolverDnDHgels_bufferSize"
-.Lname65:
-    .asciz "cusolverDnDHgesv"
-.Lname66:
-    .asciz "cusolverDnDHgesv_bufferSize"
-.Lname67:
-    .asciz "cusolverDnDSgels"
-.Lname68:
-    .asciz "cusolverDnDSgels_bufferSize"
-.Lname69:
-    .asciz "cusolverDnDSgesv"
-.Lname70:
-    .asciz "cusolverDnDSgesv_bufferSize"
-.Lname71:
-    .asciz "cusolverDnDXgels"
-.Lname72:
-    .asciz "cusolverDnDXgels_bufferSize"
-.Lname73:
-    .asciz "cusolverDnDXgesv"
-.Lname74:
-    .asciz "cusolverDnDXgesv_bufferSize"
-.Lname75:
+.Lname32:
     .asciz "cusolverDnDaxpyHost"
-.Lname76:
+.Lname33:
     .asciz "cusolverDnDeyeBatch"
-.Lname77:
-    .asciz "cusolverDnDgebrd"
-.Lname78:
+.Lname34:
     .asciz "cusolverDnDgelqfHost"
-.Lname79:
+.Lname35:
     .asciz "cusolverDnDgemmHost"
-.Lname80:
+.Lname36:
     .asciz "cusolverDnDgeqlfHost"
-.Lname81:
+.Lname37:
     .asciz "cusolverDnDgeqrfHost"
-.Lname82:
+.Lname38:
     .asciz "cusolverDnDlacpyHost"
-.Lname83:
+.Lname39:
     .asciz "cusolverDnDlamchHost"
-.Lname84:
+.Lname40:
     .asciz "cusolverDnDlange"
-.Lname85:
+.Lname41:
     .asciz "cusolverDnDlangeHost"
-.Lname86:
+.Lname42:
     .asciz "cusolverDnDlange_bufferSize"
-.Lname87:
+.Lname43:
     .asciz "cusolverDnDlansyHost"
-.Lname88:
+.Lname44:
     .asciz "cusolverDnDlantrHost"
-.Lname89:
+.Lname45:
     .asciz "cusolverDnDlarfgHost"
-.Lname90:
+.Lname46:
     .asciz "cusolverDnDlarnvHost"
-.Lname91:
+.Lname47:
     .asciz "cusolverDnDlasetHost"
-.Lname92:
+.Lname48:
     .asciz "cusolverDnDlauumHost"
-.Lname93:
+.Lname49:
     .asciz "cusolverDnDnrm2Host"
-.Lname94:
+.Lname50:
     .asciz "cusolverDnDorgbrHost"
-.Lname95:
+.Lname51:
     .asciz "cusolverDnDorghrHost"
-.Lname96:
+.Lname52:
     .asciz "cusolverDnDorglqHost"
-.Lname97:
+.Lname53:
     .asciz "cusolverDnDorgtrHost"
-.Lname98:
+.Lname54:
     .asciz "cusolverDnDormqrHost"
-.Lname99:
+.Lname55:
     .asciz "cusolverDnDormtrHost"
-.Lname100:
+.Lname56:
     .asciz "cusolverDnDpotrfHost"
-.Lname101:
+.Lname57:
     .asciz "cusolverDnDpotriHost"
-.Lname102:
+.Lname58:
     .asciz "cusolverDnDpotrsHost"
-.Lname103:
+.Lname59:
     .asciz "cusolverDnDscalHost"
-.Lname104:
+.Lname60:
     .asciz "cusolverDnDsteqrHost"
-.Lname105:
+.Lname61:
     .asciz "cusolverDnDsterfHost"
-.Lname106:
-    .asciz "cusolverDnDsyevdx"
-.Lname107:
-    .asciz "cusolverDnDsyevdx_bufferSize"
-.Lname108:
+.Lname62:
     .asciz "cusolverDnDsygst"
-.Lname109:
+.Lname63:
     .asciz "cusolverDnDsygst_bufferSize"
-.Lname110:
-    .asciz "cusolverDnDsygvdx"
-.Lname111:
-    .asciz "cusolverDnDsygvdx_bufferSize"
-.Lname112:
-    .asciz "cusolverDnDsytrd"
-.Lname113:
-    .asciz "cusolverDnDsytrd_bufferSize"
-.Lname114:
+.Lname64:
     .asciz "cusolverDnDsytriHost"
-.Lname115:
+.Lname65:
     .asciz "cusolverDnDsytrsHost"
-.Lname116:
+.Lname66:
     .asciz "cusolverDnDtrtriHost"
-.Lname117:
-    .asciz "cusolverDnGetDeterministicMode"
-.Lname118:
-    .asciz "cusolverDnGetEmulationStrategy"
-.Lname119:
-    .asciz "cusolverDnGetMathMode"
-.Lname120:
-    .asciz "cusolverDnIRSInfosGetMaxIters"
-.Lname121:
-    .asciz "cusolverDnIRSInfosGetNiters"
-.Lname122:
-    .asciz "cusolverDnIRSInfosGetOuterNiters"
-.Lname123:
+.Lname67:
     .asciz "cusolverDnIRSInfosGetResidualHistory"
-.Lname124:
-    .asciz "cusolverDnIRSParamsGetMaxIters"
-.Lname125:
-    .asciz "cusolverDnIRSXgels"
-.Lname126:
-    .asciz "cusolverDnIRSXgels_bufferSize"
-.Lname127:
-    .asciz "cusolverDnIRSXgesv"
-.Lname128:
-    .asciz "cusolverDnIRSXgesv_bufferSize"
-.Lname129:
+.Lname68:
     .asciz "cusolverDnLoggerOpenFile"
-.Lname130:
+.Lname69:
     .asciz "cusolverDnLoggerSetCallback"
-.Lname131:
+.Lname70:
     .asciz "cusolverDnLoggerSetFile"
-.Lname132:
-    .asciz "cusolverDnSBgels"
-.Lname133:
-    .asciz "cusolverDnSBgels_bufferSize"
-.Lname134:
-    .asciz "cusolverDnSBgesv"
-.Lname135:
-    .asciz "cusolverDnSBgesv_bufferSize"
-.Lname136:
-    .asciz "cusolverDnSHgels"
-.Lname137:
-    .asciz "cusolverDnSHgels_bufferSize"
-.Lname138:
-    .asciz "cusolverDnSHgesv"
-.Lname139:
-    .asciz "cusolverDnSHgesv_bufferSize"
-.Lname140:
-    .asciz "cusolverDnSSgels"
-.Lname141:
-    .asciz "cusolverDnSSgels_bufferSize"
-.Lname142:
-    .asciz "cusolverDnSSgesv"
-.Lname143:
-    .asciz "cusolverDnSSgesv_bufferSize"
-.Lname144:
-    .asciz "cusolverDnSXgels"
-.Lname145:
-    .asciz "cusolverDnSXgels_bufferSize"
-.Lname146:
-    .asciz "cusolverDnSXgesv"
-.Lname147:
-    .asciz "cusolverDnSXgesv_bufferSize"
-.Lname148:
+.Lname71:
     .asciz "cusolverDnSaxpyHost"
-.Lname149:
+.Lname72:
     .asciz "cusolverDnSeyeBatch"
-.Lname150:
-    .asciz "cusolverDnSgebrd"
-.Lname151:
+.Lname73:
     .asciz "cusolverDnSgelqfHost"
-.Lname152:
+.Lname74:
     .asciz "cusolverDnSgemmHost"
-.Lname153:
+.Lname75:
     .asciz "cusolverDnSgeqlfHost"
-.Lname154:
+.Lname76:
     .asciz "cusolverDnSgeqrfHost"
-.Lname155:
+.Lname77:
     .asciz "cusolverDnSlacpyHost"
-.Lname156:
+.Lname78:
     .asciz "cusolverDnSlamchHost"
-.Lname157:
+.Lname79:
     .asciz "cusolverDnSlange"
-.Lname158:
+.Lname80:
     .asciz "cusolverDnSlangeHost"
-.Lname159:
+.Lname81:
     .asciz "cusolverDnSlange_bufferSize"
-.Lname160:
+.Lname82:
     .asciz "cusolverDnSlansyHost"
-.Lname161:
+.Lname83:
     .asciz "cusolverDnSlantrHost"
-.Lname162:
+.Lname84:
     .asciz "cusolverDnSlarfgHost"
-.Lname163:
+.Lname85:
     .asciz "cusolverDnSlarnvHost"
-.Lname164:
+.Lname86:
     .asciz "cusolverDnSlasetHost"
-.Lname165:
+.Lname87:
     .asciz "cusolverDnSlauumHost"
-.Lname166:
+.Lname88:
     .asciz "cusolverDnSnrm2Host"
-.Lname167:
+.Lname89:
     .asciz "cusolverDnSorgbrHost"
-.Lname168:
+.Lname90:
     .asciz "cusolverDnSorghrHost"
-.Lname169:
+.Lname91:
     .asciz "cusolverDnSorglqHost"
-.Lname170:
+.Lname92:
     .asciz "cusolverDnSorgtrHost"
-.Lname171:
+.Lname93:
     .asciz "cusolverDnSormqrHost"
-.Lname172:
+.Lname94:
     .asciz "cusolverDnSormtrHost"
-.Lname173:
+.Lname95:
     .asciz "cusolverDnSpotrfHost"
-.Lname174:
+.Lname96:
     .asciz "cusolverDnSpotriHost"
-.Lname175:
+.Lname97:
     .asciz "cusolverDnSpotrsHost"
-.Lname176:
+.Lname98:
     .asciz "cusolverDnSscalHost"
-.Lname177:
+.Lname99:
     .asciz "cusolverDnSsteqrHost"
-.Lname178:
+.Lname100:
     .asciz "cusolverDnSsterfHost"
-.Lname179:
-    .asciz "cusolverDnSsyevdx"
-.Lname180:
-    .asciz "cusolverDnSsyevdx_bufferSize"
-.Lname181:
+.Lname101:
     .asciz "cusolverDnSsygst"
-.Lname182:
+.Lname102:
     .asciz "cusolverDnSsygst_bufferSize"
-.Lname183:
-    .asciz "cusolverDnSsygvdx"
-.Lname184:
-    .asciz "cusolverDnSsygvdx_bufferSize"
-.Lname185:
-    .asciz "cusolverDnSsytrd"
-.Lname186:
-    .asciz "cusolverDnSsytrd_bufferSize"
-.Lname187:
+.Lname103:
     .asciz "cusolverDnSsytriHost"
-.Lname188:
+.Lname104:
     .asciz "cusolverDnSsytrsHost"
-.Lname189:
+.Lname105:
     .asciz "cusolverDnStrtriHost"
-.Lname190:
+.Lname106:
     .asciz "cusolverDnXfillRandNormalOnDevice"
-.Lname191:
+.Lname107:
     .asciz "cusolverDnXfillRandNormalOnHost"
-.Lname192:
-    .asciz "cusolverDnXgesvdjGetResidual"
-.Lname193:
-    .asciz "cusolverDnXgesvdjGetSweeps"
-.Lname194:
-    .asciz "cusolverDnXgesvdp"
-.Lname195:
-    .asciz "cusolverDnXgesvdr"
-.Lname196:
-    .asciz "cusolverDnXgesvdr_bufferSize"
-.Lname197:
+.Lname108:
     .asciz "cusolverDnXlansy"
-.Lname198:
+.Lname109:
     .asciz "cusolverDnXlansy_bufferSize"
-.Lname199:
-    .asciz "cusolverDnXlarft"
-.Lname200:
-    .asciz "cusolverDnXlarft_bufferSize"
-.Lname201:
-    .asciz "cusolverDnXsyevdx"
-.Lname202:
-    .asciz "cusolverDnXsyevdx_bufferSize"
-.Lname203:
-    .asciz "cusolverDnXsyevjGetResidual"
-.Lname204:
-    .asciz "cusolverDnXsyevjGetSweeps"
-.Lname205:
-    .asciz "cusolverDnZCgels"
-.Lname206:
-    .asciz "cusolverDnZCgels_bufferSize"
-.Lname207:
-    .asciz "cusolverDnZCgesv"
-.Lname208:
-    .asciz "cusolverDnZCgesv_bufferSize"
-.Lname209:
-    .asciz "cusolverDnZEgels"
-.Lname210:
-    .asciz "cusolverDnZEgels_bufferSize"
-.Lname211:
-    .asciz "cusolverDnZEgesv"
-.Lname212:
-    .asciz "cusolverDnZEgesv_bufferSize"
-.Lname213:
-    .asciz "cusolverDnZKgels"
-.Lname214:
-    .asciz "cusolverDnZKgels_bufferSize"
-.Lname215:
-    .asciz "cusolverDnZKgesv"
-.Lname216:
-    .asciz "cusolverDnZKgesv_bufferSize"
-.Lname217:
-    .asciz "cusolverDnZYgels"
-.Lname218:
-    .asciz "cusolverDnZYgels_bufferSize"
-.Lname219:
-    .asciz "cusolverDnZYgesv"
-.Lname220:
-    .asciz "cusolverDnZYgesv_bufferSize"
-.Lname221:
-    .asciz "cusolverDnZZgels"
-.Lname222:
-    .asciz "cusolverDnZZgels_bufferSize"
-.Lname223:
-    .asciz "cusolverDnZZgesv"
-.Lname224:
-    .asciz "cusolverDnZZgesv_bufferSize"
-.Lname225:
+.Lname110:
     .asciz "cusolverDnZaxpyHost"
-.Lname226:
+.Lname111:
     .asciz "cusolverDnZdscalHost"
-.Lname227:
+.Lname112:
     .asciz "cusolverDnZeyeBatch"
-.Lname228:
-    .asciz "cusolverDnZgebrd"
-.Lname229:
+.Lname113:
     .asciz "cusolverDnZgelqfHost"
-.Lname230:
+.Lname114:
     .asciz "cusolverDnZgemmHost"
-.Lname231:
+.Lname115:
     .asciz "cusolverDnZgeqlfHost"
-.Lname232:
+.Lname116:
     .asciz "cusolverDnZgeqrfHost"
-.Lname233:
-    .asciz "cusolverDnZheevdx"
-.Lname234:
-    .asciz "cusolverDnZheevdx_bufferSize"
-.Lname235:
+.Lname117:
     .asciz "cusolverDnZhegst"
-.Lname236:
+.Lname118:
     .asciz "cusolverDnZhegst_bufferSize"
-.Lname237:
-    .asciz "cusolverDnZhegvdx"
-.Lname238:
-    .asciz "cusolverDnZhegvdx_bufferSize"
-.Lname239:
-    .asciz "cusolverDnZhetrd"
-.Lname240:
-    .asciz "cusolverDnZhetrd_bufferSize"
-.Lname241:
+.Lname119:
     .asciz "cusolverDnZlacpyHost"
-.Lname242:
+.Lname120:
     .asciz "cusolverDnZlange"
-.Lname243:
+.Lname121:
     .asciz "cusolverDnZlangeHost"
-.Lname244:
+.Lname122:
     .asciz "cusolverDnZlange_bufferSize"
-.Lname245:
+.Lname123:
     .asciz "cusolverDnZlanheHost"
-.Lname246:
+.Lname124:
     .asciz "cusolverDnZlantrHost"
-.Lname247:
+.Lname125:
     .asciz "cusolverDnZlarfgHost"
-.Lname248:
+.Lname126:
     .asciz "cusolverDnZlarnvHost"
-.Lname249:
+.Lname127:
     .asciz "cusolverDnZlasetHost"
-.Lname250:
+.Lname128:
     .asciz "cusolverDnZlauumHost"
-.Lname251:
+.Lname129:
     .asciz "cusolverDnZnrm2Host"
-.Lname252:
+.Lname130:
     .asciz "cusolverDnZpotrfHost"
-.Lname253:
+.Lname131:
     .asciz "cusolverDnZpotriHost"
-.Lname254:
+.Lname132:
     .asciz "cusolverDnZpotrsHost"
-.Lname255:
+.Lname133:
     .asciz "cusolverDnZsytriHost"
-.Lname256:
+.Lname134:
     .asciz "cusolverDnZsytrsHost"
-.Lname257:
+.Lname135:
     .asciz "cusolverDnZtrtriHost"
-.Lname258:
+.Lname136:
     .asciz "cusolverDnZungbrHost"
-.Lname259:
+.Lname137:
     .asciz "cusolverDnZunghrHost"
-.Lname260:
+.Lname138:
     .asciz "cusolverDnZunglqHost"
-.Lname261:
+.Lname139:
     .asciz "cusolverDnZungtrHost"
-.Lname262:
+.Lname140:
     .asciz "cusolverDnZunmqrHost"
-.Lname263:
+.Lname141:
     .asciz "cusolverDnZunmtrHost"
-.Lname264:
+.Lname142:
     .asciz "cusolverIidentityHost"
-.Lname265:
+.Lname143:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname266:
-    .asciz "cusolverRfBatchResetValues"
-.Lname267:
+.Lname144:
     .asciz "cusolverRfBatchSetupHost"
-.Lname268:
+.Lname145:
     .asciz "cusolverRfBatchSolve"
-.Lname269:
+.Lname146:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname270:
+.Lname147:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname271:
+.Lname148:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname272:
-    .asciz "cusolverRfGetAlgs"
-.Lname273:
-    .asciz "cusolverRfGetMatrixFormat"
-.Lname274:
-    .asciz "cusolverRfGetNumericBoostReport"
-.Lname275:
-    .asciz "cusolverRfGetNumericProperties"
-.Lname276:
-    .asciz "cusolverRfGetResetValuesFastMode"
-.Lname277:
-    .asciz "cusolverRfResetValues"
-.Lname278:
-    .asciz "cusolverRfSetupDevice"
-.Lname279:
-    .asciz "cusolverRfSetupHost"
-.Lname280:
+.Lname149:
     .asciz "cusolverRfSetupM"
-.Lname281:
-    .asciz "cusolverRfSolve"
-.Lname282:
+.Lname150:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname283:
+.Lname151:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname284:
+.Lname152:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname285:
+.Lname153:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname286:
+.Lname154:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname287:
+.Lname155:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname288:
+.Lname156:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname289:
+.Lname157:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname290:
+.Lname158:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname291:
+.Lname159:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname292:
-    .asciz "cusolverSpCcsreigsHost"
-.Lname293:
-    .asciz "cusolverSpCcsreigvsi"
-.Lname294:
-    .asciz "cusolverSpCcsreigvsiHost"
-.Lname295:
-    .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname296:
-    .asciz "cusolverSpCcsrlsvchol"
-.Lname297:
-    .asciz "cusolverSpCcsrlsvcholHost"
-.Lname298:
-    .asciz "cusolverSpCcsrlsvluHost"
-.Lname299:
-    .asciz "cusolverSpCcsrlsvqr"
-.Lname300:
-    .asciz "cusolverSpCcsrlsvqrHost"
-.Lname301:
+.Lname160:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname302:
+.Lname161:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname303:
+.Lname162:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname304:
+.Lname163:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname305:
+.Lname164:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname306:
+.Lname165:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname307:
+.Lname166:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname308:
+.Lname167:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname309:
+.Lname168:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname310:
+.Lname169:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname311:
-    .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname312:
+.Lname170:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname313:
+.Lname171:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname314:
+.Lname172:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname315:
+.Lname173:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname316:
+.Lname174:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname317:
+.Lname175:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname318:
+.Lname176:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname319:
+.Lname177:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname320:
+.Lname178:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname321:
+.Lname179:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname322:
-    .asciz "cusolverSpCcsrqrsvBatched"
-.Lname323:
+.Lname180:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname324:
-    .asciz "cusolverSpCcsrzfdHost"
-.Lname325:
+.Lname181:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname326:
+.Lname182:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname327:
+.Lname183:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname328:
+.Lname184:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname329:
+.Lname185:
     .asciz "cusolverSpCreateGluInfo"
-.Lname330:
+.Lname186:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname331:
+.Lname187:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname332:
+.Lname188:
     .asciz "cusolverSpCsnluFactor"
-.Lname333:
+.Lname189:
     .asciz "cusolverSpCsnluSolve"
-.Lname334:
+.Lname190:
     .asciz "cusolverSpCsymgthr"
-.Lname335:
+.Lname191:
     .asciz "cusolverSpCsymgthrHost"
-.Lname336:
+.Lname192:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname337:
+.Lname193:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname338:
+.Lname194:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname339:
+.Lname195:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname340:
+.Lname196:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname341:
+.Lname197:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname342:
+.Lname198:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname343:
+.Lname199:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname344:
+.Lname200:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname345:
+.Lname201:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname346:
-    .asciz "cusolverSpDcsreigsHost"
-.Lname347:
-    .asciz "cusolverSpDcsreigvsi"
-.Lname348:
-    .asciz "cusolverSpDcsreigvsiHost"
-.Lname349:
-    .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname350:
-    .asciz "cusolverSpDcsrlsvchol"
-.Lname351:
-    .asciz "cusolverSpDcsrlsvcholHost"
-.Lname352:
-    .asciz "cusolverSpDcsrlsvluHost"
-.Lname353:
-    .asciz "cusolverSpDcsrlsvqr"
-.Lname354:
-    .asciz "cusolverSpDcsrlsvqrHost"
-.Lname355:
+.Lname202:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname356:
+.Lname203:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname357:
+.Lname204:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname358:
+.Lname205:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname359:
+.Lname206:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname360:
+.Lname207:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname361:
+.Lname208:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname362:
+.Lname209:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname363:
+.Lname210:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname364:
+.Lname211:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname365:
-    .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname366:
+.Lname212:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname367:
+.Lname213:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname368:
+.Lname214:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname369:
+.Lname215:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname370:
+.Lname216:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname371:
+.Lname217:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname372:
+.Lname218:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname373:
+.Lname219:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname374:
+.Lname220:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname375:
+.Lname221:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname376:
-    .asciz "cusolverSpDcsrqrsvBatched"
-.Lname377:
+.Lname222:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname378:
-    .asciz "cusolverSpDcsrzfdHost"
-.Lname379:
+.Lname223:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname380:
+.Lname224:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname381:
+.Lname225:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname382:
+.Lname226:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname383:
+.Lname227:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname384:
+.Lname228:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname385:
+.Lname229:
     .asciz "cusolverSpDgluAnalysis"
-.Lname386:
+.Lname230:
     .asciz "cusolverSpDgluBufferSize"
-.Lname387:
+.Lname231:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname388:
+.Lname232:
     .asciz "cusolverSpDgluFactor"
-.Lname389:
+.Lname233:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname390:
+.Lname234:
     .asciz "cusolverSpDgluReset"
-.Lname391:
+.Lname235:
     .asciz "cusolverSpDgluSetup"
-.Lname392:
+.Lname236:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname393:
+.Lname237:
     .asciz "cusolverSpDgluSolve"
-.Lname394:
+.Lname238:
     .asciz "cusolverSpDnrminf"
-.Lname395:
+.Lname239:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname396:
+.Lname240:
     .asciz "cusolverSpDsnluFactor"
-.Lname397:
+.Lname241:
     .asciz "cusolverSpDsnluSolve"
-.Lname398:
+.Lname242:
     .asciz "cusolverSpDsymgthr"
-.Lname399:
+.Lname243:
     .asciz "cusolverSpDsymgthrHost"
-.Lname400:
+.Lname244:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname401:
+.Lname245:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname402:
+.Lname246:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname403:
+.Lname247:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname404:
+.Lname248:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname405:
+.Lname249:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname406:
+.Lname250:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname407:
+.Lname251:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname408:
+.Lname252:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname409:
+.Lname253:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname410:
+.Lname254:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname411:
+.Lname255:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname412:
+.Lname256:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname413:
+.Lname257:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname414:
+.Lname258:
     .asciz "cusolverSpScsrbtfHost"
-.Lname415:
+.Lname259:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname416:
+.Lname260:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname417:
+.Lname261:
     .asciz "cusolverSpScsrcholDiag"
-.Lname418:
+.Lname262:
     .asciz "cusolverSpScsrcholFactor"
-.Lname419:
+.Lname263:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname420:
+.Lname264:
     .asciz "cusolverSpScsrcholSolve"
-.Lname421:
+.Lname265:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname422:
+.Lname266:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname423:
+.Lname267:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname424:
-    .asciz "cusolverSpScsreigsHost"
-.Lname425:
-    .asciz "cusolverSpScsreigvsi"
-.Lname426:
-    .asciz "cusolverSpScsreigvsiHost"
-.Lname427:
-    .asciz "cusolverSpScsrlsqvqrHost"
-.Lname428:
-    .asciz "cusolverSpScsrlsvchol"
-.Lname429:
-    .asciz "cusolverSpScsrlsvcholHost"
-.Lname430:
-    .asciz "cusolverSpScsrlsvluHost"
-.Lname431:
-    .asciz "cusolverSpScsrlsvqr"
-.Lname432:
-    .asciz "cusolverSpScsrlsvqrHost"
-.Lname433:
+.Lname268:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname434:
+.Lname269:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname435:
+.Lname270:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname436:
+.Lname271:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname437:
+.Lname272:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname438:
+.Lname273:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname439:
+.Lname274:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname440:
+.Lname275:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname441:
+.Lname276:
     .asciz "cusolverSpScsrlucondHost"
-.Lname442:
+.Lname277:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname443:
-    .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname444:
+.Lname278:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname445:
+.Lname279:
     .asciz "cusolverSpScsrqrFactor"
-.Lname446:
+.Lname280:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname447:
+.Lname281:
     .asciz "cusolverSpScsrqrSetup"
-.Lname448:
+.Lname282:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname449:
+.Lname283:
     .asciz "cusolverSpScsrqrSolve"
-.Lname450:
+.Lname284:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname451:
+.Lname285:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname452:
+.Lname286:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname453:
+.Lname287:
     .asciz "cusolverSpScsrqrrcond"
-.Lname454:
-    .asciz "cusolverSpScsrqrsvBatched"
-.Lname455:
+.Lname288:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname456:
-    .asciz "cusolverSpScsrzfdHost"
-.Lname457:
+.Lname289:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname458:
+.Lname290:
     .asciz "cusolverSpSsnluFactor"
-.Lname459:
+.Lname291:
     .asciz "cusolverSpSsnluSolve"
-.Lname460:
+.Lname292:
     .asciz "cusolverSpSsymgthr"
-.Lname461:
+.Lname293:
     .asciz "cusolverSpSsymgthrHost"
-.Lname462:
+.Lname294:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname463:
+.Lname295:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname464:
+.Lname296:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname465:
+.Lname297:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname466:
-    .asciz "cusolverSpXcsrissymHost"
-.Lname467:
+.Lname298:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname468:
+.Lname299:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname469:
+.Lname300:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname470:
+.Lname301:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname471:
-    .asciz "cusolverSpXcsrmetisndHost"
-.Lname472:
+.Lname302:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname473:
+.Lname303:
     .asciz "cusolverSpXcsrpermHost"
-.Lname474:
-    .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname475:
+.Lname304:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname476:
-    .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname477:
+.Lname305:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname478:
+.Lname306:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname479:
+.Lname307:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname480:
+.Lname308:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname481:
-    .asciz "cusolverSpXcsrsymamdHost"
-.Lname482:
-    .asciz "cusolverSpXcsrsymmdqHost"
-.Lname483:
+.Lname309:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname484:
+.Lname310:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname485:
-    .asciz "cusolverSpXcsrsymrcmHost"
-.Lname486:
+.Lname311:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname487:
+.Lname312:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname488:
+.Lname313:
     .asciz "cusolverSpXsnluFlops"
-.Lname489:
+.Lname314:
     .asciz "cusolverSpXsnluReport"
-.Lname490:
+.Lname315:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname491:
+.Lname316:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname492:
+.Lname317:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname493:
+.Lname318:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname494:
+.Lname319:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname495:
+.Lname320:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname496:
+.Lname321:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname497:
+.Lname322:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname498:
+.Lname323:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname499:
+.Lname324:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname500:
+.Lname325:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname501:
+.Lname326:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname502:
-    .asciz "cusolverSpZcsreigsHost"
-.Lname503:
-    .asciz "cusolverSpZcsreigvsi"
-.Lname504:
-    .asciz "cusolverSpZcsreigvsiHost"
-.Lname505:
-    .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname506:
-    .asciz "cusolverSpZcsrlsvchol"
-.Lname507:
-    .asciz "cusolverSpZcsrlsvcholHost"
-.Lname508:
-    .asciz "cusolverSpZcsrlsvluHost"
-.Lname509:
-    .asciz "cusolverSpZcsrlsvqr"
-.Lname510:
-    .asciz "cusolverSpZcsrlsvqrHost"
-.Lname511:
+.Lname327:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname512:
+.Lname328:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname513:
+.Lname329:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname514:
+.Lname330:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname515:
+.Lname331:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname516:
+.Lname332:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname517:
+.Lname333:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname518:
+.Lname334:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname519:
+.Lname335:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname520:
+.Lname336:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname521:
-    .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname522:
+.Lname337:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname523:
+.Lname338:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname524:
+.Lname339:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname525:
+.Lname340:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname526:
+.Lname341:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname527:
+.Lname342:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname528:
+.Lname343:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname529:
+.Lname344:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname530:
+.Lname345:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname531:
+.Lname346:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname532:
-    .asciz "cusolverSpZcsrqrsvBatched"
-.Lname533:
+.Lname347:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname534:
-    .asciz "cusolverSpZcsrzfdHost"
-.Lname535:
+.Lname348:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname536:
+.Lname349:
     .asciz "cusolverSpZsnluFactor"
-.Lname537:
+.Lname350:
     .asciz "cusolverSpZsnluSolve"
-.Lname538:
+.Lname351:
     .asciz "cusolverSpZsymgthr"
-.Lname539:
+.Lname352:
     .asciz "cusolverSpZsymgthrHost"
-.Lname540:
+.Lname353:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -9,18 +9,12 @@ cusparseAxpby:
     .globl cusparseBlockedEllGet
     .type cusparseBlockedEllGet, @function
 cusparseBlockedEllGet:
-    leaq .Lname0(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseBlockedEllGet@PLT
     .size cusparseBlockedEllGet, .-cusparseBlockedEllGet
     .globl cusparseCaxpyi
     .type cusparseCaxpyi, @function
 cusparseCaxpyi:
-    leaq .Lname1(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCaxpyi@PLT
     .size cusparseCaxpyi, .-cusparseCaxpyi
     .globl cusparseCbsr2csr
     .type cusparseCbsr2csr, @function
@@ -35,10 +29,7 @@ cusparseCbsric02:
     .globl cusparseCbsric02_analysis
     .type cusparseCbsric02_analysis, @function
 cusparseCbsric02_analysis:
-    leaq .Lname2(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_analysis@PLT
     .size cusparseCbsric02_analysis, .-cusparseCbsric02_analysis
     .globl cusparseCbsric02_bufferSize
     .type cusparseCbsric02_bufferSize, @function
@@ -48,10 +39,7 @@ cusparseCbsric02_bufferSize:
     .globl cusparseCbsric02_bufferSizeExt
     .type cusparseCbsric02_bufferSizeExt, @function
 cusparseCbsric02_bufferSizeExt:
-    leaq .Lname3(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_bufferSizeExt@PLT
     .size cusparseCbsric02_bufferSizeExt, .-cusparseCbsric02_bufferSizeExt
     .globl cusparseCbsrilu02
     .type cusparseCbsrilu02, @function
@@ -71,18 +59,12 @@ cusparseCbsrilu02_bufferSize:
     .globl cusparseCbsrilu02_bufferSizeExt
     .type cusparseCbsrilu02_bufferSizeExt, @function
 cusparseCbsrilu02_bufferSizeExt:
-    leaq .Lname4(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_bufferSizeExt@PLT
     .size cusparseCbsrilu02_bufferSizeExt, .-cusparseCbsrilu02_bufferSizeExt
     .globl cusparseCbsrilu02_numericBoost
     .type cusparseCbsrilu02_numericBoost, @function
 cusparseCbsrilu02_numericBoost:
-    leaq .Lname5(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_numericBoost@PLT
     .size cusparseCbsrilu02_numericBoost, .-cusparseCbsrilu02_numericBoost
     .globl cusparseCbsrmm
     .type cusparseCbsrmm, @function
@@ -107,10 +89,7 @@ cusparseCbsrsm2_bufferSize:
     .globl cusparseCbsrsm2_bufferSizeExt
     .type cusparseCbsrsm2_bufferSizeExt, @function
 cusparseCbsrsm2_bufferSizeExt:
-    leaq .Lname6(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_bufferSizeExt@PLT
     .size cusparseCbsrsm2_bufferSizeExt, .-cusparseCbsrsm2_bufferSizeExt
     .globl cusparseCbsrsm2_solve
     .type cusparseCbsrsm2_solve, @function
@@ -130,10 +109,7 @@ cusparseCbsrsv2_bufferSize:
     .globl cusparseCbsrsv2_bufferSizeExt
     .type cusparseCbsrsv2_bufferSizeExt, @function
 cusparseCbsrsv2_bufferSizeExt:
-    leaq .Lname7(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_bufferSizeExt@PLT
     .size cusparseCbsrsv2_bufferSizeExt, .-cusparseCbsrsv2_bufferSizeExt
     .globl cusparseCbsrsv2_solve
     .type cusparseCbsrsv2_solve, @function
@@ -148,10 +124,7 @@ cusparseCbsrxmv:
     .globl cusparseCcsc2dense
     .type cusparseCcsc2dense, @function
 cusparseCcsc2dense:
-    leaq .Lname8(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsc2dense@PLT
     .size cusparseCcsc2dense, .-cusparseCcsc2dense
     .globl cusparseCcsr2bsr
     .type cusparseCcsr2bsr, @function
@@ -161,10 +134,7 @@ cusparseCcsr2bsr:
     .globl cusparseCcsr2csr_compress
     .type cusparseCcsr2csr_compress, @function
 cusparseCcsr2csr_compress:
-    leaq .Lname9(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2csr_compress@PLT
     .size cusparseCcsr2csr_compress, .-cusparseCcsr2csr_compress
     .globl cusparseCcsr2csru
     .type cusparseCcsr2csru, @function
@@ -174,10 +144,7 @@ cusparseCcsr2csru:
     .globl cusparseCcsr2dense
     .type cusparseCcsr2dense, @function
 cusparseCcsr2dense:
-    leaq .Lname10(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2dense@PLT
     .size cusparseCcsr2dense, .-cusparseCcsr2dense
     .globl cusparseCcsr2gebsr
     .type cusparseCcsr2gebsr, @function
@@ -192,18 +159,12 @@ cusparseCcsr2gebsr_bufferSize:
     .globl cusparseCcsr2gebsr_bufferSizeExt
     .type cusparseCcsr2gebsr_bufferSizeExt, @function
 cusparseCcsr2gebsr_bufferSizeExt:
-    leaq .Lname11(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr_bufferSizeExt@PLT
     .size cusparseCcsr2gebsr_bufferSizeExt, .-cusparseCcsr2gebsr_bufferSizeExt
     .globl cusparseCcsrcolor
     .type cusparseCcsrcolor, @function
 cusparseCcsrcolor:
-    leaq .Lname12(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrcolor@PLT
     .size cusparseCcsrcolor, .-cusparseCcsrcolor
     .globl cusparseCcsrgeam2
     .type cusparseCcsrgeam2, @function
@@ -228,10 +189,7 @@ cusparseCcsrgemm2_bufferSizeExt:
     .globl cusparseCcsric02
     .type cusparseCcsric02, @function
 cusparseCcsric02:
-    leaq .Lname13(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02@PLT
     .size cusparseCcsric02, .-cusparseCcsric02
     .globl cusparseCcsric02_analysis
     .type cusparseCcsric02_analysis, @function
@@ -246,18 +204,12 @@ cusparseCcsric02_bufferSize:
     .globl cusparseCcsric02_bufferSizeExt
     .type cusparseCcsric02_bufferSizeExt, @function
 cusparseCcsric02_bufferSizeExt:
-    leaq .Lname14(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_bufferSizeExt@PLT
     .size cusparseCcsric02_bufferSizeExt, .-cusparseCcsric02_bufferSizeExt
     .globl cusparseCcsrilu02
     .type cusparseCcsrilu02, @function
 cusparseCcsrilu02:
-    leaq .Lname15(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02@PLT
     .size cusparseCcsrilu02, .-cusparseCcsrilu02
     .globl cusparseCcsrilu02_analysis
     .type cusparseCcsrilu02_analysis, @function
@@ -272,18 +224,12 @@ cusparseCcsrilu02_bufferSize:
     .globl cusparseCcsrilu02_bufferSizeExt
     .type cusparseCcsrilu02_bufferSizeExt, @function
 cusparseCcsrilu02_bufferSizeExt:
-    leaq .Lname16(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_bufferSizeExt@PLT
     .size cusparseCcsrilu02_bufferSizeExt, .-cusparseCcsrilu02_bufferSizeExt
     .globl cusparseCcsrilu02_numericBoost
     .type cusparseCcsrilu02_numericBoost, @function
 cusparseCcsrilu02_numericBoost:
-    leaq .Lname17(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_numericBoost@PLT
     .size cusparseCcsrilu02_numericBoost, .-cusparseCcsrilu02_numericBoost
     .globl cusparseCcsrsm2_analysis
     .type cusparseCcsrsm2_analysis, @function
@@ -293,10 +239,7 @@ cusparseCcsrsm2_analysis:
     .globl cusparseCcsrsm2_bufferSizeExt
     .type cusparseCcsrsm2_bufferSizeExt, @function
 cusparseCcsrsm2_bufferSizeExt:
-    leaq .Lname18(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsm2_bufferSizeExt@PLT
     .size cusparseCcsrsm2_bufferSizeExt, .-cusparseCcsrsm2_bufferSizeExt
     .globl cusparseCcsrsm2_solve
     .type cusparseCcsrsm2_solve, @function
@@ -316,10 +259,7 @@ cusparseCcsrsv2_bufferSize:
     .globl cusparseCcsrsv2_bufferSizeExt
     .type cusparseCcsrsv2_bufferSizeExt, @function
 cusparseCcsrsv2_bufferSizeExt:
-    leaq .Lname19(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsv2_bufferSizeExt@PLT
     .size cusparseCcsrsv2_bufferSizeExt, .-cusparseCcsrsv2_bufferSizeExt
     .globl cusparseCcsrsv2_solve
     .type cusparseCcsrsv2_solve, @function
@@ -339,18 +279,12 @@ cusparseCcsru2csr_bufferSizeExt:
     .globl cusparseCdense2csc
     .type cusparseCdense2csc, @function
 cusparseCdense2csc:
-    leaq .Lname20(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCdense2csc@PLT
     .size cusparseCdense2csc, .-cusparseCdense2csc
     .globl cusparseCdense2csr
     .type cusparseCdense2csr, @function
 cusparseCdense2csr:
-    leaq .Lname21(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCdense2csr@PLT
     .size cusparseCdense2csr, .-cusparseCdense2csr
     .globl cusparseCgebsr2csr
     .type cusparseCgebsr2csr, @function
@@ -360,10 +294,7 @@ cusparseCgebsr2csr:
     .globl cusparseCgebsr2gebsc
     .type cusparseCgebsr2gebsc, @function
 cusparseCgebsr2gebsc:
-    leaq .Lname22(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc@PLT
     .size cusparseCgebsr2gebsc, .-cusparseCgebsr2gebsc
     .globl cusparseCgebsr2gebsc_bufferSize
     .type cusparseCgebsr2gebsc_bufferSize, @function
@@ -373,10 +304,7 @@ cusparseCgebsr2gebsc_bufferSize:
     .globl cusparseCgebsr2gebsc_bufferSizeExt
     .type cusparseCgebsr2gebsc_bufferSizeExt, @function
 cusparseCgebsr2gebsc_bufferSizeExt:
-    leaq .Lname23(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseCgebsr2gebsc_bufferSizeExt, .-cusparseCgebsr2gebsc_bufferSizeExt
     .globl cusparseCgebsr2gebsr
     .type cusparseCgebsr2gebsr, @function
@@ -391,66 +319,42 @@ cusparseCgebsr2gebsr_bufferSize:
     .globl cusparseCgebsr2gebsr_bufferSizeExt
     .type cusparseCgebsr2gebsr_bufferSizeExt, @function
 cusparseCgebsr2gebsr_bufferSizeExt:
-    leaq .Lname24(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseCgebsr2gebsr_bufferSizeExt, .-cusparseCgebsr2gebsr_bufferSizeExt
     .globl cusparseCgemmi
     .type cusparseCgemmi, @function
 cusparseCgemmi:
-    leaq .Lname25(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgemmi@PLT
     .size cusparseCgemmi, .-cusparseCgemmi
     .globl cusparseCgemvi
     .type cusparseCgemvi, @function
 cusparseCgemvi:
-    leaq .Lname26(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgemvi@PLT
     .size cusparseCgemvi, .-cusparseCgemvi
     .globl cusparseCgemvi_bufferSize
     .type cusparseCgemvi_bufferSize, @function
 cusparseCgemvi_bufferSize:
-    leaq .Lname27(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgemvi_bufferSize@PLT
     .size cusparseCgemvi_bufferSize, .-cusparseCgemvi_bufferSize
     .globl cusparseCgpsvInterleavedBatch
     .type cusparseCgpsvInterleavedBatch, @function
 cusparseCgpsvInterleavedBatch:
-    leaq .Lname28(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgpsvInterleavedBatch@PLT
     .size cusparseCgpsvInterleavedBatch, .-cusparseCgpsvInterleavedBatch
     .globl cusparseCgpsvInterleavedBatch_bufferSizeExt
     .type cusparseCgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname29(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseCgpsvInterleavedBatch_bufferSizeExt, .-cusparseCgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseCgthr
     .type cusparseCgthr, @function
 cusparseCgthr:
-    leaq .Lname30(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgthr@PLT
     .size cusparseCgthr, .-cusparseCgthr
     .globl cusparseCgthrz
     .type cusparseCgthrz, @function
 cusparseCgthrz:
-    leaq .Lname31(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgthrz@PLT
     .size cusparseCgthrz, .-cusparseCgthrz
     .globl cusparseCgtsv2
     .type cusparseCgtsv2, @function
@@ -460,26 +364,17 @@ cusparseCgtsv2:
     .globl cusparseCgtsv2StridedBatch
     .type cusparseCgtsv2StridedBatch, @function
 cusparseCgtsv2StridedBatch:
-    leaq .Lname32(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2StridedBatch@PLT
     .size cusparseCgtsv2StridedBatch, .-cusparseCgtsv2StridedBatch
     .globl cusparseCgtsv2StridedBatch_bufferSizeExt
     .type cusparseCgtsv2StridedBatch_bufferSizeExt, @function
 cusparseCgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname33(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseCgtsv2StridedBatch_bufferSizeExt, .-cusparseCgtsv2StridedBatch_bufferSizeExt
     .globl cusparseCgtsv2_bufferSizeExt
     .type cusparseCgtsv2_bufferSizeExt, @function
 cusparseCgtsv2_bufferSizeExt:
-    leaq .Lname34(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_bufferSizeExt@PLT
     .size cusparseCgtsv2_bufferSizeExt, .-cusparseCgtsv2_bufferSizeExt
     .globl cusparseCgtsv2_nopivot
     .type cusparseCgtsv2_nopivot, @function
@@ -489,42 +384,27 @@ cusparseCgtsv2_nopivot:
     .globl cusparseCgtsv2_nopivot_bufferSizeExt
     .type cusparseCgtsv2_nopivot_bufferSizeExt, @function
 cusparseCgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname35(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseCgtsv2_nopivot_bufferSizeExt, .-cusparseCgtsv2_nopivot_bufferSizeExt
     .globl cusparseCgtsvInterleavedBatch
     .type cusparseCgtsvInterleavedBatch, @function
 cusparseCgtsvInterleavedBatch:
-    leaq .Lname36(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsvInterleavedBatch@PLT
     .size cusparseCgtsvInterleavedBatch, .-cusparseCgtsvInterleavedBatch
     .globl cusparseCgtsvInterleavedBatch_bufferSizeExt
     .type cusparseCgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname37(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseCgtsvInterleavedBatch_bufferSizeExt, .-cusparseCgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseCnnz
     .type cusparseCnnz, @function
 cusparseCnnz:
-    leaq .Lname38(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCnnz@PLT
     .size cusparseCnnz, .-cusparseCnnz
     .globl cusparseCnnz_compress
     .type cusparseCnnz_compress, @function
 cusparseCnnz_compress:
-    leaq .Lname39(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCnnz_compress@PLT
     .size cusparseCnnz_compress, .-cusparseCnnz_compress
     .globl cusparseConstrainedGeMM
     .type cusparseConstrainedGeMM, @function
@@ -539,18 +419,12 @@ cusparseConstrainedGeMM_bufferSize:
     .globl cusparseCooAoSGet
     .type cusparseCooAoSGet, @function
 cusparseCooAoSGet:
-    leaq .Lname40(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCooAoSGet@PLT
     .size cusparseCooAoSGet, .-cusparseCooAoSGet
     .globl cusparseCooGet
     .type cusparseCooGet, @function
 cusparseCooGet:
-    leaq .Lname41(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCooGet@PLT
     .size cusparseCooGet, .-cusparseCooGet
     .globl cusparseCooSetPointers
     .type cusparseCooSetPointers, @function
@@ -575,10 +449,7 @@ cusparseCreate:
     .globl cusparseCreateBlockedEll
     .type cusparseCreateBlockedEll, @function
 cusparseCreateBlockedEll:
-    leaq .Lname42(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateBlockedEll@PLT
     .size cusparseCreateBlockedEll, .-cusparseCreateBlockedEll
     .globl cusparseCreateBsric02Info
     .type cusparseCreateBsric02Info, @function
@@ -618,10 +489,7 @@ cusparseCreateCooAoS:
     .globl cusparseCreateCsc
     .type cusparseCreateCsc, @function
 cusparseCreateCsc:
-    leaq .Lname43(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCsc@PLT
     .size cusparseCreateCsc, .-cusparseCreateCsc
     .globl cusparseCreateCsr
     .type cusparseCreateCsr, @function
@@ -686,58 +554,37 @@ cusparseCreatePruneInfo:
     .globl cusparseCreateSpVec
     .type cusparseCreateSpVec, @function
 cusparseCreateSpVec:
-    leaq .Lname44(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateSpVec@PLT
     .size cusparseCreateSpVec, .-cusparseCreateSpVec
     .globl cusparseCscGet
     .type cusparseCscGet, @function
 cusparseCscGet:
-    leaq .Lname45(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCscGet@PLT
     .size cusparseCscGet, .-cusparseCscGet
     .globl cusparseCscSetPointers
     .type cusparseCscSetPointers, @function
 cusparseCscSetPointers:
-    leaq .Lname46(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCscSetPointers@PLT
     .size cusparseCscSetPointers, .-cusparseCscSetPointers
     .globl cusparseCsctr
     .type cusparseCsctr, @function
 cusparseCsctr:
-    leaq .Lname47(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsctr@PLT
     .size cusparseCsctr, .-cusparseCsctr
     .globl cusparseCsr2cscEx2
     .type cusparseCsr2cscEx2, @function
 cusparseCsr2cscEx2:
-    leaq .Lname48(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsr2cscEx2@PLT
     .size cusparseCsr2cscEx2, .-cusparseCsr2cscEx2
     .globl cusparseCsr2cscEx2_bufferSize
     .type cusparseCsr2cscEx2_bufferSize, @function
 cusparseCsr2cscEx2_bufferSize:
-    leaq .Lname49(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsr2cscEx2_bufferSize@PLT
     .size cusparseCsr2cscEx2_bufferSize, .-cusparseCsr2cscEx2_bufferSize
     .globl cusparseCsrGet
     .type cusparseCsrGet, @function
 cusparseCsrGet:
-    leaq .Lname50(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrGet@PLT
     .size cusparseCsrGet, .-cusparseCsrGet
     .globl cusparseCsrSetPointers
     .type cusparseCsrSetPointers, @function
@@ -752,26 +599,17 @@ cusparseCsrSetStridedBatch:
     .globl cusparseCsrmvEx
     .type cusparseCsrmvEx, @function
 cusparseCsrmvEx:
-    leaq .Lname51(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrmvEx@PLT
     .size cusparseCsrmvEx, .-cusparseCsrmvEx
     .globl cusparseCsrmvEx_bufferSize
     .type cusparseCsrmvEx_bufferSize, @function
 cusparseCsrmvEx_bufferSize:
-    leaq .Lname52(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrmvEx_bufferSize@PLT
     .size cusparseCsrmvEx_bufferSize, .-cusparseCsrmvEx_bufferSize
     .globl cusparseDaxpyi
     .type cusparseDaxpyi, @function
 cusparseDaxpyi:
-    leaq .Lname53(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDaxpyi@PLT
     .size cusparseDaxpyi, .-cusparseDaxpyi
     .globl cusparseDbsr2csr
     .type cusparseDbsr2csr, @function
@@ -786,10 +624,7 @@ cusparseDbsric02:
     .globl cusparseDbsric02_analysis
     .type cusparseDbsric02_analysis, @function
 cusparseDbsric02_analysis:
-    leaq .Lname54(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_analysis@PLT
     .size cusparseDbsric02_analysis, .-cusparseDbsric02_analysis
     .globl cusparseDbsric02_bufferSize
     .type cusparseDbsric02_bufferSize, @function
@@ -799,10 +634,7 @@ cusparseDbsric02_bufferSize:
     .globl cusparseDbsric02_bufferSizeExt
     .type cusparseDbsric02_bufferSizeExt, @function
 cusparseDbsric02_bufferSizeExt:
-    leaq .Lname55(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_bufferSizeExt@PLT
     .size cusparseDbsric02_bufferSizeExt, .-cusparseDbsric02_bufferSizeExt
     .globl cusparseDbsrilu02
     .type cusparseDbsrilu02, @function
@@ -822,18 +654,12 @@ cusparseDbsrilu02_bufferSize:
     .globl cusparseDbsrilu02_bufferSizeExt
     .type cusparseDbsrilu02_bufferSizeExt, @function
 cusparseDbsrilu02_bufferSizeExt:
-    leaq .Lname56(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_bufferSizeExt@PLT
     .size cusparseDbsrilu02_bufferSizeExt, .-cusparseDbsrilu02_bufferSizeExt
     .globl cusparseDbsrilu02_numericBoost
     .type cusparseDbsrilu02_numericBoost, @function
 cusparseDbsrilu02_numericBoost:
-    leaq .Lname57(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_numericBoost@PLT
     .size cusparseDbsrilu02_numericBoost, .-cusparseDbsrilu02_numericBoost
     .globl cusparseDbsrmm
     .type cusparseDbsrmm, @function
@@ -858,10 +684,7 @@ cusparseDbsrsm2_bufferSize:
     .globl cusparseDbsrsm2_bufferSizeExt
     .type cusparseDbsrsm2_bufferSizeExt, @function
 cusparseDbsrsm2_bufferSizeExt:
-    leaq .Lname58(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_bufferSizeExt@PLT
     .size cusparseDbsrsm2_bufferSizeExt, .-cusparseDbsrsm2_bufferSizeExt
     .globl cusparseDbsrsm2_solve
     .type cusparseDbsrsm2_solve, @function
@@ -881,10 +704,7 @@ cusparseDbsrsv2_bufferSize:
     .globl cusparseDbsrsv2_bufferSizeExt
     .type cusparseDbsrsv2_bufferSizeExt, @function
 cusparseDbsrsv2_bufferSizeExt:
-    leaq .Lname59(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_bufferSizeExt@PLT
     .size cusparseDbsrsv2_bufferSizeExt, .-cusparseDbsrsv2_bufferSizeExt
     .globl cusparseDbsrsv2_solve
     .type cusparseDbsrsv2_solve, @function
@@ -899,10 +719,7 @@ cusparseDbsrxmv:
     .globl cusparseDcsc2dense
     .type cusparseDcsc2dense, @function
 cusparseDcsc2dense:
-    leaq .Lname60(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsc2dense@PLT
     .size cusparseDcsc2dense, .-cusparseDcsc2dense
     .globl cusparseDcsr2bsr
     .type cusparseDcsr2bsr, @function
@@ -912,10 +729,7 @@ cusparseDcsr2bsr:
     .globl cusparseDcsr2csr_compress
     .type cusparseDcsr2csr_compress, @function
 cusparseDcsr2csr_compress:
-    leaq .Lname61(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2csr_compress@PLT
     .size cusparseDcsr2csr_compress, .-cusparseDcsr2csr_compress
     .globl cusparseDcsr2csru
     .type cusparseDcsr2csru, @function
@@ -925,10 +739,7 @@ cusparseDcsr2csru:
     .globl cusparseDcsr2dense
     .type cusparseDcsr2dense, @function
 cusparseDcsr2dense:
-    leaq .Lname62(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2dense@PLT
     .size cusparseDcsr2dense, .-cusparseDcsr2dense
     .globl cusparseDcsr2gebsr
     .type cusparseDcsr2gebsr, @function
@@ -943,18 +754,12 @@ cusparseDcsr2gebsr_bufferSize:
     .globl cusparseDcsr2gebsr_bufferSizeExt
     .type cusparseDcsr2gebsr_bufferSizeExt, @function
 cusparseDcsr2gebsr_bufferSizeExt:
-    leaq .Lname63(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr_bufferSizeExt@PLT
     .size cusparseDcsr2gebsr_bufferSizeExt, .-cusparseDcsr2gebsr_bufferSizeExt
     .globl cusparseDcsrcolor
     .type cusparseDcsrcolor, @function
 cusparseDcsrcolor:
-    leaq .Lname64(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrcolor@PLT
     .size cusparseDcsrcolor, .-cusparseDcsrcolor
     .globl cusparseDcsrgeam2
     .type cusparseDcsrgeam2, @function
@@ -979,10 +784,7 @@ cusparseDcsrgemm2_bufferSizeExt:
     .globl cusparseDcsric02
     .type cusparseDcsric02, @function
 cusparseDcsric02:
-    leaq .Lname65(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02@PLT
     .size cusparseDcsric02, .-cusparseDcsric02
     .globl cusparseDcsric02_analysis
     .type cusparseDcsric02_analysis, @function
@@ -997,18 +799,12 @@ cusparseDcsric02_bufferSize:
     .globl cusparseDcsric02_bufferSizeExt
     .type cusparseDcsric02_bufferSizeExt, @function
 cusparseDcsric02_bufferSizeExt:
-    leaq .Lname66(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_bufferSizeExt@PLT
     .size cusparseDcsric02_bufferSizeExt, .-cusparseDcsric02_bufferSizeExt
     .globl cusparseDcsrilu02
     .type cusparseDcsrilu02, @function
 cusparseDcsrilu02:
-    leaq .Lname67(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02@PLT
     .size cusparseDcsrilu02, .-cusparseDcsrilu02
     .globl cusparseDcsrilu02_analysis
     .type cusparseDcsrilu02_analysis, @function
@@ -1023,18 +819,12 @@ cusparseDcsrilu02_bufferSize:
     .globl cusparseDcsrilu02_bufferSizeExt
     .type cusparseDcsrilu02_bufferSizeExt, @function
 cusparseDcsrilu02_bufferSizeExt:
-    leaq .Lname68(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_bufferSizeExt@PLT
     .size cusparseDcsrilu02_bufferSizeExt, .-cusparseDcsrilu02_bufferSizeExt
     .globl cusparseDcsrilu02_numericBoost
     .type cusparseDcsrilu02_numericBoost, @function
 cusparseDcsrilu02_numericBoost:
-    leaq .Lname69(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_numericBoost@PLT
     .size cusparseDcsrilu02_numericBoost, .-cusparseDcsrilu02_numericBoost
     .globl cusparseDcsrsm2_analysis
     .type cusparseDcsrsm2_analysis, @function
@@ -1044,10 +834,7 @@ cusparseDcsrsm2_analysis:
     .globl cusparseDcsrsm2_bufferSizeExt
     .type cusparseDcsrsm2_bufferSizeExt, @function
 cusparseDcsrsm2_bufferSizeExt:
-    leaq .Lname70(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsm2_bufferSizeExt@PLT
     .size cusparseDcsrsm2_bufferSizeExt, .-cusparseDcsrsm2_bufferSizeExt
     .globl cusparseDcsrsm2_solve
     .type cusparseDcsrsm2_solve, @function
@@ -1067,10 +854,7 @@ cusparseDcsrsv2_bufferSize:
     .globl cusparseDcsrsv2_bufferSizeExt
     .type cusparseDcsrsv2_bufferSizeExt, @function
 cusparseDcsrsv2_bufferSizeExt:
-    leaq .Lname71(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsv2_bufferSizeExt@PLT
     .size cusparseDcsrsv2_bufferSizeExt, .-cusparseDcsrsv2_bufferSizeExt
     .globl cusparseDcsrsv2_solve
     .type cusparseDcsrsv2_solve, @function
@@ -1090,18 +874,12 @@ cusparseDcsru2csr_bufferSizeExt:
     .globl cusparseDdense2csc
     .type cusparseDdense2csc, @function
 cusparseDdense2csc:
-    leaq .Lname72(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDdense2csc@PLT
     .size cusparseDdense2csc, .-cusparseDdense2csc
     .globl cusparseDdense2csr
     .type cusparseDdense2csr, @function
 cusparseDdense2csr:
-    leaq .Lname73(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDdense2csr@PLT
     .size cusparseDdense2csr, .-cusparseDdense2csr
     .globl cusparseDenseToSparse_analysis
     .type cusparseDenseToSparse_analysis, @function
@@ -1216,10 +994,7 @@ cusparseDgebsr2csr:
     .globl cusparseDgebsr2gebsc
     .type cusparseDgebsr2gebsc, @function
 cusparseDgebsr2gebsc:
-    leaq .Lname74(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc@PLT
     .size cusparseDgebsr2gebsc, .-cusparseDgebsr2gebsc
     .globl cusparseDgebsr2gebsc_bufferSize
     .type cusparseDgebsr2gebsc_bufferSize, @function
@@ -1229,10 +1004,7 @@ cusparseDgebsr2gebsc_bufferSize:
     .globl cusparseDgebsr2gebsc_bufferSizeExt
     .type cusparseDgebsr2gebsc_bufferSizeExt, @function
 cusparseDgebsr2gebsc_bufferSizeExt:
-    leaq .Lname75(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseDgebsr2gebsc_bufferSizeExt, .-cusparseDgebsr2gebsc_bufferSizeExt
     .globl cusparseDgebsr2gebsr
     .type cusparseDgebsr2gebsr, @function
@@ -1247,146 +1019,92 @@ cusparseDgebsr2gebsr_bufferSize:
     .globl cusparseDgebsr2gebsr_bufferSizeExt
     .type cusparseDgebsr2gebsr_bufferSizeExt, @function
 cusparseDgebsr2gebsr_bufferSizeExt:
-    leaq .Lname76(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseDgebsr2gebsr_bufferSizeExt, .-cusparseDgebsr2gebsr_bufferSizeExt
     .globl cusparseDgemmi
     .type cusparseDgemmi, @function
 cusparseDgemmi:
-    leaq .Lname77(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgemmi@PLT
     .size cusparseDgemmi, .-cusparseDgemmi
     .globl cusparseDgemvi
     .type cusparseDgemvi, @function
 cusparseDgemvi:
-    leaq .Lname78(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgemvi@PLT
     .size cusparseDgemvi, .-cusparseDgemvi
     .globl cusparseDgemvi_bufferSize
     .type cusparseDgemvi_bufferSize, @function
 cusparseDgemvi_bufferSize:
-    leaq .Lname79(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgemvi_bufferSize@PLT
     .size cusparseDgemvi_bufferSize, .-cusparseDgemvi_bufferSize
     .globl cusparseDgpsvInterleavedBatch
     .type cusparseDgpsvInterleavedBatch, @function
 cusparseDgpsvInterleavedBatch:
-    leaq .Lname80(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgpsvInterleavedBatch@PLT
     .size cusparseDgpsvInterleavedBatch, .-cusparseDgpsvInterleavedBatch
     .globl cusparseDgpsvInterleavedBatch_bufferSizeExt
     .type cusparseDgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname81(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseDgpsvInterleavedBatch_bufferSizeExt, .-cusparseDgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseDgthr
     .type cusparseDgthr, @function
 cusparseDgthr:
-    leaq .Lname82(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgthr@PLT
     .size cusparseDgthr, .-cusparseDgthr
     .globl cusparseDgthrz
     .type cusparseDgthrz, @function
 cusparseDgthrz:
-    leaq .Lname83(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgthrz@PLT
     .size cusparseDgthrz, .-cusparseDgthrz
     .globl cusparseDgtsv2
     .type cusparseDgtsv2, @function
 cusparseDgtsv2:
-    leaq .Lname84(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2@PLT
     .size cusparseDgtsv2, .-cusparseDgtsv2
     .globl cusparseDgtsv2StridedBatch
     .type cusparseDgtsv2StridedBatch, @function
 cusparseDgtsv2StridedBatch:
-    leaq .Lname85(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2StridedBatch@PLT
     .size cusparseDgtsv2StridedBatch, .-cusparseDgtsv2StridedBatch
     .globl cusparseDgtsv2StridedBatch_bufferSizeExt
     .type cusparseDgtsv2StridedBatch_bufferSizeExt, @function
 cusparseDgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname86(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseDgtsv2StridedBatch_bufferSizeExt, .-cusparseDgtsv2StridedBatch_bufferSizeExt
     .globl cusparseDgtsv2_bufferSizeExt
     .type cusparseDgtsv2_bufferSizeExt, @function
 cusparseDgtsv2_bufferSizeExt:
-    leaq .Lname87(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_bufferSizeExt@PLT
     .size cusparseDgtsv2_bufferSizeExt, .-cusparseDgtsv2_bufferSizeExt
     .globl cusparseDgtsv2_nopivot
     .type cusparseDgtsv2_nopivot, @function
 cusparseDgtsv2_nopivot:
-    leaq .Lname88(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_nopivot@PLT
     .size cusparseDgtsv2_nopivot, .-cusparseDgtsv2_nopivot
     .globl cusparseDgtsv2_nopivot_bufferSizeExt
     .type cusparseDgtsv2_nopivot_bufferSizeExt, @function
 cusparseDgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname89(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseDgtsv2_nopivot_bufferSizeExt, .-cusparseDgtsv2_nopivot_bufferSizeExt
     .globl cusparseDgtsvInterleavedBatch
     .type cusparseDgtsvInterleavedBatch, @function
 cusparseDgtsvInterleavedBatch:
-    leaq .Lname90(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsvInterleavedBatch@PLT
     .size cusparseDgtsvInterleavedBatch, .-cusparseDgtsvInterleavedBatch
     .globl cusparseDgtsvInterleavedBatch_bufferSizeExt
     .type cusparseDgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname91(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseDgtsvInterleavedBatch_bufferSizeExt, .-cusparseDgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseDnMatGet
     .type cusparseDnMatGet, @function
 cusparseDnMatGet:
-    leaq .Lname92(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGet@PLT
     .size cusparseDnMatGet, .-cusparseDnMatGet
     .globl cusparseDnMatGetStridedBatch
     .type cusparseDnMatGetStridedBatch, @function
 cusparseDnMatGetStridedBatch:
-    leaq .Lname93(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGetStridedBatch@PLT
     .size cusparseDnMatGetStridedBatch, .-cusparseDnMatGetStridedBatch
     .globl cusparseDnMatGetValues
     .type cusparseDnMatGetValues, @function
@@ -1406,10 +1124,7 @@ cusparseDnMatSetValues:
     .globl cusparseDnVecGet
     .type cusparseDnVecGet, @function
 cusparseDnVecGet:
-    leaq .Lname94(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecGet@PLT
     .size cusparseDnVecGet, .-cusparseDnVecGet
     .globl cusparseDnVecGetValues
     .type cusparseDnVecGetValues, @function
@@ -1424,26 +1139,17 @@ cusparseDnVecSetValues:
     .globl cusparseDnnz
     .type cusparseDnnz, @function
 cusparseDnnz:
-    leaq .Lname95(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnnz@PLT
     .size cusparseDnnz, .-cusparseDnnz
     .globl cusparseDnnz_compress
     .type cusparseDnnz_compress, @function
 cusparseDnnz_compress:
-    leaq .Lname96(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnnz_compress@PLT
     .size cusparseDnnz_compress, .-cusparseDnnz_compress
     .globl cusparseDpruneCsr2csr
     .type cusparseDpruneCsr2csr, @function
 cusparseDpruneCsr2csr:
-    leaq .Lname97(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csr@PLT
     .size cusparseDpruneCsr2csr, .-cusparseDpruneCsr2csr
     .globl cusparseDpruneCsr2csrByPercentage
     .type cusparseDpruneCsr2csrByPercentage, @function
@@ -1458,10 +1164,7 @@ cusparseDpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseDpruneCsr2csrNnz
     .type cusparseDpruneCsr2csrNnz, @function
 cusparseDpruneCsr2csrNnz:
-    leaq .Lname98(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrNnz@PLT
     .size cusparseDpruneCsr2csrNnz, .-cusparseDpruneCsr2csrNnz
     .globl cusparseDpruneCsr2csrNnzByPercentage
     .type cusparseDpruneCsr2csrNnzByPercentage, @function
@@ -1471,74 +1174,47 @@ cusparseDpruneCsr2csrNnzByPercentage:
     .globl cusparseDpruneCsr2csr_bufferSizeExt
     .type cusparseDpruneCsr2csr_bufferSizeExt, @function
 cusparseDpruneCsr2csr_bufferSizeExt:
-    leaq .Lname99(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csr_bufferSizeExt@PLT
     .size cusparseDpruneCsr2csr_bufferSizeExt, .-cusparseDpruneCsr2csr_bufferSizeExt
     .globl cusparseDpruneDense2csr
     .type cusparseDpruneDense2csr, @function
 cusparseDpruneDense2csr:
-    leaq .Lname100(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csr@PLT
     .size cusparseDpruneDense2csr, .-cusparseDpruneDense2csr
     .globl cusparseDpruneDense2csrByPercentage
     .type cusparseDpruneDense2csrByPercentage, @function
 cusparseDpruneDense2csrByPercentage:
-    leaq .Lname101(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrByPercentage@PLT
     .size cusparseDpruneDense2csrByPercentage, .-cusparseDpruneDense2csrByPercentage
     .globl cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseDpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname102(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrByPercentage_bufferSizeExt@PLT
     .size cusparseDpruneDense2csrByPercentage_bufferSizeExt, .-cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .globl cusparseDpruneDense2csrNnz
     .type cusparseDpruneDense2csrNnz, @function
 cusparseDpruneDense2csrNnz:
-    leaq .Lname103(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrNnz@PLT
     .size cusparseDpruneDense2csrNnz, .-cusparseDpruneDense2csrNnz
     .globl cusparseDpruneDense2csrNnzByPercentage
     .type cusparseDpruneDense2csrNnzByPercentage, @function
 cusparseDpruneDense2csrNnzByPercentage:
-    leaq .Lname104(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrNnzByPercentage@PLT
     .size cusparseDpruneDense2csrNnzByPercentage, .-cusparseDpruneDense2csrNnzByPercentage
     .globl cusparseDpruneDense2csr_bufferSizeExt
     .type cusparseDpruneDense2csr_bufferSizeExt, @function
 cusparseDpruneDense2csr_bufferSizeExt:
-    leaq .Lname105(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csr_bufferSizeExt@PLT
     .size cusparseDpruneDense2csr_bufferSizeExt, .-cusparseDpruneDense2csr_bufferSizeExt
     .globl cusparseDroti
     .type cusparseDroti, @function
 cusparseDroti:
-    leaq .Lname106(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDroti@PLT
     .size cusparseDroti, .-cusparseDroti
     .globl cusparseDsctr
     .type cusparseDsctr, @function
 cusparseDsctr:
-    leaq .Lname107(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDsctr@PLT
     .size cusparseDsctr, .-cusparseDsctr
     .globl cusparseGather
     .type cusparseGather, @function
@@ -1548,10 +1224,7 @@ cusparseGather:
     .globl cusparseGetColorAlgs
     .type cusparseGetColorAlgs, @function
 cusparseGetColorAlgs:
-    leaq .Lname108(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetColorAlgs@PLT
     .size cusparseGetColorAlgs, .-cusparseGetColorAlgs
     .globl cusparseGetErrorName
     .type cusparseGetErrorName, @function
@@ -1586,10 +1259,7 @@ cusparseGetMatType:
     .globl cusparseGetPointerMode
     .type cusparseGetPointerMode, @function
 cusparseGetPointerMode:
-    leaq .Lname109(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetPointerMode@PLT
     .size cusparseGetPointerMode, .-cusparseGetPointerMode
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
@@ -1609,7 +1279,7 @@ cusparseGetVersion:
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1617,7 +1287,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1625,7 +1295,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1633,7 +1303,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1641,7 +1311,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1649,7 +1319,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1657,7 +1327,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1665,7 +1335,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1673,7 +1343,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1681,7 +1351,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1689,7 +1359,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1697,7 +1367,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1710,7 +1380,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1718,7 +1388,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1726,7 +1396,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1744,10 +1414,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname125(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseRot@PLT
     .size cusparseRot, .-cusparseRot
     .globl cusparseSDDMM
     .type cusparseSDDMM, @function
@@ -1767,10 +1434,7 @@ cusparseSDDMM_preprocess:
     .globl cusparseSaxpyi
     .type cusparseSaxpyi, @function
 cusparseSaxpyi:
-    leaq .Lname126(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSaxpyi@PLT
     .size cusparseSaxpyi, .-cusparseSaxpyi
     .globl cusparseSbsr2csr
     .type cusparseSbsr2csr, @function
@@ -1785,10 +1449,7 @@ cusparseSbsric02:
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname127(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_analysis@PLT
     .size cusparseSbsric02_analysis, .-cusparseSbsric02_analysis
     .globl cusparseSbsric02_bufferSize
     .type cusparseSbsric02_bufferSize, @function
@@ -1798,10 +1459,7 @@ cusparseSbsric02_bufferSize:
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname128(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_bufferSizeExt@PLT
     .size cusparseSbsric02_bufferSizeExt, .-cusparseSbsric02_bufferSizeExt
     .globl cusparseSbsrilu02
     .type cusparseSbsrilu02, @function
@@ -1821,18 +1479,12 @@ cusparseSbsrilu02_bufferSize:
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname129(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_bufferSizeExt@PLT
     .size cusparseSbsrilu02_bufferSizeExt, .-cusparseSbsrilu02_bufferSizeExt
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname130(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_numericBoost@PLT
     .size cusparseSbsrilu02_numericBoost, .-cusparseSbsrilu02_numericBoost
     .globl cusparseSbsrmm
     .type cusparseSbsrmm, @function
@@ -1857,10 +1509,7 @@ cusparseSbsrsm2_bufferSize:
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname131(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_bufferSizeExt@PLT
     .size cusparseSbsrsm2_bufferSizeExt, .-cusparseSbsrsm2_bufferSizeExt
     .globl cusparseSbsrsm2_solve
     .type cusparseSbsrsm2_solve, @function
@@ -1880,10 +1529,7 @@ cusparseSbsrsv2_bufferSize:
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname132(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_bufferSizeExt@PLT
     .size cusparseSbsrsv2_bufferSizeExt, .-cusparseSbsrsv2_bufferSizeExt
     .globl cusparseSbsrsv2_solve
     .type cusparseSbsrsv2_solve, @function
@@ -1903,10 +1549,7 @@ cusparseScatter:
     .globl cusparseScsc2dense
     .type cusparseScsc2dense, @function
 cusparseScsc2dense:
-    leaq .Lname133(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsc2dense@PLT
     .size cusparseScsc2dense, .-cusparseScsc2dense
     .globl cusparseScsr2bsr
     .type cusparseScsr2bsr, @function
@@ -1916,10 +1559,7 @@ cusparseScsr2bsr:
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname134(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2csr_compress@PLT
     .size cusparseScsr2csr_compress, .-cusparseScsr2csr_compress
     .globl cusparseScsr2csru
     .type cusparseScsr2csru, @function
@@ -1929,10 +1569,7 @@ cusparseScsr2csru:
     .globl cusparseScsr2dense
     .type cusparseScsr2dense, @function
 cusparseScsr2dense:
-    leaq .Lname135(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2dense@PLT
     .size cusparseScsr2dense, .-cusparseScsr2dense
     .globl cusparseScsr2gebsr
     .type cusparseScsr2gebsr, @function
@@ -1947,18 +1584,12 @@ cusparseScsr2gebsr_bufferSize:
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname136(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr_bufferSizeExt@PLT
     .size cusparseScsr2gebsr_bufferSizeExt, .-cusparseScsr2gebsr_bufferSizeExt
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname137(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrcolor@PLT
     .size cusparseScsrcolor, .-cusparseScsrcolor
     .globl cusparseScsrgeam2
     .type cusparseScsrgeam2, @function
@@ -1983,10 +1614,7 @@ cusparseScsrgemm2_bufferSizeExt:
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname138(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02@PLT
     .size cusparseScsric02, .-cusparseScsric02
     .globl cusparseScsric02_analysis
     .type cusparseScsric02_analysis, @function
@@ -2001,18 +1629,12 @@ cusparseScsric02_bufferSize:
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname139(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_bufferSizeExt@PLT
     .size cusparseScsric02_bufferSizeExt, .-cusparseScsric02_bufferSizeExt
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname140(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02@PLT
     .size cusparseScsrilu02, .-cusparseScsrilu02
     .globl cusparseScsrilu02_analysis
     .type cusparseScsrilu02_analysis, @function
@@ -2027,18 +1649,12 @@ cusparseScsrilu02_bufferSize:
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname141(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_bufferSizeExt@PLT
     .size cusparseScsrilu02_bufferSizeExt, .-cusparseScsrilu02_bufferSizeExt
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname142(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_numericBoost@PLT
     .size cusparseScsrilu02_numericBoost, .-cusparseScsrilu02_numericBoost
     .globl cusparseScsrsm2_analysis
     .type cusparseScsrsm2_analysis, @function
@@ -2048,10 +1664,7 @@ cusparseScsrsm2_analysis:
     .globl cusparseScsrsm2_bufferSizeExt
     .type cusparseScsrsm2_bufferSizeExt, @function
 cusparseScsrsm2_bufferSizeExt:
-    leaq .Lname143(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsm2_bufferSizeExt@PLT
     .size cusparseScsrsm2_bufferSizeExt, .-cusparseScsrsm2_bufferSizeExt
     .globl cusparseScsrsm2_solve
     .type cusparseScsrsm2_solve, @function
@@ -2071,10 +1684,7 @@ cusparseScsrsv2_bufferSize:
     .globl cusparseScsrsv2_bufferSizeExt
     .type cusparseScsrsv2_bufferSizeExt, @function
 cusparseScsrsv2_bufferSizeExt:
-    leaq .Lname144(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsv2_bufferSizeExt@PLT
     .size cusparseScsrsv2_bufferSizeExt, .-cusparseScsrsv2_bufferSizeExt
     .globl cusparseScsrsv2_solve
     .type cusparseScsrsv2_solve, @function
@@ -2094,18 +1704,12 @@ cusparseScsru2csr_bufferSizeExt:
     .globl cusparseSdense2csc
     .type cusparseSdense2csc, @function
 cusparseSdense2csc:
-    leaq .Lname145(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSdense2csc@PLT
     .size cusparseSdense2csc, .-cusparseSdense2csc
     .globl cusparseSdense2csr
     .type cusparseSdense2csr, @function
 cusparseSdense2csr:
-    leaq .Lname146(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSdense2csr@PLT
     .size cusparseSdense2csr, .-cusparseSdense2csr
     .globl cusparseSetColorAlgs
     .type cusparseSetColorAlgs, @function
@@ -2150,10 +1754,7 @@ cusparseSgebsr2csr:
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname147(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc@PLT
     .size cusparseSgebsr2gebsc, .-cusparseSgebsr2gebsc
     .globl cusparseSgebsr2gebsc_bufferSize
     .type cusparseSgebsr2gebsc_bufferSize, @function
@@ -2163,10 +1764,7 @@ cusparseSgebsr2gebsc_bufferSize:
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname148(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseSgebsr2gebsc_bufferSizeExt, .-cusparseSgebsr2gebsc_bufferSizeExt
     .globl cusparseSgebsr2gebsr
     .type cusparseSgebsr2gebsr, @function
@@ -2181,146 +1779,92 @@ cusparseSgebsr2gebsr_bufferSize:
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname149(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseSgebsr2gebsr_bufferSizeExt, .-cusparseSgebsr2gebsr_bufferSizeExt
     .globl cusparseSgemmi
     .type cusparseSgemmi, @function
 cusparseSgemmi:
-    leaq .Lname150(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgemmi@PLT
     .size cusparseSgemmi, .-cusparseSgemmi
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname151(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgemvi@PLT
     .size cusparseSgemvi, .-cusparseSgemvi
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname152(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgemvi_bufferSize@PLT
     .size cusparseSgemvi_bufferSize, .-cusparseSgemvi_bufferSize
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname153(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgpsvInterleavedBatch@PLT
     .size cusparseSgpsvInterleavedBatch, .-cusparseSgpsvInterleavedBatch
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname154(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseSgpsvInterleavedBatch_bufferSizeExt, .-cusparseSgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseSgthr
     .type cusparseSgthr, @function
 cusparseSgthr:
-    leaq .Lname155(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgthr@PLT
     .size cusparseSgthr, .-cusparseSgthr
     .globl cusparseSgthrz
     .type cusparseSgthrz, @function
 cusparseSgthrz:
-    leaq .Lname156(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgthrz@PLT
     .size cusparseSgthrz, .-cusparseSgthrz
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname157(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2@PLT
     .size cusparseSgtsv2, .-cusparseSgtsv2
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname158(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2StridedBatch@PLT
     .size cusparseSgtsv2StridedBatch, .-cusparseSgtsv2StridedBatch
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname159(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseSgtsv2StridedBatch_bufferSizeExt, .-cusparseSgtsv2StridedBatch_bufferSizeExt
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname160(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_bufferSizeExt@PLT
     .size cusparseSgtsv2_bufferSizeExt, .-cusparseSgtsv2_bufferSizeExt
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname161(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_nopivot@PLT
     .size cusparseSgtsv2_nopivot, .-cusparseSgtsv2_nopivot
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname162(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseSgtsv2_nopivot_bufferSizeExt, .-cusparseSgtsv2_nopivot_bufferSizeExt
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname163(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsvInterleavedBatch@PLT
     .size cusparseSgtsvInterleavedBatch, .-cusparseSgtsvInterleavedBatch
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname164(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseSgtsvInterleavedBatch_bufferSizeExt, .-cusparseSgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname165(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSnnz@PLT
     .size cusparseSnnz, .-cusparseSnnz
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname166(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSnnz_compress@PLT
     .size cusparseSnnz_compress, .-cusparseSnnz_compress
     .globl cusparseSpGEMM_compute
     .type cusparseSpGEMM_compute, @function
@@ -2355,18 +1899,12 @@ cusparseSpGEMMreuse_compute:
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname167(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_copy@PLT
     .size cusparseSpGEMMreuse_copy, .-cusparseSpGEMMreuse_copy
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname168(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_nnz@PLT
     .size cusparseSpGEMMreuse_nnz, .-cusparseSpGEMMreuse_nnz
     .globl cusparseSpGEMMreuse_workEstimation
     .type cusparseSpGEMMreuse_workEstimation, @function
@@ -2386,10 +1924,7 @@ cusparseSpMMOp:
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname169(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMMOp_createPlan@PLT
     .size cusparseSpMMOp_createPlan, .-cusparseSpMMOp_createPlan
     .globl cusparseSpMMOp_destroyPlan
     .type cusparseSpMMOp_destroyPlan, @function
@@ -2424,18 +1959,12 @@ cusparseSpMatGetAttribute:
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname170(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetFormat@PLT
     .size cusparseSpMatGetFormat, .-cusparseSpMatGetFormat
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname171(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetIndexBase@PLT
     .size cusparseSpMatGetIndexBase, .-cusparseSpMatGetIndexBase
     .globl cusparseSpMatGetSize
     .type cusparseSpMatGetSize, @function
@@ -2445,10 +1974,7 @@ cusparseSpMatGetSize:
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname172(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetStridedBatch@PLT
     .size cusparseSpMatGetStridedBatch, .-cusparseSpMatGetStridedBatch
     .globl cusparseSpMatGetValues
     .type cusparseSpMatGetValues, @function
@@ -2523,34 +2049,22 @@ cusparseSpSV_solve:
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname173(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVV@PLT
     .size cusparseSpVV, .-cusparseSpVV
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname174(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVV_bufferSize@PLT
     .size cusparseSpVV_bufferSize, .-cusparseSpVV_bufferSize
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname175(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGet@PLT
     .size cusparseSpVecGet, .-cusparseSpVecGet
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname176(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGetIndexBase@PLT
     .size cusparseSpVecGetIndexBase, .-cusparseSpVecGetIndexBase
     .globl cusparseSpVecGetValues
     .type cusparseSpVecGetValues, @function
@@ -2575,10 +2089,7 @@ cusparseSparseToDense_bufferSize:
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname177(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csr@PLT
     .size cusparseSpruneCsr2csr, .-cusparseSpruneCsr2csr
     .globl cusparseSpruneCsr2csrByPercentage
     .type cusparseSpruneCsr2csrByPercentage, @function
@@ -2593,10 +2104,7 @@ cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname178(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrNnz@PLT
     .size cusparseSpruneCsr2csrNnz, .-cusparseSpruneCsr2csrNnz
     .globl cusparseSpruneCsr2csrNnzByPercentage
     .type cusparseSpruneCsr2csrNnzByPercentage, @function
@@ -2606,74 +2114,47 @@ cusparseSpruneCsr2csrNnzByPercentage:
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname179(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csr_bufferSizeExt@PLT
     .size cusparseSpruneCsr2csr_bufferSizeExt, .-cusparseSpruneCsr2csr_bufferSizeExt
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname180(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csr@PLT
     .size cusparseSpruneDense2csr, .-cusparseSpruneDense2csr
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname181(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrByPercentage@PLT
     .size cusparseSpruneDense2csrByPercentage, .-cusparseSpruneDense2csrByPercentage
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname182(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrByPercentage_bufferSizeExt@PLT
     .size cusparseSpruneDense2csrByPercentage_bufferSizeExt, .-cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname183(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrNnz@PLT
     .size cusparseSpruneDense2csrNnz, .-cusparseSpruneDense2csrNnz
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname184(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrNnzByPercentage@PLT
     .size cusparseSpruneDense2csrNnzByPercentage, .-cusparseSpruneDense2csrNnzByPercentage
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname185(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csr_bufferSizeExt@PLT
     .size cusparseSpruneDense2csr_bufferSizeExt, .-cusparseSpruneDense2csr_bufferSizeExt
     .globl cusparseSroti
     .type cusparseSroti, @function
 cusparseSroti:
-    leaq .Lname186(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSroti@PLT
     .size cusparseSroti, .-cusparseSroti
     .globl cusparseSsctr
     .type cusparseSsctr, @function
 cusparseSsctr:
-    leaq .Lname187(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSsctr@PLT
     .size cusparseSsctr, .-cusparseSsctr
     .globl cusparseXbsric02_zeroPivot
     .type cusparseXbsric02_zeroPivot, @function
@@ -2718,18 +2199,12 @@ cusparseXcoosort_bufferSizeExt:
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname188(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcscsort@PLT
     .size cusparseXcscsort, .-cusparseXcscsort
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname189(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcscsort_bufferSizeExt@PLT
     .size cusparseXcscsort_bufferSizeExt, .-cusparseXcscsort_bufferSizeExt
     .globl cusparseXcsr2bsrNnz
     .type cusparseXcsr2bsrNnz, @function
@@ -2799,10 +2274,7 @@ cusparseXgebsr2gebsrNnz:
     .globl cusparseZaxpyi
     .type cusparseZaxpyi, @function
 cusparseZaxpyi:
-    leaq .Lname190(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZaxpyi@PLT
     .size cusparseZaxpyi, .-cusparseZaxpyi
     .globl cusparseZbsr2csr
     .type cusparseZbsr2csr, @function
@@ -2817,10 +2289,7 @@ cusparseZbsric02:
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname191(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_analysis@PLT
     .size cusparseZbsric02_analysis, .-cusparseZbsric02_analysis
     .globl cusparseZbsric02_bufferSize
     .type cusparseZbsric02_bufferSize, @function
@@ -2830,10 +2299,7 @@ cusparseZbsric02_bufferSize:
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname192(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_bufferSizeExt@PLT
     .size cusparseZbsric02_bufferSizeExt, .-cusparseZbsric02_bufferSizeExt
     .globl cusparseZbsrilu02
     .type cusparseZbsrilu02, @function
@@ -2853,18 +2319,12 @@ cusparseZbsrilu02_bufferSize:
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname193(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_bufferSizeExt@PLT
     .size cusparseZbsrilu02_bufferSizeExt, .-cusparseZbsrilu02_bufferSizeExt
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname194(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_numericBoost@PLT
     .size cusparseZbsrilu02_numericBoost, .-cusparseZbsrilu02_numericBoost
     .globl cusparseZbsrmm
     .type cusparseZbsrmm, @function
@@ -2889,10 +2349,7 @@ cusparseZbsrsm2_bufferSize:
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname195(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_bufferSizeExt@PLT
     .size cusparseZbsrsm2_bufferSizeExt, .-cusparseZbsrsm2_bufferSizeExt
     .globl cusparseZbsrsm2_solve
     .type cusparseZbsrsm2_solve, @function
@@ -2912,10 +2369,7 @@ cusparseZbsrsv2_bufferSize:
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname196(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_bufferSizeExt@PLT
     .size cusparseZbsrsv2_bufferSizeExt, .-cusparseZbsrsv2_bufferSizeExt
     .globl cusparseZbsrsv2_solve
     .type cusparseZbsrsv2_solve, @function
@@ -2930,10 +2384,7 @@ cusparseZbsrxmv:
     .globl cusparseZcsc2dense
     .type cusparseZcsc2dense, @function
 cusparseZcsc2dense:
-    leaq .Lname197(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsc2dense@PLT
     .size cusparseZcsc2dense, .-cusparseZcsc2dense
     .globl cusparseZcsr2bsr
     .type cusparseZcsr2bsr, @function
@@ -2943,10 +2394,7 @@ cusparseZcsr2bsr:
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname198(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2csr_compress@PLT
     .size cusparseZcsr2csr_compress, .-cusparseZcsr2csr_compress
     .globl cusparseZcsr2csru
     .type cusparseZcsr2csru, @function
@@ -2956,10 +2404,7 @@ cusparseZcsr2csru:
     .globl cusparseZcsr2dense
     .type cusparseZcsr2dense, @function
 cusparseZcsr2dense:
-    leaq .Lname199(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2dense@PLT
     .size cusparseZcsr2dense, .-cusparseZcsr2dense
     .globl cusparseZcsr2gebsr
     .type cusparseZcsr2gebsr, @function
@@ -2974,18 +2419,12 @@ cusparseZcsr2gebsr_bufferSize:
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname200(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr_bufferSizeExt@PLT
     .size cusparseZcsr2gebsr_bufferSizeExt, .-cusparseZcsr2gebsr_bufferSizeExt
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname201(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrcolor@PLT
     .size cusparseZcsrcolor, .-cusparseZcsrcolor
     .globl cusparseZcsrgeam2
     .type cusparseZcsrgeam2, @function
@@ -3010,10 +2449,7 @@ cusparseZcsrgemm2_bufferSizeExt:
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname202(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02@PLT
     .size cusparseZcsric02, .-cusparseZcsric02
     .globl cusparseZcsric02_analysis
     .type cusparseZcsric02_analysis, @function
@@ -3028,18 +2464,12 @@ cusparseZcsric02_bufferSize:
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname203(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_bufferSizeExt@PLT
     .size cusparseZcsric02_bufferSizeExt, .-cusparseZcsric02_bufferSizeExt
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname204(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02@PLT
     .size cusparseZcsrilu02, .-cusparseZcsrilu02
     .globl cusparseZcsrilu02_analysis
     .type cusparseZcsrilu02_analysis, @function
@@ -3054,18 +2484,12 @@ cusparseZcsrilu02_bufferSize:
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname205(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_bufferSizeExt@PLT
     .size cusparseZcsrilu02_bufferSizeExt, .-cusparseZcsrilu02_bufferSizeExt
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname206(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_numericBoost@PLT
     .size cusparseZcsrilu02_numericBoost, .-cusparseZcsrilu02_numericBoost
     .globl cusparseZcsrsm2_analysis
     .type cusparseZcsrsm2_analysis, @function
@@ -3075,10 +2499,7 @@ cusparseZcsrsm2_analysis:
     .globl cusparseZcsrsm2_bufferSizeExt
     .type cusparseZcsrsm2_bufferSizeExt, @function
 cusparseZcsrsm2_bufferSizeExt:
-    leaq .Lname207(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsm2_bufferSizeExt@PLT
     .size cusparseZcsrsm2_bufferSizeExt, .-cusparseZcsrsm2_bufferSizeExt
     .globl cusparseZcsrsm2_solve
     .type cusparseZcsrsm2_solve, @function
@@ -3098,10 +2519,7 @@ cusparseZcsrsv2_bufferSize:
     .globl cusparseZcsrsv2_bufferSizeExt
     .type cusparseZcsrsv2_bufferSizeExt, @function
 cusparseZcsrsv2_bufferSizeExt:
-    leaq .Lname208(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsv2_bufferSizeExt@PLT
     .size cusparseZcsrsv2_bufferSizeExt, .-cusparseZcsrsv2_bufferSizeExt
     .globl cusparseZcsrsv2_solve
     .type cusparseZcsrsv2_solve, @function
@@ -3121,18 +2539,12 @@ cusparseZcsru2csr_bufferSizeExt:
     .globl cusparseZdense2csc
     .type cusparseZdense2csc, @function
 cusparseZdense2csc:
-    leaq .Lname209(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZdense2csc@PLT
     .size cusparseZdense2csc, .-cusparseZdense2csc
     .globl cusparseZdense2csr
     .type cusparseZdense2csr, @function
 cusparseZdense2csr:
-    leaq .Lname210(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZdense2csr@PLT
     .size cusparseZdense2csr, .-cusparseZdense2csr
     .globl cusparseZgebsr2csr
     .type cusparseZgebsr2csr, @function
@@ -3142,10 +2554,7 @@ cusparseZgebsr2csr:
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname211(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc@PLT
     .size cusparseZgebsr2gebsc, .-cusparseZgebsr2gebsc
     .globl cusparseZgebsr2gebsc_bufferSize
     .type cusparseZgebsr2gebsc_bufferSize, @function
@@ -3155,10 +2564,7 @@ cusparseZgebsr2gebsc_bufferSize:
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname212(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseZgebsr2gebsc_bufferSizeExt, .-cusparseZgebsr2gebsc_bufferSizeExt
     .globl cusparseZgebsr2gebsr
     .type cusparseZgebsr2gebsr, @function
@@ -3173,66 +2579,42 @@ cusparseZgebsr2gebsr_bufferSize:
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname213(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseZgebsr2gebsr_bufferSizeExt, .-cusparseZgebsr2gebsr_bufferSizeExt
     .globl cusparseZgemmi
     .type cusparseZgemmi, @function
 cusparseZgemmi:
-    leaq .Lname214(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgemmi@PLT
     .size cusparseZgemmi, .-cusparseZgemmi
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname215(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgemvi@PLT
     .size cusparseZgemvi, .-cusparseZgemvi
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname216(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgemvi_bufferSize@PLT
     .size cusparseZgemvi_bufferSize, .-cusparseZgemvi_bufferSize
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname217(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgpsvInterleavedBatch@PLT
     .size cusparseZgpsvInterleavedBatch, .-cusparseZgpsvInterleavedBatch
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname218(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseZgpsvInterleavedBatch_bufferSizeExt, .-cusparseZgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseZgthr
     .type cusparseZgthr, @function
 cusparseZgthr:
-    leaq .Lname219(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgthr@PLT
     .size cusparseZgthr, .-cusparseZgthr
     .globl cusparseZgthrz
     .type cusparseZgthrz, @function
 cusparseZgthrz:
-    leaq .Lname220(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgthrz@PLT
     .size cusparseZgthrz, .-cusparseZgthrz
     .globl cusparseZgtsv2
     .type cusparseZgtsv2, @function
@@ -3242,26 +2624,17 @@ cusparseZgtsv2:
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname221(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2StridedBatch@PLT
     .size cusparseZgtsv2StridedBatch, .-cusparseZgtsv2StridedBatch
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname222(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseZgtsv2StridedBatch_bufferSizeExt, .-cusparseZgtsv2StridedBatch_bufferSizeExt
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname223(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_bufferSizeExt@PLT
     .size cusparseZgtsv2_bufferSizeExt, .-cusparseZgtsv2_bufferSizeExt
     .globl cusparseZgtsv2_nopivot
     .type cusparseZgtsv2_nopivot, @function
@@ -3271,510 +2644,62 @@ cusparseZgtsv2_nopivot:
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname224(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseZgtsv2_nopivot_bufferSizeExt, .-cusparseZgtsv2_nopivot_bufferSizeExt
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname225(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsvInterleavedBatch@PLT
     .size cusparseZgtsvInterleavedBatch, .-cusparseZgtsvInterleavedBatch
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname226(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseZgtsvInterleavedBatch_bufferSizeExt, .-cusparseZgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname227(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZnnz@PLT
     .size cusparseZnnz, .-cusparseZnnz
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname228(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZnnz_compress@PLT
     .size cusparseZnnz_compress, .-cusparseZnnz_compress
     .globl cusparseZsctr
     .type cusparseZsctr, @function
 cusparseZsctr:
-    leaq .Lname229(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZsctr@PLT
     .size cusparseZsctr, .-cusparseZsctr
     .section .rodata
 .Lname0:
-    .asciz "cusparseBlockedEllGet"
-.Lname1:
-    .asciz "cusparseCaxpyi"
-.Lname2:
-    .asciz "cusparseCbsric02_analysis"
-.Lname3:
-    .asciz "cusparseCbsric02_bufferSizeExt"
-.Lname4:
-    .asciz "cusparseCbsrilu02_bufferSizeExt"
-.Lname5:
-    .asciz "cusparseCbsrilu02_numericBoost"
-.Lname6:
-    .asciz "cusparseCbsrsm2_bufferSizeExt"
-.Lname7:
-    .asciz "cusparseCbsrsv2_bufferSizeExt"
-.Lname8:
-    .asciz "cusparseCcsc2dense"
-.Lname9:
-    .asciz "cusparseCcsr2csr_compress"
-.Lname10:
-    .asciz "cusparseCcsr2dense"
-.Lname11:
-    .asciz "cusparseCcsr2gebsr_bufferSizeExt"
-.Lname12:
-    .asciz "cusparseCcsrcolor"
-.Lname13:
-    .asciz "cusparseCcsric02"
-.Lname14:
-    .asciz "cusparseCcsric02_bufferSizeExt"
-.Lname15:
-    .asciz "cusparseCcsrilu02"
-.Lname16:
-    .asciz "cusparseCcsrilu02_bufferSizeExt"
-.Lname17:
-    .asciz "cusparseCcsrilu02_numericBoost"
-.Lname18:
-    .asciz "cusparseCcsrsm2_bufferSizeExt"
-.Lname19:
-    .asciz "cusparseCcsrsv2_bufferSizeExt"
-.Lname20:
-    .asciz "cusparseCdense2csc"
-.Lname21:
-    .asciz "cusparseCdense2csr"
-.Lname22:
-    .asciz "cusparseCgebsr2gebsc"
-.Lname23:
-    .asciz "cusparseCgebsr2gebsc_bufferSizeExt"
-.Lname24:
-    .asciz "cusparseCgebsr2gebsr_bufferSizeExt"
-.Lname25:
-    .asciz "cusparseCgemmi"
-.Lname26:
-    .asciz "cusparseCgemvi"
-.Lname27:
-    .asciz "cusparseCgemvi_bufferSize"
-.Lname28:
-    .asciz "cusparseCgpsvInterleavedBatch"
-.Lname29:
-    .asciz "cusparseCgpsvInterleavedBatch_bufferSizeExt"
-.Lname30:
-    .asciz "cusparseCgthr"
-.Lname31:
-    .asciz "cusparseCgthrz"
-.Lname32:
-    .asciz "cusparseCgtsv2StridedBatch"
-.Lname33:
-    .asciz "cusparseCgtsv2StridedBatch_bufferSizeExt"
-.Lname34:
-    .asciz "cusparseCgtsv2_bufferSizeExt"
-.Lname35:
-    .asciz "cusparseCgtsv2_nopivot_bufferSizeExt"
-.Lname36:
-    .asciz "cusparseCgtsvInterleavedBatch"
-.Lname37:
-    .asciz "cusparseCgtsvInterleavedBatch_bufferSizeExt"
-.Lname38:
-    .asciz "cusparseCnnz"
-.Lname39:
-    .asciz "cusparseCnnz_compress"
-.Lname40:
-    .asciz "cusparseCooAoSGet"
-.Lname41:
-    .asciz "cusparseCooGet"
-.Lname42:
-    .asciz "cusparseCreateBlockedEll"
-.Lname43:
-    .asciz "cusparseCreateCsc"
-.Lname44:
-    .asciz "cusparseCreateSpVec"
-.Lname45:
-    .asciz "cusparseCscGet"
-.Lname46:
-    .asciz "cusparseCscSetPointers"
-.Lname47:
-    .asciz "cusparseCsctr"
-.Lname48:
-    .asciz "cusparseCsr2cscEx2"
-.Lname49:
-    .asciz "cusparseCsr2cscEx2_bufferSize"
-.Lname50:
-    .asciz "cusparseCsrGet"
-.Lname51:
-    .asciz "cusparseCsrmvEx"
-.Lname52:
-    .asciz "cusparseCsrmvEx_bufferSize"
-.Lname53:
-    .asciz "cusparseDaxpyi"
-.Lname54:
-    .asciz "cusparseDbsric02_analysis"
-.Lname55:
-    .asciz "cusparseDbsric02_bufferSizeExt"
-.Lname56:
-    .asciz "cusparseDbsrilu02_bufferSizeExt"
-.Lname57:
-    .asciz "cusparseDbsrilu02_numericBoost"
-.Lname58:
-    .asciz "cusparseDbsrsm2_bufferSizeExt"
-.Lname59:
-    .asciz "cusparseDbsrsv2_bufferSizeExt"
-.Lname60:
-    .asciz "cusparseDcsc2dense"
-.Lname61:
-    .asciz "cusparseDcsr2csr_compress"
-.Lname62:
-    .asciz "cusparseDcsr2dense"
-.Lname63:
-    .asciz "cusparseDcsr2gebsr_bufferSizeExt"
-.Lname64:
-    .asciz "cusparseDcsrcolor"
-.Lname65:
-    .asciz "cusparseDcsric02"
-.Lname66:
-    .asciz "cusparseDcsric02_bufferSizeExt"
-.Lname67:
-    .asciz "cusparseDcsrilu02"
-.Lname68:
-    .asciz "cusparseDcsrilu02_bufferSizeExt"
-.Lname69:
-    .asciz "cusparseDcsrilu02_numericBoost"
-.Lname70:
-    .asciz "cusparseDcsrsm2_bufferSizeExt"
-.Lname71:
-    .asciz "cusparseDcsrsv2_bufferSizeExt"
-.Lname72:
-    .asciz "cusparseDdense2csc"
-.Lname73:
-    .asciz "cusparseDdense2csr"
-.Lname74:
-    .asciz "cusparseDgebsr2gebsc"
-.Lname75:
-    .asciz "cusparseDgebsr2gebsc_bufferSizeExt"
-.Lname76:
-    .asciz "cusparseDgebsr2gebsr_bufferSizeExt"
-.Lname77:
-    .asciz "cusparseDgemmi"
-.Lname78:
-    .asciz "cusparseDgemvi"
-.Lname79:
-    .asciz "cusparseDgemvi_bufferSize"
-.Lname80:
-    .asciz "cusparseDgpsvInterleavedBatch"
-.Lname81:
-    .asciz "cusparseDgpsvInterleavedBatch_bufferSizeExt"
-.Lname82:
-    .asciz "cusparseDgthr"
-.Lname83:
-    .asciz "cusparseDgthrz"
-.Lname84:
-    .asciz "cusparseDgtsv2"
-.Lname85:
-    .asciz "cusparseDgtsv2StridedBatch"
-.Lname86:
-    .asciz "cusparseDgtsv2StridedBatch_bufferSizeExt"
-.Lname87:
-    .asciz "cusparseDgtsv2_bufferSizeExt"
-.Lname88:
-    .asciz "cusparseDgtsv2_nopivot"
-.Lname89:
-    .asciz "cusparseDgtsv2_nopivot_bufferSizeExt"
-.Lname90:
-    .asciz "cusparseDgtsvInterleavedBatch"
-.Lname91:
-    .asciz "cusparseDgtsvInterleavedBatch_bufferSizeExt"
-.Lname92:
-    .asciz "cusparseDnMatGet"
-.Lname93:
-    .asciz "cusparseDnMatGetStridedBatch"
-.Lname94:
-    .asciz "cusparseDnVecGet"
-.Lname95:
-    .asciz "cusparseDnnz"
-.Lname96:
-    .asciz "cusparseDnnz_compress"
-.Lname97:
-    .asciz "cusparseDpruneCsr2csr"
-.Lname98:
-    .asciz "cusparseDpruneCsr2csrNnz"
-.Lname99:
-    .asciz "cusparseDpruneCsr2csr_bufferSizeExt"
-.Lname100:
-    .asciz "cusparseDpruneDense2csr"
-.Lname101:
-    .asciz "cusparseDpruneDense2csrByPercentage"
-.Lname102:
-    .asciz "cusparseDpruneDense2csrByPercentage_bufferSizeExt"
-.Lname103:
-    .asciz "cusparseDpruneDense2csrNnz"
-.Lname104:
-    .asciz "cusparseDpruneDense2csrNnzByPercentage"
-.Lname105:
-    .asciz "cusparseDpruneDense2csr_bufferSizeExt"
-.Lname106:
-    .asciz "cusparseDroti"
-.Lname107:
-    .asciz "cusparseDsctr"
-.Lname108:
-    .asciz "cusparseGetColorAlgs"
-.Lname109:
-    .asciz "cusparseGetPointerMode"
-.Lname110:
     .asciz "cusparseHpruneCsr2csr"
-.Lname111:
+.Lname1:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname112:
+.Lname2:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname113:
+.Lname3:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname114:
+.Lname4:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname115:
+.Lname5:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname116:
+.Lname6:
     .asciz "cusparseHpruneDense2csr"
-.Lname117:
+.Lname7:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname118:
+.Lname8:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname119:
+.Lname9:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname120:
+.Lname10:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname121:
+.Lname11:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname122:
+.Lname12:
     .asciz "cusparseLoggerOpenFile"
-.Lname123:
+.Lname13:
     .asciz "cusparseLoggerSetCallback"
-.Lname124:
+.Lname14:
     .asciz "cusparseLoggerSetFile"
-.Lname125:
-    .asciz "cusparseRot"
-.Lname126:
-    .asciz "cusparseSaxpyi"
-.Lname127:
-    .asciz "cusparseSbsric02_analysis"
-.Lname128:
-    .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname129:
-    .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname130:
-    .asciz "cusparseSbsrilu02_numericBoost"
-.Lname131:
-    .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname132:
-    .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname133:
-    .asciz "cusparseScsc2dense"
-.Lname134:
-    .asciz "cusparseScsr2csr_compress"
-.Lname135:
-    .asciz "cusparseScsr2dense"
-.Lname136:
-    .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname137:
-    .asciz "cusparseScsrcolor"
-.Lname138:
-    .asciz "cusparseScsric02"
-.Lname139:
-    .asciz "cusparseScsric02_bufferSizeExt"
-.Lname140:
-    .asciz "cusparseScsrilu02"
-.Lname141:
-    .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname142:
-    .asciz "cusparseScsrilu02_numericBoost"
-.Lname143:
-    .asciz "cusparseScsrsm2_bufferSizeExt"
-.Lname144:
-    .asciz "cusparseScsrsv2_bufferSizeExt"
-.Lname145:
-    .asciz "cusparseSdense2csc"
-.Lname146:
-    .asciz "cusparseSdense2csr"
-.Lname147:
-    .asciz "cusparseSgebsr2gebsc"
-.Lname148:
-    .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname149:
-    .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname150:
-    .asciz "cusparseSgemmi"
-.Lname151:
-    .asciz "cusparseSgemvi"
-.Lname152:
-    .asciz "cusparseSgemvi_bufferSize"
-.Lname153:
-    .asciz "cusparseSgpsvInterleavedBatch"
-.Lname154:
-    .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname155:
-    .asciz "cusparseSgthr"
-.Lname156:
-    .asciz "cusparseSgthrz"
-.Lname157:
-    .asciz "cusparseSgtsv2"
-.Lname158:
-    .asciz "cusparseSgtsv2StridedBatch"
-.Lname159:
-    .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname160:
-    .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname161:
-    .asciz "cusparseSgtsv2_nopivot"
-.Lname162:
-    .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname163:
-    .asciz "cusparseSgtsvInterleavedBatch"
-.Lname164:
-    .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname165:
-    .asciz "cusparseSnnz"
-.Lname166:
-    .asciz "cusparseSnnz_compress"
-.Lname167:
-    .asciz "cusparseSpGEMMreuse_copy"
-.Lname168:
-    .asciz "cusparseSpGEMMreuse_nnz"
-.Lname169:
-    .asciz "cusparseSpMMOp_createPlan"
-.Lname170:
-    .asciz "cusparseSpMatGetFormat"
-.Lname171:
-    .asciz "cusparseSpMatGetIndexBase"
-.Lname172:
-    .asciz "cusparseSpMatGetStridedBatch"
-.Lname173:
-    .asciz "cusparseSpVV"
-.Lname174:
-    .asciz "cusparseSpVV_bufferSize"
-.Lname175:
-    .asciz "cusparseSpVecGet"
-.Lname176:
-    .asciz "cusparseSpVecGetIndexBase"
-.Lname177:
-    .asciz "cusparseSpruneCsr2csr"
-.Lname178:
-    .asciz "cusparseSpruneCsr2csrNnz"
-.Lname179:
-    .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname180:
-    .asciz "cusparseSpruneDense2csr"
-.Lname181:
-    .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname182:
-    .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname183:
-    .asciz "cusparseSpruneDense2csrNnz"
-.Lname184:
-    .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname185:
-    .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname186:
-    .asciz "cusparseSroti"
-.Lname187:
-    .asciz "cusparseSsctr"
-.Lname188:
-    .asciz "cusparseXcscsort"
-.Lname189:
-    .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname190:
-    .asciz "cusparseZaxpyi"
-.Lname191:
-    .asciz "cusparseZbsric02_analysis"
-.Lname192:
-    .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname193:
-    .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname194:
-    .asciz "cusparseZbsrilu02_numericBoost"
-.Lname195:
-    .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname196:
-    .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname197:
-    .asciz "cusparseZcsc2dense"
-.Lname198:
-    .asciz "cusparseZcsr2csr_compress"
-.Lname199:
-    .asciz "cusparseZcsr2dense"
-.Lname200:
-    .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname201:
-    .asciz "cusparseZcsrcolor"
-.Lname202:
-    .asciz "cusparseZcsric02"
-.Lname203:
-    .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname204:
-    .asciz "cusparseZcsrilu02"
-.Lname205:
-    .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname206:
-    .asciz "cusparseZcsrilu02_numericBoost"
-.Lname207:
-    .asciz "cusparseZcsrsm2_bufferSizeExt"
-.Lname208:
-    .asciz "cusparseZcsrsv2_bufferSizeExt"
-.Lname209:
-    .asciz "cusparseZdense2csc"
-.Lname210:
-    .asciz "cusparseZdense2csr"
-.Lname211:
-    .asciz "cusparseZgebsr2gebsc"
-.Lname212:
-    .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname213:
-    .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname214:
-    .asciz "cusparseZgemmi"
-.Lname215:
-    .asciz "cusparseZgemvi"
-.Lname216:
-    .asciz "cusparseZgemvi_bufferSize"
-.Lname217:
-    .asciz "cusparseZgpsvInterleavedBatch"
-.Lname218:
-    .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname219:
-    .asciz "cusparseZgthr"
-.Lname220:
-    .asciz "cusparseZgthrz"
-.Lname221:
-    .asciz "cusparseZgtsv2StridedBatch"
-.Lname222:
-    .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname223:
-    .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname224:
-    .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname225:
-    .asciz "cusparseZgtsvInterleavedBatch"
-.Lname226:
-    .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname227:
-    .asciz "cusparseZnnz"
-.Lname228:
-    .asciz "cusparseZnnz_compress"
-.Lname229:
-    .asciz "cusparseZsctr"
     .section .note.GNU-stack,"",@progbits

@@ -9,10 +9,7 @@ cusparseAxpby:
     .globl cusparseBlockedEllGet
     .type cusparseBlockedEllGet, @function
 cusparseBlockedEllGet:
-    leaq .Lname0(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseBlockedEllGet@PLT
     .size cusparseBlockedEllGet, .-cusparseBlockedEllGet
     .globl cusparseBsrSetStridedBatch
     .type cusparseBsrSetStridedBatch, @function
@@ -32,10 +29,7 @@ cusparseCbsric02:
     .globl cusparseCbsric02_analysis
     .type cusparseCbsric02_analysis, @function
 cusparseCbsric02_analysis:
-    leaq .Lname1(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_analysis@PLT
     .size cusparseCbsric02_analysis, .-cusparseCbsric02_analysis
     .globl cusparseCbsric02_bufferSize
     .type cusparseCbsric02_bufferSize, @function
@@ -45,10 +39,7 @@ cusparseCbsric02_bufferSize:
     .globl cusparseCbsric02_bufferSizeExt
     .type cusparseCbsric02_bufferSizeExt, @function
 cusparseCbsric02_bufferSizeExt:
-    leaq .Lname2(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_bufferSizeExt@PLT
     .size cusparseCbsric02_bufferSizeExt, .-cusparseCbsric02_bufferSizeExt
     .globl cusparseCbsrilu02
     .type cusparseCbsrilu02, @function
@@ -68,18 +59,12 @@ cusparseCbsrilu02_bufferSize:
     .globl cusparseCbsrilu02_bufferSizeExt
     .type cusparseCbsrilu02_bufferSizeExt, @function
 cusparseCbsrilu02_bufferSizeExt:
-    leaq .Lname3(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_bufferSizeExt@PLT
     .size cusparseCbsrilu02_bufferSizeExt, .-cusparseCbsrilu02_bufferSizeExt
     .globl cusparseCbsrilu02_numericBoost
     .type cusparseCbsrilu02_numericBoost, @function
 cusparseCbsrilu02_numericBoost:
-    leaq .Lname4(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_numericBoost@PLT
     .size cusparseCbsrilu02_numericBoost, .-cusparseCbsrilu02_numericBoost
     .globl cusparseCbsrmm
     .type cusparseCbsrmm, @function
@@ -104,10 +89,7 @@ cusparseCbsrsm2_bufferSize:
     .globl cusparseCbsrsm2_bufferSizeExt
     .type cusparseCbsrsm2_bufferSizeExt, @function
 cusparseCbsrsm2_bufferSizeExt:
-    leaq .Lname5(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_bufferSizeExt@PLT
     .size cusparseCbsrsm2_bufferSizeExt, .-cusparseCbsrsm2_bufferSizeExt
     .globl cusparseCbsrsm2_solve
     .type cusparseCbsrsm2_solve, @function
@@ -127,10 +109,7 @@ cusparseCbsrsv2_bufferSize:
     .globl cusparseCbsrsv2_bufferSizeExt
     .type cusparseCbsrsv2_bufferSizeExt, @function
 cusparseCbsrsv2_bufferSizeExt:
-    leaq .Lname6(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_bufferSizeExt@PLT
     .size cusparseCbsrsv2_bufferSizeExt, .-cusparseCbsrsv2_bufferSizeExt
     .globl cusparseCbsrsv2_solve
     .type cusparseCbsrsv2_solve, @function
@@ -150,10 +129,7 @@ cusparseCcsr2bsr:
     .globl cusparseCcsr2csr_compress
     .type cusparseCcsr2csr_compress, @function
 cusparseCcsr2csr_compress:
-    leaq .Lname7(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2csr_compress@PLT
     .size cusparseCcsr2csr_compress, .-cusparseCcsr2csr_compress
     .globl cusparseCcsr2csru
     .type cusparseCcsr2csru, @function
@@ -173,18 +149,12 @@ cusparseCcsr2gebsr_bufferSize:
     .globl cusparseCcsr2gebsr_bufferSizeExt
     .type cusparseCcsr2gebsr_bufferSizeExt, @function
 cusparseCcsr2gebsr_bufferSizeExt:
-    leaq .Lname8(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr_bufferSizeExt@PLT
     .size cusparseCcsr2gebsr_bufferSizeExt, .-cusparseCcsr2gebsr_bufferSizeExt
     .globl cusparseCcsrcolor
     .type cusparseCcsrcolor, @function
 cusparseCcsrcolor:
-    leaq .Lname9(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrcolor@PLT
     .size cusparseCcsrcolor, .-cusparseCcsrcolor
     .globl cusparseCcsrgeam2
     .type cusparseCcsrgeam2, @function
@@ -199,10 +169,7 @@ cusparseCcsrgeam2_bufferSizeExt:
     .globl cusparseCcsric02
     .type cusparseCcsric02, @function
 cusparseCcsric02:
-    leaq .Lname10(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02@PLT
     .size cusparseCcsric02, .-cusparseCcsric02
     .globl cusparseCcsric02_analysis
     .type cusparseCcsric02_analysis, @function
@@ -217,18 +184,12 @@ cusparseCcsric02_bufferSize:
     .globl cusparseCcsric02_bufferSizeExt
     .type cusparseCcsric02_bufferSizeExt, @function
 cusparseCcsric02_bufferSizeExt:
-    leaq .Lname11(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_bufferSizeExt@PLT
     .size cusparseCcsric02_bufferSizeExt, .-cusparseCcsric02_bufferSizeExt
     .globl cusparseCcsrilu02
     .type cusparseCcsrilu02, @function
 cusparseCcsrilu02:
-    leaq .Lname12(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02@PLT
     .size cusparseCcsrilu02, .-cusparseCcsrilu02
     .globl cusparseCcsrilu02_analysis
     .type cusparseCcsrilu02_analysis, @function
@@ -243,18 +204,12 @@ cusparseCcsrilu02_bufferSize:
     .globl cusparseCcsrilu02_bufferSizeExt
     .type cusparseCcsrilu02_bufferSizeExt, @function
 cusparseCcsrilu02_bufferSizeExt:
-    leaq .Lname13(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_bufferSizeExt@PLT
     .size cusparseCcsrilu02_bufferSizeExt, .-cusparseCcsrilu02_bufferSizeExt
     .globl cusparseCcsrilu02_numericBoost
     .type cusparseCcsrilu02_numericBoost, @function
 cusparseCcsrilu02_numericBoost:
-    leaq .Lname14(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_numericBoost@PLT
     .size cusparseCcsrilu02_numericBoost, .-cusparseCcsrilu02_numericBoost
     .globl cusparseCcsru2csr
     .type cusparseCcsru2csr, @function
@@ -274,10 +229,7 @@ cusparseCgebsr2csr:
     .globl cusparseCgebsr2gebsc
     .type cusparseCgebsr2gebsc, @function
 cusparseCgebsr2gebsc:
-    leaq .Lname15(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc@PLT
     .size cusparseCgebsr2gebsc, .-cusparseCgebsr2gebsc
     .globl cusparseCgebsr2gebsc_bufferSize
     .type cusparseCgebsr2gebsc_bufferSize, @function
@@ -287,10 +239,7 @@ cusparseCgebsr2gebsc_bufferSize:
     .globl cusparseCgebsr2gebsc_bufferSizeExt
     .type cusparseCgebsr2gebsc_bufferSizeExt, @function
 cusparseCgebsr2gebsc_bufferSizeExt:
-    leaq .Lname16(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseCgebsr2gebsc_bufferSizeExt, .-cusparseCgebsr2gebsc_bufferSizeExt
     .globl cusparseCgebsr2gebsr
     .type cusparseCgebsr2gebsr, @function
@@ -305,42 +254,27 @@ cusparseCgebsr2gebsr_bufferSize:
     .globl cusparseCgebsr2gebsr_bufferSizeExt
     .type cusparseCgebsr2gebsr_bufferSizeExt, @function
 cusparseCgebsr2gebsr_bufferSizeExt:
-    leaq .Lname17(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseCgebsr2gebsr_bufferSizeExt, .-cusparseCgebsr2gebsr_bufferSizeExt
     .globl cusparseCgemvi
     .type cusparseCgemvi, @function
 cusparseCgemvi:
-    leaq .Lname18(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgemvi@PLT
     .size cusparseCgemvi, .-cusparseCgemvi
     .globl cusparseCgemvi_bufferSize
     .type cusparseCgemvi_bufferSize, @function
 cusparseCgemvi_bufferSize:
-    leaq .Lname19(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgemvi_bufferSize@PLT
     .size cusparseCgemvi_bufferSize, .-cusparseCgemvi_bufferSize
     .globl cusparseCgpsvInterleavedBatch
     .type cusparseCgpsvInterleavedBatch, @function
 cusparseCgpsvInterleavedBatch:
-    leaq .Lname20(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgpsvInterleavedBatch@PLT
     .size cusparseCgpsvInterleavedBatch, .-cusparseCgpsvInterleavedBatch
     .globl cusparseCgpsvInterleavedBatch_bufferSizeExt
     .type cusparseCgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname21(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseCgpsvInterleavedBatch_bufferSizeExt, .-cusparseCgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseCgtsv2
     .type cusparseCgtsv2, @function
@@ -350,26 +284,17 @@ cusparseCgtsv2:
     .globl cusparseCgtsv2StridedBatch
     .type cusparseCgtsv2StridedBatch, @function
 cusparseCgtsv2StridedBatch:
-    leaq .Lname22(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2StridedBatch@PLT
     .size cusparseCgtsv2StridedBatch, .-cusparseCgtsv2StridedBatch
     .globl cusparseCgtsv2StridedBatch_bufferSizeExt
     .type cusparseCgtsv2StridedBatch_bufferSizeExt, @function
 cusparseCgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname23(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseCgtsv2StridedBatch_bufferSizeExt, .-cusparseCgtsv2StridedBatch_bufferSizeExt
     .globl cusparseCgtsv2_bufferSizeExt
     .type cusparseCgtsv2_bufferSizeExt, @function
 cusparseCgtsv2_bufferSizeExt:
-    leaq .Lname24(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_bufferSizeExt@PLT
     .size cusparseCgtsv2_bufferSizeExt, .-cusparseCgtsv2_bufferSizeExt
     .globl cusparseCgtsv2_nopivot
     .type cusparseCgtsv2_nopivot, @function
@@ -379,82 +304,52 @@ cusparseCgtsv2_nopivot:
     .globl cusparseCgtsv2_nopivot_bufferSizeExt
     .type cusparseCgtsv2_nopivot_bufferSizeExt, @function
 cusparseCgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname25(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseCgtsv2_nopivot_bufferSizeExt, .-cusparseCgtsv2_nopivot_bufferSizeExt
     .globl cusparseCgtsvInterleavedBatch
     .type cusparseCgtsvInterleavedBatch, @function
 cusparseCgtsvInterleavedBatch:
-    leaq .Lname26(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsvInterleavedBatch@PLT
     .size cusparseCgtsvInterleavedBatch, .-cusparseCgtsvInterleavedBatch
     .globl cusparseCgtsvInterleavedBatch_bufferSizeExt
     .type cusparseCgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname27(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseCgtsvInterleavedBatch_bufferSizeExt, .-cusparseCgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseCnnz
     .type cusparseCnnz, @function
 cusparseCnnz:
-    leaq .Lname28(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCnnz@PLT
     .size cusparseCnnz, .-cusparseCnnz
     .globl cusparseCnnz_compress
     .type cusparseCnnz_compress, @function
 cusparseCnnz_compress:
-    leaq .Lname29(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCnnz_compress@PLT
     .size cusparseCnnz_compress, .-cusparseCnnz_compress
     .globl cusparseConstBlockedEllGet
     .type cusparseConstBlockedEllGet, @function
 cusparseConstBlockedEllGet:
-    leaq .Lname30(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstBlockedEllGet@PLT
     .size cusparseConstBlockedEllGet, .-cusparseConstBlockedEllGet
     .globl cusparseConstCooGet
     .type cusparseConstCooGet, @function
 cusparseConstCooGet:
-    leaq .Lname31(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstCooGet@PLT
     .size cusparseConstCooGet, .-cusparseConstCooGet
     .globl cusparseConstCscGet
     .type cusparseConstCscGet, @function
 cusparseConstCscGet:
-    leaq .Lname32(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstCscGet@PLT
     .size cusparseConstCscGet, .-cusparseConstCscGet
     .globl cusparseConstCsrGet
     .type cusparseConstCsrGet, @function
 cusparseConstCsrGet:
-    leaq .Lname33(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstCsrGet@PLT
     .size cusparseConstCsrGet, .-cusparseConstCsrGet
     .globl cusparseConstDnMatGet
     .type cusparseConstDnMatGet, @function
 cusparseConstDnMatGet:
-    leaq .Lname34(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstDnMatGet@PLT
     .size cusparseConstDnMatGet, .-cusparseConstDnMatGet
     .globl cusparseConstDnMatGetValues
     .type cusparseConstDnMatGetValues, @function
@@ -464,10 +359,7 @@ cusparseConstDnMatGetValues:
     .globl cusparseConstDnVecGet
     .type cusparseConstDnVecGet, @function
 cusparseConstDnVecGet:
-    leaq .Lname35(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstDnVecGet@PLT
     .size cusparseConstDnVecGet, .-cusparseConstDnVecGet
     .globl cusparseConstDnVecGetValues
     .type cusparseConstDnVecGetValues, @function
@@ -482,10 +374,7 @@ cusparseConstSpMatGetValues:
     .globl cusparseConstSpVecGet
     .type cusparseConstSpVecGet, @function
 cusparseConstSpVecGet:
-    leaq .Lname36(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstSpVecGet@PLT
     .size cusparseConstSpVecGet, .-cusparseConstSpVecGet
     .globl cusparseConstSpVecGetValues
     .type cusparseConstSpVecGetValues, @function
@@ -495,10 +384,7 @@ cusparseConstSpVecGetValues:
     .globl cusparseCooGet
     .type cusparseCooGet, @function
 cusparseCooGet:
-    leaq .Lname37(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCooGet@PLT
     .size cusparseCooGet, .-cusparseCooGet
     .globl cusparseCooSetPointers
     .type cusparseCooSetPointers, @function
@@ -518,10 +404,7 @@ cusparseCreate:
     .globl cusparseCreateBlockedEll
     .type cusparseCreateBlockedEll, @function
 cusparseCreateBlockedEll:
-    leaq .Lname38(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateBlockedEll@PLT
     .size cusparseCreateBlockedEll, .-cusparseCreateBlockedEll
     .globl cusparseCreateBsr
     .type cusparseCreateBsr, @function
@@ -556,10 +439,7 @@ cusparseCreateColorInfo:
     .globl cusparseCreateConstBlockedEll
     .type cusparseCreateConstBlockedEll, @function
 cusparseCreateConstBlockedEll:
-    leaq .Lname39(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstBlockedEll@PLT
     .size cusparseCreateConstBlockedEll, .-cusparseCreateConstBlockedEll
     .globl cusparseCreateConstBsr
     .type cusparseCreateConstBsr, @function
@@ -574,10 +454,7 @@ cusparseCreateConstCoo:
     .globl cusparseCreateConstCsc
     .type cusparseCreateConstCsc, @function
 cusparseCreateConstCsc:
-    leaq .Lname40(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstCsc@PLT
     .size cusparseCreateConstCsc, .-cusparseCreateConstCsc
     .globl cusparseCreateConstCsr
     .type cusparseCreateConstCsr, @function
@@ -597,18 +474,12 @@ cusparseCreateConstDnVec:
     .globl cusparseCreateConstSlicedEll
     .type cusparseCreateConstSlicedEll, @function
 cusparseCreateConstSlicedEll:
-    leaq .Lname41(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstSlicedEll@PLT
     .size cusparseCreateConstSlicedEll, .-cusparseCreateConstSlicedEll
     .globl cusparseCreateConstSpVec
     .type cusparseCreateConstSpVec, @function
 cusparseCreateConstSpVec:
-    leaq .Lname42(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstSpVec@PLT
     .size cusparseCreateConstSpVec, .-cusparseCreateConstSpVec
     .globl cusparseCreateCoo
     .type cusparseCreateCoo, @function
@@ -618,10 +489,7 @@ cusparseCreateCoo:
     .globl cusparseCreateCsc
     .type cusparseCreateCsc, @function
 cusparseCreateCsc:
-    leaq .Lname43(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCsc@PLT
     .size cusparseCreateCsc, .-cusparseCreateCsc
     .globl cusparseCreateCsr
     .type cusparseCreateCsr, @function
@@ -671,58 +539,37 @@ cusparseCreatePruneInfo:
     .globl cusparseCreateSlicedEll
     .type cusparseCreateSlicedEll, @function
 cusparseCreateSlicedEll:
-    leaq .Lname44(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateSlicedEll@PLT
     .size cusparseCreateSlicedEll, .-cusparseCreateSlicedEll
     .globl cusparseCreateSpVec
     .type cusparseCreateSpVec, @function
 cusparseCreateSpVec:
-    leaq .Lname45(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateSpVec@PLT
     .size cusparseCreateSpVec, .-cusparseCreateSpVec
     .globl cusparseCscGet
     .type cusparseCscGet, @function
 cusparseCscGet:
-    leaq .Lname46(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCscGet@PLT
     .size cusparseCscGet, .-cusparseCscGet
     .globl cusparseCscSetPointers
     .type cusparseCscSetPointers, @function
 cusparseCscSetPointers:
-    leaq .Lname47(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCscSetPointers@PLT
     .size cusparseCscSetPointers, .-cusparseCscSetPointers
     .globl cusparseCsr2cscEx2
     .type cusparseCsr2cscEx2, @function
 cusparseCsr2cscEx2:
-    leaq .Lname48(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsr2cscEx2@PLT
     .size cusparseCsr2cscEx2, .-cusparseCsr2cscEx2
     .globl cusparseCsr2cscEx2_bufferSize
     .type cusparseCsr2cscEx2_bufferSize, @function
 cusparseCsr2cscEx2_bufferSize:
-    leaq .Lname49(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsr2cscEx2_bufferSize@PLT
     .size cusparseCsr2cscEx2_bufferSize, .-cusparseCsr2cscEx2_bufferSize
     .globl cusparseCsrGet
     .type cusparseCsrGet, @function
 cusparseCsrGet:
-    leaq .Lname50(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrGet@PLT
     .size cusparseCsrGet, .-cusparseCsrGet
     .globl cusparseCsrSetPointers
     .type cusparseCsrSetPointers, @function
@@ -747,10 +594,7 @@ cusparseDbsric02:
     .globl cusparseDbsric02_analysis
     .type cusparseDbsric02_analysis, @function
 cusparseDbsric02_analysis:
-    leaq .Lname51(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_analysis@PLT
     .size cusparseDbsric02_analysis, .-cusparseDbsric02_analysis
     .globl cusparseDbsric02_bufferSize
     .type cusparseDbsric02_bufferSize, @function
@@ -760,10 +604,7 @@ cusparseDbsric02_bufferSize:
     .globl cusparseDbsric02_bufferSizeExt
     .type cusparseDbsric02_bufferSizeExt, @function
 cusparseDbsric02_bufferSizeExt:
-    leaq .Lname52(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_bufferSizeExt@PLT
     .size cusparseDbsric02_bufferSizeExt, .-cusparseDbsric02_bufferSizeExt
     .globl cusparseDbsrilu02
     .type cusparseDbsrilu02, @function
@@ -783,18 +624,12 @@ cusparseDbsrilu02_bufferSize:
     .globl cusparseDbsrilu02_bufferSizeExt
     .type cusparseDbsrilu02_bufferSizeExt, @function
 cusparseDbsrilu02_bufferSizeExt:
-    leaq .Lname53(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_bufferSizeExt@PLT
     .size cusparseDbsrilu02_bufferSizeExt, .-cusparseDbsrilu02_bufferSizeExt
     .globl cusparseDbsrilu02_numericBoost
     .type cusparseDbsrilu02_numericBoost, @function
 cusparseDbsrilu02_numericBoost:
-    leaq .Lname54(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_numericBoost@PLT
     .size cusparseDbsrilu02_numericBoost, .-cusparseDbsrilu02_numericBoost
     .globl cusparseDbsrmm
     .type cusparseDbsrmm, @function
@@ -819,10 +654,7 @@ cusparseDbsrsm2_bufferSize:
     .globl cusparseDbsrsm2_bufferSizeExt
     .type cusparseDbsrsm2_bufferSizeExt, @function
 cusparseDbsrsm2_bufferSizeExt:
-    leaq .Lname55(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_bufferSizeExt@PLT
     .size cusparseDbsrsm2_bufferSizeExt, .-cusparseDbsrsm2_bufferSizeExt
     .globl cusparseDbsrsm2_solve
     .type cusparseDbsrsm2_solve, @function
@@ -842,10 +674,7 @@ cusparseDbsrsv2_bufferSize:
     .globl cusparseDbsrsv2_bufferSizeExt
     .type cusparseDbsrsv2_bufferSizeExt, @function
 cusparseDbsrsv2_bufferSizeExt:
-    leaq .Lname56(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_bufferSizeExt@PLT
     .size cusparseDbsrsv2_bufferSizeExt, .-cusparseDbsrsv2_bufferSizeExt
     .globl cusparseDbsrsv2_solve
     .type cusparseDbsrsv2_solve, @function
@@ -865,10 +694,7 @@ cusparseDcsr2bsr:
     .globl cusparseDcsr2csr_compress
     .type cusparseDcsr2csr_compress, @function
 cusparseDcsr2csr_compress:
-    leaq .Lname57(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2csr_compress@PLT
     .size cusparseDcsr2csr_compress, .-cusparseDcsr2csr_compress
     .globl cusparseDcsr2csru
     .type cusparseDcsr2csru, @function
@@ -888,18 +714,12 @@ cusparseDcsr2gebsr_bufferSize:
     .globl cusparseDcsr2gebsr_bufferSizeExt
     .type cusparseDcsr2gebsr_bufferSizeExt, @function
 cusparseDcsr2gebsr_bufferSizeExt:
-    leaq .Lname58(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr_bufferSizeExt@PLT
     .size cusparseDcsr2gebsr_bufferSizeExt, .-cusparseDcsr2gebsr_bufferSizeExt
     .globl cusparseDcsrcolor
     .type cusparseDcsrcolor, @function
 cusparseDcsrcolor:
-    leaq .Lname59(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrcolor@PLT
     .size cusparseDcsrcolor, .-cusparseDcsrcolor
     .globl cusparseDcsrgeam2
     .type cusparseDcsrgeam2, @function
@@ -914,10 +734,7 @@ cusparseDcsrgeam2_bufferSizeExt:
     .globl cusparseDcsric02
     .type cusparseDcsric02, @function
 cusparseDcsric02:
-    leaq .Lname60(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02@PLT
     .size cusparseDcsric02, .-cusparseDcsric02
     .globl cusparseDcsric02_analysis
     .type cusparseDcsric02_analysis, @function
@@ -932,18 +749,12 @@ cusparseDcsric02_bufferSize:
     .globl cusparseDcsric02_bufferSizeExt
     .type cusparseDcsric02_bufferSizeExt, @function
 cusparseDcsric02_bufferSizeExt:
-    leaq .Lname61(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_bufferSizeExt@PLT
     .size cusparseDcsric02_bufferSizeExt, .-cusparseDcsric02_bufferSizeExt
     .globl cusparseDcsrilu02
     .type cusparseDcsrilu02, @function
 cusparseDcsrilu02:
-    leaq .Lname62(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02@PLT
     .size cusparseDcsrilu02, .-cusparseDcsrilu02
     .globl cusparseDcsrilu02_analysis
     .type cusparseDcsrilu02_analysis, @function
@@ -958,18 +769,12 @@ cusparseDcsrilu02_bufferSize:
     .globl cusparseDcsrilu02_bufferSizeExt
     .type cusparseDcsrilu02_bufferSizeExt, @function
 cusparseDcsrilu02_bufferSizeExt:
-    leaq .Lname63(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_bufferSizeExt@PLT
     .size cusparseDcsrilu02_bufferSizeExt, .-cusparseDcsrilu02_bufferSizeExt
     .globl cusparseDcsrilu02_numericBoost
     .type cusparseDcsrilu02_numericBoost, @function
 cusparseDcsrilu02_numericBoost:
-    leaq .Lname64(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_numericBoost@PLT
     .size cusparseDcsrilu02_numericBoost, .-cusparseDcsrilu02_numericBoost
     .globl cusparseDcsru2csr
     .type cusparseDcsru2csr, @function
@@ -1079,10 +884,7 @@ cusparseDgebsr2csr:
     .globl cusparseDgebsr2gebsc
     .type cusparseDgebsr2gebsc, @function
 cusparseDgebsr2gebsc:
-    leaq .Lname65(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc@PLT
     .size cusparseDgebsr2gebsc, .-cusparseDgebsr2gebsc
     .globl cusparseDgebsr2gebsc_bufferSize
     .type cusparseDgebsr2gebsc_bufferSize, @function
@@ -1092,10 +894,7 @@ cusparseDgebsr2gebsc_bufferSize:
     .globl cusparseDgebsr2gebsc_bufferSizeExt
     .type cusparseDgebsr2gebsc_bufferSizeExt, @function
 cusparseDgebsr2gebsc_bufferSizeExt:
-    leaq .Lname66(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseDgebsr2gebsc_bufferSizeExt, .-cusparseDgebsr2gebsc_bufferSizeExt
     .globl cusparseDgebsr2gebsr
     .type cusparseDgebsr2gebsr, @function
@@ -1110,122 +909,77 @@ cusparseDgebsr2gebsr_bufferSize:
     .globl cusparseDgebsr2gebsr_bufferSizeExt
     .type cusparseDgebsr2gebsr_bufferSizeExt, @function
 cusparseDgebsr2gebsr_bufferSizeExt:
-    leaq .Lname67(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseDgebsr2gebsr_bufferSizeExt, .-cusparseDgebsr2gebsr_bufferSizeExt
     .globl cusparseDgemvi
     .type cusparseDgemvi, @function
 cusparseDgemvi:
-    leaq .Lname68(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgemvi@PLT
     .size cusparseDgemvi, .-cusparseDgemvi
     .globl cusparseDgemvi_bufferSize
     .type cusparseDgemvi_bufferSize, @function
 cusparseDgemvi_bufferSize:
-    leaq .Lname69(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgemvi_bufferSize@PLT
     .size cusparseDgemvi_bufferSize, .-cusparseDgemvi_bufferSize
     .globl cusparseDgpsvInterleavedBatch
     .type cusparseDgpsvInterleavedBatch, @function
 cusparseDgpsvInterleavedBatch:
-    leaq .Lname70(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgpsvInterleavedBatch@PLT
     .size cusparseDgpsvInterleavedBatch, .-cusparseDgpsvInterleavedBatch
     .globl cusparseDgpsvInterleavedBatch_bufferSizeExt
     .type cusparseDgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname71(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseDgpsvInterleavedBatch_bufferSizeExt, .-cusparseDgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseDgtsv2
     .type cusparseDgtsv2, @function
 cusparseDgtsv2:
-    leaq .Lname72(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2@PLT
     .size cusparseDgtsv2, .-cusparseDgtsv2
     .globl cusparseDgtsv2StridedBatch
     .type cusparseDgtsv2StridedBatch, @function
 cusparseDgtsv2StridedBatch:
-    leaq .Lname73(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2StridedBatch@PLT
     .size cusparseDgtsv2StridedBatch, .-cusparseDgtsv2StridedBatch
     .globl cusparseDgtsv2StridedBatch_bufferSizeExt
     .type cusparseDgtsv2StridedBatch_bufferSizeExt, @function
 cusparseDgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname74(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseDgtsv2StridedBatch_bufferSizeExt, .-cusparseDgtsv2StridedBatch_bufferSizeExt
     .globl cusparseDgtsv2_bufferSizeExt
     .type cusparseDgtsv2_bufferSizeExt, @function
 cusparseDgtsv2_bufferSizeExt:
-    leaq .Lname75(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_bufferSizeExt@PLT
     .size cusparseDgtsv2_bufferSizeExt, .-cusparseDgtsv2_bufferSizeExt
     .globl cusparseDgtsv2_nopivot
     .type cusparseDgtsv2_nopivot, @function
 cusparseDgtsv2_nopivot:
-    leaq .Lname76(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_nopivot@PLT
     .size cusparseDgtsv2_nopivot, .-cusparseDgtsv2_nopivot
     .globl cusparseDgtsv2_nopivot_bufferSizeExt
     .type cusparseDgtsv2_nopivot_bufferSizeExt, @function
 cusparseDgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname77(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseDgtsv2_nopivot_bufferSizeExt, .-cusparseDgtsv2_nopivot_bufferSizeExt
     .globl cusparseDgtsvInterleavedBatch
     .type cusparseDgtsvInterleavedBatch, @function
 cusparseDgtsvInterleavedBatch:
-    leaq .Lname78(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsvInterleavedBatch@PLT
     .size cusparseDgtsvInterleavedBatch, .-cusparseDgtsvInterleavedBatch
     .globl cusparseDgtsvInterleavedBatch_bufferSizeExt
     .type cusparseDgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname79(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseDgtsvInterleavedBatch_bufferSizeExt, .-cusparseDgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseDnMatGet
     .type cusparseDnMatGet, @function
 cusparseDnMatGet:
-    leaq .Lname80(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGet@PLT
     .size cusparseDnMatGet, .-cusparseDnMatGet
     .globl cusparseDnMatGetStridedBatch
     .type cusparseDnMatGetStridedBatch, @function
 cusparseDnMatGetStridedBatch:
-    leaq .Lname81(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGetStridedBatch@PLT
     .size cusparseDnMatGetStridedBatch, .-cusparseDnMatGetStridedBatch
     .globl cusparseDnMatGetValues
     .type cusparseDnMatGetValues, @function
@@ -1245,10 +999,7 @@ cusparseDnMatSetValues:
     .globl cusparseDnVecGet
     .type cusparseDnVecGet, @function
 cusparseDnVecGet:
-    leaq .Lname82(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecGet@PLT
     .size cusparseDnVecGet, .-cusparseDnVecGet
     .globl cusparseDnVecGetValues
     .type cusparseDnVecGetValues, @function
@@ -1263,26 +1014,17 @@ cusparseDnVecSetValues:
     .globl cusparseDnnz
     .type cusparseDnnz, @function
 cusparseDnnz:
-    leaq .Lname83(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnnz@PLT
     .size cusparseDnnz, .-cusparseDnnz
     .globl cusparseDnnz_compress
     .type cusparseDnnz_compress, @function
 cusparseDnnz_compress:
-    leaq .Lname84(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnnz_compress@PLT
     .size cusparseDnnz_compress, .-cusparseDnnz_compress
     .globl cusparseDpruneCsr2csr
     .type cusparseDpruneCsr2csr, @function
 cusparseDpruneCsr2csr:
-    leaq .Lname85(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csr@PLT
     .size cusparseDpruneCsr2csr, .-cusparseDpruneCsr2csr
     .globl cusparseDpruneCsr2csrByPercentage
     .type cusparseDpruneCsr2csrByPercentage, @function
@@ -1297,10 +1039,7 @@ cusparseDpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseDpruneCsr2csrNnz
     .type cusparseDpruneCsr2csrNnz, @function
 cusparseDpruneCsr2csrNnz:
-    leaq .Lname86(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrNnz@PLT
     .size cusparseDpruneCsr2csrNnz, .-cusparseDpruneCsr2csrNnz
     .globl cusparseDpruneCsr2csrNnzByPercentage
     .type cusparseDpruneCsr2csrNnzByPercentage, @function
@@ -1310,58 +1049,37 @@ cusparseDpruneCsr2csrNnzByPercentage:
     .globl cusparseDpruneCsr2csr_bufferSizeExt
     .type cusparseDpruneCsr2csr_bufferSizeExt, @function
 cusparseDpruneCsr2csr_bufferSizeExt:
-    leaq .Lname87(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csr_bufferSizeExt@PLT
     .size cusparseDpruneCsr2csr_bufferSizeExt, .-cusparseDpruneCsr2csr_bufferSizeExt
     .globl cusparseDpruneDense2csr
     .type cusparseDpruneDense2csr, @function
 cusparseDpruneDense2csr:
-    leaq .Lname88(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csr@PLT
     .size cusparseDpruneDense2csr, .-cusparseDpruneDense2csr
     .globl cusparseDpruneDense2csrByPercentage
     .type cusparseDpruneDense2csrByPercentage, @function
 cusparseDpruneDense2csrByPercentage:
-    leaq .Lname89(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrByPercentage@PLT
     .size cusparseDpruneDense2csrByPercentage, .-cusparseDpruneDense2csrByPercentage
     .globl cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseDpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname90(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrByPercentage_bufferSizeExt@PLT
     .size cusparseDpruneDense2csrByPercentage_bufferSizeExt, .-cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .globl cusparseDpruneDense2csrNnz
     .type cusparseDpruneDense2csrNnz, @function
 cusparseDpruneDense2csrNnz:
-    leaq .Lname91(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrNnz@PLT
     .size cusparseDpruneDense2csrNnz, .-cusparseDpruneDense2csrNnz
     .globl cusparseDpruneDense2csrNnzByPercentage
     .type cusparseDpruneDense2csrNnzByPercentage, @function
 cusparseDpruneDense2csrNnzByPercentage:
-    leaq .Lname92(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csrNnzByPercentage@PLT
     .size cusparseDpruneDense2csrNnzByPercentage, .-cusparseDpruneDense2csrNnzByPercentage
     .globl cusparseDpruneDense2csr_bufferSizeExt
     .type cusparseDpruneDense2csr_bufferSizeExt, @function
 cusparseDpruneDense2csr_bufferSizeExt:
-    leaq .Lname93(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneDense2csr_bufferSizeExt@PLT
     .size cusparseDpruneDense2csr_bufferSizeExt, .-cusparseDpruneDense2csr_bufferSizeExt
     .globl cusparseGather
     .type cusparseGather, @function
@@ -1401,10 +1119,7 @@ cusparseGetMatType:
     .globl cusparseGetPointerMode
     .type cusparseGetPointerMode, @function
 cusparseGetPointerMode:
-    leaq .Lname94(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseGetPointerMode@PLT
     .size cusparseGetPointerMode, .-cusparseGetPointerMode
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
@@ -1424,7 +1139,7 @@ cusparseGetVersion:
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1432,7 +1147,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1440,7 +1155,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1448,7 +1163,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1456,7 +1171,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1464,7 +1179,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1472,7 +1187,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1480,7 +1195,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1488,7 +1203,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1496,7 +1211,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1219,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1512,7 +1227,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1525,7 +1240,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,7 +1248,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1541,7 +1256,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1559,10 +1274,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname110(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseRot@PLT
     .size cusparseRot, .-cusparseRot
     .globl cusparseSDDMM
     .type cusparseSDDMM, @function
@@ -1592,10 +1304,7 @@ cusparseSbsric02:
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname111(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_analysis@PLT
     .size cusparseSbsric02_analysis, .-cusparseSbsric02_analysis
     .globl cusparseSbsric02_bufferSize
     .type cusparseSbsric02_bufferSize, @function
@@ -1605,10 +1314,7 @@ cusparseSbsric02_bufferSize:
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname112(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_bufferSizeExt@PLT
     .size cusparseSbsric02_bufferSizeExt, .-cusparseSbsric02_bufferSizeExt
     .globl cusparseSbsrilu02
     .type cusparseSbsrilu02, @function
@@ -1628,18 +1334,12 @@ cusparseSbsrilu02_bufferSize:
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname113(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_bufferSizeExt@PLT
     .size cusparseSbsrilu02_bufferSizeExt, .-cusparseSbsrilu02_bufferSizeExt
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname114(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_numericBoost@PLT
     .size cusparseSbsrilu02_numericBoost, .-cusparseSbsrilu02_numericBoost
     .globl cusparseSbsrmm
     .type cusparseSbsrmm, @function
@@ -1664,10 +1364,7 @@ cusparseSbsrsm2_bufferSize:
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname115(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_bufferSizeExt@PLT
     .size cusparseSbsrsm2_bufferSizeExt, .-cusparseSbsrsm2_bufferSizeExt
     .globl cusparseSbsrsm2_solve
     .type cusparseSbsrsm2_solve, @function
@@ -1687,10 +1384,7 @@ cusparseSbsrsv2_bufferSize:
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname116(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_bufferSizeExt@PLT
     .size cusparseSbsrsv2_bufferSizeExt, .-cusparseSbsrsv2_bufferSizeExt
     .globl cusparseSbsrsv2_solve
     .type cusparseSbsrsv2_solve, @function
@@ -1715,10 +1409,7 @@ cusparseScsr2bsr:
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname117(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2csr_compress@PLT
     .size cusparseScsr2csr_compress, .-cusparseScsr2csr_compress
     .globl cusparseScsr2csru
     .type cusparseScsr2csru, @function
@@ -1738,18 +1429,12 @@ cusparseScsr2gebsr_bufferSize:
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname118(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr_bufferSizeExt@PLT
     .size cusparseScsr2gebsr_bufferSizeExt, .-cusparseScsr2gebsr_bufferSizeExt
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname119(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrcolor@PLT
     .size cusparseScsrcolor, .-cusparseScsrcolor
     .globl cusparseScsrgeam2
     .type cusparseScsrgeam2, @function
@@ -1764,10 +1449,7 @@ cusparseScsrgeam2_bufferSizeExt:
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname120(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02@PLT
     .size cusparseScsric02, .-cusparseScsric02
     .globl cusparseScsric02_analysis
     .type cusparseScsric02_analysis, @function
@@ -1782,18 +1464,12 @@ cusparseScsric02_bufferSize:
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname121(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_bufferSizeExt@PLT
     .size cusparseScsric02_bufferSizeExt, .-cusparseScsric02_bufferSizeExt
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname122(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02@PLT
     .size cusparseScsrilu02, .-cusparseScsrilu02
     .globl cusparseScsrilu02_analysis
     .type cusparseScsrilu02_analysis, @function
@@ -1808,18 +1484,12 @@ cusparseScsrilu02_bufferSize:
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname123(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_bufferSizeExt@PLT
     .size cusparseScsrilu02_bufferSizeExt, .-cusparseScsrilu02_bufferSizeExt
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname124(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_numericBoost@PLT
     .size cusparseScsrilu02_numericBoost, .-cusparseScsrilu02_numericBoost
     .globl cusparseScsru2csr
     .type cusparseScsru2csr, @function
@@ -1869,10 +1539,7 @@ cusparseSgebsr2csr:
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname125(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc@PLT
     .size cusparseSgebsr2gebsc, .-cusparseSgebsr2gebsc
     .globl cusparseSgebsr2gebsc_bufferSize
     .type cusparseSgebsr2gebsc_bufferSize, @function
@@ -1882,10 +1549,7 @@ cusparseSgebsr2gebsc_bufferSize:
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname126(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseSgebsr2gebsc_bufferSizeExt, .-cusparseSgebsr2gebsc_bufferSizeExt
     .globl cusparseSgebsr2gebsr
     .type cusparseSgebsr2gebsr, @function
@@ -1900,122 +1564,77 @@ cusparseSgebsr2gebsr_bufferSize:
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname127(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseSgebsr2gebsr_bufferSizeExt, .-cusparseSgebsr2gebsr_bufferSizeExt
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname128(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgemvi@PLT
     .size cusparseSgemvi, .-cusparseSgemvi
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname129(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgemvi_bufferSize@PLT
     .size cusparseSgemvi_bufferSize, .-cusparseSgemvi_bufferSize
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname130(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgpsvInterleavedBatch@PLT
     .size cusparseSgpsvInterleavedBatch, .-cusparseSgpsvInterleavedBatch
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname131(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseSgpsvInterleavedBatch_bufferSizeExt, .-cusparseSgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname132(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2@PLT
     .size cusparseSgtsv2, .-cusparseSgtsv2
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname133(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2StridedBatch@PLT
     .size cusparseSgtsv2StridedBatch, .-cusparseSgtsv2StridedBatch
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname134(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseSgtsv2StridedBatch_bufferSizeExt, .-cusparseSgtsv2StridedBatch_bufferSizeExt
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname135(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_bufferSizeExt@PLT
     .size cusparseSgtsv2_bufferSizeExt, .-cusparseSgtsv2_bufferSizeExt
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname136(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_nopivot@PLT
     .size cusparseSgtsv2_nopivot, .-cusparseSgtsv2_nopivot
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname137(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseSgtsv2_nopivot_bufferSizeExt, .-cusparseSgtsv2_nopivot_bufferSizeExt
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname138(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsvInterleavedBatch@PLT
     .size cusparseSgtsvInterleavedBatch, .-cusparseSgtsvInterleavedBatch
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname139(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseSgtsvInterleavedBatch_bufferSizeExt, .-cusparseSgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname140(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSnnz@PLT
     .size cusparseSnnz, .-cusparseSnnz
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname141(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSnnz_compress@PLT
     .size cusparseSnnz_compress, .-cusparseSnnz_compress
     .globl cusparseSpGEMM_compute
     .type cusparseSpGEMM_compute, @function
@@ -2040,18 +1659,12 @@ cusparseSpGEMM_destroyDescr:
     .globl cusparseSpGEMM_estimateMemory
     .type cusparseSpGEMM_estimateMemory, @function
 cusparseSpGEMM_estimateMemory:
-    leaq .Lname142(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_estimateMemory@PLT
     .size cusparseSpGEMM_estimateMemory, .-cusparseSpGEMM_estimateMemory
     .globl cusparseSpGEMM_getNumProducts
     .type cusparseSpGEMM_getNumProducts, @function
 cusparseSpGEMM_getNumProducts:
-    leaq .Lname143(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_getNumProducts@PLT
     .size cusparseSpGEMM_getNumProducts, .-cusparseSpGEMM_getNumProducts
     .globl cusparseSpGEMM_workEstimation
     .type cusparseSpGEMM_workEstimation, @function
@@ -2066,18 +1679,12 @@ cusparseSpGEMMreuse_compute:
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname144(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_copy@PLT
     .size cusparseSpGEMMreuse_copy, .-cusparseSpGEMMreuse_copy
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname145(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_nnz@PLT
     .size cusparseSpGEMMreuse_nnz, .-cusparseSpGEMMreuse_nnz
     .globl cusparseSpGEMMreuse_workEstimation
     .type cusparseSpGEMMreuse_workEstimation, @function
@@ -2097,10 +1704,7 @@ cusparseSpMMOp:
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname146(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMMOp_createPlan@PLT
     .size cusparseSpMMOp_createPlan, .-cusparseSpMMOp_createPlan
     .globl cusparseSpMMOp_destroyPlan
     .type cusparseSpMMOp_destroyPlan, @function
@@ -2125,7 +1729,7 @@ cusparseSpMV:
     .globl cusparseSpMVOp
     .type cusparseSpMVOp, @function
 cusparseSpMVOp:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2133,7 +1737,7 @@ cusparseSpMVOp:
     .globl cusparseSpMVOp_bufferSize
     .type cusparseSpMVOp_bufferSize, @function
 cusparseSpMVOp_bufferSize:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +1745,7 @@ cusparseSpMVOp_bufferSize:
     .globl cusparseSpMVOp_createDescr
     .type cusparseSpMVOp_createDescr, @function
 cusparseSpMVOp_createDescr:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2149,7 +1753,7 @@ cusparseSpMVOp_createDescr:
     .globl cusparseSpMVOp_createPlan
     .type cusparseSpMVOp_createPlan, @function
 cusparseSpMVOp_createPlan:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2157,7 +1761,7 @@ cusparseSpMVOp_createPlan:
     .globl cusparseSpMVOp_destroyDescr
     .type cusparseSpMVOp_destroyDescr, @function
 cusparseSpMVOp_destroyDescr:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2165,7 +1769,7 @@ cusparseSpMVOp_destroyDescr:
     .globl cusparseSpMVOp_destroyPlan
     .type cusparseSpMVOp_destroyPlan, @function
 cusparseSpMVOp_destroyPlan:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2173,7 +1777,7 @@ cusparseSpMVOp_destroyPlan:
     .globl cusparseSpMVOp_setGlobalUserData
     .type cusparseSpMVOp_setGlobalUserData, @function
 cusparseSpMVOp_setGlobalUserData:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2196,18 +1800,12 @@ cusparseSpMatGetAttribute:
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname154(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetFormat@PLT
     .size cusparseSpMatGetFormat, .-cusparseSpMatGetFormat
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname155(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetIndexBase@PLT
     .size cusparseSpMatGetIndexBase, .-cusparseSpMatGetIndexBase
     .globl cusparseSpMatGetSize
     .type cusparseSpMatGetSize, @function
@@ -2217,10 +1815,7 @@ cusparseSpMatGetSize:
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname156(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetStridedBatch@PLT
     .size cusparseSpMatGetStridedBatch, .-cusparseSpMatGetStridedBatch
     .globl cusparseSpMatGetValues
     .type cusparseSpMatGetValues, @function
@@ -2265,10 +1860,7 @@ cusparseSpSM_solve:
     .globl cusparseSpSM_updateMatrix
     .type cusparseSpSM_updateMatrix, @function
 cusparseSpSM_updateMatrix:
-    leaq .Lname157(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_updateMatrix@PLT
     .size cusparseSpSM_updateMatrix, .-cusparseSpSM_updateMatrix
     .globl cusparseSpSV_analysis
     .type cusparseSpSV_analysis, @function
@@ -2298,42 +1890,27 @@ cusparseSpSV_solve:
     .globl cusparseSpSV_updateMatrix
     .type cusparseSpSV_updateMatrix, @function
 cusparseSpSV_updateMatrix:
-    leaq .Lname158(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_updateMatrix@PLT
     .size cusparseSpSV_updateMatrix, .-cusparseSpSV_updateMatrix
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname159(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVV@PLT
     .size cusparseSpVV, .-cusparseSpVV
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname160(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVV_bufferSize@PLT
     .size cusparseSpVV_bufferSize, .-cusparseSpVV_bufferSize
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname161(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGet@PLT
     .size cusparseSpVecGet, .-cusparseSpVecGet
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname162(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGetIndexBase@PLT
     .size cusparseSpVecGetIndexBase, .-cusparseSpVecGetIndexBase
     .globl cusparseSpVecGetValues
     .type cusparseSpVecGetValues, @function
@@ -2358,10 +1935,7 @@ cusparseSparseToDense_bufferSize:
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname163(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csr@PLT
     .size cusparseSpruneCsr2csr, .-cusparseSpruneCsr2csr
     .globl cusparseSpruneCsr2csrByPercentage
     .type cusparseSpruneCsr2csrByPercentage, @function
@@ -2376,10 +1950,7 @@ cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname164(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrNnz@PLT
     .size cusparseSpruneCsr2csrNnz, .-cusparseSpruneCsr2csrNnz
     .globl cusparseSpruneCsr2csrNnzByPercentage
     .type cusparseSpruneCsr2csrNnzByPercentage, @function
@@ -2389,58 +1960,37 @@ cusparseSpruneCsr2csrNnzByPercentage:
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname165(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csr_bufferSizeExt@PLT
     .size cusparseSpruneCsr2csr_bufferSizeExt, .-cusparseSpruneCsr2csr_bufferSizeExt
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname166(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csr@PLT
     .size cusparseSpruneDense2csr, .-cusparseSpruneDense2csr
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname167(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrByPercentage@PLT
     .size cusparseSpruneDense2csrByPercentage, .-cusparseSpruneDense2csrByPercentage
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname168(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrByPercentage_bufferSizeExt@PLT
     .size cusparseSpruneDense2csrByPercentage_bufferSizeExt, .-cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname169(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrNnz@PLT
     .size cusparseSpruneDense2csrNnz, .-cusparseSpruneDense2csrNnz
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname170(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csrNnzByPercentage@PLT
     .size cusparseSpruneDense2csrNnzByPercentage, .-cusparseSpruneDense2csrNnzByPercentage
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname171(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneDense2csr_bufferSizeExt@PLT
     .size cusparseSpruneDense2csr_bufferSizeExt, .-cusparseSpruneDense2csr_bufferSizeExt
     .globl cusparseXbsric02_zeroPivot
     .type cusparseXbsric02_zeroPivot, @function
@@ -2485,18 +2035,12 @@ cusparseXcoosort_bufferSizeExt:
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname172(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcscsort@PLT
     .size cusparseXcscsort, .-cusparseXcscsort
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname173(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcscsort_bufferSizeExt@PLT
     .size cusparseXcscsort_bufferSizeExt, .-cusparseXcscsort_bufferSizeExt
     .globl cusparseXcsr2bsrNnz
     .type cusparseXcsr2bsrNnz, @function
@@ -2561,10 +2105,7 @@ cusparseZbsric02:
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname174(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_analysis@PLT
     .size cusparseZbsric02_analysis, .-cusparseZbsric02_analysis
     .globl cusparseZbsric02_bufferSize
     .type cusparseZbsric02_bufferSize, @function
@@ -2574,10 +2115,7 @@ cusparseZbsric02_bufferSize:
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname175(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_bufferSizeExt@PLT
     .size cusparseZbsric02_bufferSizeExt, .-cusparseZbsric02_bufferSizeExt
     .globl cusparseZbsrilu02
     .type cusparseZbsrilu02, @function
@@ -2597,18 +2135,12 @@ cusparseZbsrilu02_bufferSize:
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname176(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_bufferSizeExt@PLT
     .size cusparseZbsrilu02_bufferSizeExt, .-cusparseZbsrilu02_bufferSizeExt
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname177(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_numericBoost@PLT
     .size cusparseZbsrilu02_numericBoost, .-cusparseZbsrilu02_numericBoost
     .globl cusparseZbsrmm
     .type cusparseZbsrmm, @function
@@ -2633,10 +2165,7 @@ cusparseZbsrsm2_bufferSize:
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname178(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_bufferSizeExt@PLT
     .size cusparseZbsrsm2_bufferSizeExt, .-cusparseZbsrsm2_bufferSizeExt
     .globl cusparseZbsrsm2_solve
     .type cusparseZbsrsm2_solve, @function
@@ -2656,10 +2185,7 @@ cusparseZbsrsv2_bufferSize:
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname179(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_bufferSizeExt@PLT
     .size cusparseZbsrsv2_bufferSizeExt, .-cusparseZbsrsv2_bufferSizeExt
     .globl cusparseZbsrsv2_solve
     .type cusparseZbsrsv2_solve, @function
@@ -2679,10 +2205,7 @@ cusparseZcsr2bsr:
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname180(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2csr_compress@PLT
     .size cusparseZcsr2csr_compress, .-cusparseZcsr2csr_compress
     .globl cusparseZcsr2csru
     .type cusparseZcsr2csru, @function
@@ -2702,18 +2225,12 @@ cusparseZcsr2gebsr_bufferSize:
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname181(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr_bufferSizeExt@PLT
     .size cusparseZcsr2gebsr_bufferSizeExt, .-cusparseZcsr2gebsr_bufferSizeExt
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname182(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrcolor@PLT
     .size cusparseZcsrcolor, .-cusparseZcsrcolor
     .globl cusparseZcsrgeam2
     .type cusparseZcsrgeam2, @function
@@ -2728,10 +2245,7 @@ cusparseZcsrgeam2_bufferSizeExt:
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname183(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02@PLT
     .size cusparseZcsric02, .-cusparseZcsric02
     .globl cusparseZcsric02_analysis
     .type cusparseZcsric02_analysis, @function
@@ -2746,18 +2260,12 @@ cusparseZcsric02_bufferSize:
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname184(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_bufferSizeExt@PLT
     .size cusparseZcsric02_bufferSizeExt, .-cusparseZcsric02_bufferSizeExt
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname185(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02@PLT
     .size cusparseZcsrilu02, .-cusparseZcsrilu02
     .globl cusparseZcsrilu02_analysis
     .type cusparseZcsrilu02_analysis, @function
@@ -2772,18 +2280,12 @@ cusparseZcsrilu02_bufferSize:
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname186(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_bufferSizeExt@PLT
     .size cusparseZcsrilu02_bufferSizeExt, .-cusparseZcsrilu02_bufferSizeExt
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname187(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_numericBoost@PLT
     .size cusparseZcsrilu02_numericBoost, .-cusparseZcsrilu02_numericBoost
     .globl cusparseZcsru2csr
     .type cusparseZcsru2csr, @function
@@ -2803,10 +2305,7 @@ cusparseZgebsr2csr:
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname188(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc@PLT
     .size cusparseZgebsr2gebsc, .-cusparseZgebsr2gebsc
     .globl cusparseZgebsr2gebsc_bufferSize
     .type cusparseZgebsr2gebsc_bufferSize, @function
@@ -2816,10 +2315,7 @@ cusparseZgebsr2gebsc_bufferSize:
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname189(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc_bufferSizeExt@PLT
     .size cusparseZgebsr2gebsc_bufferSizeExt, .-cusparseZgebsr2gebsc_bufferSizeExt
     .globl cusparseZgebsr2gebsr
     .type cusparseZgebsr2gebsr, @function
@@ -2834,42 +2330,27 @@ cusparseZgebsr2gebsr_bufferSize:
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname190(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr_bufferSizeExt@PLT
     .size cusparseZgebsr2gebsr_bufferSizeExt, .-cusparseZgebsr2gebsr_bufferSizeExt
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname191(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgemvi@PLT
     .size cusparseZgemvi, .-cusparseZgemvi
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname192(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgemvi_bufferSize@PLT
     .size cusparseZgemvi_bufferSize, .-cusparseZgemvi_bufferSize
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname193(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgpsvInterleavedBatch@PLT
     .size cusparseZgpsvInterleavedBatch, .-cusparseZgpsvInterleavedBatch
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname194(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgpsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseZgpsvInterleavedBatch_bufferSizeExt, .-cusparseZgpsvInterleavedBatch_bufferSizeExt
     .globl cusparseZgtsv2
     .type cusparseZgtsv2, @function
@@ -2879,26 +2360,17 @@ cusparseZgtsv2:
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname195(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2StridedBatch@PLT
     .size cusparseZgtsv2StridedBatch, .-cusparseZgtsv2StridedBatch
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname196(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2StridedBatch_bufferSizeExt@PLT
     .size cusparseZgtsv2StridedBatch_bufferSizeExt, .-cusparseZgtsv2StridedBatch_bufferSizeExt
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname197(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_bufferSizeExt@PLT
     .size cusparseZgtsv2_bufferSizeExt, .-cusparseZgtsv2_bufferSizeExt
     .globl cusparseZgtsv2_nopivot
     .type cusparseZgtsv2_nopivot, @function
@@ -2908,448 +2380,71 @@ cusparseZgtsv2_nopivot:
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname198(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_nopivot_bufferSizeExt@PLT
     .size cusparseZgtsv2_nopivot_bufferSizeExt, .-cusparseZgtsv2_nopivot_bufferSizeExt
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname199(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsvInterleavedBatch@PLT
     .size cusparseZgtsvInterleavedBatch, .-cusparseZgtsvInterleavedBatch
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname200(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsvInterleavedBatch_bufferSizeExt@PLT
     .size cusparseZgtsvInterleavedBatch_bufferSizeExt, .-cusparseZgtsvInterleavedBatch_bufferSizeExt
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname201(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZnnz@PLT
     .size cusparseZnnz, .-cusparseZnnz
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname202(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZnnz_compress@PLT
     .size cusparseZnnz_compress, .-cusparseZnnz_compress
     .section .rodata
 .Lname0:
-    .asciz "cusparseBlockedEllGet"
-.Lname1:
-    .asciz "cusparseCbsric02_analysis"
-.Lname2:
-    .asciz "cusparseCbsric02_bufferSizeExt"
-.Lname3:
-    .asciz "cusparseCbsrilu02_bufferSizeExt"
-.Lname4:
-    .asciz "cusparseCbsrilu02_numericBoost"
-.Lname5:
-    .asciz "cusparseCbsrsm2_bufferSizeExt"
-.Lname6:
-    .asciz "cusparseCbsrsv2_bufferSizeExt"
-.Lname7:
-    .asciz "cusparseCcsr2csr_compress"
-.Lname8:
-    .asciz "cusparseCcsr2gebsr_bufferSizeExt"
-.Lname9:
-    .asciz "cusparseCcsrcolor"
-.Lname10:
-    .asciz "cusparseCcsric02"
-.Lname11:
-    .asciz "cusparseCcsric02_bufferSizeExt"
-.Lname12:
-    .asciz "cusparseCcsrilu02"
-.Lname13:
-    .asciz "cusparseCcsrilu02_bufferSizeExt"
-.Lname14:
-    .asciz "cusparseCcsrilu02_numericBoost"
-.Lname15:
-    .asciz "cusparseCgebsr2gebsc"
-.Lname16:
-    .asciz "cusparseCgebsr2gebsc_bufferSizeExt"
-.Lname17:
-    .asciz "cusparseCgebsr2gebsr_bufferSizeExt"
-.Lname18:
-    .asciz "cusparseCgemvi"
-.Lname19:
-    .asciz "cusparseCgemvi_bufferSize"
-.Lname20:
-    .asciz "cusparseCgpsvInterleavedBatch"
-.Lname21:
-    .asciz "cusparseCgpsvInterleavedBatch_bufferSizeExt"
-.Lname22:
-    .asciz "cusparseCgtsv2StridedBatch"
-.Lname23:
-    .asciz "cusparseCgtsv2StridedBatch_bufferSizeExt"
-.Lname24:
-    .asciz "cusparseCgtsv2_bufferSizeExt"
-.Lname25:
-    .asciz "cusparseCgtsv2_nopivot_bufferSizeExt"
-.Lname26:
-    .asciz "cusparseCgtsvInterleavedBatch"
-.Lname27:
-    .asciz "cusparseCgtsvInterleavedBatch_bufferSizeExt"
-.Lname28:
-    .asciz "cusparseCnnz"
-.Lname29:
-    .asciz "cusparseCnnz_compress"
-.Lname30:
-    .asciz "cusparseConstBlockedEllGet"
-.Lname31:
-    .asciz "cusparseConstCooGet"
-.Lname32:
-    .asciz "cusparseConstCscGet"
-.Lname33:
-    .asciz "cusparseConstCsrGet"
-.Lname34:
-    .asciz "cusparseConstDnMatGet"
-.Lname35:
-    .asciz "cusparseConstDnVecGet"
-.Lname36:
-    .asciz "cusparseConstSpVecGet"
-.Lname37:
-    .asciz "cusparseCooGet"
-.Lname38:
-    .asciz "cusparseCreateBlockedEll"
-.Lname39:
-    .asciz "cusparseCreateConstBlockedEll"
-.Lname40:
-    .asciz "cusparseCreateConstCsc"
-.Lname41:
-    .asciz "cusparseCreateConstSlicedEll"
-.Lname42:
-    .asciz "cusparseCreateConstSpVec"
-.Lname43:
-    .asciz "cusparseCreateCsc"
-.Lname44:
-    .asciz "cusparseCreateSlicedEll"
-.Lname45:
-    .asciz "cusparseCreateSpVec"
-.Lname46:
-    .asciz "cusparseCscGet"
-.Lname47:
-    .asciz "cusparseCscSetPointers"
-.Lname48:
-    .asciz "cusparseCsr2cscEx2"
-.Lname49:
-    .asciz "cusparseCsr2cscEx2_bufferSize"
-.Lname50:
-    .asciz "cusparseCsrGet"
-.Lname51:
-    .asciz "cusparseDbsric02_analysis"
-.Lname52:
-    .asciz "cusparseDbsric02_bufferSizeExt"
-.Lname53:
-    .asciz "cusparseDbsrilu02_bufferSizeExt"
-.Lname54:
-    .asciz "cusparseDbsrilu02_numericBoost"
-.Lname55:
-    .asciz "cusparseDbsrsm2_bufferSizeExt"
-.Lname56:
-    .asciz "cusparseDbsrsv2_bufferSizeExt"
-.Lname57:
-    .asciz "cusparseDcsr2csr_compress"
-.Lname58:
-    .asciz "cusparseDcsr2gebsr_bufferSizeExt"
-.Lname59:
-    .asciz "cusparseDcsrcolor"
-.Lname60:
-    .asciz "cusparseDcsric02"
-.Lname61:
-    .asciz "cusparseDcsric02_bufferSizeExt"
-.Lname62:
-    .asciz "cusparseDcsrilu02"
-.Lname63:
-    .asciz "cusparseDcsrilu02_bufferSizeExt"
-.Lname64:
-    .asciz "cusparseDcsrilu02_numericBoost"
-.Lname65:
-    .asciz "cusparseDgebsr2gebsc"
-.Lname66:
-    .asciz "cusparseDgebsr2gebsc_bufferSizeExt"
-.Lname67:
-    .asciz "cusparseDgebsr2gebsr_bufferSizeExt"
-.Lname68:
-    .asciz "cusparseDgemvi"
-.Lname69:
-    .asciz "cusparseDgemvi_bufferSize"
-.Lname70:
-    .asciz "cusparseDgpsvInterleavedBatch"
-.Lname71:
-    .asciz "cusparseDgpsvInterleavedBatch_bufferSizeExt"
-.Lname72:
-    .asciz "cusparseDgtsv2"
-.Lname73:
-    .asciz "cusparseDgtsv2StridedBatch"
-.Lname74:
-    .asciz "cusparseDgtsv2StridedBatch_bufferSizeExt"
-.Lname75:
-    .asciz "cusparseDgtsv2_bufferSizeExt"
-.Lname76:
-    .asciz "cusparseDgtsv2_nopivot"
-.Lname77:
-    .asciz "cusparseDgtsv2_nopivot_bufferSizeExt"
-.Lname78:
-    .asciz "cusparseDgtsvInterleavedBatch"
-.Lname79:
-    .asciz "cusparseDgtsvInterleavedBatch_bufferSizeExt"
-.Lname80:
-    .asciz "cusparseDnMatGet"
-.Lname81:
-    .asciz "cusparseDnMatGetStridedBatch"
-.Lname82:
-    .asciz "cusparseDnVecGet"
-.Lname83:
-    .asciz "cusparseDnnz"
-.Lname84:
-    .asciz "cusparseDnnz_compress"
-.Lname85:
-    .asciz "cusparseDpruneCsr2csr"
-.Lname86:
-    .asciz "cusparseDpruneCsr2csrNnz"
-.Lname87:
-    .asciz "cusparseDpruneCsr2csr_bufferSizeExt"
-.Lname88:
-    .asciz "cusparseDpruneDense2csr"
-.Lname89:
-    .asciz "cusparseDpruneDense2csrByPercentage"
-.Lname90:
-    .asciz "cusparseDpruneDense2csrByPercentage_bufferSizeExt"
-.Lname91:
-    .asciz "cusparseDpruneDense2csrNnz"
-.Lname92:
-    .asciz "cusparseDpruneDense2csrNnzByPercentage"
-.Lname93:
-    .asciz "cusparseDpruneDense2csr_bufferSizeExt"
-.Lname94:
-    .asciz "cusparseGetPointerMode"
-.Lname95:
     .asciz "cusparseHpruneCsr2csr"
-.Lname96:
+.Lname1:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname97:
+.Lname2:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname98:
+.Lname3:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname99:
+.Lname4:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname100:
+.Lname5:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname101:
+.Lname6:
     .asciz "cusparseHpruneDense2csr"
-.Lname102:
+.Lname7:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname103:
+.Lname8:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname104:
+.Lname9:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname105:
+.Lname10:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname106:
+.Lname11:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname107:
+.Lname12:
     .asciz "cusparseLoggerOpenFile"
-.Lname108:
+.Lname13:
     .asciz "cusparseLoggerSetCallback"
-.Lname109:
+.Lname14:
     .asciz "cusparseLoggerSetFile"
-.Lname110:
-    .asciz "cusparseRot"
-.Lname111:
-    .asciz "cusparseSbsric02_analysis"
-.Lname112:
-    .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname113:
-    .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname114:
-    .asciz "cusparseSbsrilu02_numericBoost"
-.Lname115:
-    .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname116:
-    .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname117:
-    .asciz "cusparseScsr2csr_compress"
-.Lname118:
-    .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname119:
-    .asciz "cusparseScsrcolor"
-.Lname120:
-    .asciz "cusparseScsric02"
-.Lname121:
-    .asciz "cusparseScsric02_bufferSizeExt"
-.Lname122:
-    .asciz "cusparseScsrilu02"
-.Lname123:
-    .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname124:
-    .asciz "cusparseScsrilu02_numericBoost"
-.Lname125:
-    .asciz "cusparseSgebsr2gebsc"
-.Lname126:
-    .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname127:
-    .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname128:
-    .asciz "cusparseSgemvi"
-.Lname129:
-    .asciz "cusparseSgemvi_bufferSize"
-.Lname130:
-    .asciz "cusparseSgpsvInterleavedBatch"
-.Lname131:
-    .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname132:
-    .asciz "cusparseSgtsv2"
-.Lname133:
-    .asciz "cusparseSgtsv2StridedBatch"
-.Lname134:
-    .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname135:
-    .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname136:
-    .asciz "cusparseSgtsv2_nopivot"
-.Lname137:
-    .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname138:
-    .asciz "cusparseSgtsvInterleavedBatch"
-.Lname139:
-    .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname140:
-    .asciz "cusparseSnnz"
-.Lname141:
-    .asciz "cusparseSnnz_compress"
-.Lname142:
-    .asciz "cusparseSpGEMM_estimateMemory"
-.Lname143:
-    .asciz "cusparseSpGEMM_getNumProducts"
-.Lname144:
-    .asciz "cusparseSpGEMMreuse_copy"
-.Lname145:
-    .asciz "cusparseSpGEMMreuse_nnz"
-.Lname146:
-    .asciz "cusparseSpMMOp_createPlan"
-.Lname147:
+.Lname15:
     .asciz "cusparseSpMVOp"
-.Lname148:
+.Lname16:
     .asciz "cusparseSpMVOp_bufferSize"
-.Lname149:
+.Lname17:
     .asciz "cusparseSpMVOp_createDescr"
-.Lname150:
+.Lname18:
     .asciz "cusparseSpMVOp_createPlan"
-.Lname151:
+.Lname19:
     .asciz "cusparseSpMVOp_destroyDescr"
-.Lname152:
+.Lname20:
     .asciz "cusparseSpMVOp_destroyPlan"
-.Lname153:
+.Lname21:
     .asciz "cusparseSpMVOp_setGlobalUserData"
-.Lname154:
-    .asciz "cusparseSpMatGetFormat"
-.Lname155:
-    .asciz "cusparseSpMatGetIndexBase"
-.Lname156:
-    .asciz "cusparseSpMatGetStridedBatch"
-.Lname157:
-    .asciz "cusparseSpSM_updateMatrix"
-.Lname158:
-    .asciz "cusparseSpSV_updateMatrix"
-.Lname159:
-    .asciz "cusparseSpVV"
-.Lname160:
-    .asciz "cusparseSpVV_bufferSize"
-.Lname161:
-    .asciz "cusparseSpVecGet"
-.Lname162:
-    .asciz "cusparseSpVecGetIndexBase"
-.Lname163:
-    .asciz "cusparseSpruneCsr2csr"
-.Lname164:
-    .asciz "cusparseSpruneCsr2csrNnz"
-.Lname165:
-    .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname166:
-    .asciz "cusparseSpruneDense2csr"
-.Lname167:
-    .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname168:
-    .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname169:
-    .asciz "cusparseSpruneDense2csrNnz"
-.Lname170:
-    .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname171:
-    .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname172:
-    .asciz "cusparseXcscsort"
-.Lname173:
-    .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname174:
-    .asciz "cusparseZbsric02_analysis"
-.Lname175:
-    .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname176:
-    .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname177:
-    .asciz "cusparseZbsrilu02_numericBoost"
-.Lname178:
-    .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname179:
-    .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname180:
-    .asciz "cusparseZcsr2csr_compress"
-.Lname181:
-    .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname182:
-    .asciz "cusparseZcsrcolor"
-.Lname183:
-    .asciz "cusparseZcsric02"
-.Lname184:
-    .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname185:
-    .asciz "cusparseZcsrilu02"
-.Lname186:
-    .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname187:
-    .asciz "cusparseZcsrilu02_numericBoost"
-.Lname188:
-    .asciz "cusparseZgebsr2gebsc"
-.Lname189:
-    .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname190:
-    .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname191:
-    .asciz "cusparseZgemvi"
-.Lname192:
-    .asciz "cusparseZgemvi_bufferSize"
-.Lname193:
-    .asciz "cusparseZgpsvInterleavedBatch"
-.Lname194:
-    .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname195:
-    .asciz "cusparseZgtsv2StridedBatch"
-.Lname196:
-    .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname197:
-    .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname198:
-    .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname199:
-    .asciz "cusparseZgtsvInterleavedBatch"
-.Lname200:
-    .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname201:
-    .asciz "cusparseZnnz"
-.Lname202:
-    .asciz "cusparseZnnz_compress"
     .section .note.GNU-stack,"",@progbits

@@ -25,7 +25,7 @@ if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcud
 NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_events pinned_async
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
-       driver_graphs fft rand managed managed_vars device_printf)
+       driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -66,6 +66,11 @@ recipe() {
                       -o "$out" ;;
     fft)            nv "${LINK[@]}" src/fft.cu -o "$out" $(library_dir cufft) ;;
     rand)           nv "${LINK[@]}" src/rand.cu -o "$out" $(library_dir curand) ;;
+    # Host code only (checked by check.sh); cuSolverSP and cuSolverRF are deprecated in 13.0.
+    solver_sparse)  nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/solver_sparse.cpp -o "$out" \
+                      $(library_dir cusolver) $(library_dir cusparse) ;;
+    sparse)         nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/sparse.cpp -o "$out" \
+                      $(library_dir cusparse) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
     compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
     compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;

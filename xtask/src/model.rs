@@ -967,14 +967,9 @@ fn classify(
                     spec::ScalarDir::Out => Dir::Out,
                     spec::ScalarDir::InOut => Dir::InOut,
                 };
-                let bytes = match (dir, untyped) {
-                    // At most the largest scalar (double complex); of the size its type
-                    // parameter gives where the spec names it, else (FIXME: a type only a
-                    // descriptor knows, cusparseAxpby's or cublasLtMatmul's) all 16 bytes,
-                    // read no further than the end of the scalar's page.
-                    (Dir::In, true) if *count == 1 => 16,
-                    (_, false) => size * u64::from(*count),
-                    (_, true) => return Ok(Err("untyped scalar array or output: how large?".into())),
+                let bytes = match scalar_bytes(dir, untyped, *count, size_expr.is_some(), size) {
+                    Ok(bytes) => bytes,
+                    Err(why) => return Ok(Err(why.into())),
                 };
                 let size = match size_expr {
                     Some(e) if untyped => Some(len(e)?),
@@ -1049,6 +1044,21 @@ fn classify(
         },
         Kind::Void | Kind::OpaqueValue | Kind::Other => Err(format!("type {}", p.ty)),
     })
+}
+
+/// The most bytes a scalar parameter travels as: `pointee` bytes per element of a typed
+/// scalar; at most the largest scalar (double complex) for an untyped one, of the size its
+/// type parameter gives where the spec names it (`sized`), else (FIXME: a type only a
+/// descriptor knows, cusparseAxpby's or cublasLtMatmul's) all 16 bytes of an input, read no
+/// further than the end of the scalar's page. An untyped output needs its size named
+/// (`scalar_out(size(computeType))@h`: cusparseSpVV's result): how much to write back.
+fn scalar_bytes(dir: Dir, untyped: bool, count: u32, sized: bool, pointee: u64) -> Result<u64, &'static str> {
+    match (dir, untyped) {
+        (_, false) => Ok(pointee * u64::from(count)),
+        (Dir::In, true) if count == 1 => Ok(16),
+        (Dir::Out | Dir::InOut, true) if count == 1 && sized => Ok(16),
+        (_, true) => Err("untyped scalar array or output: how large?"),
+    }
 }
 
 const RELEASING: &[&str] = &["Destroy", "Free", "Unload", "Release"];
@@ -1168,4 +1178,21 @@ fn build_procs(all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<Vec<Proc
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalar_sizes() {
+        assert_eq!(scalar_bytes(Dir::In, false, 1, false, 8), Ok(8));
+        assert_eq!(scalar_bytes(Dir::Out, false, 5, false, 4), Ok(20), "rotm's parameter array");
+        assert_eq!(scalar_bytes(Dir::In, true, 1, false, 1), Ok(16), "an untyped input: at most 16 bytes");
+        assert_eq!(scalar_bytes(Dir::In, true, 1, true, 1), Ok(16));
+        assert_eq!(scalar_bytes(Dir::Out, true, 1, true, 1), Ok(16), "an untyped output of a named size");
+        assert_eq!(scalar_bytes(Dir::InOut, true, 1, true, 1), Ok(16));
+        assert!(scalar_bytes(Dir::Out, true, 1, false, 1).is_err(), "an untyped output of no known size");
+        assert!(scalar_bytes(Dir::In, true, 2, true, 1).is_err(), "an untyped array");
+    }
 }

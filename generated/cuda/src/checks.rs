@@ -2496,6 +2496,7 @@ pub static PARAMS: &[(&str, u8, &[u64])] = &[
     ),
     ("cudaStreamSetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cudaStreamSetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
+    ("cufftXtQueryPlan", 2u8, &[0u64]),
 ];
 /// The entries of `table` (sorted by function name) for `function`: a binary
 /// search, since the worker asks for every call.
