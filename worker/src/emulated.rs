@@ -516,7 +516,11 @@ impl Backend for Emulated {
                 ("driver", "cuMemsetD8_v2" | "cuMemsetD8Async") => self.memset(a[0], a[1] as u8, a[2], 1),
                 ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged") => {
                     // (CUdeviceptr *, size_t *, CUlibrary, const char *name): the decoder
-                    // passes a NUL-terminated name and 8-byte buffers for the outputs.
+                    // passes a NUL-terminated name (or NULL) and 8-byte buffers for the
+                    // outputs (or NULL).
+                    if a[3] == 0 {
+                        return Ok(INVALID_VALUE);
+                    }
                     let name = std::ffi::CStr::from_ptr(a[3] as *const std::ffi::c_char);
                     match self.global(a[2], &name.to_string_lossy()) {
                         Ok((address, size)) => {
