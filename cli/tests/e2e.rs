@@ -2113,6 +2113,55 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// Issue 19: a module's functions come with its load (cuModuleGetFunction waits for
+/// nothing), a function's attributes are asked once per process, and those it cannot change
+/// once per server: a second process answers them itself (the server's answer, still asked,
+/// is checked when it comes). What the program sees is the same in every run.
+#[test]
+fn function_attributes_learned_in_one_process_answer_the_next() {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let source = format!(
+        "#include <stdio.h>\n#include <cuda.h>\n\
+         static const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n\
+         int main(void) {{\n\
+           CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction f, g;\n\
+           if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 1;\n\
+           if (cuModuleLoadData(&mod, fb)) return 2;\n\
+           if (cuModuleGetFunction(&f, mod, \"_Z5otherPf\") || cuModuleGetFunction(&g, mod, \"_Z5otherPf\") || f != g) return 3;\n\
+           if (cuModuleGetFunction(&g, mod, \"no_such_kernel\") != CUDA_ERROR_NOT_FOUND) return 4;\n\
+           int threads = 0, regs = -1, again = 0;\n\
+           if (cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f)) return 5;\n\
+           if (cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f)) return 6;\n\
+           if (cuFuncGetAttribute(&again, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f) || again != threads) return 7;\n\
+           int shared = 0, raised = 0;\n\
+           if (cuFuncGetAttribute(&shared, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f)) return 9;\n\
+           if (cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100000)) return 10;\n\
+           if (cuFuncGetAttribute(&raised, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f)) return 11;\n\
+           if (cuCtxSynchronize()) return 8;\n\
+           printf(\"threads %d regs %d shared %d then %d\\n\", threads, regs, shared, raised);\n\
+           return 0;\n\
+         }}\n",
+        bytes.join(",")
+    );
+    let server = server();
+    let exe = program_with("function_attributes", &source, &["-l:libcuda.so.1"]);
+    let cache = chidori_tests::scratch("function-attributes-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first.trim(), "threads 1024 regs 0 shared 49152 then 100000", "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuModuleGetFunction"), ["3", "1"], "only the unknown name is asked: {stderr}");
+    assert_eq!(
+        trace_row(&stderr, "cuFuncGetAttribute"),
+        ["5", "3"],
+        "each attribute asked once, a set one known: {stderr}"
+    );
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuFuncGetAttribute"), ["5", "0"], "learned in the first process: {stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
+}
+
 /// A profile of two GPUs: the H200's, and a copy with another UUID, name and PCI bus.
 fn two_gpu_profile(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(profile()).unwrap();

@@ -1317,7 +1317,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFlushGPUDirectRDMAWrites(
         ) as u32
     }
 }
-///`cuFuncGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetAttribute(
     pi: *mut c_void,
@@ -1325,10 +1325,20 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetAttribute(
     hfunc: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuFuncGetAttribute,
-            &[(pi) as usize as u64, (attrib) as u64, (hfunc) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuFuncGetAttribute",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuFuncGetAttribute__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_attribute(&CTX, pi, attrib, hfunc)
     }
 }
 ///`cuFuncGetModule` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7768,7 +7778,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleEnumerateFunctions(
         ) as u32
     }
 }
-///`cuModuleGetFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
     hfunc: *mut c_void,
@@ -7776,10 +7786,20 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
     name: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuModuleGetFunction,
-            &[(hfunc) as usize as u64, (hmod) as usize as u64, (name) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuModuleGetFunction",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuModuleGetFunction__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::module_get_function(&CTX, hfunc, hmod, name)
     }
 }
 ///`cuModuleGetFunctionCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).

@@ -139,10 +139,13 @@ fn loaded_from(
                         _ => k.params.into(),
                     };
                     remember(k.handle, params.clone());
+                    crate::state::CLIENT.function_origins.insert(k.handle, (*hash, Arc::from(k.name.as_str())));
                     (k.name, Function { handle: k.handle, params })
                 })
                 .collect();
-            Ok(Arc::new(Loaded { library, module, kernels }))
+            let loaded = Arc::new(Loaded { library, module, kernels });
+            crate::state::CLIENT.modules.insert(module, loaded.clone());
+            Ok(loaded)
         }
         ServiceReply::Error { status, message } => {
             crate::log::once_owned(&message, || tracing::warn!("loading a module on the server: {message}"));

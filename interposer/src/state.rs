@@ -46,6 +46,13 @@ pub struct Client {
     pub context_storage: Table<(u64, usize), crate::custom::export::StorageEntry>,
     /// Each device's primary context, as the runtime interface named it.
     pub primary_contexts: Table<i32, u64>,
+    /// Modules loaded through the client, by their handle: their functions by name.
+    pub modules: Table<u64, Arc<crate::modules::Loaded>>,
+    /// The module content (sha256) and name of each function those modules hold: what a
+    /// function's learned answers are keyed by.
+    pub function_origins: Table<u64, ([u8; 32], Arc<str>)>,
+    /// (function, CUfunction_attribute) this process set: not learned across sessions.
+    pub attributes_set: Table<(u64, u32), ()>,
 }
 
 pub static CLIENT: Client = Client {
@@ -59,6 +66,9 @@ pub static CLIENT: Client = Client {
     function_names: Table::new(),
     context_storage: Table::new(),
     primary_contexts: Table::new(),
+    modules: Table::new(),
+    function_origins: Table::new(),
+    attributes_set: Table::new(),
 };
 
 /// A table of values by key behind one lock.

@@ -75,6 +75,10 @@ struct State {
     /// asked for, by (library, name): their memory is an allocation.
     variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
     globals: HashMap<(u64, String), (u64, u64)>,
+    /// The functions of each loaded module: (name, handle).
+    functions: HashMap<u64, Vec<(String, u64)>>,
+    /// Function attributes the program set: (function, attribute) → value.
+    function_attributes: HashMap<(u64, u32), i32>,
     next_handle: u64,
 }
 
@@ -514,6 +518,52 @@ impl Backend for Emulated {
                 ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2") => self.copy(a[0], true, a[1], true, a[2]),
                 ("cudart", "cudaMemset" | "cudaMemsetAsync") => self.memset(a[0], a[1] as u8, a[2], 1),
                 ("driver", "cuMemsetD8_v2" | "cuMemsetD8Async") => self.memset(a[0], a[1] as u8, a[2], 1),
+                ("driver", "cuFuncSetAttribute") => {
+                    // (CUfunction, CUfunction_attribute, int value)
+                    use chidori_cuda::consts::CUfunction_attribute_enum as f;
+                    if a[1] as u32 >= f::CU_FUNC_ATTRIBUTE_MAX {
+                        return Ok(INVALID_VALUE);
+                    }
+                    self.state().function_attributes.insert((a[0], a[1] as u32), a[2] as i32);
+                    SUCCESS
+                }
+                ("driver", "cuModuleGetFunction") => {
+                    // (CUfunction *, CUmodule, const char *name)
+                    if a[2] == 0 {
+                        return Ok(INVALID_VALUE);
+                    }
+                    let name = std::ffi::CStr::from_ptr(a[2] as *const std::ffi::c_char).to_string_lossy();
+                    let found =
+                        self.state().functions.get(&a[1]).and_then(|f| f.iter().find(|(n, _)| *n == name).map(|f| f.1));
+                    match found {
+                        Some(handle) if a[0] != 0 => {
+                            put_u64(a[0], handle);
+                            SUCCESS
+                        }
+                        Some(_) => INVALID_VALUE,
+                        // CUDA_ERROR_NOT_FOUND.
+                        None => 500,
+                    }
+                }
+                ("driver", "cuFuncGetAttribute") => {
+                    // (int *pi, CUfunction_attribute, CUfunction): the emulated device runs no
+                    // code, so its functions are as a kernel without registers or memory of
+                    // its own would be on an sm_90 GPU.
+                    use chidori_cuda::consts::CUfunction_attribute_enum as f;
+                    let set = self.state().function_attributes.get(&(a[2], a[1] as u32)).copied();
+                    let value = match a[1] as u32 {
+                        id if id < f::CU_FUNC_ATTRIBUTE_MAX && set.is_some() => set.unwrap_or(0) as u32,
+                        f::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
+                        f::CU_FUNC_ATTRIBUTE_PTX_VERSION | f::CU_FUNC_ATTRIBUTE_BINARY_VERSION => 90,
+                        f::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => 48 << 10,
+                        id if id < f::CU_FUNC_ATTRIBUTE_MAX => 0,
+                        _ => return Ok(INVALID_VALUE),
+                    };
+                    if a[0] != 0 {
+                        put_u32(a[0], value);
+                    }
+                    SUCCESS
+                }
                 ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged") => {
                     // (CUdeviceptr *, size_t *, CUlibrary, const char *name): the decoder
                     // passes a NUL-terminated name (or NULL) and 8-byte buffers for the
@@ -908,9 +958,10 @@ impl Backend for Emulated {
         let variables = data_symbols(image);
         let mut s = self.state();
         let (library, module) = (s.handle(), s.handle());
-        let kernels =
+        let kernels: Vec<KernelInfo> =
             names.into_iter().map(|name| KernelInfo { name, handle: s.handle(), params: Vec::new() }).collect();
         s.variables.insert(library, variables);
+        s.functions.insert(module, kernels.iter().map(|k| (k.name.clone(), k.handle)).collect());
         Ok((library, module, kernels))
     }
 

@@ -25,6 +25,9 @@ pub enum Space {
     /// cuDNN's legacy size queries: (status, outputs) by the call and its descriptors'
     /// fingerprints (`crate::custom::cudnn_sizes`).
     CudnnSize = 2,
+    /// A function attribute as a process first sees it (before it sets it): its value, by
+    /// the module's content, the function's name and the attribute (`crate::custom::kernels`).
+    FuncAttribute = 3,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

@@ -531,6 +531,32 @@ fn module_load(module: *mut c_void, image: *mut c_void) -> u32 {
     })
 }
 
+/// cuModuleGetFunction: a function of a module loaded through the client is known from the
+/// load (the worker made every function's handle then); others are asked of the server.
+pub unsafe fn module_get_function(ctx: &Ctx, hfunc: *mut c_void, hmod: *mut c_void, name: *mut c_void) -> u32 {
+    let body = || {
+        if hfunc.is_null() || name.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated function name per cuModuleGetFunction's contract.
+        let wanted = unsafe { CStr::from_ptr(name as *const c_char) };
+        let known = state::CLIENT
+            .modules
+            .get(&(hmod as u64))
+            .and_then(|m| wanted.to_str().ok().and_then(|n| m.kernels.get(n).map(|f| f.handle)));
+        if let Some(handle) = known {
+            crate::trace::local(ctx.name);
+            // SAFETY: the caller's CUfunction*, checked non-null.
+            return unsafe { put(hfunc, handle) };
+        }
+        let conn = connection()?;
+        // SAFETY: the caller's arguments, as the function's contract gives them.
+        Ok(unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &[hfunc as u64, hmod as u64, name as u64]) }
+            as u32)
+    };
+    crate::guard::ffi(ctx.name, INVALID_VALUE, || body().unwrap_or_else(|e| e))
+}
+
 const FILE_NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_FILE_NOT_FOUND;
 
 /// A cubin, fat binary or PTX file on the client (torch's static Triton launcher loads
@@ -1116,13 +1142,9 @@ fn potential_block_size(
         let attr = |a: i32| d.attributes.get(&a).copied().unwrap_or(0);
         // MAX_THREADS_PER_BLOCK, WARP_SIZE, MULTIPROCESSOR_COUNT, MAX_THREADS_PER_MULTIPROCESSOR.
         let (device_max, warp, sms, occupancy_limit) = (attr(1), attr(10).max(1), attr(16), attr(39));
-        let mut func_max = 0i32;
-        let args = [&mut func_max as *mut i32 as u64, 0, func];
-        // SAFETY: a local out-value; CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK of the function.
-        let s = unsafe { crate::runtime::call_on(&conn, &calls::cuFuncGetAttribute, &args) } as u32;
-        if s != SUCCESS {
-            return Err(s);
-        }
+        // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK of the function (kept, and learned).
+        let max_threads = chidori_cuda::consts::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
+        let func_max = super::kernels::attributes_of(&conn, func, &[max_threads])?.first().copied().unwrap_or(0);
         let mut limit = if limit == 0 { device_max } else { limit };
         limit = limit.min(device_max).min(func_max);
         let aligned = (limit + warp - 1) / warp * warp;

@@ -16,6 +16,7 @@ use chidori_cuda::types::dim3;
 use chidori_protocol::messages::{Api, PropValue};
 
 use crate::ahead::Answers;
+use crate::ahead::learned::Space;
 use crate::conn::{self, Conn};
 use crate::custom::memory::{self, CopyForms};
 use crate::modules::{self, LaunchShape};
@@ -220,24 +221,116 @@ const MAX_DYNAMIC_SHARED: u32 = chidori_cuda::consts::cudaFuncAttribute::cudaFun
 /// They change only through cu/cudaFuncSetAttribute, which record the value they set.
 static FUNC_ATTRS: Answers<(u64, u32), i32> = Answers::new(1 << 16);
 
-/// The values of `ids` for `function`, fetched in one round trip for those not cached.
-fn attributes_of(conn: &Conn, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
+/// CUfunction_attribute values no call changes (cuFuncSetAttribute and cuKernelSetAttribute
+/// set the others).
+const FIXED_ATTRIBUTES: &[u32] = {
+    use chidori_cuda::consts::CUfunction_attribute_enum as a;
+    &[
+        a::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        a::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+        a::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+        a::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+        a::CU_FUNC_ATTRIBUTE_NUM_REGS,
+        a::CU_FUNC_ATTRIBUTE_PTX_VERSION,
+        a::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+        a::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA,
+        a::CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET,
+    ]
+};
+
+/// The program set an attribute of a CUkernel, which also sets it for the kernel's
+/// functions (whose handles the client cannot tell apart): settable attributes are no longer
+/// learned or answered from what was learned.
+static KERNEL_ATTRIBUTES_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The key of an attribute of a function the client knows the origin of, while this
+/// process has not set it: its value then is what any process of the same program sees
+/// first, for one module image on one server GPU and driver.
+fn learned_key(function: u64, id: u32) -> Option<Vec<u8>> {
+    let settable = !FIXED_ATTRIBUTES.contains(&id);
+    if settable
+        && (state::CLIENT.attributes_set.contains(&(function, id))
+            || KERNEL_ATTRIBUTES_SET.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        return None;
+    }
+    let (hash, name) = state::CLIENT.function_origins.get(&function)?;
+    Some([&hash[..], name.as_bytes(), &[0], &id.to_le_bytes()].concat())
+}
+
+/// The values of `ids` for `function`: cached in this process, else learned in an earlier
+/// session (given now, checked when the server's answer comes), else fetched in one round
+/// trip. Err: the server's status.
+pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
     let cached: Option<Vec<i32>> = ids.iter().map(|id| FUNC_ATTRS.get(&(function, *id))).collect();
     if let Some(v) = cached {
         return Ok(v);
+    }
+    if let Some(values) = learned_attributes(conn, function, ids) {
+        return Ok(values);
     }
     let mut values = vec![0i32; ids.len()];
     let calls: Vec<Vec<u64>> =
         ids.iter().zip(values.iter_mut()).map(|(id, v)| vec![v as *mut i32 as u64, u64::from(*id), function]).collect();
     // SAFETY: each call writes one int into `values`.
-    let s = unsafe { crate::runtime::call_pipelined(conn, &dcalls::cuFuncGetAttribute, &calls) } as u32;
+    let s = unsafe { crate::runtime::call_pipelined(conn, &dcalls::cuFuncGetAttribute__call, &calls) } as u32;
     if s != SUCCESS {
-        return Err(INVALID_DEVICE_FUNCTION);
+        return Err(s);
     }
     for (id, v) in ids.iter().zip(&values) {
         FUNC_ATTRS.learn((function, *id), *v);
+        if let Some(key) = learned_key(function, *id) {
+            crate::learned::with(conn, |l| l.learn(Space::FuncAttribute, &key, &v.to_le_bytes()));
+        }
     }
     Ok(values)
+}
+
+/// Every one of `ids` as an earlier session on this server learned it; each call is still
+/// made, and its answer checked when it comes. None: any of them is unknown.
+fn learned_attributes(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Option<Vec<i32>> {
+    let keys: Vec<Vec<u8>> = ids.iter().map(|&id| learned_key(function, id)).collect::<Option<_>>()?;
+    let values: Vec<i32> = crate::learned::with(conn, |l| {
+        keys.iter()
+            .map(|k| l.get(Space::FuncAttribute, k).and_then(|v| v.try_into().ok()).map(i32::from_le_bytes))
+            .collect::<Option<Vec<i32>>>()
+    })??;
+    for (&id, &value) in ids.iter().zip(&values) {
+        let mut scratch = Box::new(0i32);
+        let args = [(&raw mut *scratch) as u64, u64::from(id), function];
+        // SAFETY: the call writes one int into `scratch`, which the checking thread keeps
+        // until the reply has landed.
+        let slot = unsafe { crate::runtime::send_checked(conn, &dcalls::cuFuncGetAttribute__call, &args) }?;
+        crate::learned::check(conn.clone(), "cuFuncGetAttribute", slot, scratch, move |outcome, got| match outcome {
+            Ok(s) if *s != u64::from(SUCCESS) => Some(format!("status {s}")),
+            _ if **got != value => Some(format!("attribute {id}: {}, not {value}", **got)),
+            _ => None,
+        });
+        FUNC_ATTRS.learn((function, id), value);
+    }
+    crate::trace::local("cuFuncGetAttribute");
+    Some(values)
+}
+
+/// cuFuncGetAttribute: through the attribute cache (and what earlier sessions learned).
+pub unsafe fn func_get_attribute(ctx: &Ctx, pi: *mut c_void, attrib: u32, hfunc: *mut c_void) -> u32 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u32, || {
+        if pi.is_null() {
+            return ctx.codes.invalid_value as u32;
+        }
+        if FUNC_ATTRS.get(&(hfunc as u64, attrib)).is_some() {
+            crate::trace::local(ctx.name);
+        }
+        let Ok(conn) = conn::get() else { return ctx.codes.unavailable as u32 };
+        match attributes_of(&conn, hfunc as u64, &[attrib]) {
+            Ok(values) => {
+                // SAFETY: the caller's int, checked non-null.
+                unsafe { std::ptr::write_unaligned(pi as *mut i32, values.first().copied().unwrap_or(0)) };
+                ctx.codes.success as u32
+            }
+            Err(status) => status,
+        }
+    })
 }
 
 fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
@@ -252,7 +345,7 @@ fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
         let wanted: Vec<&(&str, u32)> =
             FUNC_ATTRIBUTES.iter().filter(|(n, _)| map.fields.iter().any(|m| m.name == *n)).collect();
         let ids: Vec<u32> = wanted.iter().map(|(_, id)| *id).collect();
-        let values = attributes_of(&conn, f.handle, &ids)?;
+        let values = attributes_of(&conn, f.handle, &ids).map_err(|_| INVALID_DEVICE_FUNCTION)?;
         let by_name: HashMap<&str, i64> = wanted.iter().zip(&values).map(|((n, _), v)| (*n, i64::from(*v))).collect();
         // SAFETY: the caller's struct of its version's layout.
         unsafe { state::write_record(map, attr as *mut u8, |f| by_name.get(f.name).map(|v| PropValue::Int(*v))) };
@@ -284,6 +377,7 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
     } as u32;
     if s == SUCCESS {
         FUNC_ATTRS.learn((function, attr), value);
+        state::CLIENT.attributes_set.insert((function, attr), ());
     }
     s
 }
@@ -291,11 +385,11 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
 /// Whether a launch of `function` may use `shared_mem` bytes of dynamic shared memory:
 /// above the default limit, only up to the function's opt-in
 /// (MaxDynamicSharedMemorySize), which CUDA checks at the launch itself.
-pub(crate) fn dynamic_shared_allowed(conn: &Conn, function: u64, shared_mem: usize) -> Result<bool, u32> {
+pub(crate) fn dynamic_shared_allowed(conn: &Arc<Conn>, function: u64, shared_mem: usize) -> Result<bool, u32> {
     if shared_mem <= DEFAULT_SHARED_LIMIT {
         return Ok(true);
     }
-    let max = attributes_of(conn, function, &[MAX_DYNAMIC_SHARED])?;
+    let max = attributes_of(conn, function, &[MAX_DYNAMIC_SHARED]).map_err(|_| INVALID_DEVICE_FUNCTION)?;
     Ok(max.first().is_some_and(|m| shared_mem <= *m as usize))
 }
 
@@ -308,6 +402,7 @@ pub unsafe fn kernel_set_attribute(ctx: &Ctx, attrib: u32, val: i32, kernel: *mu
         let s = unsafe { crate::runtime::call(ctx.form(chidori_cuda::desc::Form::Call), &args) } as u32;
         if s == SUCCESS {
             FUNC_ATTRS.learn((kernel as u64, attrib), val);
+            KERNEL_ATTRIBUTES_SET.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         s
     })
