@@ -46,7 +46,7 @@
 #   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
 #   libs     JAX, CuPy, pynvml, numba-cuda and cuda-python (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback
-#            values equal
+#            values equal; without $LIBS also nvidia-smi's GPU facts (name, UUID, bus, memory, driver)
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -479,6 +479,21 @@ if want libs; then
         "$LOGS/$name-remote.out" | head -4 | tr '\n' ' ') $(tail -2 "$LOGS/$name-remote.err" | tr '\n' ' ' | cut -c1-300)"
     fi
   done
+  # nvidia-smi through Chidori (NVML, its version check included): the fixed facts of the
+  # GPU must be the native ones; the whole default screen is kept in the logs.
+  if [[ -z ${LIBS:-} ]] && command -v nvidia-smi >/dev/null; then
+    query=(--query-gpu=name,uuid,pci.bus_id,memory.total,driver_version,compute_cap --format=csv,noheader)
+    timeout 60 nvidia-smi "${query[@]}" > "$LOGS/nvidia-smi-native.out" 2>&1
+    timeout 60 "$CHIDORI" run -s $SERVER -- nvidia-smi "${query[@]}" > "$LOGS/nvidia-smi-remote.out" \
+      2> "$LOGS/nvidia-smi-remote.err"
+    rc=$?
+    timeout 60 "$CHIDORI" run -s $SERVER -- nvidia-smi > "$LOGS/nvidia-smi-screen.out" 2>&1
+    if ((rc == 0)) && cmp -s "$LOGS/nvidia-smi-native.out" "$LOGS/nvidia-smi-remote.out"; then
+      row "nvidia-smi" "match: $(head -1 "$LOGS/nvidia-smi-native.out" | cut -c1-100)"
+    else
+      row "nvidia-smi" "DIFFERENT rc=$rc: $(head -2 "$LOGS/nvidia-smi-remote.out" | tr '\n' ' ' | cut -c1-200) $(tail -2 "$LOGS/nvidia-smi-remote.err" | tr '\n' ' ' | cut -c1-200)"
+    fi
+  fi
 fi
 
 if want opinfo; then
