@@ -4,12 +4,15 @@
     .globl nvmlComputeInstanceDestroy
     .type nvmlComputeInstanceDestroy, @function
 nvmlComputeInstanceDestroy:
-    jmp __chidori_nvml_nvmlComputeInstanceDestroy@PLT
+    leaq .Lname0(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlComputeInstanceDestroy, .-nvmlComputeInstanceDestroy
     .globl nvmlComputeInstanceGetInfo
     .type nvmlComputeInstanceGetInfo, @function
 nvmlComputeInstanceGetInfo:
-    leaq .Lname0(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -17,7 +20,7 @@ nvmlComputeInstanceGetInfo:
     .globl nvmlComputeInstanceGetInfo_v2
     .type nvmlComputeInstanceGetInfo_v2, @function
 nvmlComputeInstanceGetInfo_v2:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -30,27 +33,39 @@ nvmlDeviceCcuGetStreamState:
     .globl nvmlDeviceCcuSetStreamState
     .type nvmlDeviceCcuSetStreamState, @function
 nvmlDeviceCcuSetStreamState:
-    jmp __chidori_nvml_nvmlDeviceCcuSetStreamState@PLT
+    leaq .Lname3(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCcuSetStreamState, .-nvmlDeviceCcuSetStreamState
     .globl nvmlDeviceClearAccountingPids
     .type nvmlDeviceClearAccountingPids, @function
 nvmlDeviceClearAccountingPids:
-    jmp __chidori_nvml_nvmlDeviceClearAccountingPids@PLT
+    leaq .Lname4(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearAccountingPids, .-nvmlDeviceClearAccountingPids
     .globl nvmlDeviceClearCpuAffinity
     .type nvmlDeviceClearCpuAffinity, @function
 nvmlDeviceClearCpuAffinity:
-    jmp __chidori_nvml_nvmlDeviceClearCpuAffinity@PLT
+    leaq .Lname5(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearCpuAffinity, .-nvmlDeviceClearCpuAffinity
     .globl nvmlDeviceClearEccErrorCounts
     .type nvmlDeviceClearEccErrorCounts, @function
 nvmlDeviceClearEccErrorCounts:
-    jmp __chidori_nvml_nvmlDeviceClearEccErrorCounts@PLT
+    leaq .Lname6(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearEccErrorCounts, .-nvmlDeviceClearEccErrorCounts
     .globl nvmlDeviceClearFieldValues
     .type nvmlDeviceClearFieldValues, @function
 nvmlDeviceClearFieldValues:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -58,17 +73,23 @@ nvmlDeviceClearFieldValues:
     .globl nvmlDeviceCreateGpuInstance
     .type nvmlDeviceCreateGpuInstance, @function
 nvmlDeviceCreateGpuInstance:
-    jmp __chidori_nvml_nvmlDeviceCreateGpuInstance@PLT
+    leaq .Lname8(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCreateGpuInstance, .-nvmlDeviceCreateGpuInstance
     .globl nvmlDeviceCreateGpuInstanceWithPlacement
     .type nvmlDeviceCreateGpuInstanceWithPlacement, @function
 nvmlDeviceCreateGpuInstanceWithPlacement:
-    jmp __chidori_nvml_nvmlDeviceCreateGpuInstanceWithPlacement@PLT
+    leaq .Lname9(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCreateGpuInstanceWithPlacement, .-nvmlDeviceCreateGpuInstanceWithPlacement
     .globl nvmlDeviceDiscoverGpus
     .type nvmlDeviceDiscoverGpus, @function
 nvmlDeviceDiscoverGpus:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -76,7 +97,10 @@ nvmlDeviceDiscoverGpus:
     .globl nvmlDeviceFreezeNvLinkUtilizationCounter
     .type nvmlDeviceFreezeNvLinkUtilizationCounter, @function
 nvmlDeviceFreezeNvLinkUtilizationCounter:
-    jmp __chidori_nvml_nvmlDeviceFreezeNvLinkUtilizationCounter@PLT
+    leaq .Lname11(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceFreezeNvLinkUtilizationCounter, .-nvmlDeviceFreezeNvLinkUtilizationCounter
     .globl nvmlDeviceGetAPIRestriction
     .type nvmlDeviceGetAPIRestriction, @function
@@ -96,7 +120,7 @@ nvmlDeviceGetAccountingMode:
     .globl nvmlDeviceGetAccountingPids
     .type nvmlDeviceGetAccountingPids, @function
 nvmlDeviceGetAccountingPids:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -104,7 +128,7 @@ nvmlDeviceGetAccountingPids:
     .globl nvmlDeviceGetAccountingStats
     .type nvmlDeviceGetAccountingStats, @function
 nvmlDeviceGetAccountingStats:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -112,7 +136,7 @@ nvmlDeviceGetAccountingStats:
     .globl nvmlDeviceGetActiveVgpus
     .type nvmlDeviceGetActiveVgpus, @function
 nvmlDeviceGetActiveVgpus:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -125,7 +149,7 @@ nvmlDeviceGetAdaptiveClockInfoStatus:
     .globl nvmlDeviceGetAddressingMode
     .type nvmlDeviceGetAddressingMode, @function
 nvmlDeviceGetAddressingMode:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -143,7 +167,7 @@ nvmlDeviceGetArchitecture:
     .globl nvmlDeviceGetAttributes
     .type nvmlDeviceGetAttributes, @function
 nvmlDeviceGetAttributes:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -151,7 +175,7 @@ nvmlDeviceGetAttributes:
     .globl nvmlDeviceGetAttributes_v2
     .type nvmlDeviceGetAttributes_v2, @function
 nvmlDeviceGetAttributes_v2:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -184,7 +208,7 @@ nvmlDeviceGetBrand:
     .globl nvmlDeviceGetBridgeChipInfo
     .type nvmlDeviceGetBridgeChipInfo, @function
 nvmlDeviceGetBridgeChipInfo:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -197,7 +221,7 @@ nvmlDeviceGetBusType:
     .globl nvmlDeviceGetC2cModeInfoV
     .type nvmlDeviceGetC2cModeInfoV, @function
 nvmlDeviceGetC2cModeInfoV:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -205,7 +229,7 @@ nvmlDeviceGetC2cModeInfoV:
     .globl nvmlDeviceGetCapabilities
     .type nvmlDeviceGetCapabilities, @function
 nvmlDeviceGetCapabilities:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -213,7 +237,7 @@ nvmlDeviceGetCapabilities:
     .globl nvmlDeviceGetClkMonStatus
     .type nvmlDeviceGetClkMonStatus, @function
 nvmlDeviceGetClkMonStatus:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -231,7 +255,7 @@ nvmlDeviceGetClockInfo:
     .globl nvmlDeviceGetClockOffsets
     .type nvmlDeviceGetClockOffsets, @function
 nvmlDeviceGetClockOffsets:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -249,7 +273,7 @@ nvmlDeviceGetComputeMode:
     .globl nvmlDeviceGetComputeRunningProcesses
     .type nvmlDeviceGetComputeRunningProcesses, @function
 nvmlDeviceGetComputeRunningProcesses:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -257,7 +281,7 @@ nvmlDeviceGetComputeRunningProcesses:
     .globl nvmlDeviceGetComputeRunningProcesses_v2
     .type nvmlDeviceGetComputeRunningProcesses_v2, @function
 nvmlDeviceGetComputeRunningProcesses_v2:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -265,7 +289,7 @@ nvmlDeviceGetComputeRunningProcesses_v2:
     .globl nvmlDeviceGetComputeRunningProcesses_v3
     .type nvmlDeviceGetComputeRunningProcesses_v3, @function
 nvmlDeviceGetComputeRunningProcesses_v3:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,7 +297,7 @@ nvmlDeviceGetComputeRunningProcesses_v3:
     .globl nvmlDeviceGetConfComputeGpuAttestationReport
     .type nvmlDeviceGetConfComputeGpuAttestationReport, @function
 nvmlDeviceGetConfComputeGpuAttestationReport:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -281,7 +305,7 @@ nvmlDeviceGetConfComputeGpuAttestationReport:
     .globl nvmlDeviceGetConfComputeGpuCertificate
     .type nvmlDeviceGetConfComputeGpuCertificate, @function
 nvmlDeviceGetConfComputeGpuCertificate:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -289,7 +313,7 @@ nvmlDeviceGetConfComputeGpuCertificate:
     .globl nvmlDeviceGetConfComputeMemSizeInfo
     .type nvmlDeviceGetConfComputeMemSizeInfo, @function
 nvmlDeviceGetConfComputeMemSizeInfo:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -297,7 +321,7 @@ nvmlDeviceGetConfComputeMemSizeInfo:
     .globl nvmlDeviceGetConfComputeProtectedMemoryUsage
     .type nvmlDeviceGetConfComputeProtectedMemoryUsage, @function
 nvmlDeviceGetConfComputeProtectedMemoryUsage:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -305,7 +329,7 @@ nvmlDeviceGetConfComputeProtectedMemoryUsage:
     .globl nvmlDeviceGetCoolerInfo
     .type nvmlDeviceGetCoolerInfo, @function
 nvmlDeviceGetCoolerInfo:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -323,7 +347,7 @@ nvmlDeviceGetCount_v2:
     .globl nvmlDeviceGetCpuAffinity
     .type nvmlDeviceGetCpuAffinity, @function
 nvmlDeviceGetCpuAffinity:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -331,7 +355,7 @@ nvmlDeviceGetCpuAffinity:
     .globl nvmlDeviceGetCpuAffinityWithinScope
     .type nvmlDeviceGetCpuAffinityWithinScope, @function
 nvmlDeviceGetCpuAffinityWithinScope:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,7 +363,7 @@ nvmlDeviceGetCpuAffinityWithinScope:
     .globl nvmlDeviceGetCreatableVgpus
     .type nvmlDeviceGetCreatableVgpus, @function
 nvmlDeviceGetCreatableVgpus:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -362,7 +386,7 @@ nvmlDeviceGetCurrPcieLinkWidth:
     .globl nvmlDeviceGetCurrentClockFreqs
     .type nvmlDeviceGetCurrentClockFreqs, @function
 nvmlDeviceGetCurrentClockFreqs:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -395,7 +419,7 @@ nvmlDeviceGetDefaultEccMode:
     .globl nvmlDeviceGetDetailedEccErrors
     .type nvmlDeviceGetDetailedEccErrors, @function
 nvmlDeviceGetDetailedEccErrors:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -418,7 +442,7 @@ nvmlDeviceGetDisplayMode:
     .globl nvmlDeviceGetDramEncryptionMode
     .type nvmlDeviceGetDramEncryptionMode, @function
 nvmlDeviceGetDramEncryptionMode:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +460,7 @@ nvmlDeviceGetDriverModel_v2:
     .globl nvmlDeviceGetDynamicPstatesInfo
     .type nvmlDeviceGetDynamicPstatesInfo, @function
 nvmlDeviceGetDynamicPstatesInfo:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -454,7 +478,7 @@ nvmlDeviceGetEncoderCapacity:
     .globl nvmlDeviceGetEncoderSessions
     .type nvmlDeviceGetEncoderSessions, @function
 nvmlDeviceGetEncoderSessions:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -462,7 +486,7 @@ nvmlDeviceGetEncoderSessions:
     .globl nvmlDeviceGetEncoderStats
     .type nvmlDeviceGetEncoderStats, @function
 nvmlDeviceGetEncoderStats:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -480,7 +504,7 @@ nvmlDeviceGetEnforcedPowerLimit:
     .globl nvmlDeviceGetFBCSessions
     .type nvmlDeviceGetFBCSessions, @function
 nvmlDeviceGetFBCSessions:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -488,7 +512,7 @@ nvmlDeviceGetFBCSessions:
     .globl nvmlDeviceGetFBCStats
     .type nvmlDeviceGetFBCStats, @function
 nvmlDeviceGetFBCStats:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -506,7 +530,7 @@ nvmlDeviceGetFanSpeed:
     .globl nvmlDeviceGetFanSpeedRPM
     .type nvmlDeviceGetFanSpeedRPM, @function
 nvmlDeviceGetFanSpeedRPM:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -554,7 +578,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -562,7 +586,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -570,7 +594,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements_v2:
     .globl nvmlDeviceGetGpuInstanceProfileInfo
     .type nvmlDeviceGetGpuInstanceProfileInfo, @function
 nvmlDeviceGetGpuInstanceProfileInfo:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -578,7 +602,7 @@ nvmlDeviceGetGpuInstanceProfileInfo:
     .globl nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .type nvmlDeviceGetGpuInstanceProfileInfoByIdV, @function
 nvmlDeviceGetGpuInstanceProfileInfoByIdV:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,7 +610,7 @@ nvmlDeviceGetGpuInstanceProfileInfoByIdV:
     .globl nvmlDeviceGetGpuInstanceProfileInfoV
     .type nvmlDeviceGetGpuInstanceProfileInfoV, @function
 nvmlDeviceGetGpuInstanceProfileInfoV:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -599,7 +623,10 @@ nvmlDeviceGetGpuInstanceRemainingCapacity:
     .globl nvmlDeviceGetGpuInstances
     .type nvmlDeviceGetGpuInstances, @function
 nvmlDeviceGetGpuInstances:
-    jmp __chidori_nvml_nvmlDeviceGetGpuInstances@PLT
+    leaq .Lname48(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceGetGpuInstances, .-nvmlDeviceGetGpuInstances
     .globl nvmlDeviceGetGpuMaxPcieLinkGeneration
     .type nvmlDeviceGetGpuMaxPcieLinkGeneration, @function
@@ -614,7 +641,7 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -622,7 +649,7 @@ nvmlDeviceGetGraphicsRunningProcesses:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -630,7 +657,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v2:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -638,7 +665,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v3:
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
 nvmlDeviceGetGridLicensableFeatures:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -646,7 +673,7 @@ nvmlDeviceGetGridLicensableFeatures:
     .globl nvmlDeviceGetGridLicensableFeatures_v2
     .type nvmlDeviceGetGridLicensableFeatures_v2, @function
 nvmlDeviceGetGridLicensableFeatures_v2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -654,7 +681,7 @@ nvmlDeviceGetGridLicensableFeatures_v2:
     .globl nvmlDeviceGetGridLicensableFeatures_v3
     .type nvmlDeviceGetGridLicensableFeatures_v3, @function
 nvmlDeviceGetGridLicensableFeatures_v3:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -662,7 +689,7 @@ nvmlDeviceGetGridLicensableFeatures_v3:
     .globl nvmlDeviceGetGridLicensableFeatures_v4
     .type nvmlDeviceGetGridLicensableFeatures_v4, @function
 nvmlDeviceGetGridLicensableFeatures_v4:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -675,7 +702,7 @@ nvmlDeviceGetGspFirmwareMode:
     .globl nvmlDeviceGetGspFirmwareVersion
     .type nvmlDeviceGetGspFirmwareVersion, @function
 nvmlDeviceGetGspFirmwareVersion:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -723,7 +750,7 @@ nvmlDeviceGetHostVgpuMode:
     .globl nvmlDeviceGetHostname_v1
     .type nvmlDeviceGetHostname_v1, @function
 nvmlDeviceGetHostname_v1:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -746,7 +773,7 @@ nvmlDeviceGetInforomImageVersion:
     .globl nvmlDeviceGetInforomVersion
     .type nvmlDeviceGetInforomVersion, @function
 nvmlDeviceGetInforomVersion:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +796,7 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,7 +804,7 @@ nvmlDeviceGetMPSComputeRunningProcesses:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -785,7 +812,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v2:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,7 +820,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v3:
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
 nvmlDeviceGetMarginTemperature:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -836,7 +863,7 @@ nvmlDeviceGetMemClkVfOffset:
     .globl nvmlDeviceGetMemoryAffinity
     .type nvmlDeviceGetMemoryAffinity, @function
 nvmlDeviceGetMemoryAffinity:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -849,7 +876,7 @@ nvmlDeviceGetMemoryBusWidth:
     .globl nvmlDeviceGetMemoryErrorCounter
     .type nvmlDeviceGetMemoryErrorCounter, @function
 nvmlDeviceGetMemoryErrorCounter:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -927,7 +954,7 @@ nvmlDeviceGetNvLinkCapability:
     .globl nvmlDeviceGetNvLinkErrorCounter
     .type nvmlDeviceGetNvLinkErrorCounter, @function
 nvmlDeviceGetNvLinkErrorCounter:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -935,7 +962,7 @@ nvmlDeviceGetNvLinkErrorCounter:
     .globl nvmlDeviceGetNvLinkInfo
     .type nvmlDeviceGetNvLinkInfo, @function
 nvmlDeviceGetNvLinkInfo:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -948,7 +975,7 @@ nvmlDeviceGetNvLinkRemoteDeviceType:
     .globl nvmlDeviceGetNvLinkRemotePciInfo
     .type nvmlDeviceGetNvLinkRemotePciInfo, @function
 nvmlDeviceGetNvLinkRemotePciInfo:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -956,7 +983,7 @@ nvmlDeviceGetNvLinkRemotePciInfo:
     .globl nvmlDeviceGetNvLinkRemotePciInfo_v2
     .type nvmlDeviceGetNvLinkRemotePciInfo_v2, @function
 nvmlDeviceGetNvLinkRemotePciInfo_v2:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,7 +996,7 @@ nvmlDeviceGetNvLinkState:
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +1004,7 @@ nvmlDeviceGetNvLinkUtilizationControl:
     .globl nvmlDeviceGetNvLinkUtilizationCounter
     .type nvmlDeviceGetNvLinkUtilizationCounter, @function
 nvmlDeviceGetNvLinkUtilizationCounter:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -990,7 +1017,7 @@ nvmlDeviceGetNvLinkVersion:
     .globl nvmlDeviceGetNvlinkBwMode
     .type nvmlDeviceGetNvlinkBwMode, @function
 nvmlDeviceGetNvlinkBwMode:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -998,7 +1025,7 @@ nvmlDeviceGetNvlinkBwMode:
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1051,7 +1078,7 @@ nvmlDeviceGetPcieSpeed:
     .globl nvmlDeviceGetPcieThroughput
     .type nvmlDeviceGetPcieThroughput, @function
 nvmlDeviceGetPcieThroughput:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1059,7 +1086,7 @@ nvmlDeviceGetPcieThroughput:
     .globl nvmlDeviceGetPdi
     .type nvmlDeviceGetPdi, @function
 nvmlDeviceGetPdi:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1067,7 +1094,7 @@ nvmlDeviceGetPdi:
     .globl nvmlDeviceGetPerformanceModes
     .type nvmlDeviceGetPerformanceModes, @function
 nvmlDeviceGetPerformanceModes:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1085,7 +1112,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1093,7 +1120,7 @@ nvmlDeviceGetPgpuMetadataString:
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
 nvmlDeviceGetPlatformInfo:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1121,7 +1148,7 @@ nvmlDeviceGetPowerManagementMode:
     .globl nvmlDeviceGetPowerMizerMode_v1
     .type nvmlDeviceGetPowerMizerMode_v1, @function
 nvmlDeviceGetPowerMizerMode_v1:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1149,7 +1176,7 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1157,7 +1184,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,7 +1197,7 @@ nvmlDeviceGetRemappedRows:
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1178,7 +1205,7 @@ nvmlDeviceGetRepairStatus:
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1191,7 +1218,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1199,7 +1226,7 @@ nvmlDeviceGetRetiredPages_v2:
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
 nvmlDeviceGetRowRemapperHistogram:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1234,7 @@ nvmlDeviceGetRowRemapperHistogram:
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,7 +1242,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1255,7 @@ nvmlDeviceGetSerial:
     .globl nvmlDeviceGetSramEccErrorStatus
     .type nvmlDeviceGetSramEccErrorStatus, @function
 nvmlDeviceGetSramEccErrorStatus:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1263,7 @@ nvmlDeviceGetSramEccErrorStatus:
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1259,7 +1286,7 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1267,7 +1294,7 @@ nvmlDeviceGetSupportedGraphicsClocks:
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1275,7 +1302,7 @@ nvmlDeviceGetSupportedMemoryClocks:
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1288,7 +1315,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,7 +1338,7 @@ nvmlDeviceGetTemperatureThreshold:
     .globl nvmlDeviceGetTemperatureV
     .type nvmlDeviceGetTemperatureV, @function
 nvmlDeviceGetTemperatureV:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1319,7 +1346,7 @@ nvmlDeviceGetTemperatureV:
     .globl nvmlDeviceGetThermalSettings
     .type nvmlDeviceGetThermalSettings, @function
 nvmlDeviceGetThermalSettings:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,12 +1359,15 @@ nvmlDeviceGetTopologyCommonAncestor:
     .globl nvmlDeviceGetTopologyNearestGpus
     .type nvmlDeviceGetTopologyNearestGpus, @function
 nvmlDeviceGetTopologyNearestGpus:
-    jmp __chidori_nvml_nvmlDeviceGetTopologyNearestGpus@PLT
+    leaq .Lname95(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceGetTopologyNearestGpus, .-nvmlDeviceGetTopologyNearestGpus
     .globl nvmlDeviceGetTotalEccErrors
     .type nvmlDeviceGetTotalEccErrors, @function
 nvmlDeviceGetTotalEccErrors:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1355,7 +1385,7 @@ nvmlDeviceGetUUID:
     .globl nvmlDeviceGetUnrepairableMemoryFlag_v1
     .type nvmlDeviceGetUnrepairableMemoryFlag_v1, @function
 nvmlDeviceGetUnrepairableMemoryFlag_v1:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1408,7 @@ nvmlDeviceGetVgpuCapabilities:
     .globl nvmlDeviceGetVgpuHeterogeneousMode
     .type nvmlDeviceGetVgpuHeterogeneousMode, @function
 nvmlDeviceGetVgpuHeterogeneousMode:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1386,7 +1416,7 @@ nvmlDeviceGetVgpuHeterogeneousMode:
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1424,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1402,7 +1432,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1410,7 +1440,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1418,7 +1448,7 @@ nvmlDeviceGetVgpuProcessesUtilizationInfo:
     .globl nvmlDeviceGetVgpuSchedulerCapabilities
     .type nvmlDeviceGetVgpuSchedulerCapabilities, @function
 nvmlDeviceGetVgpuSchedulerCapabilities:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1426,7 +1456,7 @@ nvmlDeviceGetVgpuSchedulerCapabilities:
     .globl nvmlDeviceGetVgpuSchedulerLog
     .type nvmlDeviceGetVgpuSchedulerLog, @function
 nvmlDeviceGetVgpuSchedulerLog:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,7 +1464,7 @@ nvmlDeviceGetVgpuSchedulerLog:
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1442,7 +1472,7 @@ nvmlDeviceGetVgpuSchedulerState:
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1480,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1458,7 +1488,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1466,7 +1496,7 @@ nvmlDeviceGetVgpuUtilization:
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
 nvmlDeviceGetViolationStatus:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1484,7 +1514,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1497,7 +1527,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1505,7 +1535,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1543,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1551,7 @@ nvmlDevicePowerSmoothingUpdatePresetProfileParam:
     .globl nvmlDeviceQueryDrainState
     .type nvmlDeviceQueryDrainState, @function
 nvmlDeviceQueryDrainState:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1559,7 @@ nvmlDeviceQueryDrainState:
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1537,7 +1567,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,12 +1575,15 @@ nvmlDeviceReadWritePRM_v1:
     .globl nvmlDeviceRegisterEvents
     .type nvmlDeviceRegisterEvents, @function
 nvmlDeviceRegisterEvents:
-    jmp __chidori_nvml_nvmlDeviceRegisterEvents@PLT
+    leaq .Lname117(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceRegisterEvents, .-nvmlDeviceRegisterEvents
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1558,7 +1591,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1566,52 +1599,79 @@ nvmlDeviceRemoveGpu_v2:
     .globl nvmlDeviceResetApplicationsClocks
     .type nvmlDeviceResetApplicationsClocks, @function
 nvmlDeviceResetApplicationsClocks:
-    jmp __chidori_nvml_nvmlDeviceResetApplicationsClocks@PLT
+    leaq .Lname120(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetApplicationsClocks, .-nvmlDeviceResetApplicationsClocks
     .globl nvmlDeviceResetGpuLockedClocks
     .type nvmlDeviceResetGpuLockedClocks, @function
 nvmlDeviceResetGpuLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceResetGpuLockedClocks@PLT
+    leaq .Lname121(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetGpuLockedClocks, .-nvmlDeviceResetGpuLockedClocks
     .globl nvmlDeviceResetMemoryLockedClocks
     .type nvmlDeviceResetMemoryLockedClocks, @function
 nvmlDeviceResetMemoryLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceResetMemoryLockedClocks@PLT
+    leaq .Lname122(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetMemoryLockedClocks, .-nvmlDeviceResetMemoryLockedClocks
     .globl nvmlDeviceResetNvLinkErrorCounters
     .type nvmlDeviceResetNvLinkErrorCounters, @function
 nvmlDeviceResetNvLinkErrorCounters:
-    jmp __chidori_nvml_nvmlDeviceResetNvLinkErrorCounters@PLT
+    leaq .Lname123(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetNvLinkErrorCounters, .-nvmlDeviceResetNvLinkErrorCounters
     .globl nvmlDeviceResetNvLinkUtilizationCounter
     .type nvmlDeviceResetNvLinkUtilizationCounter, @function
 nvmlDeviceResetNvLinkUtilizationCounter:
-    jmp __chidori_nvml_nvmlDeviceResetNvLinkUtilizationCounter@PLT
+    leaq .Lname124(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetNvLinkUtilizationCounter, .-nvmlDeviceResetNvLinkUtilizationCounter
     .globl nvmlDeviceSetAPIRestriction
     .type nvmlDeviceSetAPIRestriction, @function
 nvmlDeviceSetAPIRestriction:
-    jmp __chidori_nvml_nvmlDeviceSetAPIRestriction@PLT
+    leaq .Lname125(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAPIRestriction, .-nvmlDeviceSetAPIRestriction
     .globl nvmlDeviceSetAccountingMode
     .type nvmlDeviceSetAccountingMode, @function
 nvmlDeviceSetAccountingMode:
-    jmp __chidori_nvml_nvmlDeviceSetAccountingMode@PLT
+    leaq .Lname126(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAccountingMode, .-nvmlDeviceSetAccountingMode
     .globl nvmlDeviceSetApplicationsClocks
     .type nvmlDeviceSetApplicationsClocks, @function
 nvmlDeviceSetApplicationsClocks:
-    jmp __chidori_nvml_nvmlDeviceSetApplicationsClocks@PLT
+    leaq .Lname127(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetApplicationsClocks, .-nvmlDeviceSetApplicationsClocks
     .globl nvmlDeviceSetAutoBoostedClocksEnabled
     .type nvmlDeviceSetAutoBoostedClocksEnabled, @function
 nvmlDeviceSetAutoBoostedClocksEnabled:
-    jmp __chidori_nvml_nvmlDeviceSetAutoBoostedClocksEnabled@PLT
+    leaq .Lname128(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAutoBoostedClocksEnabled, .-nvmlDeviceSetAutoBoostedClocksEnabled
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,72 +1679,111 @@ nvmlDeviceSetClockOffsets:
     .globl nvmlDeviceSetComputeMode
     .type nvmlDeviceSetComputeMode, @function
 nvmlDeviceSetComputeMode:
-    jmp __chidori_nvml_nvmlDeviceSetComputeMode@PLT
+    leaq .Lname130(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetComputeMode, .-nvmlDeviceSetComputeMode
     .globl nvmlDeviceSetConfComputeUnprotectedMemSize
     .type nvmlDeviceSetConfComputeUnprotectedMemSize, @function
 nvmlDeviceSetConfComputeUnprotectedMemSize:
-    jmp __chidori_nvml_nvmlDeviceSetConfComputeUnprotectedMemSize@PLT
+    leaq .Lname131(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetConfComputeUnprotectedMemSize, .-nvmlDeviceSetConfComputeUnprotectedMemSize
     .globl nvmlDeviceSetCpuAffinity
     .type nvmlDeviceSetCpuAffinity, @function
 nvmlDeviceSetCpuAffinity:
-    jmp __chidori_nvml_nvmlDeviceSetCpuAffinity@PLT
+    leaq .Lname132(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetCpuAffinity, .-nvmlDeviceSetCpuAffinity
     .globl nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .type nvmlDeviceSetDefaultAutoBoostedClocksEnabled, @function
 nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
-    jmp __chidori_nvml_nvmlDeviceSetDefaultAutoBoostedClocksEnabled@PLT
+    leaq .Lname133(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDefaultAutoBoostedClocksEnabled, .-nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .globl nvmlDeviceSetDefaultFanSpeed_v2
     .type nvmlDeviceSetDefaultFanSpeed_v2, @function
 nvmlDeviceSetDefaultFanSpeed_v2:
-    jmp __chidori_nvml_nvmlDeviceSetDefaultFanSpeed_v2@PLT
+    leaq .Lname134(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDefaultFanSpeed_v2, .-nvmlDeviceSetDefaultFanSpeed_v2
     .globl nvmlDeviceSetDramEncryptionMode
     .type nvmlDeviceSetDramEncryptionMode, @function
 nvmlDeviceSetDramEncryptionMode:
-    jmp __chidori_nvml_nvmlDeviceSetDramEncryptionMode@PLT
+    leaq .Lname135(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDramEncryptionMode, .-nvmlDeviceSetDramEncryptionMode
     .globl nvmlDeviceSetDriverModel
     .type nvmlDeviceSetDriverModel, @function
 nvmlDeviceSetDriverModel:
-    jmp __chidori_nvml_nvmlDeviceSetDriverModel@PLT
+    leaq .Lname136(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDriverModel, .-nvmlDeviceSetDriverModel
     .globl nvmlDeviceSetEccMode
     .type nvmlDeviceSetEccMode, @function
 nvmlDeviceSetEccMode:
-    jmp __chidori_nvml_nvmlDeviceSetEccMode@PLT
+    leaq .Lname137(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetEccMode, .-nvmlDeviceSetEccMode
     .globl nvmlDeviceSetFanControlPolicy
     .type nvmlDeviceSetFanControlPolicy, @function
 nvmlDeviceSetFanControlPolicy:
-    jmp __chidori_nvml_nvmlDeviceSetFanControlPolicy@PLT
+    leaq .Lname138(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetFanControlPolicy, .-nvmlDeviceSetFanControlPolicy
     .globl nvmlDeviceSetFanSpeed_v2
     .type nvmlDeviceSetFanSpeed_v2, @function
 nvmlDeviceSetFanSpeed_v2:
-    jmp __chidori_nvml_nvmlDeviceSetFanSpeed_v2@PLT
+    leaq .Lname139(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetFanSpeed_v2, .-nvmlDeviceSetFanSpeed_v2
     .globl nvmlDeviceSetGpcClkVfOffset
     .type nvmlDeviceSetGpcClkVfOffset, @function
 nvmlDeviceSetGpcClkVfOffset:
-    jmp __chidori_nvml_nvmlDeviceSetGpcClkVfOffset@PLT
+    leaq .Lname140(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpcClkVfOffset, .-nvmlDeviceSetGpcClkVfOffset
     .globl nvmlDeviceSetGpuLockedClocks
     .type nvmlDeviceSetGpuLockedClocks, @function
 nvmlDeviceSetGpuLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceSetGpuLockedClocks@PLT
+    leaq .Lname141(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpuLockedClocks, .-nvmlDeviceSetGpuLockedClocks
     .globl nvmlDeviceSetGpuOperationMode
     .type nvmlDeviceSetGpuOperationMode, @function
 nvmlDeviceSetGpuOperationMode:
-    jmp __chidori_nvml_nvmlDeviceSetGpuOperationMode@PLT
+    leaq .Lname142(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpuOperationMode, .-nvmlDeviceSetGpuOperationMode
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,22 +1791,31 @@ nvmlDeviceSetHostname_v1:
     .globl nvmlDeviceSetMemClkVfOffset
     .type nvmlDeviceSetMemClkVfOffset, @function
 nvmlDeviceSetMemClkVfOffset:
-    jmp __chidori_nvml_nvmlDeviceSetMemClkVfOffset@PLT
+    leaq .Lname144(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMemClkVfOffset, .-nvmlDeviceSetMemClkVfOffset
     .globl nvmlDeviceSetMemoryLockedClocks
     .type nvmlDeviceSetMemoryLockedClocks, @function
 nvmlDeviceSetMemoryLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceSetMemoryLockedClocks@PLT
+    leaq .Lname145(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMemoryLockedClocks, .-nvmlDeviceSetMemoryLockedClocks
     .globl nvmlDeviceSetMigMode
     .type nvmlDeviceSetMigMode, @function
 nvmlDeviceSetMigMode:
-    jmp __chidori_nvml_nvmlDeviceSetMigMode@PLT
+    leaq .Lname146(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMigMode, .-nvmlDeviceSetMigMode
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1715,7 +1823,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1723,7 +1831,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1731,17 +1839,23 @@ nvmlDeviceSetNvlinkBwMode:
     .globl nvmlDeviceSetPersistenceMode
     .type nvmlDeviceSetPersistenceMode, @function
 nvmlDeviceSetPersistenceMode:
-    jmp __chidori_nvml_nvmlDeviceSetPersistenceMode@PLT
+    leaq .Lname150(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPersistenceMode, .-nvmlDeviceSetPersistenceMode
     .globl nvmlDeviceSetPowerManagementLimit
     .type nvmlDeviceSetPowerManagementLimit, @function
 nvmlDeviceSetPowerManagementLimit:
-    jmp __chidori_nvml_nvmlDeviceSetPowerManagementLimit@PLT
+    leaq .Lname151(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPowerManagementLimit, .-nvmlDeviceSetPowerManagementLimit
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1863,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1757,12 +1871,15 @@ nvmlDeviceSetPowerMizerMode_v1:
     .globl nvmlDeviceSetPowerMode
     .type nvmlDeviceSetPowerMode, @function
 nvmlDeviceSetPowerMode:
-    jmp __chidori_nvml_nvmlDeviceSetPowerMode@PLT
+    leaq .Lname154(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPowerMode, .-nvmlDeviceSetPowerMode
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,22 +1887,31 @@ nvmlDeviceSetRusdSettings_v1:
     .globl nvmlDeviceSetTemperatureThreshold
     .type nvmlDeviceSetTemperatureThreshold, @function
 nvmlDeviceSetTemperatureThreshold:
-    jmp __chidori_nvml_nvmlDeviceSetTemperatureThreshold@PLT
+    leaq .Lname156(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetTemperatureThreshold, .-nvmlDeviceSetTemperatureThreshold
     .globl nvmlDeviceSetVgpuCapabilities
     .type nvmlDeviceSetVgpuCapabilities, @function
 nvmlDeviceSetVgpuCapabilities:
-    jmp __chidori_nvml_nvmlDeviceSetVgpuCapabilities@PLT
+    leaq .Lname157(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVgpuCapabilities, .-nvmlDeviceSetVgpuCapabilities
     .globl nvmlDeviceSetVgpuHeterogeneousMode
     .type nvmlDeviceSetVgpuHeterogeneousMode, @function
 nvmlDeviceSetVgpuHeterogeneousMode:
-    jmp __chidori_nvml_nvmlDeviceSetVgpuHeterogeneousMode@PLT
+    leaq .Lname158(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVgpuHeterogeneousMode, .-nvmlDeviceSetVgpuHeterogeneousMode
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1793,7 +1919,10 @@ nvmlDeviceSetVgpuSchedulerState:
     .globl nvmlDeviceSetVirtualizationMode
     .type nvmlDeviceSetVirtualizationMode, @function
 nvmlDeviceSetVirtualizationMode:
-    jmp __chidori_nvml_nvmlDeviceSetVirtualizationMode@PLT
+    leaq .Lname160(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVirtualizationMode, .-nvmlDeviceSetVirtualizationMode
     .globl nvmlDeviceValidateInforom
     .type nvmlDeviceValidateInforom, @function
@@ -1803,7 +1932,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1811,7 +1940,7 @@ nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .type nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, @function
 nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1819,7 +1948,7 @@ nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .type nvmlDeviceWorkloadPowerProfileGetProfilesInfo, @function
 nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1827,7 +1956,7 @@ nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1835,7 +1964,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1848,17 +1977,23 @@ nvmlErrorString:
     .globl nvmlEventSetCreate
     .type nvmlEventSetCreate, @function
 nvmlEventSetCreate:
-    jmp __chidori_nvml_nvmlEventSetCreate@PLT
+    leaq .Lname166(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlEventSetCreate, .-nvmlEventSetCreate
     .globl nvmlEventSetFree
     .type nvmlEventSetFree, @function
 nvmlEventSetFree:
-    jmp __chidori_nvml_nvmlEventSetFree@PLT
+    leaq .Lname167(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlEventSetFree, .-nvmlEventSetFree
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +2001,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,7 +2014,7 @@ nvmlGetExcludedDeviceCount:
     .globl nvmlGetExcludedDeviceInfoByIndex
     .type nvmlGetExcludedDeviceInfoByIndex, @function
 nvmlGetExcludedDeviceInfoByIndex:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +2022,7 @@ nvmlGetExcludedDeviceInfoByIndex:
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1900,7 +2035,7 @@ nvmlGetVgpuDriverCapabilities:
     .globl nvmlGetVgpuVersion
     .type nvmlGetVgpuVersion, @function
 nvmlGetVgpuVersion:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1908,7 +2043,7 @@ nvmlGetVgpuVersion:
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1921,7 +2056,7 @@ nvmlGpmMigSampleGet:
     .globl nvmlGpmQueryDeviceSupport
     .type nvmlGpmQueryDeviceSupport, @function
 nvmlGpmQueryDeviceSupport:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1949,27 +2084,39 @@ nvmlGpmSampleGet:
     .globl nvmlGpmSetStreamingEnabled
     .type nvmlGpmSetStreamingEnabled, @function
 nvmlGpmSetStreamingEnabled:
-    jmp __chidori_nvml_nvmlGpmSetStreamingEnabled@PLT
+    leaq .Lname175(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpmSetStreamingEnabled, .-nvmlGpmSetStreamingEnabled
     .globl nvmlGpuInstanceCreateComputeInstance
     .type nvmlGpuInstanceCreateComputeInstance, @function
 nvmlGpuInstanceCreateComputeInstance:
-    jmp __chidori_nvml_nvmlGpuInstanceCreateComputeInstance@PLT
+    leaq .Lname176(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceCreateComputeInstance, .-nvmlGpuInstanceCreateComputeInstance
     .globl nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .type nvmlGpuInstanceCreateComputeInstanceWithPlacement, @function
 nvmlGpuInstanceCreateComputeInstanceWithPlacement:
-    jmp __chidori_nvml_nvmlGpuInstanceCreateComputeInstanceWithPlacement@PLT
+    leaq .Lname177(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceCreateComputeInstanceWithPlacement, .-nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .globl nvmlGpuInstanceDestroy
     .type nvmlGpuInstanceDestroy, @function
 nvmlGpuInstanceDestroy:
-    jmp __chidori_nvml_nvmlGpuInstanceDestroy@PLT
+    leaq .Lname178(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceDestroy, .-nvmlGpuInstanceDestroy
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1982,7 +2129,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1990,7 +2137,7 @@ nvmlGpuInstanceGetComputeInstancePossiblePlacements:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfo
     .type nvmlGpuInstanceGetComputeInstanceProfileInfo, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfo:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1998,7 +2145,7 @@ nvmlGpuInstanceGetComputeInstanceProfileInfo:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2011,12 +2158,15 @@ nvmlGpuInstanceGetComputeInstanceRemainingCapacity:
     .globl nvmlGpuInstanceGetComputeInstances
     .type nvmlGpuInstanceGetComputeInstances, @function
 nvmlGpuInstanceGetComputeInstances:
-    jmp __chidori_nvml_nvmlGpuInstanceGetComputeInstances@PLT
+    leaq .Lname183(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceGetComputeInstances, .-nvmlGpuInstanceGetComputeInstances
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2174,7 @@ nvmlGpuInstanceGetCreatableVgpus:
     .globl nvmlGpuInstanceGetInfo
     .type nvmlGpuInstanceGetInfo, @function
 nvmlGpuInstanceGetInfo:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2032,7 +2182,7 @@ nvmlGpuInstanceGetInfo:
     .globl nvmlGpuInstanceGetVgpuHeterogeneousMode
     .type nvmlGpuInstanceGetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceGetVgpuHeterogeneousMode:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2040,7 +2190,7 @@ nvmlGpuInstanceGetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceGetVgpuSchedulerLog
     .type nvmlGpuInstanceGetVgpuSchedulerLog, @function
 nvmlGpuInstanceGetVgpuSchedulerLog:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2048,7 +2198,7 @@ nvmlGpuInstanceGetVgpuSchedulerLog:
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2056,7 +2206,7 @@ nvmlGpuInstanceGetVgpuSchedulerState:
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2064,12 +2214,15 @@ nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
     .globl nvmlGpuInstanceSetVgpuHeterogeneousMode
     .type nvmlGpuInstanceSetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceSetVgpuHeterogeneousMode:
-    jmp __chidori_nvml_nvmlGpuInstanceSetVgpuHeterogeneousMode@PLT
+    leaq .Lname190(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceSetVgpuHeterogeneousMode, .-nvmlGpuInstanceSetVgpuHeterogeneousMode
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2092,7 +2245,7 @@ nvmlInit_v2:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2105,7 +2258,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2113,7 +2266,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2121,7 +2274,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2129,7 +2282,7 @@ nvmlSystemEventSetWait:
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2142,7 +2295,7 @@ nvmlSystemGetConfComputeGpusReadyState:
     .globl nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemGetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemGetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2150,7 +2303,7 @@ nvmlSystemGetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemGetConfComputeSettings
     .type nvmlSystemGetConfComputeSettings, @function
 nvmlSystemGetConfComputeSettings:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2158,7 +2311,7 @@ nvmlSystemGetConfComputeSettings:
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2176,7 +2329,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2189,7 +2342,7 @@ nvmlSystemGetDriverVersion:
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2207,7 +2360,7 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2215,7 +2368,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2223,7 +2376,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2231,12 +2384,15 @@ nvmlSystemRegisterEvents:
     .globl nvmlSystemSetConfComputeGpusReadyState
     .type nvmlSystemSetConfComputeGpusReadyState, @function
 nvmlSystemSetConfComputeGpusReadyState:
-    jmp __chidori_nvml_nvmlSystemSetConfComputeGpusReadyState@PLT
+    leaq .Lname205(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlSystemSetConfComputeGpusReadyState, .-nvmlSystemSetConfComputeGpusReadyState
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2400,10 @@ nvmlSystemSetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemSetNvlinkBwMode
     .type nvmlSystemSetNvlinkBwMode, @function
 nvmlSystemSetNvlinkBwMode:
-    jmp __chidori_nvml_nvmlSystemSetNvlinkBwMode@PLT
+    leaq .Lname207(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlSystemSetNvlinkBwMode, .-nvmlSystemSetNvlinkBwMode
     .globl nvmlUnitGetCount
     .type nvmlUnitGetCount, @function
@@ -2254,12 +2413,15 @@ nvmlUnitGetCount:
     .globl nvmlUnitGetDevices
     .type nvmlUnitGetDevices, @function
 nvmlUnitGetDevices:
-    jmp __chidori_nvml_nvmlUnitGetDevices@PLT
+    leaq .Lname208(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlUnitGetDevices, .-nvmlUnitGetDevices
     .globl nvmlUnitGetFanSpeedInfo
     .type nvmlUnitGetFanSpeedInfo, @function
 nvmlUnitGetFanSpeedInfo:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2272,7 +2434,7 @@ nvmlUnitGetHandleByIndex:
     .globl nvmlUnitGetLedState
     .type nvmlUnitGetLedState, @function
 nvmlUnitGetLedState:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2280,7 +2442,7 @@ nvmlUnitGetLedState:
     .globl nvmlUnitGetPsuInfo
     .type nvmlUnitGetPsuInfo, @function
 nvmlUnitGetPsuInfo:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2293,7 +2455,7 @@ nvmlUnitGetTemperature:
     .globl nvmlUnitGetUnitInfo
     .type nvmlUnitGetUnitInfo, @function
 nvmlUnitGetUnitInfo:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2301,12 +2463,18 @@ nvmlUnitGetUnitInfo:
     .globl nvmlUnitSetLedState
     .type nvmlUnitSetLedState, @function
 nvmlUnitSetLedState:
-    jmp __chidori_nvml_nvmlUnitSetLedState@PLT
+    leaq .Lname213(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlUnitSetLedState, .-nvmlUnitSetLedState
     .globl nvmlVgpuInstanceClearAccountingPids
     .type nvmlVgpuInstanceClearAccountingPids, @function
 nvmlVgpuInstanceClearAccountingPids:
-    jmp __chidori_nvml_nvmlVgpuInstanceClearAccountingPids@PLT
+    leaq .Lname214(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlVgpuInstanceClearAccountingPids, .-nvmlVgpuInstanceClearAccountingPids
     .globl nvmlVgpuInstanceGetAccountingMode
     .type nvmlVgpuInstanceGetAccountingMode, @function
@@ -2316,7 +2484,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +2492,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2342,7 +2510,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,7 +2518,7 @@ nvmlVgpuInstanceGetEncoderSessions:
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
 nvmlVgpuInstanceGetEncoderStats:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2358,7 +2526,7 @@ nvmlVgpuInstanceGetEncoderStats:
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,7 +2534,7 @@ nvmlVgpuInstanceGetFBCSessions:
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
 nvmlVgpuInstanceGetFBCStats:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2389,7 +2557,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2397,7 +2565,7 @@ nvmlVgpuInstanceGetGpuPciId:
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
 nvmlVgpuInstanceGetLicenseInfo:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2405,7 +2573,7 @@ nvmlVgpuInstanceGetLicenseInfo:
     .globl nvmlVgpuInstanceGetLicenseInfo_v2
     .type nvmlVgpuInstanceGetLicenseInfo_v2, @function
 nvmlVgpuInstanceGetLicenseInfo_v2:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2418,7 +2586,7 @@ nvmlVgpuInstanceGetLicenseStatus:
     .globl nvmlVgpuInstanceGetMdevUUID
     .type nvmlVgpuInstanceGetMdevUUID, @function
 nvmlVgpuInstanceGetMdevUUID:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2426,7 +2594,7 @@ nvmlVgpuInstanceGetMdevUUID:
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2434,7 +2602,7 @@ nvmlVgpuInstanceGetMetadata:
     .globl nvmlVgpuInstanceGetPlacementId
     .type nvmlVgpuInstanceGetPlacementId, @function
 nvmlVgpuInstanceGetPlacementId:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2442,7 +2610,7 @@ nvmlVgpuInstanceGetPlacementId:
     .globl nvmlVgpuInstanceGetRuntimeStateSize
     .type nvmlVgpuInstanceGetRuntimeStateSize, @function
 nvmlVgpuInstanceGetRuntimeStateSize:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2455,7 +2623,7 @@ nvmlVgpuInstanceGetType:
     .globl nvmlVgpuInstanceGetUUID
     .type nvmlVgpuInstanceGetUUID, @function
 nvmlVgpuInstanceGetUUID:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2463,7 +2631,7 @@ nvmlVgpuInstanceGetUUID:
     .globl nvmlVgpuInstanceGetVmDriverVersion
     .type nvmlVgpuInstanceGetVmDriverVersion, @function
 nvmlVgpuInstanceGetVmDriverVersion:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +2639,7 @@ nvmlVgpuInstanceGetVmDriverVersion:
     .globl nvmlVgpuInstanceGetVmID
     .type nvmlVgpuInstanceGetVmID, @function
 nvmlVgpuInstanceGetVmID:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2479,12 +2647,15 @@ nvmlVgpuInstanceGetVmID:
     .globl nvmlVgpuInstanceSetEncoderCapacity
     .type nvmlVgpuInstanceSetEncoderCapacity, @function
 nvmlVgpuInstanceSetEncoderCapacity:
-    jmp __chidori_nvml_nvmlVgpuInstanceSetEncoderCapacity@PLT
+    leaq .Lname231(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlVgpuInstanceSetEncoderCapacity, .-nvmlVgpuInstanceSetEncoderCapacity
     .globl nvmlVgpuTypeGetBAR1Info
     .type nvmlVgpuTypeGetBAR1Info, @function
 nvmlVgpuTypeGetBAR1Info:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2497,7 +2668,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,7 +2706,7 @@ nvmlVgpuTypeGetGspHeapSize:
     .globl nvmlVgpuTypeGetLicense
     .type nvmlVgpuTypeGetLicense, @function
 nvmlVgpuTypeGetLicense:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2548,7 +2719,7 @@ nvmlVgpuTypeGetMaxInstances:
     .globl nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .type nvmlVgpuTypeGetMaxInstancesPerGpuInstance, @function
 nvmlVgpuTypeGetMaxInstancesPerGpuInstance:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2561,7 +2732,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2578,363 +2749,477 @@ nvmlVgpuTypeGetResolution:
     .size nvmlVgpuTypeGetResolution, .-nvmlVgpuTypeGetResolution
     .section .rodata
 .Lname0:
-    .asciz "nvmlComputeInstanceGetInfo"
+    .asciz "nvmlComputeInstanceDestroy"
 .Lname1:
-    .asciz "nvmlComputeInstanceGetInfo_v2"
+    .asciz "nvmlComputeInstanceGetInfo"
 .Lname2:
-    .asciz "nvmlDeviceClearFieldValues"
+    .asciz "nvmlComputeInstanceGetInfo_v2"
 .Lname3:
-    .asciz "nvmlDeviceDiscoverGpus"
+    .asciz "nvmlDeviceCcuSetStreamState"
 .Lname4:
-    .asciz "nvmlDeviceGetAccountingPids"
+    .asciz "nvmlDeviceClearAccountingPids"
 .Lname5:
-    .asciz "nvmlDeviceGetAccountingStats"
+    .asciz "nvmlDeviceClearCpuAffinity"
 .Lname6:
-    .asciz "nvmlDeviceGetActiveVgpus"
+    .asciz "nvmlDeviceClearEccErrorCounts"
 .Lname7:
-    .asciz "nvmlDeviceGetAddressingMode"
+    .asciz "nvmlDeviceClearFieldValues"
 .Lname8:
-    .asciz "nvmlDeviceGetAttributes"
+    .asciz "nvmlDeviceCreateGpuInstance"
 .Lname9:
-    .asciz "nvmlDeviceGetAttributes_v2"
+    .asciz "nvmlDeviceCreateGpuInstanceWithPlacement"
 .Lname10:
-    .asciz "nvmlDeviceGetBridgeChipInfo"
+    .asciz "nvmlDeviceDiscoverGpus"
 .Lname11:
-    .asciz "nvmlDeviceGetC2cModeInfoV"
+    .asciz "nvmlDeviceFreezeNvLinkUtilizationCounter"
 .Lname12:
-    .asciz "nvmlDeviceGetCapabilities"
+    .asciz "nvmlDeviceGetAccountingPids"
 .Lname13:
-    .asciz "nvmlDeviceGetClkMonStatus"
+    .asciz "nvmlDeviceGetAccountingStats"
 .Lname14:
-    .asciz "nvmlDeviceGetClockOffsets"
+    .asciz "nvmlDeviceGetActiveVgpus"
 .Lname15:
-    .asciz "nvmlDeviceGetComputeRunningProcesses"
+    .asciz "nvmlDeviceGetAddressingMode"
 .Lname16:
-    .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
+    .asciz "nvmlDeviceGetAttributes"
 .Lname17:
-    .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
+    .asciz "nvmlDeviceGetAttributes_v2"
 .Lname18:
-    .asciz "nvmlDeviceGetConfComputeGpuAttestationReport"
+    .asciz "nvmlDeviceGetBridgeChipInfo"
 .Lname19:
-    .asciz "nvmlDeviceGetConfComputeGpuCertificate"
+    .asciz "nvmlDeviceGetC2cModeInfoV"
 .Lname20:
-    .asciz "nvmlDeviceGetConfComputeMemSizeInfo"
+    .asciz "nvmlDeviceGetCapabilities"
 .Lname21:
-    .asciz "nvmlDeviceGetConfComputeProtectedMemoryUsage"
+    .asciz "nvmlDeviceGetClkMonStatus"
 .Lname22:
-    .asciz "nvmlDeviceGetCoolerInfo"
+    .asciz "nvmlDeviceGetClockOffsets"
 .Lname23:
-    .asciz "nvmlDeviceGetCpuAffinity"
+    .asciz "nvmlDeviceGetComputeRunningProcesses"
 .Lname24:
-    .asciz "nvmlDeviceGetCpuAffinityWithinScope"
+    .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
 .Lname25:
-    .asciz "nvmlDeviceGetCreatableVgpus"
+    .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
 .Lname26:
-    .asciz "nvmlDeviceGetCurrentClockFreqs"
+    .asciz "nvmlDeviceGetConfComputeGpuAttestationReport"
 .Lname27:
-    .asciz "nvmlDeviceGetDetailedEccErrors"
+    .asciz "nvmlDeviceGetConfComputeGpuCertificate"
 .Lname28:
-    .asciz "nvmlDeviceGetDramEncryptionMode"
+    .asciz "nvmlDeviceGetConfComputeMemSizeInfo"
 .Lname29:
-    .asciz "nvmlDeviceGetDynamicPstatesInfo"
+    .asciz "nvmlDeviceGetConfComputeProtectedMemoryUsage"
 .Lname30:
-    .asciz "nvmlDeviceGetEncoderSessions"
+    .asciz "nvmlDeviceGetCoolerInfo"
 .Lname31:
-    .asciz "nvmlDeviceGetEncoderStats"
+    .asciz "nvmlDeviceGetCpuAffinity"
 .Lname32:
-    .asciz "nvmlDeviceGetFBCSessions"
+    .asciz "nvmlDeviceGetCpuAffinityWithinScope"
 .Lname33:
-    .asciz "nvmlDeviceGetFBCStats"
+    .asciz "nvmlDeviceGetCreatableVgpus"
 .Lname34:
-    .asciz "nvmlDeviceGetFanSpeedRPM"
+    .asciz "nvmlDeviceGetCurrentClockFreqs"
 .Lname35:
-    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
+    .asciz "nvmlDeviceGetDetailedEccErrors"
 .Lname36:
-    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
+    .asciz "nvmlDeviceGetDramEncryptionMode"
 .Lname37:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
+    .asciz "nvmlDeviceGetDynamicPstatesInfo"
 .Lname38:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
+    .asciz "nvmlDeviceGetEncoderSessions"
 .Lname39:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
+    .asciz "nvmlDeviceGetEncoderStats"
 .Lname40:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses"
+    .asciz "nvmlDeviceGetFBCSessions"
 .Lname41:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
+    .asciz "nvmlDeviceGetFBCStats"
 .Lname42:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
+    .asciz "nvmlDeviceGetFanSpeedRPM"
 .Lname43:
-    .asciz "nvmlDeviceGetGridLicensableFeatures"
+    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
 .Lname44:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
+    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
 .Lname45:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
+    .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
 .Lname46:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
+    .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
 .Lname47:
-    .asciz "nvmlDeviceGetGspFirmwareVersion"
+    .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
 .Lname48:
-    .asciz "nvmlDeviceGetHostname_v1"
+    .asciz "nvmlDeviceGetGpuInstances"
 .Lname49:
-    .asciz "nvmlDeviceGetInforomVersion"
+    .asciz "nvmlDeviceGetGraphicsRunningProcesses"
 .Lname50:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
+    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
 .Lname51:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
+    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
 .Lname52:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
+    .asciz "nvmlDeviceGetGridLicensableFeatures"
 .Lname53:
-    .asciz "nvmlDeviceGetMarginTemperature"
+    .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
 .Lname54:
-    .asciz "nvmlDeviceGetMemoryAffinity"
+    .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
 .Lname55:
-    .asciz "nvmlDeviceGetMemoryErrorCounter"
+    .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
 .Lname56:
-    .asciz "nvmlDeviceGetNvLinkErrorCounter"
+    .asciz "nvmlDeviceGetGspFirmwareVersion"
 .Lname57:
-    .asciz "nvmlDeviceGetNvLinkInfo"
+    .asciz "nvmlDeviceGetHostname_v1"
 .Lname58:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
+    .asciz "nvmlDeviceGetInforomVersion"
 .Lname59:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
+    .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
 .Lname60:
-    .asciz "nvmlDeviceGetNvLinkUtilizationControl"
+    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
 .Lname61:
-    .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
+    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
 .Lname62:
-    .asciz "nvmlDeviceGetNvlinkBwMode"
+    .asciz "nvmlDeviceGetMarginTemperature"
 .Lname63:
-    .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
+    .asciz "nvmlDeviceGetMemoryAffinity"
 .Lname64:
-    .asciz "nvmlDeviceGetPcieThroughput"
+    .asciz "nvmlDeviceGetMemoryErrorCounter"
 .Lname65:
-    .asciz "nvmlDeviceGetPdi"
+    .asciz "nvmlDeviceGetNvLinkErrorCounter"
 .Lname66:
-    .asciz "nvmlDeviceGetPerformanceModes"
+    .asciz "nvmlDeviceGetNvLinkInfo"
 .Lname67:
-    .asciz "nvmlDeviceGetPgpuMetadataString"
+    .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
 .Lname68:
-    .asciz "nvmlDeviceGetPlatformInfo"
+    .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
 .Lname69:
-    .asciz "nvmlDeviceGetPowerMizerMode_v1"
+    .asciz "nvmlDeviceGetNvLinkUtilizationControl"
 .Lname70:
-    .asciz "nvmlDeviceGetProcessUtilization"
+    .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
 .Lname71:
-    .asciz "nvmlDeviceGetProcessesUtilizationInfo"
+    .asciz "nvmlDeviceGetNvlinkBwMode"
 .Lname72:
-    .asciz "nvmlDeviceGetRepairStatus"
+    .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
 .Lname73:
-    .asciz "nvmlDeviceGetRetiredPages"
+    .asciz "nvmlDeviceGetPcieThroughput"
 .Lname74:
-    .asciz "nvmlDeviceGetRetiredPages_v2"
+    .asciz "nvmlDeviceGetPdi"
 .Lname75:
-    .asciz "nvmlDeviceGetRowRemapperHistogram"
+    .asciz "nvmlDeviceGetPerformanceModes"
 .Lname76:
-    .asciz "nvmlDeviceGetRunningProcessDetailList"
+    .asciz "nvmlDeviceGetPgpuMetadataString"
 .Lname77:
-    .asciz "nvmlDeviceGetSamples"
+    .asciz "nvmlDeviceGetPlatformInfo"
 .Lname78:
-    .asciz "nvmlDeviceGetSramEccErrorStatus"
+    .asciz "nvmlDeviceGetPowerMizerMode_v1"
 .Lname79:
-    .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
+    .asciz "nvmlDeviceGetProcessUtilization"
 .Lname80:
-    .asciz "nvmlDeviceGetSupportedGraphicsClocks"
+    .asciz "nvmlDeviceGetProcessesUtilizationInfo"
 .Lname81:
-    .asciz "nvmlDeviceGetSupportedMemoryClocks"
+    .asciz "nvmlDeviceGetRepairStatus"
 .Lname82:
-    .asciz "nvmlDeviceGetSupportedPerformanceStates"
+    .asciz "nvmlDeviceGetRetiredPages"
 .Lname83:
-    .asciz "nvmlDeviceGetSupportedVgpus"
+    .asciz "nvmlDeviceGetRetiredPages_v2"
 .Lname84:
-    .asciz "nvmlDeviceGetTemperatureV"
+    .asciz "nvmlDeviceGetRowRemapperHistogram"
 .Lname85:
-    .asciz "nvmlDeviceGetThermalSettings"
+    .asciz "nvmlDeviceGetRunningProcessDetailList"
 .Lname86:
-    .asciz "nvmlDeviceGetTotalEccErrors"
+    .asciz "nvmlDeviceGetSamples"
 .Lname87:
-    .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
+    .asciz "nvmlDeviceGetSramEccErrorStatus"
 .Lname88:
-    .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
+    .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
 .Lname89:
-    .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
+    .asciz "nvmlDeviceGetSupportedGraphicsClocks"
 .Lname90:
-    .asciz "nvmlDeviceGetVgpuMetadata"
+    .asciz "nvmlDeviceGetSupportedMemoryClocks"
 .Lname91:
-    .asciz "nvmlDeviceGetVgpuProcessUtilization"
+    .asciz "nvmlDeviceGetSupportedPerformanceStates"
 .Lname92:
-    .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
+    .asciz "nvmlDeviceGetSupportedVgpus"
 .Lname93:
-    .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
+    .asciz "nvmlDeviceGetTemperatureV"
 .Lname94:
-    .asciz "nvmlDeviceGetVgpuSchedulerLog"
+    .asciz "nvmlDeviceGetThermalSettings"
 .Lname95:
-    .asciz "nvmlDeviceGetVgpuSchedulerState"
+    .asciz "nvmlDeviceGetTopologyNearestGpus"
 .Lname96:
-    .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
+    .asciz "nvmlDeviceGetTotalEccErrors"
 .Lname97:
-    .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
+    .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
 .Lname98:
-    .asciz "nvmlDeviceGetVgpuUtilization"
+    .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
 .Lname99:
-    .asciz "nvmlDeviceGetViolationStatus"
+    .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
 .Lname100:
-    .asciz "nvmlDeviceModifyDrainState"
+    .asciz "nvmlDeviceGetVgpuMetadata"
 .Lname101:
-    .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
+    .asciz "nvmlDeviceGetVgpuProcessUtilization"
 .Lname102:
-    .asciz "nvmlDevicePowerSmoothingSetState"
+    .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
 .Lname103:
-    .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
+    .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
 .Lname104:
-    .asciz "nvmlDeviceQueryDrainState"
+    .asciz "nvmlDeviceGetVgpuSchedulerLog"
 .Lname105:
-    .asciz "nvmlDeviceReadPRMCounters_v1"
+    .asciz "nvmlDeviceGetVgpuSchedulerState"
 .Lname106:
-    .asciz "nvmlDeviceReadWritePRM_v1"
+    .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
 .Lname107:
-    .asciz "nvmlDeviceRemoveGpu"
+    .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
 .Lname108:
-    .asciz "nvmlDeviceRemoveGpu_v2"
+    .asciz "nvmlDeviceGetVgpuUtilization"
 .Lname109:
-    .asciz "nvmlDeviceSetClockOffsets"
+    .asciz "nvmlDeviceGetViolationStatus"
 .Lname110:
-    .asciz "nvmlDeviceSetHostname_v1"
+    .asciz "nvmlDeviceModifyDrainState"
 .Lname111:
-    .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
+    .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
 .Lname112:
-    .asciz "nvmlDeviceSetNvLinkUtilizationControl"
+    .asciz "nvmlDevicePowerSmoothingSetState"
 .Lname113:
-    .asciz "nvmlDeviceSetNvlinkBwMode"
+    .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
 .Lname114:
-    .asciz "nvmlDeviceSetPowerManagementLimit_v2"
+    .asciz "nvmlDeviceQueryDrainState"
 .Lname115:
-    .asciz "nvmlDeviceSetPowerMizerMode_v1"
+    .asciz "nvmlDeviceReadPRMCounters_v1"
 .Lname116:
-    .asciz "nvmlDeviceSetRusdSettings_v1"
+    .asciz "nvmlDeviceReadWritePRM_v1"
 .Lname117:
-    .asciz "nvmlDeviceSetVgpuSchedulerState"
+    .asciz "nvmlDeviceRegisterEvents"
 .Lname118:
-    .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
+    .asciz "nvmlDeviceRemoveGpu"
 .Lname119:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
+    .asciz "nvmlDeviceRemoveGpu_v2"
 .Lname120:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
+    .asciz "nvmlDeviceResetApplicationsClocks"
 .Lname121:
-    .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
+    .asciz "nvmlDeviceResetGpuLockedClocks"
 .Lname122:
-    .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
+    .asciz "nvmlDeviceResetMemoryLockedClocks"
 .Lname123:
-    .asciz "nvmlEventSetWait"
+    .asciz "nvmlDeviceResetNvLinkErrorCounters"
 .Lname124:
-    .asciz "nvmlEventSetWait_v2"
+    .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
 .Lname125:
-    .asciz "nvmlGetExcludedDeviceInfoByIndex"
+    .asciz "nvmlDeviceSetAPIRestriction"
 .Lname126:
-    .asciz "nvmlGetVgpuCompatibility"
+    .asciz "nvmlDeviceSetAccountingMode"
 .Lname127:
-    .asciz "nvmlGetVgpuVersion"
+    .asciz "nvmlDeviceSetApplicationsClocks"
 .Lname128:
-    .asciz "nvmlGpmMetricsGet"
+    .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
 .Lname129:
-    .asciz "nvmlGpmQueryDeviceSupport"
+    .asciz "nvmlDeviceSetClockOffsets"
 .Lname130:
-    .asciz "nvmlGpuInstanceGetActiveVgpus"
+    .asciz "nvmlDeviceSetComputeMode"
 .Lname131:
-    .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
+    .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
 .Lname132:
-    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+    .asciz "nvmlDeviceSetCpuAffinity"
 .Lname133:
-    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+    .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
 .Lname134:
-    .asciz "nvmlGpuInstanceGetCreatableVgpus"
+    .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
 .Lname135:
-    .asciz "nvmlGpuInstanceGetInfo"
+    .asciz "nvmlDeviceSetDramEncryptionMode"
 .Lname136:
-    .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
+    .asciz "nvmlDeviceSetDriverModel"
 .Lname137:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
+    .asciz "nvmlDeviceSetEccMode"
 .Lname138:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
+    .asciz "nvmlDeviceSetFanControlPolicy"
 .Lname139:
-    .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
+    .asciz "nvmlDeviceSetFanSpeed_v2"
 .Lname140:
-    .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
+    .asciz "nvmlDeviceSetGpcClkVfOffset"
 .Lname141:
-    .asciz "nvmlSetVgpuVersion"
+    .asciz "nvmlDeviceSetGpuLockedClocks"
 .Lname142:
-    .asciz "nvmlSystemEventSetCreate"
+    .asciz "nvmlDeviceSetGpuOperationMode"
 .Lname143:
-    .asciz "nvmlSystemEventSetFree"
+    .asciz "nvmlDeviceSetHostname_v1"
 .Lname144:
-    .asciz "nvmlSystemEventSetWait"
+    .asciz "nvmlDeviceSetMemClkVfOffset"
 .Lname145:
-    .asciz "nvmlSystemGetConfComputeCapabilities"
+    .asciz "nvmlDeviceSetMemoryLockedClocks"
 .Lname146:
-    .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
+    .asciz "nvmlDeviceSetMigMode"
 .Lname147:
-    .asciz "nvmlSystemGetConfComputeSettings"
+    .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
 .Lname148:
-    .asciz "nvmlSystemGetConfComputeState"
+    .asciz "nvmlDeviceSetNvLinkUtilizationControl"
 .Lname149:
-    .asciz "nvmlSystemGetDriverBranch"
+    .asciz "nvmlDeviceSetNvlinkBwMode"
 .Lname150:
-    .asciz "nvmlSystemGetHicVersion"
+    .asciz "nvmlDeviceSetPersistenceMode"
 .Lname151:
-    .asciz "nvmlSystemGetProcessName"
+    .asciz "nvmlDeviceSetPowerManagementLimit"
 .Lname152:
-    .asciz "nvmlSystemGetTopologyGpuSet"
+    .asciz "nvmlDeviceSetPowerManagementLimit_v2"
 .Lname153:
-    .asciz "nvmlSystemRegisterEvents"
+    .asciz "nvmlDeviceSetPowerMizerMode_v1"
 .Lname154:
-    .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
+    .asciz "nvmlDeviceSetPowerMode"
 .Lname155:
-    .asciz "nvmlUnitGetFanSpeedInfo"
+    .asciz "nvmlDeviceSetRusdSettings_v1"
 .Lname156:
-    .asciz "nvmlUnitGetLedState"
+    .asciz "nvmlDeviceSetTemperatureThreshold"
 .Lname157:
-    .asciz "nvmlUnitGetPsuInfo"
+    .asciz "nvmlDeviceSetVgpuCapabilities"
 .Lname158:
-    .asciz "nvmlUnitGetUnitInfo"
+    .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
 .Lname159:
-    .asciz "nvmlVgpuInstanceGetAccountingPids"
+    .asciz "nvmlDeviceSetVgpuSchedulerState"
 .Lname160:
-    .asciz "nvmlVgpuInstanceGetAccountingStats"
+    .asciz "nvmlDeviceSetVirtualizationMode"
 .Lname161:
-    .asciz "nvmlVgpuInstanceGetEncoderSessions"
+    .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
 .Lname162:
-    .asciz "nvmlVgpuInstanceGetEncoderStats"
+    .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
 .Lname163:
-    .asciz "nvmlVgpuInstanceGetFBCSessions"
+    .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
 .Lname164:
-    .asciz "nvmlVgpuInstanceGetFBCStats"
+    .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
 .Lname165:
-    .asciz "nvmlVgpuInstanceGetGpuPciId"
+    .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
 .Lname166:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo"
+    .asciz "nvmlEventSetCreate"
 .Lname167:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
+    .asciz "nvmlEventSetFree"
 .Lname168:
-    .asciz "nvmlVgpuInstanceGetMdevUUID"
+    .asciz "nvmlEventSetWait"
 .Lname169:
-    .asciz "nvmlVgpuInstanceGetMetadata"
+    .asciz "nvmlEventSetWait_v2"
 .Lname170:
-    .asciz "nvmlVgpuInstanceGetPlacementId"
+    .asciz "nvmlGetExcludedDeviceInfoByIndex"
 .Lname171:
-    .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
+    .asciz "nvmlGetVgpuCompatibility"
 .Lname172:
-    .asciz "nvmlVgpuInstanceGetUUID"
+    .asciz "nvmlGetVgpuVersion"
 .Lname173:
-    .asciz "nvmlVgpuInstanceGetVmDriverVersion"
+    .asciz "nvmlGpmMetricsGet"
 .Lname174:
-    .asciz "nvmlVgpuInstanceGetVmID"
+    .asciz "nvmlGpmQueryDeviceSupport"
 .Lname175:
-    .asciz "nvmlVgpuTypeGetBAR1Info"
+    .asciz "nvmlGpmSetStreamingEnabled"
 .Lname176:
-    .asciz "nvmlVgpuTypeGetClass"
+    .asciz "nvmlGpuInstanceCreateComputeInstance"
 .Lname177:
-    .asciz "nvmlVgpuTypeGetLicense"
+    .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
 .Lname178:
-    .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
+    .asciz "nvmlGpuInstanceDestroy"
 .Lname179:
+    .asciz "nvmlGpuInstanceGetActiveVgpus"
+.Lname180:
+    .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
+.Lname181:
+    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+.Lname182:
+    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+.Lname183:
+    .asciz "nvmlGpuInstanceGetComputeInstances"
+.Lname184:
+    .asciz "nvmlGpuInstanceGetCreatableVgpus"
+.Lname185:
+    .asciz "nvmlGpuInstanceGetInfo"
+.Lname186:
+    .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
+.Lname187:
+    .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
+.Lname188:
+    .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
+.Lname189:
+    .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
+.Lname190:
+    .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
+.Lname191:
+    .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
+.Lname192:
+    .asciz "nvmlSetVgpuVersion"
+.Lname193:
+    .asciz "nvmlSystemEventSetCreate"
+.Lname194:
+    .asciz "nvmlSystemEventSetFree"
+.Lname195:
+    .asciz "nvmlSystemEventSetWait"
+.Lname196:
+    .asciz "nvmlSystemGetConfComputeCapabilities"
+.Lname197:
+    .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
+.Lname198:
+    .asciz "nvmlSystemGetConfComputeSettings"
+.Lname199:
+    .asciz "nvmlSystemGetConfComputeState"
+.Lname200:
+    .asciz "nvmlSystemGetDriverBranch"
+.Lname201:
+    .asciz "nvmlSystemGetHicVersion"
+.Lname202:
+    .asciz "nvmlSystemGetProcessName"
+.Lname203:
+    .asciz "nvmlSystemGetTopologyGpuSet"
+.Lname204:
+    .asciz "nvmlSystemRegisterEvents"
+.Lname205:
+    .asciz "nvmlSystemSetConfComputeGpusReadyState"
+.Lname206:
+    .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
+.Lname207:
+    .asciz "nvmlSystemSetNvlinkBwMode"
+.Lname208:
+    .asciz "nvmlUnitGetDevices"
+.Lname209:
+    .asciz "nvmlUnitGetFanSpeedInfo"
+.Lname210:
+    .asciz "nvmlUnitGetLedState"
+.Lname211:
+    .asciz "nvmlUnitGetPsuInfo"
+.Lname212:
+    .asciz "nvmlUnitGetUnitInfo"
+.Lname213:
+    .asciz "nvmlUnitSetLedState"
+.Lname214:
+    .asciz "nvmlVgpuInstanceClearAccountingPids"
+.Lname215:
+    .asciz "nvmlVgpuInstanceGetAccountingPids"
+.Lname216:
+    .asciz "nvmlVgpuInstanceGetAccountingStats"
+.Lname217:
+    .asciz "nvmlVgpuInstanceGetEncoderSessions"
+.Lname218:
+    .asciz "nvmlVgpuInstanceGetEncoderStats"
+.Lname219:
+    .asciz "nvmlVgpuInstanceGetFBCSessions"
+.Lname220:
+    .asciz "nvmlVgpuInstanceGetFBCStats"
+.Lname221:
+    .asciz "nvmlVgpuInstanceGetGpuPciId"
+.Lname222:
+    .asciz "nvmlVgpuInstanceGetLicenseInfo"
+.Lname223:
+    .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
+.Lname224:
+    .asciz "nvmlVgpuInstanceGetMdevUUID"
+.Lname225:
+    .asciz "nvmlVgpuInstanceGetMetadata"
+.Lname226:
+    .asciz "nvmlVgpuInstanceGetPlacementId"
+.Lname227:
+    .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
+.Lname228:
+    .asciz "nvmlVgpuInstanceGetUUID"
+.Lname229:
+    .asciz "nvmlVgpuInstanceGetVmDriverVersion"
+.Lname230:
+    .asciz "nvmlVgpuInstanceGetVmID"
+.Lname231:
+    .asciz "nvmlVgpuInstanceSetEncoderCapacity"
+.Lname232:
+    .asciz "nvmlVgpuTypeGetBAR1Info"
+.Lname233:
+    .asciz "nvmlVgpuTypeGetClass"
+.Lname234:
+    .asciz "nvmlVgpuTypeGetLicense"
+.Lname235:
+    .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
+.Lname236:
     .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits

@@ -3644,25 +3644,6 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
-        name: "nvmlComputeInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
-            },
-        ],
-    },
-    StructMap {
         name: "nvmlFieldValue_st",
         size: 40u32,
         union: false,
@@ -3745,25 +3726,6 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 24u32,
                 size: 3920u32,
                 ty: "[nvmlGpmMetric_t; 98]",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlGpuInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
             },
         ],
     },

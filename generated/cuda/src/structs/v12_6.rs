@@ -4381,25 +4381,6 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
-        name: "nvmlComputeInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
-            },
-        ],
-    },
-    StructMap {
         name: "nvmlFieldValue_st",
         size: 40u32,
         union: false,
@@ -4554,25 +4535,6 @@ pub static STRUCTS: &[StructMap] = &[
             FieldMap {
                 name: "healthMask",
                 offset: 32u32,
-                size: 4u32,
-                ty: "u32",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlGpuInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
                 size: 4u32,
                 ty: "u32",
             },
@@ -4834,25 +4796,6 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 0u32,
                 size: 2u32,
                 ty: "u16",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlVgpuHeterogeneousMode_v1_t",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "version",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "mode",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
             },
         ],
     },

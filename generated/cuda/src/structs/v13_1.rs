@@ -4873,44 +4873,6 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
-        name: "nvmlComputeInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlDramEncryptionInfo_v1_t",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "version",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "encryptionState",
-                offset: 4u32,
-                size: 4u32,
-                ty: "nvmlEnableState_t",
-            },
-        ],
-    },
-    StructMap {
         name: "nvmlFieldValue_st",
         size: 40u32,
         union: false,
@@ -5116,25 +5078,6 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 36u32,
                 size: 1u32,
                 ty: "u8",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlGpuInstancePlacement_st",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "start",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "size",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
             },
         ],
     },
@@ -5419,25 +5362,6 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 0u32,
                 size: 2u32,
                 ty: "u16",
-            },
-        ],
-    },
-    StructMap {
-        name: "nvmlVgpuHeterogeneousMode_v1_t",
-        size: 8u32,
-        union: false,
-        fields: &[
-            FieldMap {
-                name: "version",
-                offset: 0u32,
-                size: 4u32,
-                ty: "u32",
-            },
-            FieldMap {
-                name: "mode",
-                offset: 4u32,
-                size: 4u32,
-                ty: "u32",
             },
         ],
     },
