@@ -12,18 +12,12 @@ nvmlComputeInstanceDestroy:
     .globl nvmlComputeInstanceGetInfo
     .type nvmlComputeInstanceGetInfo, @function
 nvmlComputeInstanceGetInfo:
-    leaq .Lname1(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlComputeInstanceGetInfo@PLT
     .size nvmlComputeInstanceGetInfo, .-nvmlComputeInstanceGetInfo
     .globl nvmlComputeInstanceGetInfo_v2
     .type nvmlComputeInstanceGetInfo_v2, @function
 nvmlComputeInstanceGetInfo_v2:
-    leaq .Lname2(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlComputeInstanceGetInfo_v2@PLT
     .size nvmlComputeInstanceGetInfo_v2, .-nvmlComputeInstanceGetInfo_v2
     .globl nvmlDeviceCcuGetStreamState
     .type nvmlDeviceCcuGetStreamState, @function
@@ -33,7 +27,7 @@ nvmlDeviceCcuGetStreamState:
     .globl nvmlDeviceCcuSetStreamState
     .type nvmlDeviceCcuSetStreamState, @function
 nvmlDeviceCcuSetStreamState:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -41,7 +35,7 @@ nvmlDeviceCcuSetStreamState:
     .globl nvmlDeviceClearAccountingPids
     .type nvmlDeviceClearAccountingPids, @function
 nvmlDeviceClearAccountingPids:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -49,7 +43,7 @@ nvmlDeviceClearAccountingPids:
     .globl nvmlDeviceClearCpuAffinity
     .type nvmlDeviceClearCpuAffinity, @function
 nvmlDeviceClearCpuAffinity:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -57,7 +51,7 @@ nvmlDeviceClearCpuAffinity:
     .globl nvmlDeviceClearEccErrorCounts
     .type nvmlDeviceClearEccErrorCounts, @function
 nvmlDeviceClearEccErrorCounts:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -65,7 +59,7 @@ nvmlDeviceClearEccErrorCounts:
     .globl nvmlDeviceClearFieldValues
     .type nvmlDeviceClearFieldValues, @function
 nvmlDeviceClearFieldValues:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -73,7 +67,7 @@ nvmlDeviceClearFieldValues:
     .globl nvmlDeviceCreateGpuInstance
     .type nvmlDeviceCreateGpuInstance, @function
 nvmlDeviceCreateGpuInstance:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -81,7 +75,7 @@ nvmlDeviceCreateGpuInstance:
     .globl nvmlDeviceCreateGpuInstanceWithPlacement
     .type nvmlDeviceCreateGpuInstanceWithPlacement, @function
 nvmlDeviceCreateGpuInstanceWithPlacement:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -89,7 +83,7 @@ nvmlDeviceCreateGpuInstanceWithPlacement:
     .globl nvmlDeviceDiscoverGpus
     .type nvmlDeviceDiscoverGpus, @function
 nvmlDeviceDiscoverGpus:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -97,7 +91,7 @@ nvmlDeviceDiscoverGpus:
     .globl nvmlDeviceFreezeNvLinkUtilizationCounter
     .type nvmlDeviceFreezeNvLinkUtilizationCounter, @function
 nvmlDeviceFreezeNvLinkUtilizationCounter:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -120,7 +114,7 @@ nvmlDeviceGetAccountingMode:
     .globl nvmlDeviceGetAccountingPids
     .type nvmlDeviceGetAccountingPids, @function
 nvmlDeviceGetAccountingPids:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -128,7 +122,7 @@ nvmlDeviceGetAccountingPids:
     .globl nvmlDeviceGetAccountingStats
     .type nvmlDeviceGetAccountingStats, @function
 nvmlDeviceGetAccountingStats:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -136,7 +130,7 @@ nvmlDeviceGetAccountingStats:
     .globl nvmlDeviceGetActiveVgpus
     .type nvmlDeviceGetActiveVgpus, @function
 nvmlDeviceGetActiveVgpus:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -149,10 +143,7 @@ nvmlDeviceGetAdaptiveClockInfoStatus:
     .globl nvmlDeviceGetAddressingMode
     .type nvmlDeviceGetAddressingMode, @function
 nvmlDeviceGetAddressingMode:
-    leaq .Lname15(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAddressingMode@PLT
     .size nvmlDeviceGetAddressingMode, .-nvmlDeviceGetAddressingMode
     .globl nvmlDeviceGetApplicationsClock
     .type nvmlDeviceGetApplicationsClock, @function
@@ -167,18 +158,12 @@ nvmlDeviceGetArchitecture:
     .globl nvmlDeviceGetAttributes
     .type nvmlDeviceGetAttributes, @function
 nvmlDeviceGetAttributes:
-    leaq .Lname16(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAttributes@PLT
     .size nvmlDeviceGetAttributes, .-nvmlDeviceGetAttributes
     .globl nvmlDeviceGetAttributes_v2
     .type nvmlDeviceGetAttributes_v2, @function
 nvmlDeviceGetAttributes_v2:
-    leaq .Lname17(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAttributes_v2@PLT
     .size nvmlDeviceGetAttributes_v2, .-nvmlDeviceGetAttributes_v2
     .globl nvmlDeviceGetAutoBoostedClocksEnabled
     .type nvmlDeviceGetAutoBoostedClocksEnabled, @function
@@ -208,10 +193,7 @@ nvmlDeviceGetBrand:
     .globl nvmlDeviceGetBridgeChipInfo
     .type nvmlDeviceGetBridgeChipInfo, @function
 nvmlDeviceGetBridgeChipInfo:
-    leaq .Lname18(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetBridgeChipInfo@PLT
     .size nvmlDeviceGetBridgeChipInfo, .-nvmlDeviceGetBridgeChipInfo
     .globl nvmlDeviceGetBusType
     .type nvmlDeviceGetBusType, @function
@@ -221,26 +203,17 @@ nvmlDeviceGetBusType:
     .globl nvmlDeviceGetC2cModeInfoV
     .type nvmlDeviceGetC2cModeInfoV, @function
 nvmlDeviceGetC2cModeInfoV:
-    leaq .Lname19(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetC2cModeInfoV@PLT
     .size nvmlDeviceGetC2cModeInfoV, .-nvmlDeviceGetC2cModeInfoV
     .globl nvmlDeviceGetCapabilities
     .type nvmlDeviceGetCapabilities, @function
 nvmlDeviceGetCapabilities:
-    leaq .Lname20(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCapabilities@PLT
     .size nvmlDeviceGetCapabilities, .-nvmlDeviceGetCapabilities
     .globl nvmlDeviceGetClkMonStatus
     .type nvmlDeviceGetClkMonStatus, @function
 nvmlDeviceGetClkMonStatus:
-    leaq .Lname21(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetClkMonStatus@PLT
     .size nvmlDeviceGetClkMonStatus, .-nvmlDeviceGetClkMonStatus
     .globl nvmlDeviceGetClock
     .type nvmlDeviceGetClock, @function
@@ -255,10 +228,7 @@ nvmlDeviceGetClockInfo:
     .globl nvmlDeviceGetClockOffsets
     .type nvmlDeviceGetClockOffsets, @function
 nvmlDeviceGetClockOffsets:
-    leaq .Lname22(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetClockOffsets@PLT
     .size nvmlDeviceGetClockOffsets, .-nvmlDeviceGetClockOffsets
     .globl nvmlDeviceGetComputeInstanceId
     .type nvmlDeviceGetComputeInstanceId, @function
@@ -273,7 +243,7 @@ nvmlDeviceGetComputeMode:
     .globl nvmlDeviceGetComputeRunningProcesses
     .type nvmlDeviceGetComputeRunningProcesses, @function
 nvmlDeviceGetComputeRunningProcesses:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -281,7 +251,7 @@ nvmlDeviceGetComputeRunningProcesses:
     .globl nvmlDeviceGetComputeRunningProcesses_v2
     .type nvmlDeviceGetComputeRunningProcesses_v2, @function
 nvmlDeviceGetComputeRunningProcesses_v2:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -289,7 +259,7 @@ nvmlDeviceGetComputeRunningProcesses_v2:
     .globl nvmlDeviceGetComputeRunningProcesses_v3
     .type nvmlDeviceGetComputeRunningProcesses_v3, @function
 nvmlDeviceGetComputeRunningProcesses_v3:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -297,42 +267,27 @@ nvmlDeviceGetComputeRunningProcesses_v3:
     .globl nvmlDeviceGetConfComputeGpuAttestationReport
     .type nvmlDeviceGetConfComputeGpuAttestationReport, @function
 nvmlDeviceGetConfComputeGpuAttestationReport:
-    leaq .Lname26(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationReport@PLT
     .size nvmlDeviceGetConfComputeGpuAttestationReport, .-nvmlDeviceGetConfComputeGpuAttestationReport
     .globl nvmlDeviceGetConfComputeGpuCertificate
     .type nvmlDeviceGetConfComputeGpuCertificate, @function
 nvmlDeviceGetConfComputeGpuCertificate:
-    leaq .Lname27(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeGpuCertificate@PLT
     .size nvmlDeviceGetConfComputeGpuCertificate, .-nvmlDeviceGetConfComputeGpuCertificate
     .globl nvmlDeviceGetConfComputeMemSizeInfo
     .type nvmlDeviceGetConfComputeMemSizeInfo, @function
 nvmlDeviceGetConfComputeMemSizeInfo:
-    leaq .Lname28(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeMemSizeInfo@PLT
     .size nvmlDeviceGetConfComputeMemSizeInfo, .-nvmlDeviceGetConfComputeMemSizeInfo
     .globl nvmlDeviceGetConfComputeProtectedMemoryUsage
     .type nvmlDeviceGetConfComputeProtectedMemoryUsage, @function
 nvmlDeviceGetConfComputeProtectedMemoryUsage:
-    leaq .Lname29(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeProtectedMemoryUsage@PLT
     .size nvmlDeviceGetConfComputeProtectedMemoryUsage, .-nvmlDeviceGetConfComputeProtectedMemoryUsage
     .globl nvmlDeviceGetCoolerInfo
     .type nvmlDeviceGetCoolerInfo, @function
 nvmlDeviceGetCoolerInfo:
-    leaq .Lname30(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCoolerInfo@PLT
     .size nvmlDeviceGetCoolerInfo, .-nvmlDeviceGetCoolerInfo
     .globl nvmlDeviceGetCount
     .type nvmlDeviceGetCount, @function
@@ -347,23 +302,17 @@ nvmlDeviceGetCount_v2:
     .globl nvmlDeviceGetCpuAffinity
     .type nvmlDeviceGetCpuAffinity, @function
 nvmlDeviceGetCpuAffinity:
-    leaq .Lname31(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCpuAffinity@PLT
     .size nvmlDeviceGetCpuAffinity, .-nvmlDeviceGetCpuAffinity
     .globl nvmlDeviceGetCpuAffinityWithinScope
     .type nvmlDeviceGetCpuAffinityWithinScope, @function
 nvmlDeviceGetCpuAffinityWithinScope:
-    leaq .Lname32(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope@PLT
     .size nvmlDeviceGetCpuAffinityWithinScope, .-nvmlDeviceGetCpuAffinityWithinScope
     .globl nvmlDeviceGetCreatableVgpus
     .type nvmlDeviceGetCreatableVgpus, @function
 nvmlDeviceGetCreatableVgpus:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -386,10 +335,7 @@ nvmlDeviceGetCurrPcieLinkWidth:
     .globl nvmlDeviceGetCurrentClockFreqs
     .type nvmlDeviceGetCurrentClockFreqs, @function
 nvmlDeviceGetCurrentClockFreqs:
-    leaq .Lname34(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCurrentClockFreqs@PLT
     .size nvmlDeviceGetCurrentClockFreqs, .-nvmlDeviceGetCurrentClockFreqs
     .globl nvmlDeviceGetCurrentClocksEventReasons
     .type nvmlDeviceGetCurrentClocksEventReasons, @function
@@ -419,10 +365,7 @@ nvmlDeviceGetDefaultEccMode:
     .globl nvmlDeviceGetDetailedEccErrors
     .type nvmlDeviceGetDetailedEccErrors, @function
 nvmlDeviceGetDetailedEccErrors:
-    leaq .Lname35(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDetailedEccErrors@PLT
     .size nvmlDeviceGetDetailedEccErrors, .-nvmlDeviceGetDetailedEccErrors
     .globl nvmlDeviceGetDeviceHandleFromMigDeviceHandle
     .type nvmlDeviceGetDeviceHandleFromMigDeviceHandle, @function
@@ -442,10 +385,7 @@ nvmlDeviceGetDisplayMode:
     .globl nvmlDeviceGetDramEncryptionMode
     .type nvmlDeviceGetDramEncryptionMode, @function
 nvmlDeviceGetDramEncryptionMode:
-    leaq .Lname36(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDramEncryptionMode@PLT
     .size nvmlDeviceGetDramEncryptionMode, .-nvmlDeviceGetDramEncryptionMode
     .globl nvmlDeviceGetDriverModel
     .type nvmlDeviceGetDriverModel, @function
@@ -460,10 +400,7 @@ nvmlDeviceGetDriverModel_v2:
     .globl nvmlDeviceGetDynamicPstatesInfo
     .type nvmlDeviceGetDynamicPstatesInfo, @function
 nvmlDeviceGetDynamicPstatesInfo:
-    leaq .Lname37(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDynamicPstatesInfo@PLT
     .size nvmlDeviceGetDynamicPstatesInfo, .-nvmlDeviceGetDynamicPstatesInfo
     .globl nvmlDeviceGetEccMode
     .type nvmlDeviceGetEccMode, @function
@@ -478,7 +415,7 @@ nvmlDeviceGetEncoderCapacity:
     .globl nvmlDeviceGetEncoderSessions
     .type nvmlDeviceGetEncoderSessions, @function
 nvmlDeviceGetEncoderSessions:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -486,10 +423,7 @@ nvmlDeviceGetEncoderSessions:
     .globl nvmlDeviceGetEncoderStats
     .type nvmlDeviceGetEncoderStats, @function
 nvmlDeviceGetEncoderStats:
-    leaq .Lname39(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetEncoderStats@PLT
     .size nvmlDeviceGetEncoderStats, .-nvmlDeviceGetEncoderStats
     .globl nvmlDeviceGetEncoderUtilization
     .type nvmlDeviceGetEncoderUtilization, @function
@@ -504,7 +438,7 @@ nvmlDeviceGetEnforcedPowerLimit:
     .globl nvmlDeviceGetFBCSessions
     .type nvmlDeviceGetFBCSessions, @function
 nvmlDeviceGetFBCSessions:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -512,10 +446,7 @@ nvmlDeviceGetFBCSessions:
     .globl nvmlDeviceGetFBCStats
     .type nvmlDeviceGetFBCStats, @function
 nvmlDeviceGetFBCStats:
-    leaq .Lname41(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFBCStats@PLT
     .size nvmlDeviceGetFBCStats, .-nvmlDeviceGetFBCStats
     .globl nvmlDeviceGetFanControlPolicy_v2
     .type nvmlDeviceGetFanControlPolicy_v2, @function
@@ -530,10 +461,7 @@ nvmlDeviceGetFanSpeed:
     .globl nvmlDeviceGetFanSpeedRPM
     .type nvmlDeviceGetFanSpeedRPM, @function
 nvmlDeviceGetFanSpeedRPM:
-    leaq .Lname42(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFanSpeedRPM@PLT
     .size nvmlDeviceGetFanSpeedRPM, .-nvmlDeviceGetFanSpeedRPM
     .globl nvmlDeviceGetFanSpeed_v2
     .type nvmlDeviceGetFanSpeed_v2, @function
@@ -578,7 +506,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,7 +514,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -594,26 +522,17 @@ nvmlDeviceGetGpuInstancePossiblePlacements_v2:
     .globl nvmlDeviceGetGpuInstanceProfileInfo
     .type nvmlDeviceGetGpuInstanceProfileInfo, @function
 nvmlDeviceGetGpuInstanceProfileInfo:
-    leaq .Lname45(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfo@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfo, .-nvmlDeviceGetGpuInstanceProfileInfo
     .globl nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .type nvmlDeviceGetGpuInstanceProfileInfoByIdV, @function
 nvmlDeviceGetGpuInstanceProfileInfoByIdV:
-    leaq .Lname46(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoByIdV@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfoByIdV, .-nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .globl nvmlDeviceGetGpuInstanceProfileInfoV
     .type nvmlDeviceGetGpuInstanceProfileInfoV, @function
 nvmlDeviceGetGpuInstanceProfileInfoV:
-    leaq .Lname47(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoV@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfoV, .-nvmlDeviceGetGpuInstanceProfileInfoV
     .globl nvmlDeviceGetGpuInstanceRemainingCapacity
     .type nvmlDeviceGetGpuInstanceRemainingCapacity, @function
@@ -623,7 +542,7 @@ nvmlDeviceGetGpuInstanceRemainingCapacity:
     .globl nvmlDeviceGetGpuInstances
     .type nvmlDeviceGetGpuInstances, @function
 nvmlDeviceGetGpuInstances:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -641,7 +560,7 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -649,7 +568,7 @@ nvmlDeviceGetGraphicsRunningProcesses:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -657,7 +576,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v2:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -665,34 +584,22 @@ nvmlDeviceGetGraphicsRunningProcesses_v3:
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
 nvmlDeviceGetGridLicensableFeatures:
-    leaq .Lname52(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures@PLT
     .size nvmlDeviceGetGridLicensableFeatures, .-nvmlDeviceGetGridLicensableFeatures
     .globl nvmlDeviceGetGridLicensableFeatures_v2
     .type nvmlDeviceGetGridLicensableFeatures_v2, @function
 nvmlDeviceGetGridLicensableFeatures_v2:
-    leaq .Lname53(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v2@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v2, .-nvmlDeviceGetGridLicensableFeatures_v2
     .globl nvmlDeviceGetGridLicensableFeatures_v3
     .type nvmlDeviceGetGridLicensableFeatures_v3, @function
 nvmlDeviceGetGridLicensableFeatures_v3:
-    leaq .Lname54(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v3@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v3, .-nvmlDeviceGetGridLicensableFeatures_v3
     .globl nvmlDeviceGetGridLicensableFeatures_v4
     .type nvmlDeviceGetGridLicensableFeatures_v4, @function
 nvmlDeviceGetGridLicensableFeatures_v4:
-    leaq .Lname55(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v4@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v4, .-nvmlDeviceGetGridLicensableFeatures_v4
     .globl nvmlDeviceGetGspFirmwareMode
     .type nvmlDeviceGetGspFirmwareMode, @function
@@ -702,10 +609,7 @@ nvmlDeviceGetGspFirmwareMode:
     .globl nvmlDeviceGetGspFirmwareVersion
     .type nvmlDeviceGetGspFirmwareVersion, @function
 nvmlDeviceGetGspFirmwareVersion:
-    leaq .Lname56(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGspFirmwareVersion@PLT
     .size nvmlDeviceGetGspFirmwareVersion, .-nvmlDeviceGetGspFirmwareVersion
     .globl nvmlDeviceGetHandleByIndex
     .type nvmlDeviceGetHandleByIndex, @function
@@ -750,10 +654,7 @@ nvmlDeviceGetHostVgpuMode:
     .globl nvmlDeviceGetHostname_v1
     .type nvmlDeviceGetHostname_v1, @function
 nvmlDeviceGetHostname_v1:
-    leaq .Lname57(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetHostname_v1@PLT
     .size nvmlDeviceGetHostname_v1, .-nvmlDeviceGetHostname_v1
     .globl nvmlDeviceGetIndex
     .type nvmlDeviceGetIndex, @function
@@ -773,10 +674,7 @@ nvmlDeviceGetInforomImageVersion:
     .globl nvmlDeviceGetInforomVersion
     .type nvmlDeviceGetInforomVersion, @function
 nvmlDeviceGetInforomVersion:
-    leaq .Lname58(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetInforomVersion@PLT
     .size nvmlDeviceGetInforomVersion, .-nvmlDeviceGetInforomVersion
     .globl nvmlDeviceGetIrqNum
     .type nvmlDeviceGetIrqNum, @function
@@ -796,7 +694,7 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +702,7 @@ nvmlDeviceGetMPSComputeRunningProcesses:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -812,7 +710,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v2:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -820,10 +718,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v3:
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
 nvmlDeviceGetMarginTemperature:
-    leaq .Lname62(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMarginTemperature@PLT
     .size nvmlDeviceGetMarginTemperature, .-nvmlDeviceGetMarginTemperature
     .globl nvmlDeviceGetMaxClockInfo
     .type nvmlDeviceGetMaxClockInfo, @function
@@ -863,10 +758,7 @@ nvmlDeviceGetMemClkVfOffset:
     .globl nvmlDeviceGetMemoryAffinity
     .type nvmlDeviceGetMemoryAffinity, @function
 nvmlDeviceGetMemoryAffinity:
-    leaq .Lname63(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryAffinity@PLT
     .size nvmlDeviceGetMemoryAffinity, .-nvmlDeviceGetMemoryAffinity
     .globl nvmlDeviceGetMemoryBusWidth
     .type nvmlDeviceGetMemoryBusWidth, @function
@@ -876,10 +768,7 @@ nvmlDeviceGetMemoryBusWidth:
     .globl nvmlDeviceGetMemoryErrorCounter
     .type nvmlDeviceGetMemoryErrorCounter, @function
 nvmlDeviceGetMemoryErrorCounter:
-    leaq .Lname64(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryErrorCounter@PLT
     .size nvmlDeviceGetMemoryErrorCounter, .-nvmlDeviceGetMemoryErrorCounter
     .globl nvmlDeviceGetMemoryInfo
     .type nvmlDeviceGetMemoryInfo, @function
@@ -954,18 +843,12 @@ nvmlDeviceGetNvLinkCapability:
     .globl nvmlDeviceGetNvLinkErrorCounter
     .type nvmlDeviceGetNvLinkErrorCounter, @function
 nvmlDeviceGetNvLinkErrorCounter:
-    leaq .Lname65(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkErrorCounter@PLT
     .size nvmlDeviceGetNvLinkErrorCounter, .-nvmlDeviceGetNvLinkErrorCounter
     .globl nvmlDeviceGetNvLinkInfo
     .type nvmlDeviceGetNvLinkInfo, @function
 nvmlDeviceGetNvLinkInfo:
-    leaq .Lname66(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkInfo@PLT
     .size nvmlDeviceGetNvLinkInfo, .-nvmlDeviceGetNvLinkInfo
     .globl nvmlDeviceGetNvLinkRemoteDeviceType
     .type nvmlDeviceGetNvLinkRemoteDeviceType, @function
@@ -975,18 +858,12 @@ nvmlDeviceGetNvLinkRemoteDeviceType:
     .globl nvmlDeviceGetNvLinkRemotePciInfo
     .type nvmlDeviceGetNvLinkRemotePciInfo, @function
 nvmlDeviceGetNvLinkRemotePciInfo:
-    leaq .Lname67(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo@PLT
     .size nvmlDeviceGetNvLinkRemotePciInfo, .-nvmlDeviceGetNvLinkRemotePciInfo
     .globl nvmlDeviceGetNvLinkRemotePciInfo_v2
     .type nvmlDeviceGetNvLinkRemotePciInfo_v2, @function
 nvmlDeviceGetNvLinkRemotePciInfo_v2:
-    leaq .Lname68(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo_v2@PLT
     .size nvmlDeviceGetNvLinkRemotePciInfo_v2, .-nvmlDeviceGetNvLinkRemotePciInfo_v2
     .globl nvmlDeviceGetNvLinkState
     .type nvmlDeviceGetNvLinkState, @function
@@ -996,18 +873,12 @@ nvmlDeviceGetNvLinkState:
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
-    leaq .Lname69(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkUtilizationControl@PLT
     .size nvmlDeviceGetNvLinkUtilizationControl, .-nvmlDeviceGetNvLinkUtilizationControl
     .globl nvmlDeviceGetNvLinkUtilizationCounter
     .type nvmlDeviceGetNvLinkUtilizationCounter, @function
 nvmlDeviceGetNvLinkUtilizationCounter:
-    leaq .Lname70(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkUtilizationCounter@PLT
     .size nvmlDeviceGetNvLinkUtilizationCounter, .-nvmlDeviceGetNvLinkUtilizationCounter
     .globl nvmlDeviceGetNvLinkVersion
     .type nvmlDeviceGetNvLinkVersion, @function
@@ -1017,18 +888,12 @@ nvmlDeviceGetNvLinkVersion:
     .globl nvmlDeviceGetNvlinkBwMode
     .type nvmlDeviceGetNvlinkBwMode, @function
 nvmlDeviceGetNvlinkBwMode:
-    leaq .Lname71(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvlinkBwMode@PLT
     .size nvmlDeviceGetNvlinkBwMode, .-nvmlDeviceGetNvlinkBwMode
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
-    leaq .Lname72(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvlinkSupportedBwModes@PLT
     .size nvmlDeviceGetNvlinkSupportedBwModes, .-nvmlDeviceGetNvlinkSupportedBwModes
     .globl nvmlDeviceGetOfaUtilization
     .type nvmlDeviceGetOfaUtilization, @function
@@ -1078,26 +943,17 @@ nvmlDeviceGetPcieSpeed:
     .globl nvmlDeviceGetPcieThroughput
     .type nvmlDeviceGetPcieThroughput, @function
 nvmlDeviceGetPcieThroughput:
-    leaq .Lname73(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPcieThroughput@PLT
     .size nvmlDeviceGetPcieThroughput, .-nvmlDeviceGetPcieThroughput
     .globl nvmlDeviceGetPdi
     .type nvmlDeviceGetPdi, @function
 nvmlDeviceGetPdi:
-    leaq .Lname74(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPdi@PLT
     .size nvmlDeviceGetPdi, .-nvmlDeviceGetPdi
     .globl nvmlDeviceGetPerformanceModes
     .type nvmlDeviceGetPerformanceModes, @function
 nvmlDeviceGetPerformanceModes:
-    leaq .Lname75(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPerformanceModes@PLT
     .size nvmlDeviceGetPerformanceModes, .-nvmlDeviceGetPerformanceModes
     .globl nvmlDeviceGetPerformanceState
     .type nvmlDeviceGetPerformanceState, @function
@@ -1112,7 +968,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1120,10 +976,7 @@ nvmlDeviceGetPgpuMetadataString:
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
 nvmlDeviceGetPlatformInfo:
-    leaq .Lname77(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPlatformInfo@PLT
     .size nvmlDeviceGetPlatformInfo, .-nvmlDeviceGetPlatformInfo
     .globl nvmlDeviceGetPowerManagementDefaultLimit
     .type nvmlDeviceGetPowerManagementDefaultLimit, @function
@@ -1148,10 +1001,7 @@ nvmlDeviceGetPowerManagementMode:
     .globl nvmlDeviceGetPowerMizerMode_v1
     .type nvmlDeviceGetPowerMizerMode_v1, @function
 nvmlDeviceGetPowerMizerMode_v1:
-    leaq .Lname78(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPowerMizerMode_v1@PLT
     .size nvmlDeviceGetPowerMizerMode_v1, .-nvmlDeviceGetPowerMizerMode_v1
     .globl nvmlDeviceGetPowerMode
     .type nvmlDeviceGetPowerMode, @function
@@ -1176,7 +1026,7 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1184,7 +1034,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1197,15 +1047,12 @@ nvmlDeviceGetRemappedRows:
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
-    leaq .Lname81(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRepairStatus@PLT
     .size nvmlDeviceGetRepairStatus, .-nvmlDeviceGetRepairStatus
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1065,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,15 +1073,12 @@ nvmlDeviceGetRetiredPages_v2:
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
 nvmlDeviceGetRowRemapperHistogram:
-    leaq .Lname84(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRowRemapperHistogram@PLT
     .size nvmlDeviceGetRowRemapperHistogram, .-nvmlDeviceGetRowRemapperHistogram
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1242,7 +1086,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,15 +1099,12 @@ nvmlDeviceGetSerial:
     .globl nvmlDeviceGetSramEccErrorStatus
     .type nvmlDeviceGetSramEccErrorStatus, @function
 nvmlDeviceGetSramEccErrorStatus:
-    leaq .Lname87(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSramEccErrorStatus@PLT
     .size nvmlDeviceGetSramEccErrorStatus, .-nvmlDeviceGetSramEccErrorStatus
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1127,7 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1135,7 @@ nvmlDeviceGetSupportedGraphicsClocks:
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1302,7 +1143,7 @@ nvmlDeviceGetSupportedMemoryClocks:
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,7 +1156,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1338,18 +1179,12 @@ nvmlDeviceGetTemperatureThreshold:
     .globl nvmlDeviceGetTemperatureV
     .type nvmlDeviceGetTemperatureV, @function
 nvmlDeviceGetTemperatureV:
-    leaq .Lname93(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetTemperatureV@PLT
     .size nvmlDeviceGetTemperatureV, .-nvmlDeviceGetTemperatureV
     .globl nvmlDeviceGetThermalSettings
     .type nvmlDeviceGetThermalSettings, @function
 nvmlDeviceGetThermalSettings:
-    leaq .Lname94(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetThermalSettings@PLT
     .size nvmlDeviceGetThermalSettings, .-nvmlDeviceGetThermalSettings
     .globl nvmlDeviceGetTopologyCommonAncestor
     .type nvmlDeviceGetTopologyCommonAncestor, @function
@@ -1359,7 +1194,7 @@ nvmlDeviceGetTopologyCommonAncestor:
     .globl nvmlDeviceGetTopologyNearestGpus
     .type nvmlDeviceGetTopologyNearestGpus, @function
 nvmlDeviceGetTopologyNearestGpus:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1367,10 +1202,7 @@ nvmlDeviceGetTopologyNearestGpus:
     .globl nvmlDeviceGetTotalEccErrors
     .type nvmlDeviceGetTotalEccErrors, @function
 nvmlDeviceGetTotalEccErrors:
-    leaq .Lname96(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetTotalEccErrors@PLT
     .size nvmlDeviceGetTotalEccErrors, .-nvmlDeviceGetTotalEccErrors
     .globl nvmlDeviceGetTotalEnergyConsumption
     .type nvmlDeviceGetTotalEnergyConsumption, @function
@@ -1385,10 +1217,7 @@ nvmlDeviceGetUUID:
     .globl nvmlDeviceGetUnrepairableMemoryFlag_v1
     .type nvmlDeviceGetUnrepairableMemoryFlag_v1, @function
 nvmlDeviceGetUnrepairableMemoryFlag_v1:
-    leaq .Lname97(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetUnrepairableMemoryFlag_v1@PLT
     .size nvmlDeviceGetUnrepairableMemoryFlag_v1, .-nvmlDeviceGetUnrepairableMemoryFlag_v1
     .globl nvmlDeviceGetUtilizationRates
     .type nvmlDeviceGetUtilizationRates, @function
@@ -1408,15 +1237,12 @@ nvmlDeviceGetVgpuCapabilities:
     .globl nvmlDeviceGetVgpuHeterogeneousMode
     .type nvmlDeviceGetVgpuHeterogeneousMode, @function
 nvmlDeviceGetVgpuHeterogeneousMode:
-    leaq .Lname98(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuHeterogeneousMode@PLT
     .size nvmlDeviceGetVgpuHeterogeneousMode, .-nvmlDeviceGetVgpuHeterogeneousMode
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1424,7 +1250,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1432,7 +1258,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1440,7 +1266,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1448,31 +1274,22 @@ nvmlDeviceGetVgpuProcessesUtilizationInfo:
     .globl nvmlDeviceGetVgpuSchedulerCapabilities
     .type nvmlDeviceGetVgpuSchedulerCapabilities, @function
 nvmlDeviceGetVgpuSchedulerCapabilities:
-    leaq .Lname103(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerCapabilities@PLT
     .size nvmlDeviceGetVgpuSchedulerCapabilities, .-nvmlDeviceGetVgpuSchedulerCapabilities
     .globl nvmlDeviceGetVgpuSchedulerLog
     .type nvmlDeviceGetVgpuSchedulerLog, @function
 nvmlDeviceGetVgpuSchedulerLog:
-    leaq .Lname104(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog@PLT
     .size nvmlDeviceGetVgpuSchedulerLog, .-nvmlDeviceGetVgpuSchedulerLog
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
-    leaq .Lname105(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerState@PLT
     .size nvmlDeviceGetVgpuSchedulerState, .-nvmlDeviceGetVgpuSchedulerState
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1480,7 +1297,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1488,7 +1305,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1496,10 +1313,7 @@ nvmlDeviceGetVgpuUtilization:
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
 nvmlDeviceGetViolationStatus:
-    leaq .Lname109(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetViolationStatus@PLT
     .size nvmlDeviceGetViolationStatus, .-nvmlDeviceGetViolationStatus
     .globl nvmlDeviceGetVirtualizationMode
     .type nvmlDeviceGetVirtualizationMode, @function
@@ -1514,7 +1328,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1527,7 +1341,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1535,7 +1349,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1543,7 +1357,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1551,15 +1365,12 @@ nvmlDevicePowerSmoothingUpdatePresetProfileParam:
     .globl nvmlDeviceQueryDrainState
     .type nvmlDeviceQueryDrainState, @function
 nvmlDeviceQueryDrainState:
-    leaq .Lname114(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceQueryDrainState@PLT
     .size nvmlDeviceQueryDrainState, .-nvmlDeviceQueryDrainState
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1567,7 +1378,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1575,7 +1386,7 @@ nvmlDeviceReadWritePRM_v1:
     .globl nvmlDeviceRegisterEvents
     .type nvmlDeviceRegisterEvents, @function
 nvmlDeviceRegisterEvents:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1583,7 +1394,7 @@ nvmlDeviceRegisterEvents:
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1591,7 +1402,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1410,7 @@ nvmlDeviceRemoveGpu_v2:
     .globl nvmlDeviceResetApplicationsClocks
     .type nvmlDeviceResetApplicationsClocks, @function
 nvmlDeviceResetApplicationsClocks:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1607,7 +1418,7 @@ nvmlDeviceResetApplicationsClocks:
     .globl nvmlDeviceResetGpuLockedClocks
     .type nvmlDeviceResetGpuLockedClocks, @function
 nvmlDeviceResetGpuLockedClocks:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1615,7 +1426,7 @@ nvmlDeviceResetGpuLockedClocks:
     .globl nvmlDeviceResetMemoryLockedClocks
     .type nvmlDeviceResetMemoryLockedClocks, @function
 nvmlDeviceResetMemoryLockedClocks:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,7 +1434,7 @@ nvmlDeviceResetMemoryLockedClocks:
     .globl nvmlDeviceResetNvLinkErrorCounters
     .type nvmlDeviceResetNvLinkErrorCounters, @function
 nvmlDeviceResetNvLinkErrorCounters:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1631,7 +1442,7 @@ nvmlDeviceResetNvLinkErrorCounters:
     .globl nvmlDeviceResetNvLinkUtilizationCounter
     .type nvmlDeviceResetNvLinkUtilizationCounter, @function
 nvmlDeviceResetNvLinkUtilizationCounter:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1639,7 +1450,7 @@ nvmlDeviceResetNvLinkUtilizationCounter:
     .globl nvmlDeviceSetAPIRestriction
     .type nvmlDeviceSetAPIRestriction, @function
 nvmlDeviceSetAPIRestriction:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1647,7 +1458,7 @@ nvmlDeviceSetAPIRestriction:
     .globl nvmlDeviceSetAccountingMode
     .type nvmlDeviceSetAccountingMode, @function
 nvmlDeviceSetAccountingMode:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1655,7 +1466,7 @@ nvmlDeviceSetAccountingMode:
     .globl nvmlDeviceSetApplicationsClocks
     .type nvmlDeviceSetApplicationsClocks, @function
 nvmlDeviceSetApplicationsClocks:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1663,7 +1474,7 @@ nvmlDeviceSetApplicationsClocks:
     .globl nvmlDeviceSetAutoBoostedClocksEnabled
     .type nvmlDeviceSetAutoBoostedClocksEnabled, @function
 nvmlDeviceSetAutoBoostedClocksEnabled:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1671,7 +1482,7 @@ nvmlDeviceSetAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1679,7 +1490,7 @@ nvmlDeviceSetClockOffsets:
     .globl nvmlDeviceSetComputeMode
     .type nvmlDeviceSetComputeMode, @function
 nvmlDeviceSetComputeMode:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1687,7 +1498,7 @@ nvmlDeviceSetComputeMode:
     .globl nvmlDeviceSetConfComputeUnprotectedMemSize
     .type nvmlDeviceSetConfComputeUnprotectedMemSize, @function
 nvmlDeviceSetConfComputeUnprotectedMemSize:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1695,7 +1506,7 @@ nvmlDeviceSetConfComputeUnprotectedMemSize:
     .globl nvmlDeviceSetCpuAffinity
     .type nvmlDeviceSetCpuAffinity, @function
 nvmlDeviceSetCpuAffinity:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1703,7 +1514,7 @@ nvmlDeviceSetCpuAffinity:
     .globl nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .type nvmlDeviceSetDefaultAutoBoostedClocksEnabled, @function
 nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1711,7 +1522,7 @@ nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetDefaultFanSpeed_v2
     .type nvmlDeviceSetDefaultFanSpeed_v2, @function
 nvmlDeviceSetDefaultFanSpeed_v2:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1719,7 +1530,7 @@ nvmlDeviceSetDefaultFanSpeed_v2:
     .globl nvmlDeviceSetDramEncryptionMode
     .type nvmlDeviceSetDramEncryptionMode, @function
 nvmlDeviceSetDramEncryptionMode:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,7 +1538,7 @@ nvmlDeviceSetDramEncryptionMode:
     .globl nvmlDeviceSetDriverModel
     .type nvmlDeviceSetDriverModel, @function
 nvmlDeviceSetDriverModel:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1735,7 +1546,7 @@ nvmlDeviceSetDriverModel:
     .globl nvmlDeviceSetEccMode
     .type nvmlDeviceSetEccMode, @function
 nvmlDeviceSetEccMode:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1743,7 +1554,7 @@ nvmlDeviceSetEccMode:
     .globl nvmlDeviceSetFanControlPolicy
     .type nvmlDeviceSetFanControlPolicy, @function
 nvmlDeviceSetFanControlPolicy:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1751,7 +1562,7 @@ nvmlDeviceSetFanControlPolicy:
     .globl nvmlDeviceSetFanSpeed_v2
     .type nvmlDeviceSetFanSpeed_v2, @function
 nvmlDeviceSetFanSpeed_v2:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1759,7 +1570,7 @@ nvmlDeviceSetFanSpeed_v2:
     .globl nvmlDeviceSetGpcClkVfOffset
     .type nvmlDeviceSetGpcClkVfOffset, @function
 nvmlDeviceSetGpcClkVfOffset:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1767,7 +1578,7 @@ nvmlDeviceSetGpcClkVfOffset:
     .globl nvmlDeviceSetGpuLockedClocks
     .type nvmlDeviceSetGpuLockedClocks, @function
 nvmlDeviceSetGpuLockedClocks:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1775,7 +1586,7 @@ nvmlDeviceSetGpuLockedClocks:
     .globl nvmlDeviceSetGpuOperationMode
     .type nvmlDeviceSetGpuOperationMode, @function
 nvmlDeviceSetGpuOperationMode:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1783,7 +1594,7 @@ nvmlDeviceSetGpuOperationMode:
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1791,7 +1602,7 @@ nvmlDeviceSetHostname_v1:
     .globl nvmlDeviceSetMemClkVfOffset
     .type nvmlDeviceSetMemClkVfOffset, @function
 nvmlDeviceSetMemClkVfOffset:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1799,7 +1610,7 @@ nvmlDeviceSetMemClkVfOffset:
     .globl nvmlDeviceSetMemoryLockedClocks
     .type nvmlDeviceSetMemoryLockedClocks, @function
 nvmlDeviceSetMemoryLockedClocks:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1807,7 +1618,7 @@ nvmlDeviceSetMemoryLockedClocks:
     .globl nvmlDeviceSetMigMode
     .type nvmlDeviceSetMigMode, @function
 nvmlDeviceSetMigMode:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1626,7 @@ nvmlDeviceSetMigMode:
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1634,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1831,7 +1642,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1839,7 +1650,7 @@ nvmlDeviceSetNvlinkBwMode:
     .globl nvmlDeviceSetPersistenceMode
     .type nvmlDeviceSetPersistenceMode, @function
 nvmlDeviceSetPersistenceMode:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1847,7 +1658,7 @@ nvmlDeviceSetPersistenceMode:
     .globl nvmlDeviceSetPowerManagementLimit
     .type nvmlDeviceSetPowerManagementLimit, @function
 nvmlDeviceSetPowerManagementLimit:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1855,7 +1666,7 @@ nvmlDeviceSetPowerManagementLimit:
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1863,7 +1674,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1871,7 +1682,7 @@ nvmlDeviceSetPowerMizerMode_v1:
     .globl nvmlDeviceSetPowerMode
     .type nvmlDeviceSetPowerMode, @function
 nvmlDeviceSetPowerMode:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,7 +1690,7 @@ nvmlDeviceSetPowerMode:
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +1698,7 @@ nvmlDeviceSetRusdSettings_v1:
     .globl nvmlDeviceSetTemperatureThreshold
     .type nvmlDeviceSetTemperatureThreshold, @function
 nvmlDeviceSetTemperatureThreshold:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1895,7 +1706,7 @@ nvmlDeviceSetTemperatureThreshold:
     .globl nvmlDeviceSetVgpuCapabilities
     .type nvmlDeviceSetVgpuCapabilities, @function
 nvmlDeviceSetVgpuCapabilities:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1903,7 +1714,7 @@ nvmlDeviceSetVgpuCapabilities:
     .globl nvmlDeviceSetVgpuHeterogeneousMode
     .type nvmlDeviceSetVgpuHeterogeneousMode, @function
 nvmlDeviceSetVgpuHeterogeneousMode:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1911,7 +1722,7 @@ nvmlDeviceSetVgpuHeterogeneousMode:
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1919,7 +1730,7 @@ nvmlDeviceSetVgpuSchedulerState:
     .globl nvmlDeviceSetVirtualizationMode
     .type nvmlDeviceSetVirtualizationMode, @function
 nvmlDeviceSetVirtualizationMode:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1932,7 +1743,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1940,23 +1751,17 @@ nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .type nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, @function
 nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
-    leaq .Lname162(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetCurrentProfiles@PLT
     .size nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, .-nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .globl nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .type nvmlDeviceWorkloadPowerProfileGetProfilesInfo, @function
 nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
-    leaq .Lname163(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfilesInfo@PLT
     .size nvmlDeviceWorkloadPowerProfileGetProfilesInfo, .-nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1964,7 +1769,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1977,7 +1782,7 @@ nvmlErrorString:
     .globl nvmlEventSetCreate
     .type nvmlEventSetCreate, @function
 nvmlEventSetCreate:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1985,7 +1790,7 @@ nvmlEventSetCreate:
     .globl nvmlEventSetFree
     .type nvmlEventSetFree, @function
 nvmlEventSetFree:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1993,7 +1798,7 @@ nvmlEventSetFree:
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2001,7 +1806,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2014,15 +1819,12 @@ nvmlGetExcludedDeviceCount:
     .globl nvmlGetExcludedDeviceInfoByIndex
     .type nvmlGetExcludedDeviceInfoByIndex, @function
 nvmlGetExcludedDeviceInfoByIndex:
-    leaq .Lname170(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGetExcludedDeviceInfoByIndex@PLT
     .size nvmlGetExcludedDeviceInfoByIndex, .-nvmlGetExcludedDeviceInfoByIndex
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2035,15 +1837,12 @@ nvmlGetVgpuDriverCapabilities:
     .globl nvmlGetVgpuVersion
     .type nvmlGetVgpuVersion, @function
 nvmlGetVgpuVersion:
-    leaq .Lname172(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGetVgpuVersion@PLT
     .size nvmlGetVgpuVersion, .-nvmlGetVgpuVersion
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2056,10 +1855,7 @@ nvmlGpmMigSampleGet:
     .globl nvmlGpmQueryDeviceSupport
     .type nvmlGpmQueryDeviceSupport, @function
 nvmlGpmQueryDeviceSupport:
-    leaq .Lname174(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpmQueryDeviceSupport@PLT
     .size nvmlGpmQueryDeviceSupport, .-nvmlGpmQueryDeviceSupport
     .globl nvmlGpmQueryIfStreamingEnabled
     .type nvmlGpmQueryIfStreamingEnabled, @function
@@ -2084,7 +1880,7 @@ nvmlGpmSampleGet:
     .globl nvmlGpmSetStreamingEnabled
     .type nvmlGpmSetStreamingEnabled, @function
 nvmlGpmSetStreamingEnabled:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2092,7 +1888,7 @@ nvmlGpmSetStreamingEnabled:
     .globl nvmlGpuInstanceCreateComputeInstance
     .type nvmlGpuInstanceCreateComputeInstance, @function
 nvmlGpuInstanceCreateComputeInstance:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2100,7 +1896,7 @@ nvmlGpuInstanceCreateComputeInstance:
     .globl nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .type nvmlGpuInstanceCreateComputeInstanceWithPlacement, @function
 nvmlGpuInstanceCreateComputeInstanceWithPlacement:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2108,7 +1904,7 @@ nvmlGpuInstanceCreateComputeInstanceWithPlacement:
     .globl nvmlGpuInstanceDestroy
     .type nvmlGpuInstanceDestroy, @function
 nvmlGpuInstanceDestroy:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2116,7 +1912,7 @@ nvmlGpuInstanceDestroy:
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2129,7 +1925,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2137,15 +1933,12 @@ nvmlGpuInstanceGetComputeInstancePossiblePlacements:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfo
     .type nvmlGpuInstanceGetComputeInstanceProfileInfo, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfo:
-    leaq .Lname181(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetComputeInstanceProfileInfo@PLT
     .size nvmlGpuInstanceGetComputeInstanceProfileInfo, .-nvmlGpuInstanceGetComputeInstanceProfileInfo
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2158,7 +1951,7 @@ nvmlGpuInstanceGetComputeInstanceRemainingCapacity:
     .globl nvmlGpuInstanceGetComputeInstances
     .type nvmlGpuInstanceGetComputeInstances, @function
 nvmlGpuInstanceGetComputeInstances:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2166,7 +1959,7 @@ nvmlGpuInstanceGetComputeInstances:
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2174,39 +1967,27 @@ nvmlGpuInstanceGetCreatableVgpus:
     .globl nvmlGpuInstanceGetInfo
     .type nvmlGpuInstanceGetInfo, @function
 nvmlGpuInstanceGetInfo:
-    leaq .Lname185(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetInfo@PLT
     .size nvmlGpuInstanceGetInfo, .-nvmlGpuInstanceGetInfo
     .globl nvmlGpuInstanceGetVgpuHeterogeneousMode
     .type nvmlGpuInstanceGetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceGetVgpuHeterogeneousMode:
-    leaq .Lname186(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuHeterogeneousMode@PLT
     .size nvmlGpuInstanceGetVgpuHeterogeneousMode, .-nvmlGpuInstanceGetVgpuHeterogeneousMode
     .globl nvmlGpuInstanceGetVgpuSchedulerLog
     .type nvmlGpuInstanceGetVgpuSchedulerLog, @function
 nvmlGpuInstanceGetVgpuSchedulerLog:
-    leaq .Lname187(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerLog, .-nvmlGpuInstanceGetVgpuSchedulerLog
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
-    leaq .Lname188(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerState, .-nvmlGpuInstanceGetVgpuSchedulerState
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +1995,7 @@ nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
     .globl nvmlGpuInstanceSetVgpuHeterogeneousMode
     .type nvmlGpuInstanceSetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceSetVgpuHeterogeneousMode:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2003,7 @@ nvmlGpuInstanceSetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2245,7 +2026,7 @@ nvmlInit_v2:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2258,7 +2039,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2266,7 +2047,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2274,7 +2055,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2282,10 +2063,7 @@ nvmlSystemEventSetWait:
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
-    leaq .Lname196(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeCapabilities@PLT
     .size nvmlSystemGetConfComputeCapabilities, .-nvmlSystemGetConfComputeCapabilities
     .globl nvmlSystemGetConfComputeGpusReadyState
     .type nvmlSystemGetConfComputeGpusReadyState, @function
@@ -2295,26 +2073,17 @@ nvmlSystemGetConfComputeGpusReadyState:
     .globl nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemGetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemGetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname197(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeKeyRotationThresholdInfo@PLT
     .size nvmlSystemGetConfComputeKeyRotationThresholdInfo, .-nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .globl nvmlSystemGetConfComputeSettings
     .type nvmlSystemGetConfComputeSettings, @function
 nvmlSystemGetConfComputeSettings:
-    leaq .Lname198(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeSettings@PLT
     .size nvmlSystemGetConfComputeSettings, .-nvmlSystemGetConfComputeSettings
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
-    leaq .Lname199(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeState@PLT
     .size nvmlSystemGetConfComputeState, .-nvmlSystemGetConfComputeState
     .globl nvmlSystemGetCudaDriverVersion
     .type nvmlSystemGetCudaDriverVersion, @function
@@ -2329,7 +2098,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2342,7 +2111,7 @@ nvmlSystemGetDriverVersion:
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,7 +2129,7 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2368,7 +2137,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2376,7 +2145,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2153,7 @@ nvmlSystemRegisterEvents:
     .globl nvmlSystemSetConfComputeGpusReadyState
     .type nvmlSystemSetConfComputeGpusReadyState, @function
 nvmlSystemSetConfComputeGpusReadyState:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2161,7 @@ nvmlSystemSetConfComputeGpusReadyState:
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2169,7 @@ nvmlSystemSetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemSetNvlinkBwMode
     .type nvmlSystemSetNvlinkBwMode, @function
 nvmlSystemSetNvlinkBwMode:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2413,7 +2182,7 @@ nvmlUnitGetCount:
     .globl nvmlUnitGetDevices
     .type nvmlUnitGetDevices, @function
 nvmlUnitGetDevices:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2421,10 +2190,7 @@ nvmlUnitGetDevices:
     .globl nvmlUnitGetFanSpeedInfo
     .type nvmlUnitGetFanSpeedInfo, @function
 nvmlUnitGetFanSpeedInfo:
-    leaq .Lname209(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetFanSpeedInfo@PLT
     .size nvmlUnitGetFanSpeedInfo, .-nvmlUnitGetFanSpeedInfo
     .globl nvmlUnitGetHandleByIndex
     .type nvmlUnitGetHandleByIndex, @function
@@ -2434,18 +2200,12 @@ nvmlUnitGetHandleByIndex:
     .globl nvmlUnitGetLedState
     .type nvmlUnitGetLedState, @function
 nvmlUnitGetLedState:
-    leaq .Lname210(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetLedState@PLT
     .size nvmlUnitGetLedState, .-nvmlUnitGetLedState
     .globl nvmlUnitGetPsuInfo
     .type nvmlUnitGetPsuInfo, @function
 nvmlUnitGetPsuInfo:
-    leaq .Lname211(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetPsuInfo@PLT
     .size nvmlUnitGetPsuInfo, .-nvmlUnitGetPsuInfo
     .globl nvmlUnitGetTemperature
     .type nvmlUnitGetTemperature, @function
@@ -2455,15 +2215,12 @@ nvmlUnitGetTemperature:
     .globl nvmlUnitGetUnitInfo
     .type nvmlUnitGetUnitInfo, @function
 nvmlUnitGetUnitInfo:
-    leaq .Lname212(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetUnitInfo@PLT
     .size nvmlUnitGetUnitInfo, .-nvmlUnitGetUnitInfo
     .globl nvmlUnitSetLedState
     .type nvmlUnitSetLedState, @function
 nvmlUnitSetLedState:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +2228,7 @@ nvmlUnitSetLedState:
     .globl nvmlVgpuInstanceClearAccountingPids
     .type nvmlVgpuInstanceClearAccountingPids, @function
 nvmlVgpuInstanceClearAccountingPids:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2484,7 +2241,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2492,7 +2249,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2510,7 +2267,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2518,15 +2275,12 @@ nvmlVgpuInstanceGetEncoderSessions:
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
 nvmlVgpuInstanceGetEncoderStats:
-    leaq .Lname218(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetEncoderStats@PLT
     .size nvmlVgpuInstanceGetEncoderStats, .-nvmlVgpuInstanceGetEncoderStats
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2534,10 +2288,7 @@ nvmlVgpuInstanceGetFBCSessions:
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
 nvmlVgpuInstanceGetFBCStats:
-    leaq .Lname220(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetFBCStats@PLT
     .size nvmlVgpuInstanceGetFBCStats, .-nvmlVgpuInstanceGetFBCStats
     .globl nvmlVgpuInstanceGetFbUsage
     .type nvmlVgpuInstanceGetFbUsage, @function
@@ -2557,7 +2308,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2565,18 +2316,12 @@ nvmlVgpuInstanceGetGpuPciId:
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
 nvmlVgpuInstanceGetLicenseInfo:
-    leaq .Lname222(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo@PLT
     .size nvmlVgpuInstanceGetLicenseInfo, .-nvmlVgpuInstanceGetLicenseInfo
     .globl nvmlVgpuInstanceGetLicenseInfo_v2
     .type nvmlVgpuInstanceGetLicenseInfo_v2, @function
 nvmlVgpuInstanceGetLicenseInfo_v2:
-    leaq .Lname223(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo_v2@PLT
     .size nvmlVgpuInstanceGetLicenseInfo_v2, .-nvmlVgpuInstanceGetLicenseInfo_v2
     .globl nvmlVgpuInstanceGetLicenseStatus
     .type nvmlVgpuInstanceGetLicenseStatus, @function
@@ -2586,15 +2331,12 @@ nvmlVgpuInstanceGetLicenseStatus:
     .globl nvmlVgpuInstanceGetMdevUUID
     .type nvmlVgpuInstanceGetMdevUUID, @function
 nvmlVgpuInstanceGetMdevUUID:
-    leaq .Lname224(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetMdevUUID@PLT
     .size nvmlVgpuInstanceGetMdevUUID, .-nvmlVgpuInstanceGetMdevUUID
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2602,18 +2344,12 @@ nvmlVgpuInstanceGetMetadata:
     .globl nvmlVgpuInstanceGetPlacementId
     .type nvmlVgpuInstanceGetPlacementId, @function
 nvmlVgpuInstanceGetPlacementId:
-    leaq .Lname226(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetPlacementId@PLT
     .size nvmlVgpuInstanceGetPlacementId, .-nvmlVgpuInstanceGetPlacementId
     .globl nvmlVgpuInstanceGetRuntimeStateSize
     .type nvmlVgpuInstanceGetRuntimeStateSize, @function
 nvmlVgpuInstanceGetRuntimeStateSize:
-    leaq .Lname227(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetRuntimeStateSize@PLT
     .size nvmlVgpuInstanceGetRuntimeStateSize, .-nvmlVgpuInstanceGetRuntimeStateSize
     .globl nvmlVgpuInstanceGetType
     .type nvmlVgpuInstanceGetType, @function
@@ -2623,31 +2359,22 @@ nvmlVgpuInstanceGetType:
     .globl nvmlVgpuInstanceGetUUID
     .type nvmlVgpuInstanceGetUUID, @function
 nvmlVgpuInstanceGetUUID:
-    leaq .Lname228(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetUUID@PLT
     .size nvmlVgpuInstanceGetUUID, .-nvmlVgpuInstanceGetUUID
     .globl nvmlVgpuInstanceGetVmDriverVersion
     .type nvmlVgpuInstanceGetVmDriverVersion, @function
 nvmlVgpuInstanceGetVmDriverVersion:
-    leaq .Lname229(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetVmDriverVersion@PLT
     .size nvmlVgpuInstanceGetVmDriverVersion, .-nvmlVgpuInstanceGetVmDriverVersion
     .globl nvmlVgpuInstanceGetVmID
     .type nvmlVgpuInstanceGetVmID, @function
 nvmlVgpuInstanceGetVmID:
-    leaq .Lname230(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetVmID@PLT
     .size nvmlVgpuInstanceGetVmID, .-nvmlVgpuInstanceGetVmID
     .globl nvmlVgpuInstanceSetEncoderCapacity
     .type nvmlVgpuInstanceSetEncoderCapacity, @function
 nvmlVgpuInstanceSetEncoderCapacity:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2655,10 +2382,7 @@ nvmlVgpuInstanceSetEncoderCapacity:
     .globl nvmlVgpuTypeGetBAR1Info
     .type nvmlVgpuTypeGetBAR1Info, @function
 nvmlVgpuTypeGetBAR1Info:
-    leaq .Lname232(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetBAR1Info@PLT
     .size nvmlVgpuTypeGetBAR1Info, .-nvmlVgpuTypeGetBAR1Info
     .globl nvmlVgpuTypeGetCapabilities
     .type nvmlVgpuTypeGetCapabilities, @function
@@ -2668,7 +2392,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2706,10 +2430,7 @@ nvmlVgpuTypeGetGspHeapSize:
     .globl nvmlVgpuTypeGetLicense
     .type nvmlVgpuTypeGetLicense, @function
 nvmlVgpuTypeGetLicense:
-    leaq .Lname234(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetLicense@PLT
     .size nvmlVgpuTypeGetLicense, .-nvmlVgpuTypeGetLicense
     .globl nvmlVgpuTypeGetMaxInstances
     .type nvmlVgpuTypeGetMaxInstances, @function
@@ -2719,10 +2440,7 @@ nvmlVgpuTypeGetMaxInstances:
     .globl nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .type nvmlVgpuTypeGetMaxInstancesPerGpuInstance, @function
 nvmlVgpuTypeGetMaxInstancesPerGpuInstance:
-    leaq .Lname235(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerGpuInstance@PLT
     .size nvmlVgpuTypeGetMaxInstancesPerGpuInstance, .-nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .globl nvmlVgpuTypeGetMaxInstancesPerVm
     .type nvmlVgpuTypeGetMaxInstancesPerVm, @function
@@ -2732,7 +2450,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2751,475 +2469,287 @@ nvmlVgpuTypeGetResolution:
 .Lname0:
     .asciz "nvmlComputeInstanceDestroy"
 .Lname1:
-    .asciz "nvmlComputeInstanceGetInfo"
-.Lname2:
-    .asciz "nvmlComputeInstanceGetInfo_v2"
-.Lname3:
     .asciz "nvmlDeviceCcuSetStreamState"
-.Lname4:
+.Lname2:
     .asciz "nvmlDeviceClearAccountingPids"
-.Lname5:
+.Lname3:
     .asciz "nvmlDeviceClearCpuAffinity"
-.Lname6:
+.Lname4:
     .asciz "nvmlDeviceClearEccErrorCounts"
-.Lname7:
+.Lname5:
     .asciz "nvmlDeviceClearFieldValues"
-.Lname8:
+.Lname6:
     .asciz "nvmlDeviceCreateGpuInstance"
-.Lname9:
+.Lname7:
     .asciz "nvmlDeviceCreateGpuInstanceWithPlacement"
-.Lname10:
+.Lname8:
     .asciz "nvmlDeviceDiscoverGpus"
-.Lname11:
+.Lname9:
     .asciz "nvmlDeviceFreezeNvLinkUtilizationCounter"
-.Lname12:
+.Lname10:
     .asciz "nvmlDeviceGetAccountingPids"
-.Lname13:
+.Lname11:
     .asciz "nvmlDeviceGetAccountingStats"
-.Lname14:
+.Lname12:
     .asciz "nvmlDeviceGetActiveVgpus"
-.Lname15:
-    .asciz "nvmlDeviceGetAddressingMode"
-.Lname16:
-    .asciz "nvmlDeviceGetAttributes"
-.Lname17:
-    .asciz "nvmlDeviceGetAttributes_v2"
-.Lname18:
-    .asciz "nvmlDeviceGetBridgeChipInfo"
-.Lname19:
-    .asciz "nvmlDeviceGetC2cModeInfoV"
-.Lname20:
-    .asciz "nvmlDeviceGetCapabilities"
-.Lname21:
-    .asciz "nvmlDeviceGetClkMonStatus"
-.Lname22:
-    .asciz "nvmlDeviceGetClockOffsets"
-.Lname23:
+.Lname13:
     .asciz "nvmlDeviceGetComputeRunningProcesses"
-.Lname24:
+.Lname14:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
-.Lname25:
+.Lname15:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
-.Lname26:
-    .asciz "nvmlDeviceGetConfComputeGpuAttestationReport"
-.Lname27:
-    .asciz "nvmlDeviceGetConfComputeGpuCertificate"
-.Lname28:
-    .asciz "nvmlDeviceGetConfComputeMemSizeInfo"
-.Lname29:
-    .asciz "nvmlDeviceGetConfComputeProtectedMemoryUsage"
-.Lname30:
-    .asciz "nvmlDeviceGetCoolerInfo"
-.Lname31:
-    .asciz "nvmlDeviceGetCpuAffinity"
-.Lname32:
-    .asciz "nvmlDeviceGetCpuAffinityWithinScope"
-.Lname33:
+.Lname16:
     .asciz "nvmlDeviceGetCreatableVgpus"
-.Lname34:
-    .asciz "nvmlDeviceGetCurrentClockFreqs"
-.Lname35:
-    .asciz "nvmlDeviceGetDetailedEccErrors"
-.Lname36:
-    .asciz "nvmlDeviceGetDramEncryptionMode"
-.Lname37:
-    .asciz "nvmlDeviceGetDynamicPstatesInfo"
-.Lname38:
+.Lname17:
     .asciz "nvmlDeviceGetEncoderSessions"
-.Lname39:
-    .asciz "nvmlDeviceGetEncoderStats"
-.Lname40:
+.Lname18:
     .asciz "nvmlDeviceGetFBCSessions"
-.Lname41:
-    .asciz "nvmlDeviceGetFBCStats"
-.Lname42:
-    .asciz "nvmlDeviceGetFanSpeedRPM"
-.Lname43:
+.Lname19:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
-.Lname44:
+.Lname20:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
-.Lname45:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
-.Lname46:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
-.Lname47:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
-.Lname48:
+.Lname21:
     .asciz "nvmlDeviceGetGpuInstances"
-.Lname49:
+.Lname22:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses"
-.Lname50:
+.Lname23:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
-.Lname51:
+.Lname24:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
-.Lname52:
-    .asciz "nvmlDeviceGetGridLicensableFeatures"
-.Lname53:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
-.Lname54:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
-.Lname55:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
-.Lname56:
-    .asciz "nvmlDeviceGetGspFirmwareVersion"
-.Lname57:
-    .asciz "nvmlDeviceGetHostname_v1"
-.Lname58:
-    .asciz "nvmlDeviceGetInforomVersion"
-.Lname59:
+.Lname25:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
-.Lname60:
+.Lname26:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
-.Lname61:
+.Lname27:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
-.Lname62:
-    .asciz "nvmlDeviceGetMarginTemperature"
-.Lname63:
-    .asciz "nvmlDeviceGetMemoryAffinity"
-.Lname64:
-    .asciz "nvmlDeviceGetMemoryErrorCounter"
-.Lname65:
-    .asciz "nvmlDeviceGetNvLinkErrorCounter"
-.Lname66:
-    .asciz "nvmlDeviceGetNvLinkInfo"
-.Lname67:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
-.Lname68:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
-.Lname69:
-    .asciz "nvmlDeviceGetNvLinkUtilizationControl"
-.Lname70:
-    .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
-.Lname71:
-    .asciz "nvmlDeviceGetNvlinkBwMode"
-.Lname72:
-    .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
-.Lname73:
-    .asciz "nvmlDeviceGetPcieThroughput"
-.Lname74:
-    .asciz "nvmlDeviceGetPdi"
-.Lname75:
-    .asciz "nvmlDeviceGetPerformanceModes"
-.Lname76:
+.Lname28:
     .asciz "nvmlDeviceGetPgpuMetadataString"
-.Lname77:
-    .asciz "nvmlDeviceGetPlatformInfo"
-.Lname78:
-    .asciz "nvmlDeviceGetPowerMizerMode_v1"
-.Lname79:
+.Lname29:
     .asciz "nvmlDeviceGetProcessUtilization"
-.Lname80:
+.Lname30:
     .asciz "nvmlDeviceGetProcessesUtilizationInfo"
-.Lname81:
-    .asciz "nvmlDeviceGetRepairStatus"
-.Lname82:
+.Lname31:
     .asciz "nvmlDeviceGetRetiredPages"
-.Lname83:
+.Lname32:
     .asciz "nvmlDeviceGetRetiredPages_v2"
-.Lname84:
-    .asciz "nvmlDeviceGetRowRemapperHistogram"
-.Lname85:
+.Lname33:
     .asciz "nvmlDeviceGetRunningProcessDetailList"
-.Lname86:
+.Lname34:
     .asciz "nvmlDeviceGetSamples"
-.Lname87:
-    .asciz "nvmlDeviceGetSramEccErrorStatus"
-.Lname88:
+.Lname35:
     .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
-.Lname89:
+.Lname36:
     .asciz "nvmlDeviceGetSupportedGraphicsClocks"
-.Lname90:
+.Lname37:
     .asciz "nvmlDeviceGetSupportedMemoryClocks"
-.Lname91:
+.Lname38:
     .asciz "nvmlDeviceGetSupportedPerformanceStates"
-.Lname92:
+.Lname39:
     .asciz "nvmlDeviceGetSupportedVgpus"
-.Lname93:
-    .asciz "nvmlDeviceGetTemperatureV"
-.Lname94:
-    .asciz "nvmlDeviceGetThermalSettings"
-.Lname95:
+.Lname40:
     .asciz "nvmlDeviceGetTopologyNearestGpus"
-.Lname96:
-    .asciz "nvmlDeviceGetTotalEccErrors"
-.Lname97:
-    .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
-.Lname98:
-    .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
-.Lname99:
+.Lname41:
     .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
-.Lname100:
+.Lname42:
     .asciz "nvmlDeviceGetVgpuMetadata"
-.Lname101:
+.Lname43:
     .asciz "nvmlDeviceGetVgpuProcessUtilization"
-.Lname102:
+.Lname44:
     .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
-.Lname103:
-    .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
-.Lname104:
-    .asciz "nvmlDeviceGetVgpuSchedulerLog"
-.Lname105:
-    .asciz "nvmlDeviceGetVgpuSchedulerState"
-.Lname106:
+.Lname45:
     .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
-.Lname107:
+.Lname46:
     .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
-.Lname108:
+.Lname47:
     .asciz "nvmlDeviceGetVgpuUtilization"
-.Lname109:
-    .asciz "nvmlDeviceGetViolationStatus"
-.Lname110:
+.Lname48:
     .asciz "nvmlDeviceModifyDrainState"
-.Lname111:
+.Lname49:
     .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
-.Lname112:
+.Lname50:
     .asciz "nvmlDevicePowerSmoothingSetState"
-.Lname113:
+.Lname51:
     .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
-.Lname114:
-    .asciz "nvmlDeviceQueryDrainState"
-.Lname115:
+.Lname52:
     .asciz "nvmlDeviceReadPRMCounters_v1"
-.Lname116:
+.Lname53:
     .asciz "nvmlDeviceReadWritePRM_v1"
-.Lname117:
+.Lname54:
     .asciz "nvmlDeviceRegisterEvents"
-.Lname118:
+.Lname55:
     .asciz "nvmlDeviceRemoveGpu"
-.Lname119:
+.Lname56:
     .asciz "nvmlDeviceRemoveGpu_v2"
-.Lname120:
+.Lname57:
     .asciz "nvmlDeviceResetApplicationsClocks"
-.Lname121:
+.Lname58:
     .asciz "nvmlDeviceResetGpuLockedClocks"
-.Lname122:
+.Lname59:
     .asciz "nvmlDeviceResetMemoryLockedClocks"
-.Lname123:
+.Lname60:
     .asciz "nvmlDeviceResetNvLinkErrorCounters"
-.Lname124:
+.Lname61:
     .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
-.Lname125:
+.Lname62:
     .asciz "nvmlDeviceSetAPIRestriction"
-.Lname126:
+.Lname63:
     .asciz "nvmlDeviceSetAccountingMode"
-.Lname127:
+.Lname64:
     .asciz "nvmlDeviceSetApplicationsClocks"
-.Lname128:
+.Lname65:
     .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
-.Lname129:
+.Lname66:
     .asciz "nvmlDeviceSetClockOffsets"
-.Lname130:
+.Lname67:
     .asciz "nvmlDeviceSetComputeMode"
-.Lname131:
+.Lname68:
     .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
-.Lname132:
+.Lname69:
     .asciz "nvmlDeviceSetCpuAffinity"
-.Lname133:
+.Lname70:
     .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
-.Lname134:
+.Lname71:
     .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
-.Lname135:
+.Lname72:
     .asciz "nvmlDeviceSetDramEncryptionMode"
-.Lname136:
+.Lname73:
     .asciz "nvmlDeviceSetDriverModel"
-.Lname137:
+.Lname74:
     .asciz "nvmlDeviceSetEccMode"
-.Lname138:
+.Lname75:
     .asciz "nvmlDeviceSetFanControlPolicy"
-.Lname139:
+.Lname76:
     .asciz "nvmlDeviceSetFanSpeed_v2"
-.Lname140:
+.Lname77:
     .asciz "nvmlDeviceSetGpcClkVfOffset"
-.Lname141:
+.Lname78:
     .asciz "nvmlDeviceSetGpuLockedClocks"
-.Lname142:
+.Lname79:
     .asciz "nvmlDeviceSetGpuOperationMode"
-.Lname143:
+.Lname80:
     .asciz "nvmlDeviceSetHostname_v1"
-.Lname144:
+.Lname81:
     .asciz "nvmlDeviceSetMemClkVfOffset"
-.Lname145:
+.Lname82:
     .asciz "nvmlDeviceSetMemoryLockedClocks"
-.Lname146:
+.Lname83:
     .asciz "nvmlDeviceSetMigMode"
-.Lname147:
+.Lname84:
     .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
-.Lname148:
+.Lname85:
     .asciz "nvmlDeviceSetNvLinkUtilizationControl"
-.Lname149:
+.Lname86:
     .asciz "nvmlDeviceSetNvlinkBwMode"
-.Lname150:
+.Lname87:
     .asciz "nvmlDeviceSetPersistenceMode"
-.Lname151:
+.Lname88:
     .asciz "nvmlDeviceSetPowerManagementLimit"
-.Lname152:
+.Lname89:
     .asciz "nvmlDeviceSetPowerManagementLimit_v2"
-.Lname153:
+.Lname90:
     .asciz "nvmlDeviceSetPowerMizerMode_v1"
-.Lname154:
+.Lname91:
     .asciz "nvmlDeviceSetPowerMode"
-.Lname155:
+.Lname92:
     .asciz "nvmlDeviceSetRusdSettings_v1"
-.Lname156:
+.Lname93:
     .asciz "nvmlDeviceSetTemperatureThreshold"
-.Lname157:
+.Lname94:
     .asciz "nvmlDeviceSetVgpuCapabilities"
-.Lname158:
+.Lname95:
     .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
-.Lname159:
+.Lname96:
     .asciz "nvmlDeviceSetVgpuSchedulerState"
-.Lname160:
+.Lname97:
     .asciz "nvmlDeviceSetVirtualizationMode"
-.Lname161:
+.Lname98:
     .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
-.Lname162:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
-.Lname163:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
-.Lname164:
+.Lname99:
     .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
-.Lname165:
+.Lname100:
     .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
-.Lname166:
+.Lname101:
     .asciz "nvmlEventSetCreate"
-.Lname167:
+.Lname102:
     .asciz "nvmlEventSetFree"
-.Lname168:
+.Lname103:
     .asciz "nvmlEventSetWait"
-.Lname169:
+.Lname104:
     .asciz "nvmlEventSetWait_v2"
-.Lname170:
-    .asciz "nvmlGetExcludedDeviceInfoByIndex"
-.Lname171:
+.Lname105:
     .asciz "nvmlGetVgpuCompatibility"
-.Lname172:
-    .asciz "nvmlGetVgpuVersion"
-.Lname173:
+.Lname106:
     .asciz "nvmlGpmMetricsGet"
-.Lname174:
-    .asciz "nvmlGpmQueryDeviceSupport"
-.Lname175:
+.Lname107:
     .asciz "nvmlGpmSetStreamingEnabled"
-.Lname176:
+.Lname108:
     .asciz "nvmlGpuInstanceCreateComputeInstance"
-.Lname177:
+.Lname109:
     .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
-.Lname178:
+.Lname110:
     .asciz "nvmlGpuInstanceDestroy"
-.Lname179:
+.Lname111:
     .asciz "nvmlGpuInstanceGetActiveVgpus"
-.Lname180:
+.Lname112:
     .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
-.Lname181:
-    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
-.Lname182:
+.Lname113:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
-.Lname183:
+.Lname114:
     .asciz "nvmlGpuInstanceGetComputeInstances"
-.Lname184:
+.Lname115:
     .asciz "nvmlGpuInstanceGetCreatableVgpus"
-.Lname185:
-    .asciz "nvmlGpuInstanceGetInfo"
-.Lname186:
-    .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
-.Lname187:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
-.Lname188:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
-.Lname189:
+.Lname116:
     .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
-.Lname190:
+.Lname117:
     .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
-.Lname191:
+.Lname118:
     .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
-.Lname192:
+.Lname119:
     .asciz "nvmlSetVgpuVersion"
-.Lname193:
+.Lname120:
     .asciz "nvmlSystemEventSetCreate"
-.Lname194:
+.Lname121:
     .asciz "nvmlSystemEventSetFree"
-.Lname195:
+.Lname122:
     .asciz "nvmlSystemEventSetWait"
-.Lname196:
-    .asciz "nvmlSystemGetConfComputeCapabilities"
-.Lname197:
-    .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
-.Lname198:
-    .asciz "nvmlSystemGetConfComputeSettings"
-.Lname199:
-    .asciz "nvmlSystemGetConfComputeState"
-.Lname200:
+.Lname123:
     .asciz "nvmlSystemGetDriverBranch"
-.Lname201:
+.Lname124:
     .asciz "nvmlSystemGetHicVersion"
-.Lname202:
+.Lname125:
     .asciz "nvmlSystemGetProcessName"
-.Lname203:
+.Lname126:
     .asciz "nvmlSystemGetTopologyGpuSet"
-.Lname204:
+.Lname127:
     .asciz "nvmlSystemRegisterEvents"
-.Lname205:
+.Lname128:
     .asciz "nvmlSystemSetConfComputeGpusReadyState"
-.Lname206:
+.Lname129:
     .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
-.Lname207:
+.Lname130:
     .asciz "nvmlSystemSetNvlinkBwMode"
-.Lname208:
+.Lname131:
     .asciz "nvmlUnitGetDevices"
-.Lname209:
-    .asciz "nvmlUnitGetFanSpeedInfo"
-.Lname210:
-    .asciz "nvmlUnitGetLedState"
-.Lname211:
-    .asciz "nvmlUnitGetPsuInfo"
-.Lname212:
-    .asciz "nvmlUnitGetUnitInfo"
-.Lname213:
+.Lname132:
     .asciz "nvmlUnitSetLedState"
-.Lname214:
+.Lname133:
     .asciz "nvmlVgpuInstanceClearAccountingPids"
-.Lname215:
+.Lname134:
     .asciz "nvmlVgpuInstanceGetAccountingPids"
-.Lname216:
+.Lname135:
     .asciz "nvmlVgpuInstanceGetAccountingStats"
-.Lname217:
+.Lname136:
     .asciz "nvmlVgpuInstanceGetEncoderSessions"
-.Lname218:
-    .asciz "nvmlVgpuInstanceGetEncoderStats"
-.Lname219:
+.Lname137:
     .asciz "nvmlVgpuInstanceGetFBCSessions"
-.Lname220:
-    .asciz "nvmlVgpuInstanceGetFBCStats"
-.Lname221:
+.Lname138:
     .asciz "nvmlVgpuInstanceGetGpuPciId"
-.Lname222:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo"
-.Lname223:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
-.Lname224:
-    .asciz "nvmlVgpuInstanceGetMdevUUID"
-.Lname225:
+.Lname139:
     .asciz "nvmlVgpuInstanceGetMetadata"
-.Lname226:
-    .asciz "nvmlVgpuInstanceGetPlacementId"
-.Lname227:
-    .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
-.Lname228:
-    .asciz "nvmlVgpuInstanceGetUUID"
-.Lname229:
-    .asciz "nvmlVgpuInstanceGetVmDriverVersion"
-.Lname230:
-    .asciz "nvmlVgpuInstanceGetVmID"
-.Lname231:
+.Lname140:
     .asciz "nvmlVgpuInstanceSetEncoderCapacity"
-.Lname232:
-    .asciz "nvmlVgpuTypeGetBAR1Info"
-.Lname233:
+.Lname141:
     .asciz "nvmlVgpuTypeGetClass"
-.Lname234:
-    .asciz "nvmlVgpuTypeGetLicense"
-.Lname235:
-    .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
-.Lname236:
+.Lname142:
     .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits
