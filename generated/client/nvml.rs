@@ -4,15 +4,29 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`nvmlComputeInstanceDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlComputeInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceDestroy(
+pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceGetInfo(
     computeInstance: *mut c_void,
+    info: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlComputeInstanceDestroy,
-            &[(computeInstance) as usize as u64],
+            &chidori_cuda::calls::nvml::nvmlComputeInstanceGetInfo,
+            &[(computeInstance) as usize as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlComputeInstanceGetInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceGetInfo_v2(
+    computeInstance: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlComputeInstanceGetInfo_v2,
+            &[(computeInstance) as usize as u64, (info) as usize as u64],
         ) as u32
     }
 }
@@ -26,109 +40,6 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceCcuGetStreamState(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceCcuGetStreamState,
             &[(device) as usize as u64, (state) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceCcuSetStreamState` for CUDA 12.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceCcuSetStreamState(
-    device: *mut c_void,
-    state: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceCcuSetStreamState,
-            &[(device) as usize as u64, (state) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceClearAccountingPids` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceClearAccountingPids(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceClearAccountingPids,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceClearCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceClearCpuAffinity(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceClearCpuAffinity,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceClearEccErrorCounts` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceClearEccErrorCounts(
-    device: *mut c_void,
-    counterType: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceClearEccErrorCounts,
-            &[(device) as usize as u64, (counterType) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceCreateGpuInstance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceCreateGpuInstance(
-    device: *mut c_void,
-    profileId: u32,
-    gpuInstance: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceCreateGpuInstance,
-            &[
-                (device) as usize as u64,
-                (profileId) as u64,
-                (gpuInstance) as usize as u64,
-            ],
-        ) as u32
-    }
-}
-///`nvmlDeviceCreateGpuInstanceWithPlacement` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceCreateGpuInstanceWithPlacement(
-    device: *mut c_void,
-    profileId: u32,
-    placement: *mut c_void,
-    gpuInstance: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceCreateGpuInstanceWithPlacement,
-            &[
-                (device) as usize as u64,
-                (profileId) as u64,
-                (placement) as usize as u64,
-                (gpuInstance) as usize as u64,
-            ],
-        ) as u32
-    }
-}
-///`nvmlDeviceFreezeNvLinkUtilizationCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceFreezeNvLinkUtilizationCounter(
-    device: *mut c_void,
-    link: u32,
-    counter: u32,
-    freeze: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceFreezeNvLinkUtilizationCounter,
-            &[(device) as usize as u64, (link) as u64, (counter) as u64, (freeze) as u64],
         ) as u32
     }
 }
@@ -185,6 +96,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAdaptiveClockInfoStatus(
         ) as u32
     }
 }
+///`nvmlDeviceGetAddressingMode` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAddressingMode(
+    device: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetAddressingMode,
+            &[(device) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetApplicationsClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetApplicationsClock(
@@ -209,6 +133,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetArchitecture(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetArchitecture,
             &[(device) as usize as u64, (arch) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes(
+    device: *mut c_void,
+    attributes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetAttributes,
+            &[(device) as usize as u64, (attributes) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetAttributes_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes_v2(
+    device: *mut c_void,
+    attributes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetAttributes_v2,
+            &[(device) as usize as u64, (attributes) as usize as u64],
         ) as u32
     }
 }
@@ -283,6 +233,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBrand(
         ) as u32
     }
 }
+///`nvmlDeviceGetBridgeChipInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBridgeChipInfo(
+    device: *mut c_void,
+    bridgeHierarchy: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetBridgeChipInfo,
+            &[(device) as usize as u64, (bridgeHierarchy) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetBusType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBusType(
@@ -293,6 +256,45 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBusType(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetBusType,
             &[(device) as usize as u64, (r#type) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetC2cModeInfoV` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetC2cModeInfoV(
+    device: *mut c_void,
+    c2cModeInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetC2cModeInfoV,
+            &[(device) as usize as u64, (c2cModeInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCapabilities(
+    device: *mut c_void,
+    caps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCapabilities,
+            &[(device) as usize as u64, (caps) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetClkMonStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClkMonStatus(
+    device: *mut c_void,
+    status: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetClkMonStatus,
+            &[(device) as usize as u64, (status) as usize as u64],
         ) as u32
     }
 }
@@ -330,6 +332,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockInfo(
         ) as u32
     }
 }
+///`nvmlDeviceGetClockOffsets` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockOffsets(
+    device: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetClockOffsets,
+            &[(device) as usize as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetComputeInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeInstanceId(
@@ -356,6 +371,71 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetConfComputeGpuAttestationReport` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationReport(
+    device: *mut c_void,
+    gpuAtstReport: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetConfComputeGpuAttestationReport,
+            &[(device) as usize as u64, (gpuAtstReport) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetConfComputeGpuCertificate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuCertificate(
+    device: *mut c_void,
+    gpuCert: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetConfComputeGpuCertificate,
+            &[(device) as usize as u64, (gpuCert) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetConfComputeMemSizeInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeMemSizeInfo(
+    device: *mut c_void,
+    memInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetConfComputeMemSizeInfo,
+            &[(device) as usize as u64, (memInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetConfComputeProtectedMemoryUsage` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeProtectedMemoryUsage(
+    device: *mut c_void,
+    memory: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetConfComputeProtectedMemoryUsage,
+            &[(device) as usize as u64, (memory) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetCoolerInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCoolerInfo(
+    device: *mut c_void,
+    coolerInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCoolerInfo,
+            &[(device) as usize as u64, (coolerInfo) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
@@ -369,6 +449,40 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
     deviceCount: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::nvml::nvmlDeviceGetCount_v2(deviceCount) }
+}
+///`nvmlDeviceGetCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinity(
+    device: *mut c_void,
+    cpuSetSize: u32,
+    cpuSet: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCpuAffinity,
+            &[(device) as usize as u64, (cpuSetSize) as u64, (cpuSet) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetCpuAffinityWithinScope` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope(
+    device: *mut c_void,
+    cpuSetSize: u32,
+    cpuSet: *mut c_void,
+    scope: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCpuAffinityWithinScope,
+            &[
+                (device) as usize as u64,
+                (cpuSetSize) as u64,
+                (cpuSet) as usize as u64,
+                (scope) as u64,
+            ],
+        ) as u32
+    }
 }
 ///`nvmlDeviceGetCudaComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -407,6 +521,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrPcieLinkWidth(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetCurrPcieLinkWidth,
             &[(device) as usize as u64, (currLinkWidth) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetCurrentClockFreqs` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClockFreqs(
+    device: *mut c_void,
+    currentClockFreqs: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCurrentClockFreqs,
+            &[(device) as usize as u64, (currentClockFreqs) as usize as u64],
         ) as u32
     }
 }
@@ -481,6 +608,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDefaultEccMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetDetailedEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDetailedEccErrors(
+    device: *mut c_void,
+    errorType: u32,
+    counterType: u32,
+    eccCounts: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetDetailedEccErrors,
+            &[
+                (device) as usize as u64,
+                (errorType) as u64,
+                (counterType) as u64,
+                (eccCounts) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetDeviceHandleFromMigDeviceHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
@@ -520,6 +667,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDisplayMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetDramEncryptionMode` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDramEncryptionMode(
+    device: *mut c_void,
+    current: *mut c_void,
+    pending: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetDramEncryptionMode,
+            &[
+                (device) as usize as u64,
+                (current) as usize as u64,
+                (pending) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetDriverModel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel(
@@ -553,6 +718,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel_v2(
                 (current) as usize as u64,
                 (pending) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetDynamicPstatesInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDynamicPstatesInfo(
+    device: *mut c_void,
+    pDynamicPstatesInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetDynamicPstatesInfo,
+            &[(device) as usize as u64, (pDynamicPstatesInfo) as usize as u64],
         ) as u32
     }
 }
@@ -592,6 +770,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderCapacity(
         ) as u32
     }
 }
+///`nvmlDeviceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderStats(
+    device: *mut c_void,
+    sessionCount: *mut c_void,
+    averageFps: *mut c_void,
+    averageLatency: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetEncoderStats,
+            &[
+                (device) as usize as u64,
+                (sessionCount) as usize as u64,
+                (averageFps) as usize as u64,
+                (averageLatency) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetEncoderUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderUtilization(
@@ -623,6 +821,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEnforcedPowerLimit(
         ) as u32
     }
 }
+///`nvmlDeviceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCStats(
+    device: *mut c_void,
+    fbcStats: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetFBCStats,
+            &[(device) as usize as u64, (fbcStats) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetFanControlPolicy_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanControlPolicy_v2(
@@ -647,6 +858,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeed(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetFanSpeed,
             &[(device) as usize as u64, (speed) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetFanSpeedRPM` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeedRPM(
+    device: *mut c_void,
+    fanSpeed: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetFanSpeedRPM,
+            &[(device) as usize as u64, (fanSpeed) as usize as u64],
         ) as u32
     }
 }
@@ -810,6 +1034,48 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceId(
         ) as u32
     }
 }
+///`nvmlDeviceGetGpuInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfo(
+    device: *mut c_void,
+    profile: u32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuInstanceProfileInfo,
+            &[(device) as usize as u64, (profile) as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuInstanceProfileInfoByIdV` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoByIdV(
+    device: *mut c_void,
+    profileId: u32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuInstanceProfileInfoByIdV,
+            &[(device) as usize as u64, (profileId) as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGpuInstanceProfileInfoV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoV(
+    device: *mut c_void,
+    profile: u32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuInstanceProfileInfoV,
+            &[(device) as usize as u64, (profile) as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetGpuInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceRemainingCapacity(
@@ -821,26 +1087,6 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceRemainingCapacit
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetGpuInstanceRemainingCapacity,
             &[(device) as usize as u64, (profileId) as u64, (count) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceGetGpuInstances` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstances(
-    device: *mut c_void,
-    profileId: u32,
-    gpuInstances: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuInstances,
-            &[
-                (device) as usize as u64,
-                (profileId) as u64,
-                (gpuInstances) as usize as u64,
-                (count) as usize as u64,
-            ],
         ) as u32
     }
 }
@@ -875,6 +1121,58 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuOperationMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetGridLicensableFeatures` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures(
+    device: *mut c_void,
+    pGridLicensableFeatures: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGridLicensableFeatures,
+            &[(device) as usize as u64, (pGridLicensableFeatures) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGridLicensableFeatures_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v2(
+    device: *mut c_void,
+    pGridLicensableFeatures: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGridLicensableFeatures_v2,
+            &[(device) as usize as u64, (pGridLicensableFeatures) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGridLicensableFeatures_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v3(
+    device: *mut c_void,
+    pGridLicensableFeatures: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGridLicensableFeatures_v3,
+            &[(device) as usize as u64, (pGridLicensableFeatures) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGridLicensableFeatures_v4` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v4(
+    device: *mut c_void,
+    pGridLicensableFeatures: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGridLicensableFeatures_v4,
+            &[(device) as usize as u64, (pGridLicensableFeatures) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetGspFirmwareMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareMode(
@@ -890,6 +1188,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareMode(
                 (isEnabled) as usize as u64,
                 (defaultMode) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetGspFirmwareVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareVersion(
+    device: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetGspFirmwareVersion,
+            &[(device) as usize as u64, (version) as usize as u64],
         ) as u32
     }
 }
@@ -997,6 +1308,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostVgpuMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetHostname_v1` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostname_v1(
+    device: *mut c_void,
+    hostname: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetHostname_v1,
+            &[(device) as usize as u64, (hostname) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIndex(
@@ -1034,6 +1358,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomImageVersion(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetInforomImageVersion,
             &[(device) as usize as u64, (version) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetInforomVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomVersion(
+    device: *mut c_void,
+    object: u32,
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetInforomVersion,
+            &[
+                (device) as usize as u64,
+                (object) as u64,
+                (version) as usize as u64,
+                (length) as u64,
+            ],
         ) as u32
     }
 }
@@ -1083,6 +1427,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetLastBBXFlushTime(
                 (timestamp) as usize as u64,
                 (durationUs) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetMarginTemperature` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMarginTemperature(
+    device: *mut c_void,
+    marginTempInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetMarginTemperature,
+            &[(device) as usize as u64, (marginTempInfo) as usize as u64],
         ) as u32
     }
 }
@@ -1184,6 +1541,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemClkVfOffset(
         ) as u32
     }
 }
+///`nvmlDeviceGetMemoryAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryAffinity(
+    device: *mut c_void,
+    nodeSetSize: u32,
+    nodeSet: *mut c_void,
+    scope: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetMemoryAffinity,
+            &[
+                (device) as usize as u64,
+                (nodeSetSize) as u64,
+                (nodeSet) as usize as u64,
+                (scope) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetMemoryBusWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryBusWidth(
@@ -1194,6 +1571,28 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryBusWidth(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetMemoryBusWidth,
             &[(device) as usize as u64, (busWidth) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetMemoryErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryErrorCounter(
+    device: *mut c_void,
+    errorType: u32,
+    counterType: u32,
+    locationType: u32,
+    count: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetMemoryErrorCounter,
+            &[
+                (device) as usize as u64,
+                (errorType) as u64,
+                (counterType) as u64,
+                (locationType) as u64,
+                (count) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -1407,6 +1806,39 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkCapability(
         ) as u32
     }
 }
+///`nvmlDeviceGetNvLinkErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkErrorCounter(
+    device: *mut c_void,
+    link: u32,
+    counter: u32,
+    counterValue: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkErrorCounter,
+            &[
+                (device) as usize as u64,
+                (link) as u64,
+                (counter) as u64,
+                (counterValue) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetNvLinkInfo` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkInfo(
+    device: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkInfo,
+            &[(device) as usize as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetNvLinkRemoteDeviceType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemoteDeviceType(
@@ -1425,6 +1857,34 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemoteDeviceType(
         ) as u32
     }
 }
+///`nvmlDeviceGetNvLinkRemotePciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo(
+    device: *mut c_void,
+    link: u32,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkRemotePciInfo,
+            &[(device) as usize as u64, (link) as u64, (pci) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetNvLinkRemotePciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: *mut c_void,
+    link: u32,
+    pci: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkRemotePciInfo_v2,
+            &[(device) as usize as u64, (link) as u64, (pci) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetNvLinkState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkState(
@@ -1439,6 +1899,48 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkState(
         ) as u32
     }
 }
+///`nvmlDeviceGetNvLinkUtilizationControl` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationControl(
+    device: *mut c_void,
+    link: u32,
+    counter: u32,
+    control: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkUtilizationControl,
+            &[
+                (device) as usize as u64,
+                (link) as u64,
+                (counter) as u64,
+                (control) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetNvLinkUtilizationCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationCounter(
+    device: *mut c_void,
+    link: u32,
+    counter: u32,
+    rxcounter: *mut c_void,
+    txcounter: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkUtilizationCounter,
+            &[
+                (device) as usize as u64,
+                (link) as u64,
+                (counter) as u64,
+                (rxcounter) as usize as u64,
+                (txcounter) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetNvLinkVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkVersion(
@@ -1450,6 +1952,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkVersion(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetNvLinkVersion,
             &[(device) as usize as u64, (link) as u64, (version) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetNvlinkBwMode` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkBwMode(
+    device: *mut c_void,
+    getBwMode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvlinkBwMode,
+            &[(device) as usize as u64, (getBwMode) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetNvlinkSupportedBwModes` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkSupportedBwModes(
+    device: *mut c_void,
+    supportedBwMode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetNvlinkSupportedBwModes,
+            &[(device) as usize as u64, (supportedBwMode) as usize as u64],
         ) as u32
     }
 }
@@ -1582,6 +2110,46 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieSpeed(
         ) as u32
     }
 }
+///`nvmlDeviceGetPcieThroughput` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieThroughput(
+    device: *mut c_void,
+    counter: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPcieThroughput,
+            &[(device) as usize as u64, (counter) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPdi` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPdi(
+    device: *mut c_void,
+    pdi: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPdi,
+            &[(device) as usize as u64, (pdi) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPerformanceModes` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceModes(
+    device: *mut c_void,
+    perfModes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPerformanceModes,
+            &[(device) as usize as u64, (perfModes) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetPerformanceState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceState(
@@ -1605,6 +2173,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPersistenceMode(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetPersistenceMode,
             &[(device) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPlatformInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPlatformInfo(
+    device: *mut c_void,
+    platformInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPlatformInfo,
+            &[(device) as usize as u64, (platformInfo) as usize as u64],
         ) as u32
     }
 }
@@ -1662,6 +2243,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementMode(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetPowerManagementMode,
             &[(device) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetPowerMizerMode_v1` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerMizerMode_v1(
+    device: *mut c_void,
+    powerMizerMode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPowerMizerMode_v1,
+            &[(device) as usize as u64, (powerMizerMode) as usize as u64],
         ) as u32
     }
 }
@@ -1739,6 +2333,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRemappedRows(
         ) as u32
     }
 }
+///`nvmlDeviceGetRepairStatus` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRepairStatus(
+    device: *mut c_void,
+    repairStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetRepairStatus,
+            &[(device) as usize as u64, (repairStatus) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetRetiredPagesPendingStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
@@ -1749,6 +2356,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetRetiredPagesPendingStatus,
             &[(device) as usize as u64, (isPending) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetRowRemapperHistogram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRowRemapperHistogram(
+    device: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetRowRemapperHistogram,
+            &[(device) as usize as u64, (values) as usize as u64],
         ) as u32
     }
 }
@@ -1763,6 +2383,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSerial(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetSerial,
             &[(device) as usize as u64, (serial) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSramEccErrorStatus` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSramEccErrorStatus(
+    device: *mut c_void,
+    status: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSramEccErrorStatus,
+            &[(device) as usize as u64, (status) as usize as u64],
         ) as u32
     }
 }
@@ -1860,6 +2493,37 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureThreshold(
         ) as u32
     }
 }
+///`nvmlDeviceGetTemperatureV` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureV(
+    device: *mut c_void,
+    temperature: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetTemperatureV,
+            &[(device) as usize as u64, (temperature) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetThermalSettings` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetThermalSettings(
+    device: *mut c_void,
+    sensorIndex: u32,
+    pThermalSettings: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetThermalSettings,
+            &[
+                (device) as usize as u64,
+                (sensorIndex) as u64,
+                (pThermalSettings) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetTopologyCommonAncestor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTopologyCommonAncestor(
@@ -1878,22 +2542,22 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTopologyCommonAncestor(
         ) as u32
     }
 }
-///`nvmlDeviceGetTopologyNearestGpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTotalEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTopologyNearestGpus(
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEccErrors(
     device: *mut c_void,
-    level: u32,
-    count: *mut c_void,
-    deviceArray: *mut c_void,
+    errorType: u32,
+    counterType: u32,
+    eccCounts: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetTopologyNearestGpus,
+            &chidori_cuda::calls::nvml::nvmlDeviceGetTotalEccErrors,
             &[
                 (device) as usize as u64,
-                (level) as u64,
-                (count) as usize as u64,
-                (deviceArray) as usize as u64,
+                (errorType) as u64,
+                (counterType) as u64,
+                (eccCounts) as usize as u64,
             ],
         ) as u32
     }
@@ -1922,6 +2586,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUUID(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetUUID,
             &[(device) as usize as u64, (uuid) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetUnrepairableMemoryFlag_v1` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUnrepairableMemoryFlag_v1(
+    device: *mut c_void,
+    unrepairableMemoryStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetUnrepairableMemoryFlag_v1,
+            &[(device) as usize as u64, (unrepairableMemoryStatus) as usize as u64],
         ) as u32
     }
 }
@@ -1963,6 +2640,76 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuCapabilities(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuCapabilities,
             &[(device) as usize as u64, (capability) as u64, (capResult) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuHeterogeneousMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuHeterogeneousMode(
+    device: *mut c_void,
+    pHeterogeneousMode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuHeterogeneousMode,
+            &[(device) as usize as u64, (pHeterogeneousMode) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuSchedulerCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerCapabilities(
+    device: *mut c_void,
+    pCapabilities: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuSchedulerCapabilities,
+            &[(device) as usize as u64, (pCapabilities) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuSchedulerLog` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog(
+    device: *mut c_void,
+    pSchedulerLog: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuSchedulerLog,
+            &[(device) as usize as u64, (pSchedulerLog) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuSchedulerState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerState(
+    device: *mut c_void,
+    pSchedulerState: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuSchedulerState,
+            &[(device) as usize as u64, (pSchedulerState) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetViolationStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetViolationStatus(
+    device: *mut c_void,
+    perfPolicyType: u32,
+    violTime: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetViolationStatus,
+            &[
+                (device) as usize as u64,
+                (perfPolicyType) as u64,
+                (violTime) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2010,445 +2757,16 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceOnSameBoard(
         ) as u32
     }
 }
-///`nvmlDeviceRegisterEvents` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceQueryDrainState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceRegisterEvents(
-    device: *mut c_void,
-    eventTypes: u64,
-    set: *mut c_void,
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceQueryDrainState(
+    pciInfo: *mut c_void,
+    currentState: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceRegisterEvents,
-            &[(device) as usize as u64, (eventTypes) as u64, (set) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceResetApplicationsClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceResetApplicationsClocks(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceResetApplicationsClocks,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceResetGpuLockedClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceResetGpuLockedClocks(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceResetGpuLockedClocks,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceResetMemoryLockedClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceResetMemoryLockedClocks(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceResetMemoryLockedClocks,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceResetNvLinkErrorCounters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceResetNvLinkErrorCounters(
-    device: *mut c_void,
-    link: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceResetNvLinkErrorCounters,
-            &[(device) as usize as u64, (link) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceResetNvLinkUtilizationCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceResetNvLinkUtilizationCounter(
-    device: *mut c_void,
-    link: u32,
-    counter: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceResetNvLinkUtilizationCounter,
-            &[(device) as usize as u64, (link) as u64, (counter) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetAPIRestriction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetAPIRestriction(
-    device: *mut c_void,
-    apiType: u32,
-    isRestricted: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetAPIRestriction,
-            &[(device) as usize as u64, (apiType) as u64, (isRestricted) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetAccountingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetAccountingMode(
-    device: *mut c_void,
-    mode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetAccountingMode,
-            &[(device) as usize as u64, (mode) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetApplicationsClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetApplicationsClocks(
-    device: *mut c_void,
-    memClockMHz: u32,
-    graphicsClockMHz: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetApplicationsClocks,
-            &[(device) as usize as u64, (memClockMHz) as u64, (graphicsClockMHz) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetAutoBoostedClocksEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetAutoBoostedClocksEnabled(
-    device: *mut c_void,
-    enabled: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetAutoBoostedClocksEnabled,
-            &[(device) as usize as u64, (enabled) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetComputeMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetComputeMode(
-    device: *mut c_void,
-    mode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetComputeMode,
-            &[(device) as usize as u64, (mode) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetConfComputeUnprotectedMemSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetConfComputeUnprotectedMemSize(
-    device: *mut c_void,
-    sizeKiB: u64,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetConfComputeUnprotectedMemSize,
-            &[(device) as usize as u64, (sizeKiB) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetCpuAffinity(
-    device: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetCpuAffinity,
-            &[(device) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetDefaultAutoBoostedClocksEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetDefaultAutoBoostedClocksEnabled(
-    device: *mut c_void,
-    enabled: u32,
-    flags: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetDefaultAutoBoostedClocksEnabled,
-            &[(device) as usize as u64, (enabled) as u64, (flags) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetDefaultFanSpeed_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetDefaultFanSpeed_v2(
-    device: *mut c_void,
-    fan: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetDefaultFanSpeed_v2,
-            &[(device) as usize as u64, (fan) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetDramEncryptionMode` for CUDA 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetDramEncryptionMode(
-    device: *mut c_void,
-    dramEncryption: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetDramEncryptionMode,
-            &[(device) as usize as u64, (dramEncryption) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetDriverModel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetDriverModel(
-    device: *mut c_void,
-    driverModel: u32,
-    flags: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetDriverModel,
-            &[(device) as usize as u64, (driverModel) as u64, (flags) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetEccMode(
-    device: *mut c_void,
-    ecc: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetEccMode,
-            &[(device) as usize as u64, (ecc) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetFanControlPolicy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetFanControlPolicy(
-    device: *mut c_void,
-    fan: u32,
-    policy: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetFanControlPolicy,
-            &[(device) as usize as u64, (fan) as u64, (policy) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetFanSpeed_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetFanSpeed_v2(
-    device: *mut c_void,
-    fan: u32,
-    speed: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetFanSpeed_v2,
-            &[(device) as usize as u64, (fan) as u64, (speed) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetGpcClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetGpcClkVfOffset(
-    device: *mut c_void,
-    offset: i32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetGpcClkVfOffset,
-            &[(device) as usize as u64, (offset) as i64 as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetGpuLockedClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetGpuLockedClocks(
-    device: *mut c_void,
-    minGpuClockMHz: u32,
-    maxGpuClockMHz: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetGpuLockedClocks,
-            &[(device) as usize as u64, (minGpuClockMHz) as u64, (maxGpuClockMHz) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetGpuOperationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetGpuOperationMode(
-    device: *mut c_void,
-    mode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetGpuOperationMode,
-            &[(device) as usize as u64, (mode) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetMemClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetMemClkVfOffset(
-    device: *mut c_void,
-    offset: i32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetMemClkVfOffset,
-            &[(device) as usize as u64, (offset) as i64 as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetMemoryLockedClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetMemoryLockedClocks(
-    device: *mut c_void,
-    minMemClockMHz: u32,
-    maxMemClockMHz: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetMemoryLockedClocks,
-            &[(device) as usize as u64, (minMemClockMHz) as u64, (maxMemClockMHz) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetMigMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetMigMode(
-    device: *mut c_void,
-    mode: u32,
-    activationStatus: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetMigMode,
-            &[
-                (device) as usize as u64,
-                (mode) as u64,
-                (activationStatus) as usize as u64,
-            ],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetPersistenceMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetPersistenceMode(
-    device: *mut c_void,
-    mode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetPersistenceMode,
-            &[(device) as usize as u64, (mode) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetPowerManagementLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetPowerManagementLimit(
-    device: *mut c_void,
-    limit: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetPowerManagementLimit,
-            &[(device) as usize as u64, (limit) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetPowerMode` for CUDA 11.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetPowerMode(
-    device: *mut c_void,
-    powerModeId: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetPowerMode,
-            &[(device) as usize as u64, (powerModeId) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetTemperatureThreshold` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetTemperatureThreshold(
-    device: *mut c_void,
-    thresholdType: u32,
-    temp: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetTemperatureThreshold,
-            &[(device) as usize as u64, (thresholdType) as u64, (temp) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetVgpuCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetVgpuCapabilities(
-    device: *mut c_void,
-    capability: u32,
-    state: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetVgpuCapabilities,
-            &[(device) as usize as u64, (capability) as u64, (state) as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetVgpuHeterogeneousMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetVgpuHeterogeneousMode(
-    device: *mut c_void,
-    pHeterogeneousMode: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetVgpuHeterogeneousMode,
-            &[(device) as usize as u64, (pHeterogeneousMode) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlDeviceSetVirtualizationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetVirtualizationMode(
-    device: *mut c_void,
-    virtualMode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceSetVirtualizationMode,
-            &[(device) as usize as u64, (virtualMode) as u64],
+            &chidori_cuda::calls::nvml::nvmlDeviceQueryDrainState,
+            &[(pciInfo) as usize as u64, (currentState) as usize as u64],
         ) as u32
     }
 }
@@ -2464,30 +2782,36 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceValidateInforom(
         ) as u32
     }
 }
+///`nvmlDeviceWorkloadPowerProfileGetCurrentProfiles` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetCurrentProfiles(
+    device: *mut c_void,
+    currentProfiles: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceWorkloadPowerProfileGetCurrentProfiles,
+            &[(device) as usize as u64, (currentProfiles) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceWorkloadPowerProfileGetProfilesInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfilesInfo(
+    device: *mut c_void,
+    profilesInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceWorkloadPowerProfileGetProfilesInfo,
+            &[(device) as usize as u64, (profilesInfo) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlErrorString(result: u32) -> *mut c_void {
     unsafe { crate::runtime::error_string("13.1", "nvml", result as i64) as *mut c_void }
-}
-///`nvmlEventSetCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlEventSetCreate(set: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlEventSetCreate,
-            &[(set) as usize as u64],
-        ) as u32
-    }
-}
-///`nvmlEventSetFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlEventSetFree(set: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlEventSetFree,
-            &[(set) as usize as u64],
-        ) as u32
-    }
 }
 ///`nvmlGetExcludedDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2501,6 +2825,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceCount(
         ) as u32
     }
 }
+///`nvmlGetExcludedDeviceInfoByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceInfoByIndex(
+    index: u32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGetExcludedDeviceInfoByIndex,
+            &[(index) as u64, (info) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlGetVgpuDriverCapabilities` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuDriverCapabilities(
@@ -2511,6 +2848,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuDriverCapabilities(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlGetVgpuDriverCapabilities,
             &[(capability) as u64, (capResult) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlGetVgpuVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuVersion(
+    supported: *mut c_void,
+    current: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGetVgpuVersion,
+            &[(supported) as usize as u64, (current) as usize as u64],
         ) as u32
     }
 }
@@ -2529,6 +2879,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmMigSampleGet(
                 (gpuInstanceId) as u64,
                 (gpmSample) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlGpmQueryDeviceSupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpmQueryDeviceSupport(
+    device: *mut c_void,
+    gpmSupport: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGpmQueryDeviceSupport,
+            &[(device) as usize as u64, (gpmSupport) as usize as u64],
         ) as u32
     }
 }
@@ -2582,69 +2945,6 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleGet(
         ) as u32
     }
 }
-///`nvmlGpmSetStreamingEnabled` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSetStreamingEnabled(
-    device: *mut c_void,
-    state: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpmSetStreamingEnabled,
-            &[(device) as usize as u64, (state) as u64],
-        ) as u32
-    }
-}
-///`nvmlGpuInstanceCreateComputeInstance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceCreateComputeInstance(
-    gpuInstance: *mut c_void,
-    profileId: u32,
-    computeInstance: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpuInstanceCreateComputeInstance,
-            &[
-                (gpuInstance) as usize as u64,
-                (profileId) as u64,
-                (computeInstance) as usize as u64,
-            ],
-        ) as u32
-    }
-}
-///`nvmlGpuInstanceCreateComputeInstanceWithPlacement` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceCreateComputeInstanceWithPlacement(
-    gpuInstance: *mut c_void,
-    profileId: u32,
-    placement: *mut c_void,
-    computeInstance: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpuInstanceCreateComputeInstanceWithPlacement,
-            &[
-                (gpuInstance) as usize as u64,
-                (profileId) as u64,
-                (placement) as usize as u64,
-                (computeInstance) as usize as u64,
-            ],
-        ) as u32
-    }
-}
-///`nvmlGpuInstanceDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceDestroy(
-    gpuInstance: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpuInstanceDestroy,
-            &[(gpuInstance) as usize as u64],
-        ) as u32
-    }
-}
 ///`nvmlGpuInstanceGetComputeInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceById(
@@ -2663,6 +2963,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceById(
         ) as u32
     }
 }
+///`nvmlGpuInstanceGetComputeInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    gpuInstance: *mut c_void,
+    profile: u32,
+    engProfile: u32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            &[
+                (gpuInstance) as usize as u64,
+                (profile) as u64,
+                (engProfile) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlGpuInstanceGetComputeInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
@@ -2677,36 +2997,55 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceRemaini
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetComputeInstances` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstances(
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetInfo(
     gpuInstance: *mut c_void,
-    profileId: u32,
-    computeInstances: *mut c_void,
-    count: *mut c_void,
+    info: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetComputeInstances,
-            &[
-                (gpuInstance) as usize as u64,
-                (profileId) as u64,
-                (computeInstances) as usize as u64,
-                (count) as usize as u64,
-            ],
+            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetInfo,
+            &[(gpuInstance) as usize as u64, (info) as usize as u64],
         ) as u32
     }
 }
-///`nvmlGpuInstanceSetVgpuHeterogeneousMode` for CUDA 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetVgpuHeterogeneousMode` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceSetVgpuHeterogeneousMode(
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuHeterogeneousMode(
     gpuInstance: *mut c_void,
     pHeterogeneousMode: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlGpuInstanceSetVgpuHeterogeneousMode,
+            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetVgpuHeterogeneousMode,
             &[(gpuInstance) as usize as u64, (pHeterogeneousMode) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlGpuInstanceGetVgpuSchedulerLog` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog(
+    gpuInstance: *mut c_void,
+    pSchedulerLogInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetVgpuSchedulerLog,
+            &[(gpuInstance) as usize as u64, (pSchedulerLogInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlGpuInstanceGetVgpuSchedulerState` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState(
+    gpuInstance: *mut c_void,
+    pSchedulerStateInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlGpuInstanceGetVgpuSchedulerState,
+            &[(gpuInstance) as usize as u64, (pSchedulerStateInfo) as usize as u64],
         ) as u32
     }
 }
@@ -2730,6 +3069,18 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
 pub unsafe extern "C" fn __chidori_nvml_nvmlShutdown() -> u32 {
     unsafe { crate::custom::nvml::nvmlShutdown() }
 }
+///`nvmlSystemGetConfComputeCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeCapabilities(
+    capabilities: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetConfComputeCapabilities,
+            &[(capabilities) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlSystemGetConfComputeGpusReadyState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeGpusReadyState(
@@ -2739,6 +3090,42 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeGpusReadyState(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlSystemGetConfComputeGpusReadyState,
             &[(isAcceptingWork) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlSystemGetConfComputeKeyRotationThresholdInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeKeyRotationThresholdInfo(
+    pKeyRotationThrInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetConfComputeKeyRotationThresholdInfo,
+            &[(pKeyRotationThrInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlSystemGetConfComputeSettings` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeSettings(
+    settings: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetConfComputeSettings,
+            &[(settings) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlSystemGetConfComputeState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeState(
+    state: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetConfComputeState,
+            &[(state) as usize as u64],
         ) as u32
     }
 }
@@ -2804,30 +3191,6 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNvlinkBwMode(
         ) as u32
     }
 }
-///`nvmlSystemSetConfComputeGpusReadyState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlSystemSetConfComputeGpusReadyState(
-    isAcceptingWork: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlSystemSetConfComputeGpusReadyState,
-            &[(isAcceptingWork) as u64],
-        ) as u32
-    }
-}
-///`nvmlSystemSetNvlinkBwMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlSystemSetNvlinkBwMode(
-    nvlinkBwMode: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlSystemSetNvlinkBwMode,
-            &[(nvlinkBwMode) as u64],
-        ) as u32
-    }
-}
 ///`nvmlUnitGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetCount(unitCount: *mut c_void) -> u32 {
@@ -2838,21 +3201,16 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetCount(unitCount: *mut c_void)
         ) as u32
     }
 }
-///`nvmlUnitGetDevices` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetFanSpeedInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetDevices(
+pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetFanSpeedInfo(
     unit: *mut c_void,
-    deviceCount: *mut c_void,
-    devices: *mut c_void,
+    fanSpeeds: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlUnitGetDevices,
-            &[
-                (unit) as usize as u64,
-                (deviceCount) as usize as u64,
-                (devices) as usize as u64,
-            ],
+            &chidori_cuda::calls::nvml::nvmlUnitGetFanSpeedInfo,
+            &[(unit) as usize as u64, (fanSpeeds) as usize as u64],
         ) as u32
     }
 }
@@ -2866,6 +3224,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetHandleByIndex(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlUnitGetHandleByIndex,
             &[(index) as u64, (unit) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlUnitGetLedState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetLedState(
+    unit: *mut c_void,
+    state: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlUnitGetLedState,
+            &[(unit) as usize as u64, (state) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlUnitGetPsuInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetPsuInfo(
+    unit: *mut c_void,
+    psu: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlUnitGetPsuInfo,
+            &[(unit) as usize as u64, (psu) as usize as u64],
         ) as u32
     }
 }
@@ -2883,28 +3267,16 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetTemperature(
         ) as u32
     }
 }
-///`nvmlUnitSetLedState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetUnitInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlUnitSetLedState(
+pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetUnitInfo(
     unit: *mut c_void,
-    color: u32,
+    info: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlUnitSetLedState,
-            &[(unit) as usize as u64, (color) as u64],
-        ) as u32
-    }
-}
-///`nvmlVgpuInstanceClearAccountingPids` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceClearAccountingPids(
-    vgpuInstance: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlVgpuInstanceClearAccountingPids,
-            &[(vgpuInstance) as u64],
+            &chidori_cuda::calls::nvml::nvmlUnitGetUnitInfo,
+            &[(unit) as usize as u64, (info) as usize as u64],
         ) as u32
     }
 }
@@ -2947,6 +3319,39 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderCapacity(
         ) as u32
     }
 }
+///`nvmlVgpuInstanceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderStats(
+    vgpuInstance: u32,
+    sessionCount: *mut c_void,
+    averageFps: *mut c_void,
+    averageLatency: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetEncoderStats,
+            &[
+                (vgpuInstance) as u64,
+                (sessionCount) as usize as u64,
+                (averageFps) as usize as u64,
+                (averageLatency) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCStats(
+    vgpuInstance: u32,
+    fbcStats: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetFBCStats,
+            &[(vgpuInstance) as u64, (fbcStats) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlVgpuInstanceGetFbUsage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFbUsage(
@@ -2986,6 +3391,32 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuInstanceId(
         ) as u32
     }
 }
+///`nvmlVgpuInstanceGetLicenseInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo(
+    vgpuInstance: u32,
+    licenseInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetLicenseInfo,
+            &[(vgpuInstance) as u64, (licenseInfo) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetLicenseInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo_v2(
+    vgpuInstance: u32,
+    licenseInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetLicenseInfo_v2,
+            &[(vgpuInstance) as u64, (licenseInfo) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlVgpuInstanceGetLicenseStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseStatus(
@@ -2996,6 +3427,46 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseStatus(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetLicenseStatus,
             &[(vgpuInstance) as u64, (licensed) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetMdevUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetMdevUUID(
+    vgpuInstance: u32,
+    mdevUuid: *mut c_void,
+    size: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetMdevUUID,
+            &[(vgpuInstance) as u64, (mdevUuid) as usize as u64, (size) as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetPlacementId` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetPlacementId(
+    vgpuInstance: u32,
+    pPlacement: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetPlacementId,
+            &[(vgpuInstance) as u64, (pPlacement) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetRuntimeStateSize` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetRuntimeStateSize(
+    vgpuInstance: u32,
+    pState: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetRuntimeStateSize,
+            &[(vgpuInstance) as u64, (pState) as usize as u64],
         ) as u32
     }
 }
@@ -3012,16 +3483,64 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetType(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceSetEncoderCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceSetEncoderCapacity(
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetUUID(
     vgpuInstance: u32,
-    encoderCapacity: u32,
+    uuid: *mut c_void,
+    size: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlVgpuInstanceSetEncoderCapacity,
-            &[(vgpuInstance) as u64, (encoderCapacity) as u64],
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetUUID,
+            &[(vgpuInstance) as u64, (uuid) as usize as u64, (size) as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetVmDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmDriverVersion(
+    vgpuInstance: u32,
+    version: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetVmDriverVersion,
+            &[(vgpuInstance) as u64, (version) as usize as u64, (length) as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetVmID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmID(
+    vgpuInstance: u32,
+    vmId: *mut c_void,
+    size: u32,
+    vmIdType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetVmID,
+            &[
+                (vgpuInstance) as u64,
+                (vmId) as usize as u64,
+                (size) as u64,
+                (vmIdType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlVgpuTypeGetBAR1Info` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetBAR1Info(
+    vgpuTypeId: u32,
+    bar1Info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuTypeGetBAR1Info,
+            &[(vgpuTypeId) as u64, (bar1Info) as usize as u64],
         ) as u32
     }
 }
@@ -3122,6 +3641,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetGspHeapSize(
         ) as u32
     }
 }
+///`nvmlVgpuTypeGetLicense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetLicense(
+    vgpuTypeId: u32,
+    vgpuTypeLicenseString: *mut c_void,
+    size: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuTypeGetLicense,
+            &[
+                (vgpuTypeId) as u64,
+                (vgpuTypeLicenseString) as usize as u64,
+                (size) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlVgpuTypeGetMaxInstances` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstances(
@@ -3137,6 +3674,18 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstances(
                 (vgpuTypeId) as u64,
                 (vgpuInstanceCount) as usize as u64,
             ],
+        ) as u32
+    }
+}
+///`nvmlVgpuTypeGetMaxInstancesPerGpuInstance` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerGpuInstance(
+    pMaxInstance: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuTypeGetMaxInstancesPerGpuInstance,
+            &[(pMaxInstance) as usize as u64],
         ) as u32
     }
 }

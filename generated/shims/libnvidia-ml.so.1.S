@@ -4,23 +4,20 @@
     .globl nvmlComputeInstanceDestroy
     .type nvmlComputeInstanceDestroy, @function
 nvmlComputeInstanceDestroy:
-    jmp __chidori_nvml_nvmlComputeInstanceDestroy@PLT
-    .size nvmlComputeInstanceDestroy, .-nvmlComputeInstanceDestroy
-    .globl nvmlComputeInstanceGetInfo
-    .type nvmlComputeInstanceGetInfo, @function
-nvmlComputeInstanceGetInfo:
     leaq .Lname0(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
+    .size nvmlComputeInstanceDestroy, .-nvmlComputeInstanceDestroy
+    .globl nvmlComputeInstanceGetInfo
+    .type nvmlComputeInstanceGetInfo, @function
+nvmlComputeInstanceGetInfo:
+    jmp __chidori_nvml_nvmlComputeInstanceGetInfo@PLT
     .size nvmlComputeInstanceGetInfo, .-nvmlComputeInstanceGetInfo
     .globl nvmlComputeInstanceGetInfo_v2
     .type nvmlComputeInstanceGetInfo_v2, @function
 nvmlComputeInstanceGetInfo_v2:
-    leaq .Lname1(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlComputeInstanceGetInfo_v2@PLT
     .size nvmlComputeInstanceGetInfo_v2, .-nvmlComputeInstanceGetInfo_v2
     .globl nvmlDeviceCcuGetStreamState
     .type nvmlDeviceCcuGetStreamState, @function
@@ -30,27 +27,39 @@ nvmlDeviceCcuGetStreamState:
     .globl nvmlDeviceCcuSetStreamState
     .type nvmlDeviceCcuSetStreamState, @function
 nvmlDeviceCcuSetStreamState:
-    jmp __chidori_nvml_nvmlDeviceCcuSetStreamState@PLT
+    leaq .Lname1(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCcuSetStreamState, .-nvmlDeviceCcuSetStreamState
     .globl nvmlDeviceClearAccountingPids
     .type nvmlDeviceClearAccountingPids, @function
 nvmlDeviceClearAccountingPids:
-    jmp __chidori_nvml_nvmlDeviceClearAccountingPids@PLT
+    leaq .Lname2(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearAccountingPids, .-nvmlDeviceClearAccountingPids
     .globl nvmlDeviceClearCpuAffinity
     .type nvmlDeviceClearCpuAffinity, @function
 nvmlDeviceClearCpuAffinity:
-    jmp __chidori_nvml_nvmlDeviceClearCpuAffinity@PLT
+    leaq .Lname3(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearCpuAffinity, .-nvmlDeviceClearCpuAffinity
     .globl nvmlDeviceClearEccErrorCounts
     .type nvmlDeviceClearEccErrorCounts, @function
 nvmlDeviceClearEccErrorCounts:
-    jmp __chidori_nvml_nvmlDeviceClearEccErrorCounts@PLT
+    leaq .Lname4(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceClearEccErrorCounts, .-nvmlDeviceClearEccErrorCounts
     .globl nvmlDeviceClearFieldValues
     .type nvmlDeviceClearFieldValues, @function
 nvmlDeviceClearFieldValues:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -58,17 +67,23 @@ nvmlDeviceClearFieldValues:
     .globl nvmlDeviceCreateGpuInstance
     .type nvmlDeviceCreateGpuInstance, @function
 nvmlDeviceCreateGpuInstance:
-    jmp __chidori_nvml_nvmlDeviceCreateGpuInstance@PLT
+    leaq .Lname6(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCreateGpuInstance, .-nvmlDeviceCreateGpuInstance
     .globl nvmlDeviceCreateGpuInstanceWithPlacement
     .type nvmlDeviceCreateGpuInstanceWithPlacement, @function
 nvmlDeviceCreateGpuInstanceWithPlacement:
-    jmp __chidori_nvml_nvmlDeviceCreateGpuInstanceWithPlacement@PLT
+    leaq .Lname7(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceCreateGpuInstanceWithPlacement, .-nvmlDeviceCreateGpuInstanceWithPlacement
     .globl nvmlDeviceDiscoverGpus
     .type nvmlDeviceDiscoverGpus, @function
 nvmlDeviceDiscoverGpus:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -76,7 +91,10 @@ nvmlDeviceDiscoverGpus:
     .globl nvmlDeviceFreezeNvLinkUtilizationCounter
     .type nvmlDeviceFreezeNvLinkUtilizationCounter, @function
 nvmlDeviceFreezeNvLinkUtilizationCounter:
-    jmp __chidori_nvml_nvmlDeviceFreezeNvLinkUtilizationCounter@PLT
+    leaq .Lname9(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceFreezeNvLinkUtilizationCounter, .-nvmlDeviceFreezeNvLinkUtilizationCounter
     .globl nvmlDeviceGetAPIRestriction
     .type nvmlDeviceGetAPIRestriction, @function
@@ -96,7 +114,7 @@ nvmlDeviceGetAccountingMode:
     .globl nvmlDeviceGetAccountingPids
     .type nvmlDeviceGetAccountingPids, @function
 nvmlDeviceGetAccountingPids:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -104,7 +122,7 @@ nvmlDeviceGetAccountingPids:
     .globl nvmlDeviceGetAccountingStats
     .type nvmlDeviceGetAccountingStats, @function
 nvmlDeviceGetAccountingStats:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -112,7 +130,7 @@ nvmlDeviceGetAccountingStats:
     .globl nvmlDeviceGetActiveVgpus
     .type nvmlDeviceGetActiveVgpus, @function
 nvmlDeviceGetActiveVgpus:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -125,10 +143,7 @@ nvmlDeviceGetAdaptiveClockInfoStatus:
     .globl nvmlDeviceGetAddressingMode
     .type nvmlDeviceGetAddressingMode, @function
 nvmlDeviceGetAddressingMode:
-    leaq .Lname7(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAddressingMode@PLT
     .size nvmlDeviceGetAddressingMode, .-nvmlDeviceGetAddressingMode
     .globl nvmlDeviceGetApplicationsClock
     .type nvmlDeviceGetApplicationsClock, @function
@@ -143,18 +158,12 @@ nvmlDeviceGetArchitecture:
     .globl nvmlDeviceGetAttributes
     .type nvmlDeviceGetAttributes, @function
 nvmlDeviceGetAttributes:
-    leaq .Lname8(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAttributes@PLT
     .size nvmlDeviceGetAttributes, .-nvmlDeviceGetAttributes
     .globl nvmlDeviceGetAttributes_v2
     .type nvmlDeviceGetAttributes_v2, @function
 nvmlDeviceGetAttributes_v2:
-    leaq .Lname9(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetAttributes_v2@PLT
     .size nvmlDeviceGetAttributes_v2, .-nvmlDeviceGetAttributes_v2
     .globl nvmlDeviceGetAutoBoostedClocksEnabled
     .type nvmlDeviceGetAutoBoostedClocksEnabled, @function
@@ -184,10 +193,7 @@ nvmlDeviceGetBrand:
     .globl nvmlDeviceGetBridgeChipInfo
     .type nvmlDeviceGetBridgeChipInfo, @function
 nvmlDeviceGetBridgeChipInfo:
-    leaq .Lname10(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetBridgeChipInfo@PLT
     .size nvmlDeviceGetBridgeChipInfo, .-nvmlDeviceGetBridgeChipInfo
     .globl nvmlDeviceGetBusType
     .type nvmlDeviceGetBusType, @function
@@ -197,26 +203,17 @@ nvmlDeviceGetBusType:
     .globl nvmlDeviceGetC2cModeInfoV
     .type nvmlDeviceGetC2cModeInfoV, @function
 nvmlDeviceGetC2cModeInfoV:
-    leaq .Lname11(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetC2cModeInfoV@PLT
     .size nvmlDeviceGetC2cModeInfoV, .-nvmlDeviceGetC2cModeInfoV
     .globl nvmlDeviceGetCapabilities
     .type nvmlDeviceGetCapabilities, @function
 nvmlDeviceGetCapabilities:
-    leaq .Lname12(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCapabilities@PLT
     .size nvmlDeviceGetCapabilities, .-nvmlDeviceGetCapabilities
     .globl nvmlDeviceGetClkMonStatus
     .type nvmlDeviceGetClkMonStatus, @function
 nvmlDeviceGetClkMonStatus:
-    leaq .Lname13(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetClkMonStatus@PLT
     .size nvmlDeviceGetClkMonStatus, .-nvmlDeviceGetClkMonStatus
     .globl nvmlDeviceGetClock
     .type nvmlDeviceGetClock, @function
@@ -231,10 +228,7 @@ nvmlDeviceGetClockInfo:
     .globl nvmlDeviceGetClockOffsets
     .type nvmlDeviceGetClockOffsets, @function
 nvmlDeviceGetClockOffsets:
-    leaq .Lname14(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetClockOffsets@PLT
     .size nvmlDeviceGetClockOffsets, .-nvmlDeviceGetClockOffsets
     .globl nvmlDeviceGetComputeInstanceId
     .type nvmlDeviceGetComputeInstanceId, @function
@@ -249,7 +243,7 @@ nvmlDeviceGetComputeMode:
     .globl nvmlDeviceGetComputeRunningProcesses
     .type nvmlDeviceGetComputeRunningProcesses, @function
 nvmlDeviceGetComputeRunningProcesses:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -257,7 +251,7 @@ nvmlDeviceGetComputeRunningProcesses:
     .globl nvmlDeviceGetComputeRunningProcesses_v2
     .type nvmlDeviceGetComputeRunningProcesses_v2, @function
 nvmlDeviceGetComputeRunningProcesses_v2:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -265,7 +259,7 @@ nvmlDeviceGetComputeRunningProcesses_v2:
     .globl nvmlDeviceGetComputeRunningProcesses_v3
     .type nvmlDeviceGetComputeRunningProcesses_v3, @function
 nvmlDeviceGetComputeRunningProcesses_v3:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,42 +267,27 @@ nvmlDeviceGetComputeRunningProcesses_v3:
     .globl nvmlDeviceGetConfComputeGpuAttestationReport
     .type nvmlDeviceGetConfComputeGpuAttestationReport, @function
 nvmlDeviceGetConfComputeGpuAttestationReport:
-    leaq .Lname18(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationReport@PLT
     .size nvmlDeviceGetConfComputeGpuAttestationReport, .-nvmlDeviceGetConfComputeGpuAttestationReport
     .globl nvmlDeviceGetConfComputeGpuCertificate
     .type nvmlDeviceGetConfComputeGpuCertificate, @function
 nvmlDeviceGetConfComputeGpuCertificate:
-    leaq .Lname19(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeGpuCertificate@PLT
     .size nvmlDeviceGetConfComputeGpuCertificate, .-nvmlDeviceGetConfComputeGpuCertificate
     .globl nvmlDeviceGetConfComputeMemSizeInfo
     .type nvmlDeviceGetConfComputeMemSizeInfo, @function
 nvmlDeviceGetConfComputeMemSizeInfo:
-    leaq .Lname20(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeMemSizeInfo@PLT
     .size nvmlDeviceGetConfComputeMemSizeInfo, .-nvmlDeviceGetConfComputeMemSizeInfo
     .globl nvmlDeviceGetConfComputeProtectedMemoryUsage
     .type nvmlDeviceGetConfComputeProtectedMemoryUsage, @function
 nvmlDeviceGetConfComputeProtectedMemoryUsage:
-    leaq .Lname21(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetConfComputeProtectedMemoryUsage@PLT
     .size nvmlDeviceGetConfComputeProtectedMemoryUsage, .-nvmlDeviceGetConfComputeProtectedMemoryUsage
     .globl nvmlDeviceGetCoolerInfo
     .type nvmlDeviceGetCoolerInfo, @function
 nvmlDeviceGetCoolerInfo:
-    leaq .Lname22(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCoolerInfo@PLT
     .size nvmlDeviceGetCoolerInfo, .-nvmlDeviceGetCoolerInfo
     .globl nvmlDeviceGetCount
     .type nvmlDeviceGetCount, @function
@@ -323,23 +302,17 @@ nvmlDeviceGetCount_v2:
     .globl nvmlDeviceGetCpuAffinity
     .type nvmlDeviceGetCpuAffinity, @function
 nvmlDeviceGetCpuAffinity:
-    leaq .Lname23(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCpuAffinity@PLT
     .size nvmlDeviceGetCpuAffinity, .-nvmlDeviceGetCpuAffinity
     .globl nvmlDeviceGetCpuAffinityWithinScope
     .type nvmlDeviceGetCpuAffinityWithinScope, @function
 nvmlDeviceGetCpuAffinityWithinScope:
-    leaq .Lname24(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope@PLT
     .size nvmlDeviceGetCpuAffinityWithinScope, .-nvmlDeviceGetCpuAffinityWithinScope
     .globl nvmlDeviceGetCreatableVgpus
     .type nvmlDeviceGetCreatableVgpus, @function
 nvmlDeviceGetCreatableVgpus:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -362,10 +335,7 @@ nvmlDeviceGetCurrPcieLinkWidth:
     .globl nvmlDeviceGetCurrentClockFreqs
     .type nvmlDeviceGetCurrentClockFreqs, @function
 nvmlDeviceGetCurrentClockFreqs:
-    leaq .Lname26(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCurrentClockFreqs@PLT
     .size nvmlDeviceGetCurrentClockFreqs, .-nvmlDeviceGetCurrentClockFreqs
     .globl nvmlDeviceGetCurrentClocksEventReasons
     .type nvmlDeviceGetCurrentClocksEventReasons, @function
@@ -395,10 +365,7 @@ nvmlDeviceGetDefaultEccMode:
     .globl nvmlDeviceGetDetailedEccErrors
     .type nvmlDeviceGetDetailedEccErrors, @function
 nvmlDeviceGetDetailedEccErrors:
-    leaq .Lname27(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDetailedEccErrors@PLT
     .size nvmlDeviceGetDetailedEccErrors, .-nvmlDeviceGetDetailedEccErrors
     .globl nvmlDeviceGetDeviceHandleFromMigDeviceHandle
     .type nvmlDeviceGetDeviceHandleFromMigDeviceHandle, @function
@@ -418,10 +385,7 @@ nvmlDeviceGetDisplayMode:
     .globl nvmlDeviceGetDramEncryptionMode
     .type nvmlDeviceGetDramEncryptionMode, @function
 nvmlDeviceGetDramEncryptionMode:
-    leaq .Lname28(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDramEncryptionMode@PLT
     .size nvmlDeviceGetDramEncryptionMode, .-nvmlDeviceGetDramEncryptionMode
     .globl nvmlDeviceGetDriverModel
     .type nvmlDeviceGetDriverModel, @function
@@ -436,10 +400,7 @@ nvmlDeviceGetDriverModel_v2:
     .globl nvmlDeviceGetDynamicPstatesInfo
     .type nvmlDeviceGetDynamicPstatesInfo, @function
 nvmlDeviceGetDynamicPstatesInfo:
-    leaq .Lname29(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetDynamicPstatesInfo@PLT
     .size nvmlDeviceGetDynamicPstatesInfo, .-nvmlDeviceGetDynamicPstatesInfo
     .globl nvmlDeviceGetEccMode
     .type nvmlDeviceGetEccMode, @function
@@ -454,7 +415,7 @@ nvmlDeviceGetEncoderCapacity:
     .globl nvmlDeviceGetEncoderSessions
     .type nvmlDeviceGetEncoderSessions, @function
 nvmlDeviceGetEncoderSessions:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -462,10 +423,7 @@ nvmlDeviceGetEncoderSessions:
     .globl nvmlDeviceGetEncoderStats
     .type nvmlDeviceGetEncoderStats, @function
 nvmlDeviceGetEncoderStats:
-    leaq .Lname31(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetEncoderStats@PLT
     .size nvmlDeviceGetEncoderStats, .-nvmlDeviceGetEncoderStats
     .globl nvmlDeviceGetEncoderUtilization
     .type nvmlDeviceGetEncoderUtilization, @function
@@ -480,7 +438,7 @@ nvmlDeviceGetEnforcedPowerLimit:
     .globl nvmlDeviceGetFBCSessions
     .type nvmlDeviceGetFBCSessions, @function
 nvmlDeviceGetFBCSessions:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -488,10 +446,7 @@ nvmlDeviceGetFBCSessions:
     .globl nvmlDeviceGetFBCStats
     .type nvmlDeviceGetFBCStats, @function
 nvmlDeviceGetFBCStats:
-    leaq .Lname33(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFBCStats@PLT
     .size nvmlDeviceGetFBCStats, .-nvmlDeviceGetFBCStats
     .globl nvmlDeviceGetFanControlPolicy_v2
     .type nvmlDeviceGetFanControlPolicy_v2, @function
@@ -506,10 +461,7 @@ nvmlDeviceGetFanSpeed:
     .globl nvmlDeviceGetFanSpeedRPM
     .type nvmlDeviceGetFanSpeedRPM, @function
 nvmlDeviceGetFanSpeedRPM:
-    leaq .Lname34(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFanSpeedRPM@PLT
     .size nvmlDeviceGetFanSpeedRPM, .-nvmlDeviceGetFanSpeedRPM
     .globl nvmlDeviceGetFanSpeed_v2
     .type nvmlDeviceGetFanSpeed_v2, @function
@@ -554,7 +506,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -562,7 +514,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -570,26 +522,17 @@ nvmlDeviceGetGpuInstancePossiblePlacements_v2:
     .globl nvmlDeviceGetGpuInstanceProfileInfo
     .type nvmlDeviceGetGpuInstanceProfileInfo, @function
 nvmlDeviceGetGpuInstanceProfileInfo:
-    leaq .Lname37(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfo@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfo, .-nvmlDeviceGetGpuInstanceProfileInfo
     .globl nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .type nvmlDeviceGetGpuInstanceProfileInfoByIdV, @function
 nvmlDeviceGetGpuInstanceProfileInfoByIdV:
-    leaq .Lname38(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoByIdV@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfoByIdV, .-nvmlDeviceGetGpuInstanceProfileInfoByIdV
     .globl nvmlDeviceGetGpuInstanceProfileInfoV
     .type nvmlDeviceGetGpuInstanceProfileInfoV, @function
 nvmlDeviceGetGpuInstanceProfileInfoV:
-    leaq .Lname39(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoV@PLT
     .size nvmlDeviceGetGpuInstanceProfileInfoV, .-nvmlDeviceGetGpuInstanceProfileInfoV
     .globl nvmlDeviceGetGpuInstanceRemainingCapacity
     .type nvmlDeviceGetGpuInstanceRemainingCapacity, @function
@@ -599,7 +542,10 @@ nvmlDeviceGetGpuInstanceRemainingCapacity:
     .globl nvmlDeviceGetGpuInstances
     .type nvmlDeviceGetGpuInstances, @function
 nvmlDeviceGetGpuInstances:
-    jmp __chidori_nvml_nvmlDeviceGetGpuInstances@PLT
+    leaq .Lname21(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceGetGpuInstances, .-nvmlDeviceGetGpuInstances
     .globl nvmlDeviceGetGpuMaxPcieLinkGeneration
     .type nvmlDeviceGetGpuMaxPcieLinkGeneration, @function
@@ -614,7 +560,7 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -622,7 +568,7 @@ nvmlDeviceGetGraphicsRunningProcesses:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -630,7 +576,7 @@ nvmlDeviceGetGraphicsRunningProcesses_v2:
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -638,34 +584,22 @@ nvmlDeviceGetGraphicsRunningProcesses_v3:
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
 nvmlDeviceGetGridLicensableFeatures:
-    leaq .Lname43(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures@PLT
     .size nvmlDeviceGetGridLicensableFeatures, .-nvmlDeviceGetGridLicensableFeatures
     .globl nvmlDeviceGetGridLicensableFeatures_v2
     .type nvmlDeviceGetGridLicensableFeatures_v2, @function
 nvmlDeviceGetGridLicensableFeatures_v2:
-    leaq .Lname44(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v2@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v2, .-nvmlDeviceGetGridLicensableFeatures_v2
     .globl nvmlDeviceGetGridLicensableFeatures_v3
     .type nvmlDeviceGetGridLicensableFeatures_v3, @function
 nvmlDeviceGetGridLicensableFeatures_v3:
-    leaq .Lname45(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v3@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v3, .-nvmlDeviceGetGridLicensableFeatures_v3
     .globl nvmlDeviceGetGridLicensableFeatures_v4
     .type nvmlDeviceGetGridLicensableFeatures_v4, @function
 nvmlDeviceGetGridLicensableFeatures_v4:
-    leaq .Lname46(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v4@PLT
     .size nvmlDeviceGetGridLicensableFeatures_v4, .-nvmlDeviceGetGridLicensableFeatures_v4
     .globl nvmlDeviceGetGspFirmwareMode
     .type nvmlDeviceGetGspFirmwareMode, @function
@@ -675,10 +609,7 @@ nvmlDeviceGetGspFirmwareMode:
     .globl nvmlDeviceGetGspFirmwareVersion
     .type nvmlDeviceGetGspFirmwareVersion, @function
 nvmlDeviceGetGspFirmwareVersion:
-    leaq .Lname47(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGspFirmwareVersion@PLT
     .size nvmlDeviceGetGspFirmwareVersion, .-nvmlDeviceGetGspFirmwareVersion
     .globl nvmlDeviceGetHandleByIndex
     .type nvmlDeviceGetHandleByIndex, @function
@@ -723,10 +654,7 @@ nvmlDeviceGetHostVgpuMode:
     .globl nvmlDeviceGetHostname_v1
     .type nvmlDeviceGetHostname_v1, @function
 nvmlDeviceGetHostname_v1:
-    leaq .Lname48(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetHostname_v1@PLT
     .size nvmlDeviceGetHostname_v1, .-nvmlDeviceGetHostname_v1
     .globl nvmlDeviceGetIndex
     .type nvmlDeviceGetIndex, @function
@@ -746,10 +674,7 @@ nvmlDeviceGetInforomImageVersion:
     .globl nvmlDeviceGetInforomVersion
     .type nvmlDeviceGetInforomVersion, @function
 nvmlDeviceGetInforomVersion:
-    leaq .Lname49(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetInforomVersion@PLT
     .size nvmlDeviceGetInforomVersion, .-nvmlDeviceGetInforomVersion
     .globl nvmlDeviceGetIrqNum
     .type nvmlDeviceGetIrqNum, @function
@@ -769,7 +694,7 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,7 +702,7 @@ nvmlDeviceGetMPSComputeRunningProcesses:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -785,7 +710,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v2:
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,10 +718,7 @@ nvmlDeviceGetMPSComputeRunningProcesses_v3:
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
 nvmlDeviceGetMarginTemperature:
-    leaq .Lname53(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMarginTemperature@PLT
     .size nvmlDeviceGetMarginTemperature, .-nvmlDeviceGetMarginTemperature
     .globl nvmlDeviceGetMaxClockInfo
     .type nvmlDeviceGetMaxClockInfo, @function
@@ -836,10 +758,7 @@ nvmlDeviceGetMemClkVfOffset:
     .globl nvmlDeviceGetMemoryAffinity
     .type nvmlDeviceGetMemoryAffinity, @function
 nvmlDeviceGetMemoryAffinity:
-    leaq .Lname54(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryAffinity@PLT
     .size nvmlDeviceGetMemoryAffinity, .-nvmlDeviceGetMemoryAffinity
     .globl nvmlDeviceGetMemoryBusWidth
     .type nvmlDeviceGetMemoryBusWidth, @function
@@ -849,10 +768,7 @@ nvmlDeviceGetMemoryBusWidth:
     .globl nvmlDeviceGetMemoryErrorCounter
     .type nvmlDeviceGetMemoryErrorCounter, @function
 nvmlDeviceGetMemoryErrorCounter:
-    leaq .Lname55(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMemoryErrorCounter@PLT
     .size nvmlDeviceGetMemoryErrorCounter, .-nvmlDeviceGetMemoryErrorCounter
     .globl nvmlDeviceGetMemoryInfo
     .type nvmlDeviceGetMemoryInfo, @function
@@ -927,18 +843,12 @@ nvmlDeviceGetNvLinkCapability:
     .globl nvmlDeviceGetNvLinkErrorCounter
     .type nvmlDeviceGetNvLinkErrorCounter, @function
 nvmlDeviceGetNvLinkErrorCounter:
-    leaq .Lname56(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkErrorCounter@PLT
     .size nvmlDeviceGetNvLinkErrorCounter, .-nvmlDeviceGetNvLinkErrorCounter
     .globl nvmlDeviceGetNvLinkInfo
     .type nvmlDeviceGetNvLinkInfo, @function
 nvmlDeviceGetNvLinkInfo:
-    leaq .Lname57(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkInfo@PLT
     .size nvmlDeviceGetNvLinkInfo, .-nvmlDeviceGetNvLinkInfo
     .globl nvmlDeviceGetNvLinkRemoteDeviceType
     .type nvmlDeviceGetNvLinkRemoteDeviceType, @function
@@ -948,18 +858,12 @@ nvmlDeviceGetNvLinkRemoteDeviceType:
     .globl nvmlDeviceGetNvLinkRemotePciInfo
     .type nvmlDeviceGetNvLinkRemotePciInfo, @function
 nvmlDeviceGetNvLinkRemotePciInfo:
-    leaq .Lname58(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo@PLT
     .size nvmlDeviceGetNvLinkRemotePciInfo, .-nvmlDeviceGetNvLinkRemotePciInfo
     .globl nvmlDeviceGetNvLinkRemotePciInfo_v2
     .type nvmlDeviceGetNvLinkRemotePciInfo_v2, @function
 nvmlDeviceGetNvLinkRemotePciInfo_v2:
-    leaq .Lname59(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo_v2@PLT
     .size nvmlDeviceGetNvLinkRemotePciInfo_v2, .-nvmlDeviceGetNvLinkRemotePciInfo_v2
     .globl nvmlDeviceGetNvLinkState
     .type nvmlDeviceGetNvLinkState, @function
@@ -969,18 +873,12 @@ nvmlDeviceGetNvLinkState:
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
-    leaq .Lname60(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkUtilizationControl@PLT
     .size nvmlDeviceGetNvLinkUtilizationControl, .-nvmlDeviceGetNvLinkUtilizationControl
     .globl nvmlDeviceGetNvLinkUtilizationCounter
     .type nvmlDeviceGetNvLinkUtilizationCounter, @function
 nvmlDeviceGetNvLinkUtilizationCounter:
-    leaq .Lname61(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvLinkUtilizationCounter@PLT
     .size nvmlDeviceGetNvLinkUtilizationCounter, .-nvmlDeviceGetNvLinkUtilizationCounter
     .globl nvmlDeviceGetNvLinkVersion
     .type nvmlDeviceGetNvLinkVersion, @function
@@ -990,18 +888,12 @@ nvmlDeviceGetNvLinkVersion:
     .globl nvmlDeviceGetNvlinkBwMode
     .type nvmlDeviceGetNvlinkBwMode, @function
 nvmlDeviceGetNvlinkBwMode:
-    leaq .Lname62(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvlinkBwMode@PLT
     .size nvmlDeviceGetNvlinkBwMode, .-nvmlDeviceGetNvlinkBwMode
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
-    leaq .Lname63(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetNvlinkSupportedBwModes@PLT
     .size nvmlDeviceGetNvlinkSupportedBwModes, .-nvmlDeviceGetNvlinkSupportedBwModes
     .globl nvmlDeviceGetOfaUtilization
     .type nvmlDeviceGetOfaUtilization, @function
@@ -1051,26 +943,17 @@ nvmlDeviceGetPcieSpeed:
     .globl nvmlDeviceGetPcieThroughput
     .type nvmlDeviceGetPcieThroughput, @function
 nvmlDeviceGetPcieThroughput:
-    leaq .Lname64(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPcieThroughput@PLT
     .size nvmlDeviceGetPcieThroughput, .-nvmlDeviceGetPcieThroughput
     .globl nvmlDeviceGetPdi
     .type nvmlDeviceGetPdi, @function
 nvmlDeviceGetPdi:
-    leaq .Lname65(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPdi@PLT
     .size nvmlDeviceGetPdi, .-nvmlDeviceGetPdi
     .globl nvmlDeviceGetPerformanceModes
     .type nvmlDeviceGetPerformanceModes, @function
 nvmlDeviceGetPerformanceModes:
-    leaq .Lname66(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPerformanceModes@PLT
     .size nvmlDeviceGetPerformanceModes, .-nvmlDeviceGetPerformanceModes
     .globl nvmlDeviceGetPerformanceState
     .type nvmlDeviceGetPerformanceState, @function
@@ -1085,7 +968,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1093,10 +976,7 @@ nvmlDeviceGetPgpuMetadataString:
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
 nvmlDeviceGetPlatformInfo:
-    leaq .Lname68(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPlatformInfo@PLT
     .size nvmlDeviceGetPlatformInfo, .-nvmlDeviceGetPlatformInfo
     .globl nvmlDeviceGetPowerManagementDefaultLimit
     .type nvmlDeviceGetPowerManagementDefaultLimit, @function
@@ -1121,10 +1001,7 @@ nvmlDeviceGetPowerManagementMode:
     .globl nvmlDeviceGetPowerMizerMode_v1
     .type nvmlDeviceGetPowerMizerMode_v1, @function
 nvmlDeviceGetPowerMizerMode_v1:
-    leaq .Lname69(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPowerMizerMode_v1@PLT
     .size nvmlDeviceGetPowerMizerMode_v1, .-nvmlDeviceGetPowerMizerMode_v1
     .globl nvmlDeviceGetPowerMode
     .type nvmlDeviceGetPowerMode, @function
@@ -1149,7 +1026,7 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1157,7 +1034,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,15 +1047,12 @@ nvmlDeviceGetRemappedRows:
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
-    leaq .Lname72(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRepairStatus@PLT
     .size nvmlDeviceGetRepairStatus, .-nvmlDeviceGetRepairStatus
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1191,7 +1065,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1199,15 +1073,12 @@ nvmlDeviceGetRetiredPages_v2:
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
 nvmlDeviceGetRowRemapperHistogram:
-    leaq .Lname75(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRowRemapperHistogram@PLT
     .size nvmlDeviceGetRowRemapperHistogram, .-nvmlDeviceGetRowRemapperHistogram
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,7 +1086,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,15 +1099,12 @@ nvmlDeviceGetSerial:
     .globl nvmlDeviceGetSramEccErrorStatus
     .type nvmlDeviceGetSramEccErrorStatus, @function
 nvmlDeviceGetSramEccErrorStatus:
-    leaq .Lname78(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSramEccErrorStatus@PLT
     .size nvmlDeviceGetSramEccErrorStatus, .-nvmlDeviceGetSramEccErrorStatus
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1259,7 +1127,7 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1267,7 +1135,7 @@ nvmlDeviceGetSupportedGraphicsClocks:
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1275,7 +1143,7 @@ nvmlDeviceGetSupportedMemoryClocks:
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1288,7 +1156,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,18 +1179,12 @@ nvmlDeviceGetTemperatureThreshold:
     .globl nvmlDeviceGetTemperatureV
     .type nvmlDeviceGetTemperatureV, @function
 nvmlDeviceGetTemperatureV:
-    leaq .Lname84(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetTemperatureV@PLT
     .size nvmlDeviceGetTemperatureV, .-nvmlDeviceGetTemperatureV
     .globl nvmlDeviceGetThermalSettings
     .type nvmlDeviceGetThermalSettings, @function
 nvmlDeviceGetThermalSettings:
-    leaq .Lname85(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetThermalSettings@PLT
     .size nvmlDeviceGetThermalSettings, .-nvmlDeviceGetThermalSettings
     .globl nvmlDeviceGetTopologyCommonAncestor
     .type nvmlDeviceGetTopologyCommonAncestor, @function
@@ -1332,15 +1194,15 @@ nvmlDeviceGetTopologyCommonAncestor:
     .globl nvmlDeviceGetTopologyNearestGpus
     .type nvmlDeviceGetTopologyNearestGpus, @function
 nvmlDeviceGetTopologyNearestGpus:
-    jmp __chidori_nvml_nvmlDeviceGetTopologyNearestGpus@PLT
+    leaq .Lname40(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceGetTopologyNearestGpus, .-nvmlDeviceGetTopologyNearestGpus
     .globl nvmlDeviceGetTotalEccErrors
     .type nvmlDeviceGetTotalEccErrors, @function
 nvmlDeviceGetTotalEccErrors:
-    leaq .Lname86(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetTotalEccErrors@PLT
     .size nvmlDeviceGetTotalEccErrors, .-nvmlDeviceGetTotalEccErrors
     .globl nvmlDeviceGetTotalEnergyConsumption
     .type nvmlDeviceGetTotalEnergyConsumption, @function
@@ -1355,10 +1217,7 @@ nvmlDeviceGetUUID:
     .globl nvmlDeviceGetUnrepairableMemoryFlag_v1
     .type nvmlDeviceGetUnrepairableMemoryFlag_v1, @function
 nvmlDeviceGetUnrepairableMemoryFlag_v1:
-    leaq .Lname87(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetUnrepairableMemoryFlag_v1@PLT
     .size nvmlDeviceGetUnrepairableMemoryFlag_v1, .-nvmlDeviceGetUnrepairableMemoryFlag_v1
     .globl nvmlDeviceGetUtilizationRates
     .type nvmlDeviceGetUtilizationRates, @function
@@ -1378,15 +1237,12 @@ nvmlDeviceGetVgpuCapabilities:
     .globl nvmlDeviceGetVgpuHeterogeneousMode
     .type nvmlDeviceGetVgpuHeterogeneousMode, @function
 nvmlDeviceGetVgpuHeterogeneousMode:
-    leaq .Lname88(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuHeterogeneousMode@PLT
     .size nvmlDeviceGetVgpuHeterogeneousMode, .-nvmlDeviceGetVgpuHeterogeneousMode
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1250,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1402,7 +1258,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1410,7 +1266,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1418,31 +1274,22 @@ nvmlDeviceGetVgpuProcessesUtilizationInfo:
     .globl nvmlDeviceGetVgpuSchedulerCapabilities
     .type nvmlDeviceGetVgpuSchedulerCapabilities, @function
 nvmlDeviceGetVgpuSchedulerCapabilities:
-    leaq .Lname93(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerCapabilities@PLT
     .size nvmlDeviceGetVgpuSchedulerCapabilities, .-nvmlDeviceGetVgpuSchedulerCapabilities
     .globl nvmlDeviceGetVgpuSchedulerLog
     .type nvmlDeviceGetVgpuSchedulerLog, @function
 nvmlDeviceGetVgpuSchedulerLog:
-    leaq .Lname94(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog@PLT
     .size nvmlDeviceGetVgpuSchedulerLog, .-nvmlDeviceGetVgpuSchedulerLog
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
-    leaq .Lname95(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerState@PLT
     .size nvmlDeviceGetVgpuSchedulerState, .-nvmlDeviceGetVgpuSchedulerState
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1297,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1458,7 +1305,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1466,10 +1313,7 @@ nvmlDeviceGetVgpuUtilization:
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
 nvmlDeviceGetViolationStatus:
-    leaq .Lname99(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetViolationStatus@PLT
     .size nvmlDeviceGetViolationStatus, .-nvmlDeviceGetViolationStatus
     .globl nvmlDeviceGetVirtualizationMode
     .type nvmlDeviceGetVirtualizationMode, @function
@@ -1484,7 +1328,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1497,7 +1341,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1505,7 +1349,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1357,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,15 +1365,12 @@ nvmlDevicePowerSmoothingUpdatePresetProfileParam:
     .globl nvmlDeviceQueryDrainState
     .type nvmlDeviceQueryDrainState, @function
 nvmlDeviceQueryDrainState:
-    leaq .Lname104(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceQueryDrainState@PLT
     .size nvmlDeviceQueryDrainState, .-nvmlDeviceQueryDrainState
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1537,7 +1378,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,12 +1386,15 @@ nvmlDeviceReadWritePRM_v1:
     .globl nvmlDeviceRegisterEvents
     .type nvmlDeviceRegisterEvents, @function
 nvmlDeviceRegisterEvents:
-    jmp __chidori_nvml_nvmlDeviceRegisterEvents@PLT
+    leaq .Lname54(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceRegisterEvents, .-nvmlDeviceRegisterEvents
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1558,7 +1402,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1566,52 +1410,79 @@ nvmlDeviceRemoveGpu_v2:
     .globl nvmlDeviceResetApplicationsClocks
     .type nvmlDeviceResetApplicationsClocks, @function
 nvmlDeviceResetApplicationsClocks:
-    jmp __chidori_nvml_nvmlDeviceResetApplicationsClocks@PLT
+    leaq .Lname57(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetApplicationsClocks, .-nvmlDeviceResetApplicationsClocks
     .globl nvmlDeviceResetGpuLockedClocks
     .type nvmlDeviceResetGpuLockedClocks, @function
 nvmlDeviceResetGpuLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceResetGpuLockedClocks@PLT
+    leaq .Lname58(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetGpuLockedClocks, .-nvmlDeviceResetGpuLockedClocks
     .globl nvmlDeviceResetMemoryLockedClocks
     .type nvmlDeviceResetMemoryLockedClocks, @function
 nvmlDeviceResetMemoryLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceResetMemoryLockedClocks@PLT
+    leaq .Lname59(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetMemoryLockedClocks, .-nvmlDeviceResetMemoryLockedClocks
     .globl nvmlDeviceResetNvLinkErrorCounters
     .type nvmlDeviceResetNvLinkErrorCounters, @function
 nvmlDeviceResetNvLinkErrorCounters:
-    jmp __chidori_nvml_nvmlDeviceResetNvLinkErrorCounters@PLT
+    leaq .Lname60(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetNvLinkErrorCounters, .-nvmlDeviceResetNvLinkErrorCounters
     .globl nvmlDeviceResetNvLinkUtilizationCounter
     .type nvmlDeviceResetNvLinkUtilizationCounter, @function
 nvmlDeviceResetNvLinkUtilizationCounter:
-    jmp __chidori_nvml_nvmlDeviceResetNvLinkUtilizationCounter@PLT
+    leaq .Lname61(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceResetNvLinkUtilizationCounter, .-nvmlDeviceResetNvLinkUtilizationCounter
     .globl nvmlDeviceSetAPIRestriction
     .type nvmlDeviceSetAPIRestriction, @function
 nvmlDeviceSetAPIRestriction:
-    jmp __chidori_nvml_nvmlDeviceSetAPIRestriction@PLT
+    leaq .Lname62(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAPIRestriction, .-nvmlDeviceSetAPIRestriction
     .globl nvmlDeviceSetAccountingMode
     .type nvmlDeviceSetAccountingMode, @function
 nvmlDeviceSetAccountingMode:
-    jmp __chidori_nvml_nvmlDeviceSetAccountingMode@PLT
+    leaq .Lname63(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAccountingMode, .-nvmlDeviceSetAccountingMode
     .globl nvmlDeviceSetApplicationsClocks
     .type nvmlDeviceSetApplicationsClocks, @function
 nvmlDeviceSetApplicationsClocks:
-    jmp __chidori_nvml_nvmlDeviceSetApplicationsClocks@PLT
+    leaq .Lname64(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetApplicationsClocks, .-nvmlDeviceSetApplicationsClocks
     .globl nvmlDeviceSetAutoBoostedClocksEnabled
     .type nvmlDeviceSetAutoBoostedClocksEnabled, @function
 nvmlDeviceSetAutoBoostedClocksEnabled:
-    jmp __chidori_nvml_nvmlDeviceSetAutoBoostedClocksEnabled@PLT
+    leaq .Lname65(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAutoBoostedClocksEnabled, .-nvmlDeviceSetAutoBoostedClocksEnabled
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,72 +1490,111 @@ nvmlDeviceSetClockOffsets:
     .globl nvmlDeviceSetComputeMode
     .type nvmlDeviceSetComputeMode, @function
 nvmlDeviceSetComputeMode:
-    jmp __chidori_nvml_nvmlDeviceSetComputeMode@PLT
+    leaq .Lname67(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetComputeMode, .-nvmlDeviceSetComputeMode
     .globl nvmlDeviceSetConfComputeUnprotectedMemSize
     .type nvmlDeviceSetConfComputeUnprotectedMemSize, @function
 nvmlDeviceSetConfComputeUnprotectedMemSize:
-    jmp __chidori_nvml_nvmlDeviceSetConfComputeUnprotectedMemSize@PLT
+    leaq .Lname68(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetConfComputeUnprotectedMemSize, .-nvmlDeviceSetConfComputeUnprotectedMemSize
     .globl nvmlDeviceSetCpuAffinity
     .type nvmlDeviceSetCpuAffinity, @function
 nvmlDeviceSetCpuAffinity:
-    jmp __chidori_nvml_nvmlDeviceSetCpuAffinity@PLT
+    leaq .Lname69(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetCpuAffinity, .-nvmlDeviceSetCpuAffinity
     .globl nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .type nvmlDeviceSetDefaultAutoBoostedClocksEnabled, @function
 nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
-    jmp __chidori_nvml_nvmlDeviceSetDefaultAutoBoostedClocksEnabled@PLT
+    leaq .Lname70(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDefaultAutoBoostedClocksEnabled, .-nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .globl nvmlDeviceSetDefaultFanSpeed_v2
     .type nvmlDeviceSetDefaultFanSpeed_v2, @function
 nvmlDeviceSetDefaultFanSpeed_v2:
-    jmp __chidori_nvml_nvmlDeviceSetDefaultFanSpeed_v2@PLT
+    leaq .Lname71(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDefaultFanSpeed_v2, .-nvmlDeviceSetDefaultFanSpeed_v2
     .globl nvmlDeviceSetDramEncryptionMode
     .type nvmlDeviceSetDramEncryptionMode, @function
 nvmlDeviceSetDramEncryptionMode:
-    jmp __chidori_nvml_nvmlDeviceSetDramEncryptionMode@PLT
+    leaq .Lname72(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDramEncryptionMode, .-nvmlDeviceSetDramEncryptionMode
     .globl nvmlDeviceSetDriverModel
     .type nvmlDeviceSetDriverModel, @function
 nvmlDeviceSetDriverModel:
-    jmp __chidori_nvml_nvmlDeviceSetDriverModel@PLT
+    leaq .Lname73(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetDriverModel, .-nvmlDeviceSetDriverModel
     .globl nvmlDeviceSetEccMode
     .type nvmlDeviceSetEccMode, @function
 nvmlDeviceSetEccMode:
-    jmp __chidori_nvml_nvmlDeviceSetEccMode@PLT
+    leaq .Lname74(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetEccMode, .-nvmlDeviceSetEccMode
     .globl nvmlDeviceSetFanControlPolicy
     .type nvmlDeviceSetFanControlPolicy, @function
 nvmlDeviceSetFanControlPolicy:
-    jmp __chidori_nvml_nvmlDeviceSetFanControlPolicy@PLT
+    leaq .Lname75(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetFanControlPolicy, .-nvmlDeviceSetFanControlPolicy
     .globl nvmlDeviceSetFanSpeed_v2
     .type nvmlDeviceSetFanSpeed_v2, @function
 nvmlDeviceSetFanSpeed_v2:
-    jmp __chidori_nvml_nvmlDeviceSetFanSpeed_v2@PLT
+    leaq .Lname76(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetFanSpeed_v2, .-nvmlDeviceSetFanSpeed_v2
     .globl nvmlDeviceSetGpcClkVfOffset
     .type nvmlDeviceSetGpcClkVfOffset, @function
 nvmlDeviceSetGpcClkVfOffset:
-    jmp __chidori_nvml_nvmlDeviceSetGpcClkVfOffset@PLT
+    leaq .Lname77(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpcClkVfOffset, .-nvmlDeviceSetGpcClkVfOffset
     .globl nvmlDeviceSetGpuLockedClocks
     .type nvmlDeviceSetGpuLockedClocks, @function
 nvmlDeviceSetGpuLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceSetGpuLockedClocks@PLT
+    leaq .Lname78(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpuLockedClocks, .-nvmlDeviceSetGpuLockedClocks
     .globl nvmlDeviceSetGpuOperationMode
     .type nvmlDeviceSetGpuOperationMode, @function
 nvmlDeviceSetGpuOperationMode:
-    jmp __chidori_nvml_nvmlDeviceSetGpuOperationMode@PLT
+    leaq .Lname79(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetGpuOperationMode, .-nvmlDeviceSetGpuOperationMode
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,22 +1602,31 @@ nvmlDeviceSetHostname_v1:
     .globl nvmlDeviceSetMemClkVfOffset
     .type nvmlDeviceSetMemClkVfOffset, @function
 nvmlDeviceSetMemClkVfOffset:
-    jmp __chidori_nvml_nvmlDeviceSetMemClkVfOffset@PLT
+    leaq .Lname81(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMemClkVfOffset, .-nvmlDeviceSetMemClkVfOffset
     .globl nvmlDeviceSetMemoryLockedClocks
     .type nvmlDeviceSetMemoryLockedClocks, @function
 nvmlDeviceSetMemoryLockedClocks:
-    jmp __chidori_nvml_nvmlDeviceSetMemoryLockedClocks@PLT
+    leaq .Lname82(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMemoryLockedClocks, .-nvmlDeviceSetMemoryLockedClocks
     .globl nvmlDeviceSetMigMode
     .type nvmlDeviceSetMigMode, @function
 nvmlDeviceSetMigMode:
-    jmp __chidori_nvml_nvmlDeviceSetMigMode@PLT
+    leaq .Lname83(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMigMode, .-nvmlDeviceSetMigMode
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1715,7 +1634,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1723,7 +1642,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1731,17 +1650,23 @@ nvmlDeviceSetNvlinkBwMode:
     .globl nvmlDeviceSetPersistenceMode
     .type nvmlDeviceSetPersistenceMode, @function
 nvmlDeviceSetPersistenceMode:
-    jmp __chidori_nvml_nvmlDeviceSetPersistenceMode@PLT
+    leaq .Lname87(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPersistenceMode, .-nvmlDeviceSetPersistenceMode
     .globl nvmlDeviceSetPowerManagementLimit
     .type nvmlDeviceSetPowerManagementLimit, @function
 nvmlDeviceSetPowerManagementLimit:
-    jmp __chidori_nvml_nvmlDeviceSetPowerManagementLimit@PLT
+    leaq .Lname88(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPowerManagementLimit, .-nvmlDeviceSetPowerManagementLimit
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1674,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1757,12 +1682,15 @@ nvmlDeviceSetPowerMizerMode_v1:
     .globl nvmlDeviceSetPowerMode
     .type nvmlDeviceSetPowerMode, @function
 nvmlDeviceSetPowerMode:
-    jmp __chidori_nvml_nvmlDeviceSetPowerMode@PLT
+    leaq .Lname91(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetPowerMode, .-nvmlDeviceSetPowerMode
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,22 +1698,31 @@ nvmlDeviceSetRusdSettings_v1:
     .globl nvmlDeviceSetTemperatureThreshold
     .type nvmlDeviceSetTemperatureThreshold, @function
 nvmlDeviceSetTemperatureThreshold:
-    jmp __chidori_nvml_nvmlDeviceSetTemperatureThreshold@PLT
+    leaq .Lname93(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetTemperatureThreshold, .-nvmlDeviceSetTemperatureThreshold
     .globl nvmlDeviceSetVgpuCapabilities
     .type nvmlDeviceSetVgpuCapabilities, @function
 nvmlDeviceSetVgpuCapabilities:
-    jmp __chidori_nvml_nvmlDeviceSetVgpuCapabilities@PLT
+    leaq .Lname94(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVgpuCapabilities, .-nvmlDeviceSetVgpuCapabilities
     .globl nvmlDeviceSetVgpuHeterogeneousMode
     .type nvmlDeviceSetVgpuHeterogeneousMode, @function
 nvmlDeviceSetVgpuHeterogeneousMode:
-    jmp __chidori_nvml_nvmlDeviceSetVgpuHeterogeneousMode@PLT
+    leaq .Lname95(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVgpuHeterogeneousMode, .-nvmlDeviceSetVgpuHeterogeneousMode
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1793,7 +1730,10 @@ nvmlDeviceSetVgpuSchedulerState:
     .globl nvmlDeviceSetVirtualizationMode
     .type nvmlDeviceSetVirtualizationMode, @function
 nvmlDeviceSetVirtualizationMode:
-    jmp __chidori_nvml_nvmlDeviceSetVirtualizationMode@PLT
+    leaq .Lname97(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVirtualizationMode, .-nvmlDeviceSetVirtualizationMode
     .globl nvmlDeviceValidateInforom
     .type nvmlDeviceValidateInforom, @function
@@ -1803,7 +1743,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1811,23 +1751,17 @@ nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .type nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, @function
 nvmlDeviceWorkloadPowerProfileGetCurrentProfiles:
-    leaq .Lname119(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetCurrentProfiles@PLT
     .size nvmlDeviceWorkloadPowerProfileGetCurrentProfiles, .-nvmlDeviceWorkloadPowerProfileGetCurrentProfiles
     .globl nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .type nvmlDeviceWorkloadPowerProfileGetProfilesInfo, @function
 nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
-    leaq .Lname120(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfilesInfo@PLT
     .size nvmlDeviceWorkloadPowerProfileGetProfilesInfo, .-nvmlDeviceWorkloadPowerProfileGetProfilesInfo
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1835,7 +1769,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1848,17 +1782,23 @@ nvmlErrorString:
     .globl nvmlEventSetCreate
     .type nvmlEventSetCreate, @function
 nvmlEventSetCreate:
-    jmp __chidori_nvml_nvmlEventSetCreate@PLT
+    leaq .Lname101(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlEventSetCreate, .-nvmlEventSetCreate
     .globl nvmlEventSetFree
     .type nvmlEventSetFree, @function
 nvmlEventSetFree:
-    jmp __chidori_nvml_nvmlEventSetFree@PLT
+    leaq .Lname102(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlEventSetFree, .-nvmlEventSetFree
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +1806,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,15 +1819,12 @@ nvmlGetExcludedDeviceCount:
     .globl nvmlGetExcludedDeviceInfoByIndex
     .type nvmlGetExcludedDeviceInfoByIndex, @function
 nvmlGetExcludedDeviceInfoByIndex:
-    leaq .Lname125(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGetExcludedDeviceInfoByIndex@PLT
     .size nvmlGetExcludedDeviceInfoByIndex, .-nvmlGetExcludedDeviceInfoByIndex
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1900,15 +1837,12 @@ nvmlGetVgpuDriverCapabilities:
     .globl nvmlGetVgpuVersion
     .type nvmlGetVgpuVersion, @function
 nvmlGetVgpuVersion:
-    leaq .Lname127(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGetVgpuVersion@PLT
     .size nvmlGetVgpuVersion, .-nvmlGetVgpuVersion
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1921,10 +1855,7 @@ nvmlGpmMigSampleGet:
     .globl nvmlGpmQueryDeviceSupport
     .type nvmlGpmQueryDeviceSupport, @function
 nvmlGpmQueryDeviceSupport:
-    leaq .Lname129(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpmQueryDeviceSupport@PLT
     .size nvmlGpmQueryDeviceSupport, .-nvmlGpmQueryDeviceSupport
     .globl nvmlGpmQueryIfStreamingEnabled
     .type nvmlGpmQueryIfStreamingEnabled, @function
@@ -1949,27 +1880,39 @@ nvmlGpmSampleGet:
     .globl nvmlGpmSetStreamingEnabled
     .type nvmlGpmSetStreamingEnabled, @function
 nvmlGpmSetStreamingEnabled:
-    jmp __chidori_nvml_nvmlGpmSetStreamingEnabled@PLT
+    leaq .Lname107(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpmSetStreamingEnabled, .-nvmlGpmSetStreamingEnabled
     .globl nvmlGpuInstanceCreateComputeInstance
     .type nvmlGpuInstanceCreateComputeInstance, @function
 nvmlGpuInstanceCreateComputeInstance:
-    jmp __chidori_nvml_nvmlGpuInstanceCreateComputeInstance@PLT
+    leaq .Lname108(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceCreateComputeInstance, .-nvmlGpuInstanceCreateComputeInstance
     .globl nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .type nvmlGpuInstanceCreateComputeInstanceWithPlacement, @function
 nvmlGpuInstanceCreateComputeInstanceWithPlacement:
-    jmp __chidori_nvml_nvmlGpuInstanceCreateComputeInstanceWithPlacement@PLT
+    leaq .Lname109(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceCreateComputeInstanceWithPlacement, .-nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .globl nvmlGpuInstanceDestroy
     .type nvmlGpuInstanceDestroy, @function
 nvmlGpuInstanceDestroy:
-    jmp __chidori_nvml_nvmlGpuInstanceDestroy@PLT
+    leaq .Lname110(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceDestroy, .-nvmlGpuInstanceDestroy
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1982,7 +1925,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1990,15 +1933,12 @@ nvmlGpuInstanceGetComputeInstancePossiblePlacements:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfo
     .type nvmlGpuInstanceGetComputeInstanceProfileInfo, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfo:
-    leaq .Lname132(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetComputeInstanceProfileInfo@PLT
     .size nvmlGpuInstanceGetComputeInstanceProfileInfo, .-nvmlGpuInstanceGetComputeInstanceProfileInfo
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2011,12 +1951,15 @@ nvmlGpuInstanceGetComputeInstanceRemainingCapacity:
     .globl nvmlGpuInstanceGetComputeInstances
     .type nvmlGpuInstanceGetComputeInstances, @function
 nvmlGpuInstanceGetComputeInstances:
-    jmp __chidori_nvml_nvmlGpuInstanceGetComputeInstances@PLT
+    leaq .Lname114(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceGetComputeInstances, .-nvmlGpuInstanceGetComputeInstances
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,39 +1967,27 @@ nvmlGpuInstanceGetCreatableVgpus:
     .globl nvmlGpuInstanceGetInfo
     .type nvmlGpuInstanceGetInfo, @function
 nvmlGpuInstanceGetInfo:
-    leaq .Lname135(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetInfo@PLT
     .size nvmlGpuInstanceGetInfo, .-nvmlGpuInstanceGetInfo
     .globl nvmlGpuInstanceGetVgpuHeterogeneousMode
     .type nvmlGpuInstanceGetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceGetVgpuHeterogeneousMode:
-    leaq .Lname136(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuHeterogeneousMode@PLT
     .size nvmlGpuInstanceGetVgpuHeterogeneousMode, .-nvmlGpuInstanceGetVgpuHeterogeneousMode
     .globl nvmlGpuInstanceGetVgpuSchedulerLog
     .type nvmlGpuInstanceGetVgpuSchedulerLog, @function
 nvmlGpuInstanceGetVgpuSchedulerLog:
-    leaq .Lname137(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerLog, .-nvmlGpuInstanceGetVgpuSchedulerLog
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
-    leaq .Lname138(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerState, .-nvmlGpuInstanceGetVgpuSchedulerState
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2064,12 +1995,15 @@ nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
     .globl nvmlGpuInstanceSetVgpuHeterogeneousMode
     .type nvmlGpuInstanceSetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceSetVgpuHeterogeneousMode:
-    jmp __chidori_nvml_nvmlGpuInstanceSetVgpuHeterogeneousMode@PLT
+    leaq .Lname117(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceSetVgpuHeterogeneousMode, .-nvmlGpuInstanceSetVgpuHeterogeneousMode
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2092,7 +2026,7 @@ nvmlInit_v2:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2105,7 +2039,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2113,7 +2047,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2121,7 +2055,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2129,10 +2063,7 @@ nvmlSystemEventSetWait:
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
-    leaq .Lname145(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeCapabilities@PLT
     .size nvmlSystemGetConfComputeCapabilities, .-nvmlSystemGetConfComputeCapabilities
     .globl nvmlSystemGetConfComputeGpusReadyState
     .type nvmlSystemGetConfComputeGpusReadyState, @function
@@ -2142,26 +2073,17 @@ nvmlSystemGetConfComputeGpusReadyState:
     .globl nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemGetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemGetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname146(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeKeyRotationThresholdInfo@PLT
     .size nvmlSystemGetConfComputeKeyRotationThresholdInfo, .-nvmlSystemGetConfComputeKeyRotationThresholdInfo
     .globl nvmlSystemGetConfComputeSettings
     .type nvmlSystemGetConfComputeSettings, @function
 nvmlSystemGetConfComputeSettings:
-    leaq .Lname147(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeSettings@PLT
     .size nvmlSystemGetConfComputeSettings, .-nvmlSystemGetConfComputeSettings
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
-    leaq .Lname148(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetConfComputeState@PLT
     .size nvmlSystemGetConfComputeState, .-nvmlSystemGetConfComputeState
     .globl nvmlSystemGetCudaDriverVersion
     .type nvmlSystemGetCudaDriverVersion, @function
@@ -2176,7 +2098,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2189,7 +2111,7 @@ nvmlSystemGetDriverVersion:
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2207,7 +2129,7 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2215,7 +2137,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2223,7 +2145,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2231,12 +2153,15 @@ nvmlSystemRegisterEvents:
     .globl nvmlSystemSetConfComputeGpusReadyState
     .type nvmlSystemSetConfComputeGpusReadyState, @function
 nvmlSystemSetConfComputeGpusReadyState:
-    jmp __chidori_nvml_nvmlSystemSetConfComputeGpusReadyState@PLT
+    leaq .Lname128(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlSystemSetConfComputeGpusReadyState, .-nvmlSystemSetConfComputeGpusReadyState
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2169,10 @@ nvmlSystemSetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemSetNvlinkBwMode
     .type nvmlSystemSetNvlinkBwMode, @function
 nvmlSystemSetNvlinkBwMode:
-    jmp __chidori_nvml_nvmlSystemSetNvlinkBwMode@PLT
+    leaq .Lname130(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlSystemSetNvlinkBwMode, .-nvmlSystemSetNvlinkBwMode
     .globl nvmlUnitGetCount
     .type nvmlUnitGetCount, @function
@@ -2254,15 +2182,15 @@ nvmlUnitGetCount:
     .globl nvmlUnitGetDevices
     .type nvmlUnitGetDevices, @function
 nvmlUnitGetDevices:
-    jmp __chidori_nvml_nvmlUnitGetDevices@PLT
+    leaq .Lname131(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlUnitGetDevices, .-nvmlUnitGetDevices
     .globl nvmlUnitGetFanSpeedInfo
     .type nvmlUnitGetFanSpeedInfo, @function
 nvmlUnitGetFanSpeedInfo:
-    leaq .Lname155(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetFanSpeedInfo@PLT
     .size nvmlUnitGetFanSpeedInfo, .-nvmlUnitGetFanSpeedInfo
     .globl nvmlUnitGetHandleByIndex
     .type nvmlUnitGetHandleByIndex, @function
@@ -2272,18 +2200,12 @@ nvmlUnitGetHandleByIndex:
     .globl nvmlUnitGetLedState
     .type nvmlUnitGetLedState, @function
 nvmlUnitGetLedState:
-    leaq .Lname156(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetLedState@PLT
     .size nvmlUnitGetLedState, .-nvmlUnitGetLedState
     .globl nvmlUnitGetPsuInfo
     .type nvmlUnitGetPsuInfo, @function
 nvmlUnitGetPsuInfo:
-    leaq .Lname157(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetPsuInfo@PLT
     .size nvmlUnitGetPsuInfo, .-nvmlUnitGetPsuInfo
     .globl nvmlUnitGetTemperature
     .type nvmlUnitGetTemperature, @function
@@ -2293,20 +2215,23 @@ nvmlUnitGetTemperature:
     .globl nvmlUnitGetUnitInfo
     .type nvmlUnitGetUnitInfo, @function
 nvmlUnitGetUnitInfo:
-    leaq .Lname158(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlUnitGetUnitInfo@PLT
     .size nvmlUnitGetUnitInfo, .-nvmlUnitGetUnitInfo
     .globl nvmlUnitSetLedState
     .type nvmlUnitSetLedState, @function
 nvmlUnitSetLedState:
-    jmp __chidori_nvml_nvmlUnitSetLedState@PLT
+    leaq .Lname132(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlUnitSetLedState, .-nvmlUnitSetLedState
     .globl nvmlVgpuInstanceClearAccountingPids
     .type nvmlVgpuInstanceClearAccountingPids, @function
 nvmlVgpuInstanceClearAccountingPids:
-    jmp __chidori_nvml_nvmlVgpuInstanceClearAccountingPids@PLT
+    leaq .Lname133(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlVgpuInstanceClearAccountingPids, .-nvmlVgpuInstanceClearAccountingPids
     .globl nvmlVgpuInstanceGetAccountingMode
     .type nvmlVgpuInstanceGetAccountingMode, @function
@@ -2316,7 +2241,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +2249,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2342,7 +2267,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,15 +2275,12 @@ nvmlVgpuInstanceGetEncoderSessions:
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
 nvmlVgpuInstanceGetEncoderStats:
-    leaq .Lname162(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetEncoderStats@PLT
     .size nvmlVgpuInstanceGetEncoderStats, .-nvmlVgpuInstanceGetEncoderStats
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,10 +2288,7 @@ nvmlVgpuInstanceGetFBCSessions:
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
 nvmlVgpuInstanceGetFBCStats:
-    leaq .Lname164(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetFBCStats@PLT
     .size nvmlVgpuInstanceGetFBCStats, .-nvmlVgpuInstanceGetFBCStats
     .globl nvmlVgpuInstanceGetFbUsage
     .type nvmlVgpuInstanceGetFbUsage, @function
@@ -2389,7 +2308,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2397,18 +2316,12 @@ nvmlVgpuInstanceGetGpuPciId:
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
 nvmlVgpuInstanceGetLicenseInfo:
-    leaq .Lname166(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo@PLT
     .size nvmlVgpuInstanceGetLicenseInfo, .-nvmlVgpuInstanceGetLicenseInfo
     .globl nvmlVgpuInstanceGetLicenseInfo_v2
     .type nvmlVgpuInstanceGetLicenseInfo_v2, @function
 nvmlVgpuInstanceGetLicenseInfo_v2:
-    leaq .Lname167(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo_v2@PLT
     .size nvmlVgpuInstanceGetLicenseInfo_v2, .-nvmlVgpuInstanceGetLicenseInfo_v2
     .globl nvmlVgpuInstanceGetLicenseStatus
     .type nvmlVgpuInstanceGetLicenseStatus, @function
@@ -2418,15 +2331,12 @@ nvmlVgpuInstanceGetLicenseStatus:
     .globl nvmlVgpuInstanceGetMdevUUID
     .type nvmlVgpuInstanceGetMdevUUID, @function
 nvmlVgpuInstanceGetMdevUUID:
-    leaq .Lname168(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetMdevUUID@PLT
     .size nvmlVgpuInstanceGetMdevUUID, .-nvmlVgpuInstanceGetMdevUUID
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2434,18 +2344,12 @@ nvmlVgpuInstanceGetMetadata:
     .globl nvmlVgpuInstanceGetPlacementId
     .type nvmlVgpuInstanceGetPlacementId, @function
 nvmlVgpuInstanceGetPlacementId:
-    leaq .Lname170(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetPlacementId@PLT
     .size nvmlVgpuInstanceGetPlacementId, .-nvmlVgpuInstanceGetPlacementId
     .globl nvmlVgpuInstanceGetRuntimeStateSize
     .type nvmlVgpuInstanceGetRuntimeStateSize, @function
 nvmlVgpuInstanceGetRuntimeStateSize:
-    leaq .Lname171(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetRuntimeStateSize@PLT
     .size nvmlVgpuInstanceGetRuntimeStateSize, .-nvmlVgpuInstanceGetRuntimeStateSize
     .globl nvmlVgpuInstanceGetType
     .type nvmlVgpuInstanceGetType, @function
@@ -2455,39 +2359,30 @@ nvmlVgpuInstanceGetType:
     .globl nvmlVgpuInstanceGetUUID
     .type nvmlVgpuInstanceGetUUID, @function
 nvmlVgpuInstanceGetUUID:
-    leaq .Lname172(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetUUID@PLT
     .size nvmlVgpuInstanceGetUUID, .-nvmlVgpuInstanceGetUUID
     .globl nvmlVgpuInstanceGetVmDriverVersion
     .type nvmlVgpuInstanceGetVmDriverVersion, @function
 nvmlVgpuInstanceGetVmDriverVersion:
-    leaq .Lname173(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetVmDriverVersion@PLT
     .size nvmlVgpuInstanceGetVmDriverVersion, .-nvmlVgpuInstanceGetVmDriverVersion
     .globl nvmlVgpuInstanceGetVmID
     .type nvmlVgpuInstanceGetVmID, @function
 nvmlVgpuInstanceGetVmID:
-    leaq .Lname174(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetVmID@PLT
     .size nvmlVgpuInstanceGetVmID, .-nvmlVgpuInstanceGetVmID
     .globl nvmlVgpuInstanceSetEncoderCapacity
     .type nvmlVgpuInstanceSetEncoderCapacity, @function
 nvmlVgpuInstanceSetEncoderCapacity:
-    jmp __chidori_nvml_nvmlVgpuInstanceSetEncoderCapacity@PLT
+    leaq .Lname140(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvmlVgpuInstanceSetEncoderCapacity, .-nvmlVgpuInstanceSetEncoderCapacity
     .globl nvmlVgpuTypeGetBAR1Info
     .type nvmlVgpuTypeGetBAR1Info, @function
 nvmlVgpuTypeGetBAR1Info:
-    leaq .Lname175(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetBAR1Info@PLT
     .size nvmlVgpuTypeGetBAR1Info, .-nvmlVgpuTypeGetBAR1Info
     .globl nvmlVgpuTypeGetCapabilities
     .type nvmlVgpuTypeGetCapabilities, @function
@@ -2497,7 +2392,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,10 +2430,7 @@ nvmlVgpuTypeGetGspHeapSize:
     .globl nvmlVgpuTypeGetLicense
     .type nvmlVgpuTypeGetLicense, @function
 nvmlVgpuTypeGetLicense:
-    leaq .Lname177(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetLicense@PLT
     .size nvmlVgpuTypeGetLicense, .-nvmlVgpuTypeGetLicense
     .globl nvmlVgpuTypeGetMaxInstances
     .type nvmlVgpuTypeGetMaxInstances, @function
@@ -2548,10 +2440,7 @@ nvmlVgpuTypeGetMaxInstances:
     .globl nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .type nvmlVgpuTypeGetMaxInstancesPerGpuInstance, @function
 nvmlVgpuTypeGetMaxInstancesPerGpuInstance:
-    leaq .Lname178(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerGpuInstance@PLT
     .size nvmlVgpuTypeGetMaxInstancesPerGpuInstance, .-nvmlVgpuTypeGetMaxInstancesPerGpuInstance
     .globl nvmlVgpuTypeGetMaxInstancesPerVm
     .type nvmlVgpuTypeGetMaxInstancesPerVm, @function
@@ -2561,7 +2450,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2578,363 +2467,289 @@ nvmlVgpuTypeGetResolution:
     .size nvmlVgpuTypeGetResolution, .-nvmlVgpuTypeGetResolution
     .section .rodata
 .Lname0:
-    .asciz "nvmlComputeInstanceGetInfo"
+    .asciz "nvmlComputeInstanceDestroy"
 .Lname1:
-    .asciz "nvmlComputeInstanceGetInfo_v2"
+    .asciz "nvmlDeviceCcuSetStreamState"
 .Lname2:
-    .asciz "nvmlDeviceClearFieldValues"
+    .asciz "nvmlDeviceClearAccountingPids"
 .Lname3:
-    .asciz "nvmlDeviceDiscoverGpus"
+    .asciz "nvmlDeviceClearCpuAffinity"
 .Lname4:
-    .asciz "nvmlDeviceGetAccountingPids"
+    .asciz "nvmlDeviceClearEccErrorCounts"
 .Lname5:
-    .asciz "nvmlDeviceGetAccountingStats"
+    .asciz "nvmlDeviceClearFieldValues"
 .Lname6:
-    .asciz "nvmlDeviceGetActiveVgpus"
+    .asciz "nvmlDeviceCreateGpuInstance"
 .Lname7:
-    .asciz "nvmlDeviceGetAddressingMode"
+    .asciz "nvmlDeviceCreateGpuInstanceWithPlacement"
 .Lname8:
-    .asciz "nvmlDeviceGetAttributes"
+    .asciz "nvmlDeviceDiscoverGpus"
 .Lname9:
-    .asciz "nvmlDeviceGetAttributes_v2"
+    .asciz "nvmlDeviceFreezeNvLinkUtilizationCounter"
 .Lname10:
-    .asciz "nvmlDeviceGetBridgeChipInfo"
+    .asciz "nvmlDeviceGetAccountingPids"
 .Lname11:
-    .asciz "nvmlDeviceGetC2cModeInfoV"
+    .asciz "nvmlDeviceGetAccountingStats"
 .Lname12:
-    .asciz "nvmlDeviceGetCapabilities"
+    .asciz "nvmlDeviceGetActiveVgpus"
 .Lname13:
-    .asciz "nvmlDeviceGetClkMonStatus"
-.Lname14:
-    .asciz "nvmlDeviceGetClockOffsets"
-.Lname15:
     .asciz "nvmlDeviceGetComputeRunningProcesses"
-.Lname16:
+.Lname14:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
-.Lname17:
+.Lname15:
     .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
-.Lname18:
-    .asciz "nvmlDeviceGetConfComputeGpuAttestationReport"
-.Lname19:
-    .asciz "nvmlDeviceGetConfComputeGpuCertificate"
-.Lname20:
-    .asciz "nvmlDeviceGetConfComputeMemSizeInfo"
-.Lname21:
-    .asciz "nvmlDeviceGetConfComputeProtectedMemoryUsage"
-.Lname22:
-    .asciz "nvmlDeviceGetCoolerInfo"
-.Lname23:
-    .asciz "nvmlDeviceGetCpuAffinity"
-.Lname24:
-    .asciz "nvmlDeviceGetCpuAffinityWithinScope"
-.Lname25:
+.Lname16:
     .asciz "nvmlDeviceGetCreatableVgpus"
-.Lname26:
-    .asciz "nvmlDeviceGetCurrentClockFreqs"
-.Lname27:
-    .asciz "nvmlDeviceGetDetailedEccErrors"
-.Lname28:
-    .asciz "nvmlDeviceGetDramEncryptionMode"
-.Lname29:
-    .asciz "nvmlDeviceGetDynamicPstatesInfo"
-.Lname30:
+.Lname17:
     .asciz "nvmlDeviceGetEncoderSessions"
-.Lname31:
-    .asciz "nvmlDeviceGetEncoderStats"
-.Lname32:
+.Lname18:
     .asciz "nvmlDeviceGetFBCSessions"
-.Lname33:
-    .asciz "nvmlDeviceGetFBCStats"
-.Lname34:
-    .asciz "nvmlDeviceGetFanSpeedRPM"
-.Lname35:
+.Lname19:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
-.Lname36:
+.Lname20:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
-.Lname37:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfo"
-.Lname38:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoByIdV"
-.Lname39:
-    .asciz "nvmlDeviceGetGpuInstanceProfileInfoV"
-.Lname40:
+.Lname21:
+    .asciz "nvmlDeviceGetGpuInstances"
+.Lname22:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses"
-.Lname41:
+.Lname23:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
-.Lname42:
+.Lname24:
     .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
-.Lname43:
-    .asciz "nvmlDeviceGetGridLicensableFeatures"
-.Lname44:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v2"
-.Lname45:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v3"
-.Lname46:
-    .asciz "nvmlDeviceGetGridLicensableFeatures_v4"
-.Lname47:
-    .asciz "nvmlDeviceGetGspFirmwareVersion"
-.Lname48:
-    .asciz "nvmlDeviceGetHostname_v1"
-.Lname49:
-    .asciz "nvmlDeviceGetInforomVersion"
-.Lname50:
+.Lname25:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
-.Lname51:
+.Lname26:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
-.Lname52:
+.Lname27:
     .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
-.Lname53:
-    .asciz "nvmlDeviceGetMarginTemperature"
-.Lname54:
-    .asciz "nvmlDeviceGetMemoryAffinity"
-.Lname55:
-    .asciz "nvmlDeviceGetMemoryErrorCounter"
-.Lname56:
-    .asciz "nvmlDeviceGetNvLinkErrorCounter"
-.Lname57:
-    .asciz "nvmlDeviceGetNvLinkInfo"
-.Lname58:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo"
-.Lname59:
-    .asciz "nvmlDeviceGetNvLinkRemotePciInfo_v2"
-.Lname60:
-    .asciz "nvmlDeviceGetNvLinkUtilizationControl"
-.Lname61:
-    .asciz "nvmlDeviceGetNvLinkUtilizationCounter"
-.Lname62:
-    .asciz "nvmlDeviceGetNvlinkBwMode"
-.Lname63:
-    .asciz "nvmlDeviceGetNvlinkSupportedBwModes"
-.Lname64:
-    .asciz "nvmlDeviceGetPcieThroughput"
-.Lname65:
-    .asciz "nvmlDeviceGetPdi"
-.Lname66:
-    .asciz "nvmlDeviceGetPerformanceModes"
-.Lname67:
+.Lname28:
     .asciz "nvmlDeviceGetPgpuMetadataString"
-.Lname68:
-    .asciz "nvmlDeviceGetPlatformInfo"
-.Lname69:
-    .asciz "nvmlDeviceGetPowerMizerMode_v1"
-.Lname70:
+.Lname29:
     .asciz "nvmlDeviceGetProcessUtilization"
-.Lname71:
+.Lname30:
     .asciz "nvmlDeviceGetProcessesUtilizationInfo"
-.Lname72:
-    .asciz "nvmlDeviceGetRepairStatus"
-.Lname73:
+.Lname31:
     .asciz "nvmlDeviceGetRetiredPages"
-.Lname74:
+.Lname32:
     .asciz "nvmlDeviceGetRetiredPages_v2"
-.Lname75:
-    .asciz "nvmlDeviceGetRowRemapperHistogram"
-.Lname76:
+.Lname33:
     .asciz "nvmlDeviceGetRunningProcessDetailList"
-.Lname77:
+.Lname34:
     .asciz "nvmlDeviceGetSamples"
-.Lname78:
-    .asciz "nvmlDeviceGetSramEccErrorStatus"
-.Lname79:
+.Lname35:
     .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
-.Lname80:
+.Lname36:
     .asciz "nvmlDeviceGetSupportedGraphicsClocks"
-.Lname81:
+.Lname37:
     .asciz "nvmlDeviceGetSupportedMemoryClocks"
-.Lname82:
+.Lname38:
     .asciz "nvmlDeviceGetSupportedPerformanceStates"
-.Lname83:
+.Lname39:
     .asciz "nvmlDeviceGetSupportedVgpus"
-.Lname84:
-    .asciz "nvmlDeviceGetTemperatureV"
-.Lname85:
-    .asciz "nvmlDeviceGetThermalSettings"
-.Lname86:
-    .asciz "nvmlDeviceGetTotalEccErrors"
-.Lname87:
-    .asciz "nvmlDeviceGetUnrepairableMemoryFlag_v1"
-.Lname88:
-    .asciz "nvmlDeviceGetVgpuHeterogeneousMode"
-.Lname89:
+.Lname40:
+    .asciz "nvmlDeviceGetTopologyNearestGpus"
+.Lname41:
     .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
-.Lname90:
+.Lname42:
     .asciz "nvmlDeviceGetVgpuMetadata"
-.Lname91:
+.Lname43:
     .asciz "nvmlDeviceGetVgpuProcessUtilization"
-.Lname92:
+.Lname44:
     .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
-.Lname93:
-    .asciz "nvmlDeviceGetVgpuSchedulerCapabilities"
-.Lname94:
-    .asciz "nvmlDeviceGetVgpuSchedulerLog"
-.Lname95:
-    .asciz "nvmlDeviceGetVgpuSchedulerState"
-.Lname96:
+.Lname45:
     .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
-.Lname97:
+.Lname46:
     .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
-.Lname98:
+.Lname47:
     .asciz "nvmlDeviceGetVgpuUtilization"
-.Lname99:
-    .asciz "nvmlDeviceGetViolationStatus"
-.Lname100:
+.Lname48:
     .asciz "nvmlDeviceModifyDrainState"
-.Lname101:
+.Lname49:
     .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
-.Lname102:
+.Lname50:
     .asciz "nvmlDevicePowerSmoothingSetState"
-.Lname103:
+.Lname51:
     .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
-.Lname104:
-    .asciz "nvmlDeviceQueryDrainState"
-.Lname105:
+.Lname52:
     .asciz "nvmlDeviceReadPRMCounters_v1"
-.Lname106:
+.Lname53:
     .asciz "nvmlDeviceReadWritePRM_v1"
-.Lname107:
+.Lname54:
+    .asciz "nvmlDeviceRegisterEvents"
+.Lname55:
     .asciz "nvmlDeviceRemoveGpu"
-.Lname108:
+.Lname56:
     .asciz "nvmlDeviceRemoveGpu_v2"
-.Lname109:
+.Lname57:
+    .asciz "nvmlDeviceResetApplicationsClocks"
+.Lname58:
+    .asciz "nvmlDeviceResetGpuLockedClocks"
+.Lname59:
+    .asciz "nvmlDeviceResetMemoryLockedClocks"
+.Lname60:
+    .asciz "nvmlDeviceResetNvLinkErrorCounters"
+.Lname61:
+    .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
+.Lname62:
+    .asciz "nvmlDeviceSetAPIRestriction"
+.Lname63:
+    .asciz "nvmlDeviceSetAccountingMode"
+.Lname64:
+    .asciz "nvmlDeviceSetApplicationsClocks"
+.Lname65:
+    .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
+.Lname66:
     .asciz "nvmlDeviceSetClockOffsets"
-.Lname110:
+.Lname67:
+    .asciz "nvmlDeviceSetComputeMode"
+.Lname68:
+    .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
+.Lname69:
+    .asciz "nvmlDeviceSetCpuAffinity"
+.Lname70:
+    .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
+.Lname71:
+    .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
+.Lname72:
+    .asciz "nvmlDeviceSetDramEncryptionMode"
+.Lname73:
+    .asciz "nvmlDeviceSetDriverModel"
+.Lname74:
+    .asciz "nvmlDeviceSetEccMode"
+.Lname75:
+    .asciz "nvmlDeviceSetFanControlPolicy"
+.Lname76:
+    .asciz "nvmlDeviceSetFanSpeed_v2"
+.Lname77:
+    .asciz "nvmlDeviceSetGpcClkVfOffset"
+.Lname78:
+    .asciz "nvmlDeviceSetGpuLockedClocks"
+.Lname79:
+    .asciz "nvmlDeviceSetGpuOperationMode"
+.Lname80:
     .asciz "nvmlDeviceSetHostname_v1"
-.Lname111:
+.Lname81:
+    .asciz "nvmlDeviceSetMemClkVfOffset"
+.Lname82:
+    .asciz "nvmlDeviceSetMemoryLockedClocks"
+.Lname83:
+    .asciz "nvmlDeviceSetMigMode"
+.Lname84:
     .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
-.Lname112:
+.Lname85:
     .asciz "nvmlDeviceSetNvLinkUtilizationControl"
-.Lname113:
+.Lname86:
     .asciz "nvmlDeviceSetNvlinkBwMode"
-.Lname114:
+.Lname87:
+    .asciz "nvmlDeviceSetPersistenceMode"
+.Lname88:
+    .asciz "nvmlDeviceSetPowerManagementLimit"
+.Lname89:
     .asciz "nvmlDeviceSetPowerManagementLimit_v2"
-.Lname115:
+.Lname90:
     .asciz "nvmlDeviceSetPowerMizerMode_v1"
-.Lname116:
+.Lname91:
+    .asciz "nvmlDeviceSetPowerMode"
+.Lname92:
     .asciz "nvmlDeviceSetRusdSettings_v1"
-.Lname117:
+.Lname93:
+    .asciz "nvmlDeviceSetTemperatureThreshold"
+.Lname94:
+    .asciz "nvmlDeviceSetVgpuCapabilities"
+.Lname95:
+    .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
+.Lname96:
     .asciz "nvmlDeviceSetVgpuSchedulerState"
-.Lname118:
+.Lname97:
+    .asciz "nvmlDeviceSetVirtualizationMode"
+.Lname98:
     .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
-.Lname119:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetCurrentProfiles"
-.Lname120:
-    .asciz "nvmlDeviceWorkloadPowerProfileGetProfilesInfo"
-.Lname121:
+.Lname99:
     .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
-.Lname122:
+.Lname100:
     .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
-.Lname123:
+.Lname101:
+    .asciz "nvmlEventSetCreate"
+.Lname102:
+    .asciz "nvmlEventSetFree"
+.Lname103:
     .asciz "nvmlEventSetWait"
-.Lname124:
+.Lname104:
     .asciz "nvmlEventSetWait_v2"
-.Lname125:
-    .asciz "nvmlGetExcludedDeviceInfoByIndex"
-.Lname126:
+.Lname105:
     .asciz "nvmlGetVgpuCompatibility"
-.Lname127:
-    .asciz "nvmlGetVgpuVersion"
-.Lname128:
+.Lname106:
     .asciz "nvmlGpmMetricsGet"
-.Lname129:
-    .asciz "nvmlGpmQueryDeviceSupport"
-.Lname130:
+.Lname107:
+    .asciz "nvmlGpmSetStreamingEnabled"
+.Lname108:
+    .asciz "nvmlGpuInstanceCreateComputeInstance"
+.Lname109:
+    .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
+.Lname110:
+    .asciz "nvmlGpuInstanceDestroy"
+.Lname111:
     .asciz "nvmlGpuInstanceGetActiveVgpus"
-.Lname131:
+.Lname112:
     .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
-.Lname132:
-    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfo"
-.Lname133:
+.Lname113:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
-.Lname134:
+.Lname114:
+    .asciz "nvmlGpuInstanceGetComputeInstances"
+.Lname115:
     .asciz "nvmlGpuInstanceGetCreatableVgpus"
-.Lname135:
-    .asciz "nvmlGpuInstanceGetInfo"
-.Lname136:
-    .asciz "nvmlGpuInstanceGetVgpuHeterogeneousMode"
-.Lname137:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerLog"
-.Lname138:
-    .asciz "nvmlGpuInstanceGetVgpuSchedulerState"
-.Lname139:
+.Lname116:
     .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
-.Lname140:
+.Lname117:
+    .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
+.Lname118:
     .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
-.Lname141:
+.Lname119:
     .asciz "nvmlSetVgpuVersion"
-.Lname142:
+.Lname120:
     .asciz "nvmlSystemEventSetCreate"
-.Lname143:
+.Lname121:
     .asciz "nvmlSystemEventSetFree"
-.Lname144:
+.Lname122:
     .asciz "nvmlSystemEventSetWait"
-.Lname145:
-    .asciz "nvmlSystemGetConfComputeCapabilities"
-.Lname146:
-    .asciz "nvmlSystemGetConfComputeKeyRotationThresholdInfo"
-.Lname147:
-    .asciz "nvmlSystemGetConfComputeSettings"
-.Lname148:
-    .asciz "nvmlSystemGetConfComputeState"
-.Lname149:
+.Lname123:
     .asciz "nvmlSystemGetDriverBranch"
-.Lname150:
+.Lname124:
     .asciz "nvmlSystemGetHicVersion"
-.Lname151:
+.Lname125:
     .asciz "nvmlSystemGetProcessName"
-.Lname152:
+.Lname126:
     .asciz "nvmlSystemGetTopologyGpuSet"
-.Lname153:
+.Lname127:
     .asciz "nvmlSystemRegisterEvents"
-.Lname154:
+.Lname128:
+    .asciz "nvmlSystemSetConfComputeGpusReadyState"
+.Lname129:
     .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
-.Lname155:
-    .asciz "nvmlUnitGetFanSpeedInfo"
-.Lname156:
-    .asciz "nvmlUnitGetLedState"
-.Lname157:
-    .asciz "nvmlUnitGetPsuInfo"
-.Lname158:
-    .asciz "nvmlUnitGetUnitInfo"
-.Lname159:
+.Lname130:
+    .asciz "nvmlSystemSetNvlinkBwMode"
+.Lname131:
+    .asciz "nvmlUnitGetDevices"
+.Lname132:
+    .asciz "nvmlUnitSetLedState"
+.Lname133:
+    .asciz "nvmlVgpuInstanceClearAccountingPids"
+.Lname134:
     .asciz "nvmlVgpuInstanceGetAccountingPids"
-.Lname160:
+.Lname135:
     .asciz "nvmlVgpuInstanceGetAccountingStats"
-.Lname161:
+.Lname136:
     .asciz "nvmlVgpuInstanceGetEncoderSessions"
-.Lname162:
-    .asciz "nvmlVgpuInstanceGetEncoderStats"
-.Lname163:
+.Lname137:
     .asciz "nvmlVgpuInstanceGetFBCSessions"
-.Lname164:
-    .asciz "nvmlVgpuInstanceGetFBCStats"
-.Lname165:
+.Lname138:
     .asciz "nvmlVgpuInstanceGetGpuPciId"
-.Lname166:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo"
-.Lname167:
-    .asciz "nvmlVgpuInstanceGetLicenseInfo_v2"
-.Lname168:
-    .asciz "nvmlVgpuInstanceGetMdevUUID"
-.Lname169:
+.Lname139:
     .asciz "nvmlVgpuInstanceGetMetadata"
-.Lname170:
-    .asciz "nvmlVgpuInstanceGetPlacementId"
-.Lname171:
-    .asciz "nvmlVgpuInstanceGetRuntimeStateSize"
-.Lname172:
-    .asciz "nvmlVgpuInstanceGetUUID"
-.Lname173:
-    .asciz "nvmlVgpuInstanceGetVmDriverVersion"
-.Lname174:
-    .asciz "nvmlVgpuInstanceGetVmID"
-.Lname175:
-    .asciz "nvmlVgpuTypeGetBAR1Info"
-.Lname176:
+.Lname140:
+    .asciz "nvmlVgpuInstanceSetEncoderCapacity"
+.Lname141:
     .asciz "nvmlVgpuTypeGetClass"
-.Lname177:
-    .asciz "nvmlVgpuTypeGetLicense"
-.Lname178:
-    .asciz "nvmlVgpuTypeGetMaxInstancesPerGpuInstance"
-.Lname179:
+.Lname142:
     .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits

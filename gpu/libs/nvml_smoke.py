@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""NVML as pynvml (nvidia-ml-py) uses it: driver and NVML versions, then per GPU its name,
-UUID, PCI bus id, total memory and BAR1 size, and that utilization and used memory read.
+"""NVML as pynvml (nvidia-ml-py) and nvidia-smi use it: driver and NVML versions, then per
+GPU its name, UUID, PCI bus id, total memory and BAR1 size, and that utilization and used
+memory read; then the facts of nvidia-smi's screens that stay put on an idle GPU (thresholds,
+power limits, maximum clocks, modes, infoROM and firmware versions, CPU affinity) and that
+the readings which move (temperatures, ECC and encoder counters, PCIe throughput) answer.
 
-Prints only values that do not change from run to run (utilization and used memory are
-checked for range, not printed); run natively and through `chidori run`, the two outputs
-must be equal.
+Prints only values that do not change from run to run: what moves is printed as its type,
+a refusal as its NVML status (a GPU without ECC refuses the same way natively and remotely).
+Run natively and through `chidori run`, the two outputs must be equal.
 """
+
+import ctypes
+from typing import Any, Callable
 
 import pynvml
 
@@ -13,6 +19,80 @@ import pynvml
 def text(value: "str | bytes") -> str:
     """pynvml returns str or bytes depending on its version."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def ask(call: Callable[[], Any]) -> Any:
+    """The call's value, or `error N` with the NVML status it raised."""
+    try:
+        return call()
+    except pynvml.NVMLError as error:
+        return f"error {error.value}"
+
+
+def kind(call: Callable[[], Any]) -> str:
+    """For readings that move: the type of the value, or `error N`."""
+    value = ask(call)
+    return value if isinstance(value, str) and value.startswith("error ") else type(value).__name__
+
+
+def newer(name: str) -> "Callable[..., Any] | None":
+    """A function only newer pynvml releases have (None: this one lacks it)."""
+    return getattr(pynvml, name, None)
+
+
+def gsp_firmware(handle: Any) -> str:
+    """The GSP firmware version into a buffer of NVML_GSP_FIRMWARE_VERSION_BUF_SIZE bytes
+    (older pynvml releases take the buffer as an argument)."""
+    buffer = ctypes.create_string_buffer(64)
+    pynvml.nvmlDeviceGetGspFirmwareVersion(handle, buffer)
+    return text(buffer.value)
+
+
+def fixed_facts(handle: Any) -> None:
+    """What nvidia-smi -q shows that an idle GPU keeps from run to run."""
+    thresholds = [ask(lambda t=t: pynvml.nvmlDeviceGetTemperatureThreshold(handle, t))
+                  for t in (pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)]
+    print("  thresholds", thresholds)
+    print("  power limit", ask(lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle)),
+          "default", ask(lambda: pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
+          "range", ask(lambda: pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)),
+          "enforced", ask(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)))
+    clocks = [ask(lambda c=c: pynvml.nvmlDeviceGetMaxClockInfo(handle, c))
+              for c in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM)]
+    print("  max clocks", clocks)
+    print("  ecc mode", ask(lambda: pynvml.nvmlDeviceGetEccMode(handle)),
+          "compute mode", ask(lambda: pynvml.nvmlDeviceGetComputeMode(handle)),
+          "persistence", ask(lambda: pynvml.nvmlDeviceGetPersistenceMode(handle)))
+    inforom = [ask(lambda o=o: text(pynvml.nvmlDeviceGetInforomVersion(handle, o)))
+               for o in (pynvml.NVML_INFOROM_OEM, pynvml.NVML_INFOROM_ECC, pynvml.NVML_INFOROM_POWER)]
+    print("  inforom", inforom, "gsp firmware", ask(lambda: gsp_firmware(handle)))
+    # 16 words of 64 CPUs, 4 of 64 NUMA nodes: enough for any machine this runs on.
+    print("  cpu affinity", ask(lambda: list(pynvml.nvmlDeviceGetCpuAffinity(handle, 16))),
+          "memory affinity",
+          ask(lambda: list(pynvml.nvmlDeviceGetMemoryAffinity(handle, 4, pynvml.NVML_AFFINITY_SCOPE_NODE))))
+    print("  bridge chips", ask(lambda: pynvml.nvmlDeviceGetBridgeChipInfo(handle).bridgeCount))
+    addressing = newer("nvmlDeviceGetAddressingMode")
+    gpm = newer("nvmlGpmQueryDeviceSupport")
+    print("  addressing mode", ask(lambda: addressing(handle)) if addressing else "absent",
+          "gpm", ask(lambda: gpm(handle).isSupportedDevice) if gpm else "absent")
+
+
+def readings(handle: Any) -> None:
+    """Readings that move: only that they answer, and with what type."""
+    print("  temperature", kind(lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+          "power", kind(lambda: pynvml.nvmlDeviceGetPowerUsage(handle)),
+          "pstate", kind(lambda: pynvml.nvmlDeviceGetPerformanceState(handle)))
+    temperature_v = newer("nvmlDeviceGetTemperatureV")
+    margin = newer("nvmlDeviceGetMarginTemperature")
+    gpu = pynvml.NVML_TEMPERATURE_GPU
+    print("  temperature v", kind(lambda: temperature_v(handle, gpu)) if temperature_v else "absent",
+          "margin", kind(lambda: margin(handle)) if margin else "absent")
+    print("  ecc errors", kind(lambda: pynvml.nvmlDeviceGetTotalEccErrors(
+        handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+    print("  encoder stats", kind(lambda: pynvml.nvmlDeviceGetEncoderStats(handle)),
+          "pcie tx", kind(lambda: pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)),
+          "violation",
+          kind(lambda: pynvml.nvmlDeviceGetViolationStatus(handle, pynvml.NVML_PERF_POLICY_POWER).violationTime))
 
 
 def main() -> None:
@@ -30,6 +110,8 @@ def main() -> None:
         assert 0 <= memory.used <= memory.total
         print(i, text(pynvml.nvmlDeviceGetName(handle)), text(pynvml.nvmlDeviceGetUUID(handle)),
               text(pci.busId), "memory", memory.total, "bar1", bar1.bar1Total)
+        fixed_facts(handle)
+        readings(handle)
     pynvml.nvmlShutdown()
 
 

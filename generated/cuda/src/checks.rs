@@ -343,6 +343,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "11.8",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
         "12.1",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -766,6 +804,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "12.1",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
         "12.6",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -1186,6 +1262,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.6",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
         },
     ),
     (
@@ -1617,6 +1731,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         },
     ),
     (
+        "12.8",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
         "13.0",
         "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         RecordChecks {
@@ -2042,6 +2194,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.0",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
         },
     ),
     (
@@ -2470,6 +2660,44 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.1",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 101u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 99u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
         },
     ),
 ];

@@ -105,7 +105,6 @@ pub static KINDS: &[&str] = &[
     "nvJitLink",
     "nvmlComputeInstance_st",
     "nvmlDevice_st",
-    "nvmlEventSet_st",
     "nvmlGpmSample_st",
     "nvmlGpuInstance_st",
     "nvmlUnit_st",
@@ -223,10 +222,9 @@ pub mod kind {
     pub const nvJitLink: HandleKind = 97u16;
     pub const nvmlComputeInstance_st: HandleKind = 98u16;
     pub const nvmlDevice_st: HandleKind = 99u16;
-    pub const nvmlEventSet_st: HandleKind = 100u16;
-    pub const nvmlGpmSample_st: HandleKind = 101u16;
-    pub const nvmlGpuInstance_st: HandleKind = 102u16;
-    pub const nvmlUnit_st: HandleKind = 103u16;
-    pub const pruneInfo: HandleKind = 104u16;
-    pub const syevjInfo: HandleKind = 105u16;
+    pub const nvmlGpmSample_st: HandleKind = 100u16;
+    pub const nvmlGpuInstance_st: HandleKind = 101u16;
+    pub const nvmlUnit_st: HandleKind = 102u16;
+    pub const pruneInfo: HandleKind = 103u16;
+    pub const syevjInfo: HandleKind = 104u16;
 }

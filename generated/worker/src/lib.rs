@@ -31409,10 +31409,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1691u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1692u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -31426,34 +31431,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1693u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1694u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1695u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1696u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1697u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31462,39 +31450,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1695u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1696u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1697u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1698u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1699u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1700u32 => {
+            1699u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31503,6 +31506,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1700u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31529,6 +31543,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1703u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1704u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31536,18 +31564,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1704u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31563,16 +31579,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1706u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
                     )) as u64
                 }
             }
@@ -31599,14 +31613,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1709u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
                     )) as u64
                 }
             }
@@ -31633,6 +31646,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1712u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1713u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31645,7 +31669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1713u32 => {
+            1714u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31654,17 +31678,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1714u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31680,16 +31693,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1716u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31738,20 +31748,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1721u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1722u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1723u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31763,36 +31781,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1723u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1724u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                     )) as u64
                 }
             }
             1725u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31808,56 +31820,46 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1727u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1728u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1729u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1730u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1728u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1729u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1730u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31876,29 +31878,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1732u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1733u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1734u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -31909,31 +31900,53 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1735u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+            1734u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1736u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
+            1735u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1736u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1737u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1738u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -31947,52 +31960,35 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1738u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1739u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1740u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1741u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1742u32 => {
+            1740u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1741u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32000,6 +31996,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1742u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32018,20 +32028,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1744u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1745u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1746u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32042,48 +32066,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1746u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1747u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1748u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1749u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1750u32 => {
@@ -32098,35 +32112,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1751u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1752u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1753u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32164,29 +32183,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1757u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1758u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1759u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32197,30 +32205,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1760u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+            1759u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1760u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1761u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -32238,18 +32254,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1763u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1764u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32257,6 +32261,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1764u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32283,16 +32301,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1767u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32308,13 +32323,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1769u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32330,6 +32348,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1771u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1772u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1773u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32340,61 +32374,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1772u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+            1774u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1773u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1774u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1775u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32432,14 +32430,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1779u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
                     )) as u64
                 }
             }
@@ -32466,6 +32463,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1782u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1783u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            1784u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32476,44 +32498,46 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1783u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1784u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1785u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1786u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1787u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1788u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32525,44 +32549,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1787u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1788u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1789u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32600,13 +32595,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1793u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32622,13 +32620,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1795u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                     )) as u64
                 }
             }
@@ -32644,13 +32644,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1797u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32677,6 +32684,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1800u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1801u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32690,36 +32709,35 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1801u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1802u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1803u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32746,24 +32764,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1806u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1807u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32774,7 +32774,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1808u32 => {
+            1807u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32783,6 +32783,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1808u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32809,36 +32820,39 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1811u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1812u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1813u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1812u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1813u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32867,82 +32881,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1816u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1817u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1818u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1819u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1820u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1821u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1822u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32954,29 +32892,84 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1817u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1818u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1819u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1820u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1821u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1822u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1823u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1824u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1825u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32990,136 +32983,200 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1826u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> u32 = unsafe {
+            1824u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1825u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u64,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1826u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1827u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1828u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1829u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1830u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1831u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1828u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1829u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1830u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1831u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1832u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1833u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1834u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1834u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1835u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1836u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1837u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1838u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1839u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1836u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1837u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1838u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1839u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1840u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1841u32 => {
@@ -33134,297 +33191,179 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1842u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1843u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1844u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1844u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1845u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1846u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1847u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1848u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1849u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            1850u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1851u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1852u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1853u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1854u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1855u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1856u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1857u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1858u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1859u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1860u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1861u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1862u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1863u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1864u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1865u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1866u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1867u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1868u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1869u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1870u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1871u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1872u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+            1848u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
-            1873u32 => {
+            1849u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1850u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1851u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1852u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1853u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1854u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1855u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1856u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1857u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33433,6 +33372,193 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1858u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1859u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1860u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1861u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1862u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1863u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1864u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1865u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1866u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1867u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1868u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1869u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1870u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1871u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1872u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1873u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -33449,18 +33575,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1875u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -33476,64 +33597,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1877u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1878u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1879u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1880u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1881u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1882u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1883u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1884u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1885u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1886u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -33547,7 +33610,52 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1887u32 => {
+            1878u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1879u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1880u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1881u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1882u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1883u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33555,7 +33663,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1888u32 => {
+            1884u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1885u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1886u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33567,7 +33694,175 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1887u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1888u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1889u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1890u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1891u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1892u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1893u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1894u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1895u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1896u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1897u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1898u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1899u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1900u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1901u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1902u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1903u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1904u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1905u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1906u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33575,13 +33870,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1890u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+            1907u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as u32)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
-            1891u32 => {
+            1908u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1909u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1910u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1911u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33589,7 +33909,52 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1892u32 => {
+            1912u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1913u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1914u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1915u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1916u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33597,7 +33962,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1893u32 => {
+            1917u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33605,7 +33970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1894u32 => {
+            1918u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33613,7 +33978,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1895u32 => {
+            1919u32 => {
+                let f: unsafe extern "C" fn(
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1920u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33621,7 +34002,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1896u32 => {
+            1921u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33629,7 +34010,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1897u32 => {
+            1922u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33637,7 +34018,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1898u32 => {
+            1923u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33645,13 +34026,112 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1899u32 => {
-                let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
+            1924u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
             }
-            1900u32 => {
+            1925u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1926u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1927u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1928u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1929u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1930u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1931u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1932u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1933u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1934u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1935u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33663,7 +34143,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1901u32 => {
+            1936u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33675,7 +34155,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1902u32 => {
+            1937u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33683,7 +34163,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1903u32 => {
+            1938u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33691,7 +34171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1904u32 => {
+            1939u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33699,7 +34179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1905u32 => {
+            1940u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33707,7 +34187,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1906u32 => {
+            1941u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33715,7 +34195,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1907u32 => {
+            1942u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1943u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33727,7 +34219,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1908u32 => {
+            1944u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1945u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33735,7 +34233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1909u32 => {
+            1946u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33743,7 +34241,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1910u32 => {
+            1947u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33756,7 +34254,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1911u32 => {
+            1948u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -33776,19 +34274,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1912u32 => {
+            1949u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1913u32 => {
+            1950u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1914u32 => {
+            1951u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33801,7 +34299,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1915u32 => {
+            1952u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33814,7 +34312,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1916u32 => {
+            1953u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33828,7 +34326,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1917u32 => {
+            1954u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -33858,7 +34356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1918u32 => {
+            1955u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33871,7 +34369,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1919u32 => {
+            1956u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33883,7 +34381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1920u32 => {
+            1957u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33895,7 +34393,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1921u32 => {
+            1958u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33907,7 +34405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1922u32 => {
+            1959u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33919,7 +34417,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1923u32 => {
+            1960u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33932,7 +34430,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1924u32 => {
+            1961u32 => {
                 let f: unsafe extern "C" fn(i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33944,7 +34442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1925u32 => {
+            1962u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33952,7 +34450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1926u32 => {
+            1963u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33960,7 +34458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1927u32 => {
+            1964u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33974,7 +34472,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1928u32 => {
+            1965u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33988,7 +34486,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1929u32 => {
+            1966u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34008,7 +34506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1930u32 => {
+            1967u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34040,7 +34538,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1931u32 => {
+            1968u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34072,13 +34570,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1932u32 => {
+            1969u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1933u32 => {
+            1970u32 => {
                 let f: unsafe extern "C" fn(i32, i32, u32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34092,7 +34590,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1934u32 => {
+            1971u32 => {
                 let f: unsafe extern "C" fn(i32, i32, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34106,7 +34604,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1935u32 => {
+            1972u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34126,7 +34624,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1936u32 => {
+            1973u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34158,7 +34656,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1937u32 => {
+            1974u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34190,7 +34688,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1938u32 => {
+            1975u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, u32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34203,7 +34701,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1939u32 => {
+            1976u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34216,7 +34714,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1940u32 => {
+            1977u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34230,7 +34728,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1941u32 => {
+            1978u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -34260,19 +34758,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1942u32 => {
+            1979u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1943u32 => {
+            1980u32 => {
                 let f: unsafe extern "C" fn(i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as i32)) as u64 }
             }
-            1944u32 => {
+            1981u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34280,7 +34778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as i64)) as u64
                 }
             }
-            1945u32 => {
+            1982u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34288,7 +34786,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1946u32 => {
+            1983u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34296,13 +34794,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1947u32 => {
+            1984u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1948u32 => {
+            1985u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34315,7 +34813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1949u32 => {
+            1986u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34351,7 +34849,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1950u32 => {
+            1987u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34387,7 +34885,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1951u32 => {
+            1988u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34399,7 +34897,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1952u32 => {
+            1989u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34412,7 +34910,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1953u32 => {
+            1990u32 => {
                 let f: unsafe extern "C" fn(i32, u32, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34420,7 +34918,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as usize)) as u64
                 }
             }
-            1954u32 => {
+            1991u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -34444,7 +34942,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1955u32 => {
+            1992u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -34464,7 +34962,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1956u32 => {
+            1993u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34472,7 +34970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1957u32 => {
+            1994u32 => {
                 let f: unsafe extern "C" fn(i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34484,7 +34982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1958u32 => {
+            1995u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34492,7 +34990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1959u32 => {
+            1996u32 => {
                 let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34501,19 +34999,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1960u32 => {
+            1997u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1961u32 => {
+            1998u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1962u32 => {
+            1999u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34525,7 +35023,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1963u32 => {
+            2000u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34543,7 +35041,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1964u32 => {
+            2001u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34563,7 +35061,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1965u32 => {
+            2002u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34581,7 +35079,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1966u32 => {
+            2003u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34599,7 +35097,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1967u32 => {
+            2004u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34611,7 +35109,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1968u32 => {
+            2005u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34629,7 +35127,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1969u32 => {
+            2006u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34647,7 +35145,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1970u32 => {
+            2007u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34663,7 +35161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1971u32 => {
+            2008u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34681,13 +35179,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1972u32 => {
+            2009u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1973u32 => {
+            2010u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34699,7 +35197,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1974u32 => {
+            2011u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34711,7 +35209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1975u32 => {
+            2012u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34719,13 +35217,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1976u32 => {
+            2013u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1977u32 => {
+            2014u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34733,7 +35231,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1978u32 => {
+            2015u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34741,7 +35239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1979u32 => {
+            2016u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34749,7 +35247,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1980u32 => {
+            2017u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34757,7 +35255,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1981u32 => {
+            2018u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34768,7 +35266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1982u32 => {
+            2019u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34786,7 +35284,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1983u32 => {
+            2020u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34814,7 +35312,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1984u32 => {
+            2021u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34828,7 +35326,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1985u32 => {
+            2022u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -34850,7 +35348,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1986u32 => {
+            2023u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34884,7 +35382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1987u32 => {
+            2024u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34916,7 +35414,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1988u32 => {
+            2025u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34948,7 +35446,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1989u32 => {
+            2026u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34978,7 +35476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1990u32 => {
+            2027u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35008,7 +35506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1991u32 => {
+            2028u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35040,7 +35538,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1992u32 => {
+            2029u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35072,7 +35570,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1993u32 => {
+            2030u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35102,7 +35600,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1994u32 => {
+            2031u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35132,7 +35630,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1995u32 => {
+            2032u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35150,7 +35648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1996u32 => {
+            2033u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35196,7 +35694,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1997u32 => {
+            2034u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35234,7 +35732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1998u32 => {
+            2035u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35272,7 +35770,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1999u32 => {
+            2036u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35308,7 +35806,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2000u32 => {
+            2037u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35344,7 +35842,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2001u32 => {
+            2038u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35392,7 +35890,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2002u32 => {
+            2039u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35426,7 +35924,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2003u32 => {
+            2040u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35458,7 +35956,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2004u32 => {
+            2041u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35490,7 +35988,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2005u32 => {
+            2042u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35530,7 +36028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2006u32 => {
+            2043u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35574,7 +36072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2007u32 => {
+            2044u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35600,7 +36098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2008u32 => {
+            2045u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35634,7 +36132,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2009u32 => {
+            2046u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35668,7 +36166,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2010u32 => {
+            2047u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35696,7 +36194,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2011u32 => {
+            2048u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35722,7 +36220,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2012u32 => {
+            2049u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35760,7 +36258,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2013u32 => {
+            2050u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35790,7 +36288,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2014u32 => {
+            2051u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35820,7 +36318,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2015u32 => {
+            2052u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35852,7 +36350,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2016u32 => {
+            2053u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35900,7 +36398,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2017u32 => {
+            2054u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35948,7 +36446,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2018u32 => {
+            2055u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36010,7 +36508,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2019u32 => {
+            2056u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36058,7 +36556,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2020u32 => {
+            2057u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36086,7 +36584,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2021u32 => {
+            2058u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36114,7 +36612,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2022u32 => {
+            2059u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36140,7 +36638,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2023u32 => {
+            2060u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36166,7 +36664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2024u32 => {
+            2061u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36194,7 +36692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2025u32 => {
+            2062u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36222,7 +36720,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2026u32 => {
+            2063u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36248,7 +36746,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2027u32 => {
+            2064u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36274,7 +36772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2028u32 => {
+            2065u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -36292,7 +36790,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2029u32 => {
+            2066u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36334,7 +36832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2030u32 => {
+            2067u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36376,7 +36874,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2031u32 => {
+            2068u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36418,7 +36916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2032u32 => {
+            2069u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36448,7 +36946,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2033u32 => {
+            2070u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36476,7 +36974,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2034u32 => {
+            2071u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36504,7 +37002,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2035u32 => {
+            2072u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36540,7 +37038,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2036u32 => {
+            2073u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36568,7 +37066,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2037u32 => {
+            2074u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36594,7 +37092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2038u32 => {
+            2075u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36622,7 +37120,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2039u32 => {
+            2076u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36650,7 +37148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2040u32 => {
+            2077u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36686,7 +37184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2041u32 => {
+            2078u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36724,7 +37222,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2042u32 => {
+            2079u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36752,7 +37250,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2043u32 => {
+            2080u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36780,7 +37278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2044u32 => {
+            2081u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36824,7 +37322,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2045u32 => {
+            2082u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36860,7 +37358,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2046u32 => {
+            2083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36896,7 +37394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2047u32 => {
+            2084u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36932,7 +37430,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2048u32 => {
+            2085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36968,7 +37466,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2049u32 => {
+            2086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36988,7 +37486,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2050u32 => {
+            2087u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37018,7 +37516,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2051u32 => {
+            2088u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37048,7 +37546,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2052u32 => {
+            2089u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37068,7 +37566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2053u32 => {
+            2090u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37088,7 +37586,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2054u32 => {
+            2091u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37114,7 +37612,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2055u32 => {
+            2092u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37140,7 +37638,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2056u32 => {
+            2093u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37166,7 +37664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2057u32 => {
+            2094u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37192,7 +37690,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2058u32 => {
+            2095u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37218,7 +37716,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2059u32 => {
+            2096u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37244,7 +37742,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2060u32 => {
+            2097u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37270,7 +37768,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2061u32 => {
+            2098u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37296,7 +37794,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2062u32 => {
+            2099u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37322,7 +37820,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2063u32 => {
+            2100u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37346,7 +37844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2064u32 => {
+            2101u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37374,7 +37872,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2065u32 => {
+            2102u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37402,37 +37900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2066u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2067u32 => {
+            2103u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37462,7 +37930,37 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2068u32 => {
+            2104u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2105u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37484,7 +37982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2069u32 => {
+            2106u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37495,7 +37993,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2070u32 => {
+            2107u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37511,7 +38009,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2071u32 => {
+            2108u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37522,7 +38020,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2072u32 => {
+            2109u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37533,7 +38031,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2073u32 => {
+            2110u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37557,7 +38055,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2074u32 => {
+            2111u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37568,7 +38066,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2075u32 => {
+            2112u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37596,7 +38094,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2076u32 => {
+            2113u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37624,7 +38122,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2077u32 => {
+            2114u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37650,7 +38148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2078u32 => {
+            2115u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37678,7 +38176,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2079u32 => {
+            2116u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -37694,7 +38192,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2080u32 => {
+            2117u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37706,7 +38204,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2081u32 => {
+            2118u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -37717,13 +38215,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2082u32 => {
+            2119u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2083u32 => {
+            2120u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37751,101 +38249,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2084u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as i64,
-                        a[5usize] as i64,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                        a[11usize] as u32,
-                        a[12usize] as u32,
-                        a[13usize] as u32,
-                    )) as u64
-                }
-            }
-            2085u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2086u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2087u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2088u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2089u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2090u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as i64,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                    )) as u64
-                }
-            }
-            2091u32 => {
+            2121u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37881,7 +38285,101 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2092u32 => {
+            2122u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2123u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2124u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2125u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2126u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2127u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                    )) as u64
+                }
+            }
+            2128u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                        a[12usize] as u32,
+                        a[13usize] as u32,
+                    )) as u64
+                }
+            }
+            2129u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37909,7 +38407,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2093u32 => {
+            2130u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37939,7 +38437,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2094u32 => {
+            2131u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37969,7 +38467,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2095u32 => {
+            2132u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -37991,7 +38489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2096u32 => {
+            2133u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38004,7 +38502,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2097u32 => {
+            2134u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38038,7 +38536,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2098u32 => {
+            2135u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38062,7 +38560,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2099u32 => {
+            2136u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38090,7 +38588,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2100u32 => {
+            2137u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38116,7 +38614,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2101u32 => {
+            2138u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38146,7 +38644,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2102u32 => {
+            2139u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38176,43 +38674,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2103u32 => {
+            2140u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2104u32 => {
+            2141u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2105u32 => {
+            2142u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2106u32 => {
+            2143u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2107u32 => {
+            2144u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2108u32 => {
+            2145u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2109u32 => {
+            2146u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38234,7 +38732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2110u32 => {
+            2147u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38247,7 +38745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2111u32 => {
+            2148u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38259,19 +38757,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2112u32 => {
+            2149u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2113u32 => {
+            2150u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2114u32 => {
+            2151u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38305,7 +38803,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2115u32 => {
+            2152u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -38329,7 +38827,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2116u32 => {
+            2153u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -38359,7 +38857,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2117u32 => {
+            2154u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -38375,7 +38873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2118u32 => {
+            2155u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38395,7 +38893,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2119u32 => {
+            2156u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38433,7 +38931,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2120u32 => {
+            2157u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38471,7 +38969,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2121u32 => {
+            2158u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -38501,7 +38999,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2122u32 => {
+            2159u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -38517,7 +39015,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2123u32 => {
+            2160u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38530,7 +39028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2124u32 => {
+            2161u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38580,7 +39078,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2125u32 => {
+            2162u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38630,7 +39128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2126u32 => {
+            2163u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38652,7 +39150,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2127u32 => {
+            2164u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38686,7 +39184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2128u32 => {
+            2165u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38718,7 +39216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2129u32 => {
+            2166u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38750,7 +39248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2130u32 => {
+            2167u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38780,7 +39278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2131u32 => {
+            2168u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38810,7 +39308,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2132u32 => {
+            2169u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38842,7 +39340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2133u32 => {
+            2170u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38874,7 +39372,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2134u32 => {
+            2171u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38904,7 +39402,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2135u32 => {
+            2172u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38934,7 +39432,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2136u32 => {
+            2173u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -38952,7 +39450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2137u32 => {
+            2174u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38998,7 +39496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2138u32 => {
+            2175u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39036,7 +39534,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2139u32 => {
+            2176u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39074,7 +39572,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2140u32 => {
+            2177u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39110,7 +39608,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2141u32 => {
+            2178u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39146,7 +39644,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2142u32 => {
+            2179u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39194,7 +39692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2143u32 => {
+            2180u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39228,7 +39726,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2144u32 => {
+            2181u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39260,7 +39758,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2145u32 => {
+            2182u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39292,7 +39790,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2146u32 => {
+            2183u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39332,7 +39830,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2147u32 => {
+            2184u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39376,7 +39874,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2148u32 => {
+            2185u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39402,7 +39900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2149u32 => {
+            2186u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39436,7 +39934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2150u32 => {
+            2187u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39470,7 +39968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2151u32 => {
+            2188u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39498,7 +39996,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2152u32 => {
+            2189u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39524,7 +40022,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2153u32 => {
+            2190u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39562,7 +40060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2154u32 => {
+            2191u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39592,7 +40090,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2155u32 => {
+            2192u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39622,7 +40120,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2156u32 => {
+            2193u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39654,7 +40152,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2157u32 => {
+            2194u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39702,7 +40200,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2158u32 => {
+            2195u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39750,7 +40248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2159u32 => {
+            2196u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39812,7 +40310,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2160u32 => {
+            2197u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39860,7 +40358,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2161u32 => {
+            2198u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39888,7 +40386,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2162u32 => {
+            2199u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39916,7 +40414,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2163u32 => {
+            2200u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39942,7 +40440,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2164u32 => {
+            2201u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39968,7 +40466,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2165u32 => {
+            2202u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39996,7 +40494,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2166u32 => {
+            2203u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40024,7 +40522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2167u32 => {
+            2204u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40050,7 +40548,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2168u32 => {
+            2205u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40076,7 +40574,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2169u32 => {
+            2206u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -40094,7 +40592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2170u32 => {
+            2207u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40136,7 +40634,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2171u32 => {
+            2208u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40178,7 +40676,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2172u32 => {
+            2209u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40220,7 +40718,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2173u32 => {
+            2210u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40250,7 +40748,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2174u32 => {
+            2211u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40278,7 +40776,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2175u32 => {
+            2212u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40306,7 +40804,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2176u32 => {
+            2213u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40342,7 +40840,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2177u32 => {
+            2214u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40370,7 +40868,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2178u32 => {
+            2215u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40396,7 +40894,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2179u32 => {
+            2216u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40424,7 +40922,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2180u32 => {
+            2217u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40452,7 +40950,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2181u32 => {
+            2218u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -40470,7 +40968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2182u32 => {
+            2219u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -40488,7 +40986,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2183u32 => {
+            2220u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -40506,115 +41004,115 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2184u32 => {
+            2221u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2185u32 => {
+            2222u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2186u32 => {
+            2223u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2187u32 => {
+            2224u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2188u32 => {
+            2225u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2189u32 => {
+            2226u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2190u32 => {
+            2227u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2191u32 => {
+            2228u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2192u32 => {
+            2229u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2193u32 => {
+            2230u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2194u32 => {
+            2231u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2195u32 => {
+            2232u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2196u32 => {
+            2233u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2197u32 => {
+            2234u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2198u32 => {
+            2235u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2199u32 => {
+            2236u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2200u32 => {
+            2237u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2201u32 => {
+            2238u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2202u32 => {
+            2239u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40650,7 +41148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2203u32 => {
+            2240u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40688,7 +41186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2204u32 => {
+            2241u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40716,7 +41214,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2205u32 => {
+            2242u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40744,7 +41242,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2206u32 => {
+            2243u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40788,7 +41286,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2207u32 => {
+            2244u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40824,7 +41322,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2208u32 => {
+            2245u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40860,7 +41358,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2209u32 => {
+            2246u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40896,7 +41394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2210u32 => {
+            2247u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40932,7 +41430,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2211u32 => {
+            2248u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40952,7 +41450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2212u32 => {
+            2249u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40982,7 +41480,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2213u32 => {
+            2250u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41012,7 +41510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2214u32 => {
+            2251u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41032,7 +41530,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2215u32 => {
+            2252u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41052,7 +41550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2216u32 => {
+            2253u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41078,7 +41576,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2217u32 => {
+            2254u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41104,7 +41602,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2218u32 => {
+            2255u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41130,7 +41628,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2219u32 => {
+            2256u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41156,7 +41654,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2220u32 => {
+            2257u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41182,7 +41680,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2221u32 => {
+            2258u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41208,7 +41706,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2222u32 => {
+            2259u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41234,7 +41732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2223u32 => {
+            2260u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41260,7 +41758,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2224u32 => {
+            2261u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41282,7 +41780,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2225u32 => {
+            2262u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41296,7 +41794,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2226u32 => {
+            2263u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41307,7 +41805,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2227u32 => {
+            2264u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41319,7 +41817,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2228u32 => {
+            2265u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41330,7 +41828,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2229u32 => {
+            2266u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41346,7 +41844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2230u32 => {
+            2267u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41357,7 +41855,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2231u32 => {
+            2268u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41368,7 +41866,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2232u32 => {
+            2269u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41394,7 +41892,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2233u32 => {
+            2270u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41418,7 +41916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2234u32 => {
+            2271u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41454,7 +41952,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2235u32 => {
+            2272u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41492,7 +41990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2236u32 => {
+            2273u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41530,7 +42028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2237u32 => {
+            2274u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41564,7 +42062,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2238u32 => {
+            2275u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41600,7 +42098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2239u32 => {
+            2276u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41636,7 +42134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2240u32 => {
+            2277u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41666,7 +42164,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2241u32 => {
+            2278u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41698,7 +42196,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2242u32 => {
+            2279u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41730,7 +42228,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2243u32 => {
+            2280u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41758,7 +42256,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2244u32 => {
+            2281u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41788,7 +42286,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2245u32 => {
+            2282u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41818,7 +42316,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2246u32 => {
+            2283u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41842,7 +42340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2247u32 => {
+            2284u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41862,7 +42360,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2248u32 => {
+            2285u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41876,7 +42374,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2249u32 => {
+            2286u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41887,31 +42385,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2250u32 => {
+            2287u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2251u32 => {
+            2288u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2252u32 => {
+            2289u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2253u32 => {
+            2290u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2254u32 => {
+            2291u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41922,7 +42420,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2255u32 => {
+            2292u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41930,7 +42428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2256u32 => {
+            2293u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41941,7 +42439,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2257u32 => {
+            2294u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41952,25 +42450,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2258u32 => {
+            2295u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2259u32 => {
+            2296u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2260u32 => {
+            2297u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2261u32 => {
+            2298u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41988,7 +42486,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2262u32 => {
+            2299u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42018,7 +42516,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2263u32 => {
+            2300u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42048,7 +42546,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2264u32 => {
+            2301u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42078,7 +42576,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2265u32 => {
+            2302u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42100,7 +42598,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2266u32 => {
+            2303u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42134,7 +42632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2267u32 => {
+            2304u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42166,7 +42664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2268u32 => {
+            2305u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42198,7 +42696,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2269u32 => {
+            2306u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42228,7 +42726,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2270u32 => {
+            2307u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42258,7 +42756,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2271u32 => {
+            2308u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42290,7 +42788,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2272u32 => {
+            2309u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42322,7 +42820,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2273u32 => {
+            2310u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42352,7 +42850,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2274u32 => {
+            2311u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42382,7 +42880,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2275u32 => {
+            2312u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -42400,7 +42898,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2276u32 => {
+            2313u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42446,7 +42944,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2277u32 => {
+            2314u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42484,7 +42982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2278u32 => {
+            2315u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42522,7 +43020,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2279u32 => {
+            2316u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42558,7 +43056,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2280u32 => {
+            2317u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42594,7 +43092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2281u32 => {
+            2318u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42642,7 +43140,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2282u32 => {
+            2319u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42676,7 +43174,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2283u32 => {
+            2320u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42708,7 +43206,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2284u32 => {
+            2321u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42740,7 +43238,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2285u32 => {
+            2322u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42780,7 +43278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2286u32 => {
+            2323u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42824,7 +43322,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2287u32 => {
+            2324u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -42838,7 +43336,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2288u32 => {
+            2325u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42864,7 +43362,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2289u32 => {
+            2326u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42898,7 +43396,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2290u32 => {
+            2327u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42932,7 +43430,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2291u32 => {
+            2328u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42960,7 +43458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2292u32 => {
+            2329u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42986,7 +43484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2293u32 => {
+            2330u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43024,7 +43522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2294u32 => {
+            2331u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43054,7 +43552,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2295u32 => {
+            2332u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43084,7 +43582,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2296u32 => {
+            2333u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43116,7 +43614,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2297u32 => {
+            2334u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43164,7 +43662,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2298u32 => {
+            2335u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43212,7 +43710,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2299u32 => {
+            2336u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43274,7 +43772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2300u32 => {
+            2337u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43322,7 +43820,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2301u32 => {
+            2338u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43350,7 +43848,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2302u32 => {
+            2339u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43378,7 +43876,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2303u32 => {
+            2340u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43404,7 +43902,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2304u32 => {
+            2341u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43430,7 +43928,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2305u32 => {
+            2342u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43458,7 +43956,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2306u32 => {
+            2343u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43486,7 +43984,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2307u32 => {
+            2344u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43512,7 +44010,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2308u32 => {
+            2345u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43538,7 +44036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2309u32 => {
+            2346u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -43556,7 +44054,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2310u32 => {
+            2347u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43598,7 +44096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2311u32 => {
+            2348u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43640,7 +44138,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2312u32 => {
+            2349u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43682,7 +44180,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2313u32 => {
+            2350u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43712,7 +44210,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2314u32 => {
+            2351u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43740,7 +44238,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2315u32 => {
+            2352u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43768,7 +44266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2316u32 => {
+            2353u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43804,7 +44302,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2317u32 => {
+            2354u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43832,7 +44330,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2318u32 => {
+            2355u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43858,7 +44356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2319u32 => {
+            2356u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43886,7 +44384,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2320u32 => {
+            2357u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43914,7 +44412,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2321u32 => {
+            2358u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43922,7 +44420,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2322u32 => {
+            2359u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43930,7 +44428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2323u32 => {
+            2360u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43938,7 +44436,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2324u32 => {
+            2361u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43946,7 +44444,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2325u32 => {
+            2362u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43954,7 +44452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2326u32 => {
+            2363u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43962,7 +44460,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2327u32 => {
+            2364u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43973,7 +44471,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2328u32 => {
+            2365u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44009,7 +44507,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2329u32 => {
+            2366u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44047,7 +44545,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2330u32 => {
+            2367u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44075,7 +44573,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2331u32 => {
+            2368u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44103,7 +44601,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2332u32 => {
+            2369u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44147,7 +44645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2333u32 => {
+            2370u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44183,7 +44681,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2334u32 => {
+            2371u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44219,7 +44717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2335u32 => {
+            2372u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44255,7 +44753,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2336u32 => {
+            2373u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44291,7 +44789,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2337u32 => {
+            2374u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44311,7 +44809,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2338u32 => {
+            2375u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44341,7 +44839,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2339u32 => {
+            2376u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44371,7 +44869,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2340u32 => {
+            2377u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44391,7 +44889,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2341u32 => {
+            2378u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44411,7 +44909,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2342u32 => {
+            2379u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44437,7 +44935,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2343u32 => {
+            2380u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44463,7 +44961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2344u32 => {
+            2381u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44489,7 +44987,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2345u32 => {
+            2382u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44515,7 +45013,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2346u32 => {
+            2383u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44541,7 +45039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2347u32 => {
+            2384u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44567,7 +45065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2348u32 => {
+            2385u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44593,7 +45091,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2349u32 => {
+            2386u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44619,7 +45117,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2350u32 => {
+            2387u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44645,7 +45143,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2351u32 => {
+            2388u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44669,7 +45167,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2352u32 => {
+            2389u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44703,7 +45201,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2353u32 => {
+            2390u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44733,19 +45231,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2354u32 => {
+            2391u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2355u32 => {
+            2392u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2356u32 => {
+            2393u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44783,7 +45281,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2357u32 => {
+            2394u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44794,7 +45292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2358u32 => {
+            2395u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44828,7 +45326,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2359u32 => {
+            2396u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44858,7 +45356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2360u32 => {
+            2397u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44886,7 +45384,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2361u32 => {
+            2398u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44922,7 +45420,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2362u32 => {
+            2399u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44950,7 +45448,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2363u32 => {
+            2400u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -44980,7 +45478,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2364u32 => {
+            2401u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44991,7 +45489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2365u32 => {
+            2402u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45031,13 +45529,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2366u32 => {
+            2403u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2367u32 => {
+            2404u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45067,7 +45565,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2368u32 => {
+            2405u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45097,7 +45595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2369u32 => {
+            2406u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45125,7 +45623,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2370u32 => {
+            2407u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45153,7 +45651,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2371u32 => {
+            2408u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45181,7 +45679,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2372u32 => {
+            2409u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45197,7 +45695,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2373u32 => {
+            2410u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45208,7 +45706,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2374u32 => {
+            2411u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45219,7 +45717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2375u32 => {
+            2412u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -45235,7 +45733,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2376u32 => {
+            2413u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45246,7 +45744,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2377u32 => {
+            2414u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45257,7 +45755,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2378u32 => {
+            2415u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -45273,7 +45771,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2379u32 => {
+            2416u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -45281,869 +45779,827 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2380u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2381u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2382u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2383u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2384u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2385u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2386u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            2387u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2388u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2389u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2390u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2391u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2392u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            2393u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2394u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2395u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2396u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2397u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2398u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2399u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2400u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2401u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2402u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2403u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2404u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2405u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2406u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2407u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2408u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        f32::from_bits(a[5usize] as u32),
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2409u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        f32::from_bits(a[5usize] as u32),
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2410u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2411u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        f32::from_bits(a[5usize] as u32),
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2412u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2413u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                    )) as u64
-                }
-            }
-            2414u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2415u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2416u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2417u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2418u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2419u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2420u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2421u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2422u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2423u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            2424u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2425u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2426u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2427u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2428u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2429u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            2430u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2431u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2432u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2433u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2434u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2435u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2436u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2437u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2438u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2439u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2440u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2441u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2442u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2443u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2444u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2445u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        f32::from_bits(a[5usize] as u32),
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2446u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        f32::from_bits(a[5usize] as u32),
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2447u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2448u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        f32::from_bits(a[5usize] as u32),
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2449u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2450u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                    )) as u64
+                }
+            }
+            2451u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2452u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -46155,7 +46611,49 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2419u32 => {
+            2453u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2454u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2455u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2456u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46175,7 +46673,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2420u32 => {
+            2457u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46199,7 +46697,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2421u32 => {
+            2458u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46223,7 +46721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2422u32 => {
+            2459u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46245,7 +46743,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2423u32 => {
+            2460u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46271,7 +46769,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2424u32 => {
+            2461u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46293,7 +46791,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2425u32 => {
+            2462u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46323,7 +46821,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2426u32 => {
+            2463u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46343,7 +46841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2427u32 => {
+            2464u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46377,7 +46875,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2428u32 => {
+            2465u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46415,7 +46913,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2429u32 => {
+            2466u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46465,7 +46963,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2430u32 => {
+            2467u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46479,7 +46977,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2431u32 => {
+            2468u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46493,7 +46991,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2432u32 => {
+            2469u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46507,7 +47005,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2433u32 => {
+            2470u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46533,7 +47031,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2434u32 => {
+            2471u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46555,7 +47053,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2435u32 => {
+            2472u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46569,7 +47067,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2436u32 => {
+            2473u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46601,7 +47099,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2437u32 => {
+            2474u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46641,7 +47139,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2438u32 => {
+            2475u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -46663,7 +47161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2439u32 => {
+            2476u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46697,7 +47195,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2440u32 => {
+            2477u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46729,7 +47227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2441u32 => {
+            2478u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46761,7 +47259,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2442u32 => {
+            2479u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46791,7 +47289,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2443u32 => {
+            2480u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46821,7 +47319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2444u32 => {
+            2481u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46853,7 +47351,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2445u32 => {
+            2482u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46885,7 +47383,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2446u32 => {
+            2483u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46915,7 +47413,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2447u32 => {
+            2484u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -46945,7 +47443,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2448u32 => {
+            2485u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -46963,7 +47461,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2449u32 => {
+            2486u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47009,7 +47507,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2450u32 => {
+            2487u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47047,7 +47545,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2451u32 => {
+            2488u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47085,7 +47583,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2452u32 => {
+            2489u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47121,7 +47619,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2453u32 => {
+            2490u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47157,7 +47655,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2454u32 => {
+            2491u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47205,7 +47703,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2455u32 => {
+            2492u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47239,7 +47737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2456u32 => {
+            2493u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47271,7 +47769,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2457u32 => {
+            2494u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47303,7 +47801,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2458u32 => {
+            2495u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47343,7 +47841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2459u32 => {
+            2496u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47387,7 +47885,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2460u32 => {
+            2497u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47413,7 +47911,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2461u32 => {
+            2498u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47447,7 +47945,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2462u32 => {
+            2499u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47481,7 +47979,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2463u32 => {
+            2500u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47509,7 +48007,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2464u32 => {
+            2501u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47535,7 +48033,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2465u32 => {
+            2502u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47573,7 +48071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2466u32 => {
+            2503u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47603,7 +48101,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2467u32 => {
+            2504u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -47633,7 +48131,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2468u32 => {
+            2505u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47665,7 +48163,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2469u32 => {
+            2506u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47713,7 +48211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2470u32 => {
+            2507u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47761,7 +48259,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2471u32 => {
+            2508u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47823,7 +48321,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2472u32 => {
+            2509u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47871,7 +48369,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2473u32 => {
+            2510u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47899,7 +48397,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2474u32 => {
+            2511u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47927,7 +48425,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2475u32 => {
+            2512u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47953,7 +48451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2476u32 => {
+            2513u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -47979,7 +48477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2477u32 => {
+            2514u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48007,7 +48505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2478u32 => {
+            2515u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48035,7 +48533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2479u32 => {
+            2516u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48061,7 +48559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2480u32 => {
+            2517u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48087,7 +48585,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2481u32 => {
+            2518u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -48105,7 +48603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2482u32 => {
+            2519u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48147,7 +48645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2483u32 => {
+            2520u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48189,7 +48687,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2484u32 => {
+            2521u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48231,7 +48729,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2485u32 => {
+            2522u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48261,7 +48759,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2486u32 => {
+            2523u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48289,7 +48787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2487u32 => {
+            2524u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48317,7 +48815,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2488u32 => {
+            2525u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48353,7 +48851,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2489u32 => {
+            2526u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48381,7 +48879,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2490u32 => {
+            2527u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48407,7 +48905,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2491u32 => {
+            2528u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48435,7 +48933,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2492u32 => {
+            2529u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48463,7 +48961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2493u32 => {
+            2530u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48499,7 +48997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2494u32 => {
+            2531u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48537,7 +49035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2495u32 => {
+            2532u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48565,7 +49063,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2496u32 => {
+            2533u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48593,7 +49091,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2497u32 => {
+            2534u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48637,7 +49135,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2498u32 => {
+            2535u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48673,7 +49171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2499u32 => {
+            2536u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48709,7 +49207,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2500u32 => {
+            2537u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48745,7 +49243,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2501u32 => {
+            2538u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48781,7 +49279,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2502u32 => {
+            2539u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -48801,7 +49299,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2503u32 => {
+            2540u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48831,7 +49329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2504u32 => {
+            2541u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48861,7 +49359,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2505u32 => {
+            2542u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48881,7 +49379,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2506u32 => {
+            2543u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48901,7 +49399,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2507u32 => {
+            2544u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48927,7 +49425,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2508u32 => {
+            2545u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48953,7 +49451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2509u32 => {
+            2546u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -48979,7 +49477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2510u32 => {
+            2547u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49005,7 +49503,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2511u32 => {
+            2548u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49031,7 +49529,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2512u32 => {
+            2549u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49057,7 +49555,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2513u32 => {
+            2550u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49083,7 +49581,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2514u32 => {
+            2551u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49109,7 +49607,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2515u32 => {
+            2552u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -49135,7 +49633,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2516u32 => {
+            2553u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49159,7 +49657,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2517u32 => {
+            2554u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49179,7 +49677,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2518u32 => {
+            2555u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49215,7 +49713,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2519u32 => {
+            2556u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49247,7 +49745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2520u32 => {
+            2557u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49283,7 +49781,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2521u32 => {
+            2558u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49315,7 +49813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2522u32 => {
+            2559u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49351,7 +49849,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2523u32 => {
+            2560u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49383,7 +49881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2524u32 => {
+            2561u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49419,7 +49917,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2525u32 => {
+            2562u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49451,7 +49949,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2526u32 => {
+            2563u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49487,7 +49985,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2527u32 => {
+            2564u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49519,7 +50017,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2528u32 => {
+            2565u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49555,7 +50053,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2529u32 => {
+            2566u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49587,7 +50085,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2530u32 => {
+            2567u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49623,7 +50121,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2531u32 => {
+            2568u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49655,7 +50153,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2532u32 => {
+            2569u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49691,7 +50189,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2533u32 => {
+            2570u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49723,7 +50221,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2534u32 => {
+            2571u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49755,7 +50253,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2535u32 => {
+            2572u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -49768,7 +50266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2536u32 => {
+            2573u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49794,7 +50292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2537u32 => {
+            2574u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -49814,7 +50312,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2538u32 => {
+            2575u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -49854,7 +50352,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2539u32 => {
+            2576u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -49867,7 +50365,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2540u32 => {
+            2577u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -49917,7 +50415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2541u32 => {
+            2578u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -49961,7 +50459,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2542u32 => {
+            2579u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50001,7 +50499,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2543u32 => {
+            2580u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50041,7 +50539,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2544u32 => {
+            2581u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50077,7 +50575,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2545u32 => {
+            2582u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50113,7 +50611,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2546u32 => {
+            2583u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -50137,7 +50635,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2547u32 => {
+            2584u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -50157,7 +50655,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2548u32 => {
+            2585u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50185,7 +50683,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2549u32 => {
+            2586u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50213,7 +50711,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2550u32 => {
+            2587u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50237,7 +50735,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2551u32 => {
+            2588u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50277,7 +50775,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2552u32 => {
+            2589u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50313,7 +50811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2553u32 => {
+            2590u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50343,7 +50841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2554u32 => {
+            2591u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50375,7 +50873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2555u32 => {
+            2592u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50403,7 +50901,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2556u32 => {
+            2593u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50429,7 +50927,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2557u32 => {
+            2594u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50463,7 +50961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2558u32 => {
+            2595u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50493,7 +50991,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2559u32 => {
+            2596u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50539,7 +51037,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2560u32 => {
+            2597u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50581,7 +51079,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2561u32 => {
+            2598u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -50617,1039 +51115,91 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2562u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2563u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2564u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2565u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2566u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2567u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2568u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2569u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2570u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2571u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2572u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2573u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2574u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
-                }
-            }
-            2575u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2576u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2577u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2578u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2579u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2580u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2581u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2582u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2583u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2584u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2585u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2586u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2587u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2588u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2589u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2590u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2591u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2592u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2593u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2594u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2595u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2596u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2597u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2598u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2599u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    usize,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2600u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2601u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
                     *mut c_void,
-                    usize,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -51657,293 +51207,223 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2603u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    usize,
-                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2604u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2605u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2606u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                     )) as u64
                 }
             }
             2607u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2608u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2609u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
+                    u32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2610u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2611u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as i32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
@@ -51952,78 +51432,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                         a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2611u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2612u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2613u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -52044,12 +51460,1094 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2616u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2617u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2618u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2619u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2620u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2621u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2622u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2623u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2624u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2625u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2626u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2627u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2628u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2629u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2630u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2631u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2632u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2633u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2634u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2635u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2636u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2637u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2638u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2639u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2640u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2641u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2642u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2643u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2644u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2645u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2646u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2647u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2648u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2649u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2650u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2617u32 => {
+            2651u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2652u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2653u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2654u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52081,7 +52579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2618u32 => {
+            2655u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -52094,7 +52592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2619u32 => {
+            2656u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52120,7 +52618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2620u32 => {
+            2657u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52140,7 +52638,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2621u32 => {
+            2658u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -52180,7 +52678,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2622u32 => {
+            2659u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -52193,7 +52691,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2623u32 => {
+            2660u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52243,7 +52741,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2624u32 => {
+            2661u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52287,7 +52785,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2625u32 => {
+            2662u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52327,7 +52825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2626u32 => {
+            2663u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52367,7 +52865,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2627u32 => {
+            2664u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52403,7 +52901,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2628u32 => {
+            2665u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52439,7 +52937,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2629u32 => {
+            2666u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52463,7 +52961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2630u32 => {
+            2667u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52483,7 +52981,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2631u32 => {
+            2668u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52511,7 +53009,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2632u32 => {
+            2669u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52535,7 +53033,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2633u32 => {
+            2670u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52559,7 +53057,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2634u32 => {
+            2671u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52579,7 +53077,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2635u32 => {
+            2672u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52609,7 +53107,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2636u32 => {
+            2673u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52635,7 +53133,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2637u32 => {
+            2674u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52663,7 +53161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2638u32 => {
+            2675u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -52687,7 +53185,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2639u32 => {
+            2676u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52713,7 +53211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2640u32 => {
+            2677u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52735,7 +53233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2641u32 => {
+            2678u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52771,7 +53269,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2642u32 => {
+            2679u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52803,7 +53301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2643u32 => {
+            2680u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52839,7 +53337,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2644u32 => {
+            2681u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52871,7 +53369,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2645u32 => {
+            2682u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52895,7 +53393,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2646u32 => {
+            2683u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52917,7 +53415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2647u32 => {
+            2684u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52937,7 +53435,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2648u32 => {
+            2685u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52961,7 +53459,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2649u32 => {
+            2686u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -52981,7 +53479,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2650u32 => {
+            2687u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53007,7 +53505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2651u32 => {
+            2688u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53035,7 +53533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2652u32 => {
+            2689u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53063,7 +53561,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2653u32 => {
+            2690u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53087,7 +53585,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2654u32 => {
+            2691u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53127,7 +53625,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2655u32 => {
+            2692u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53163,7 +53661,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2656u32 => {
+            2693u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53193,7 +53691,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2657u32 => {
+            2694u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53225,7 +53723,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2658u32 => {
+            2695u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53253,7 +53751,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2659u32 => {
+            2696u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53279,7 +53777,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2660u32 => {
+            2697u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53313,7 +53811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2661u32 => {
+            2698u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53343,7 +53841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2662u32 => {
+            2699u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53389,7 +53887,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2663u32 => {
+            2700u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53431,7 +53929,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2664u32 => {
+            2701u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53467,7 +53965,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2665u32 => {
+            2702u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53499,7 +53997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2666u32 => {
+            2703u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53529,7 +54027,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2667u32 => {
+            2704u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53555,7 +54053,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2668u32 => {
+            2705u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53581,7 +54079,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2669u32 => {
+            2706u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -53599,7 +54097,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2670u32 => {
+            2707u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53625,7 +54123,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2671u32 => {
+            2708u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -53647,7 +54145,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2672u32 => {
+            2709u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53681,7 +54179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2673u32 => {
+            2710u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53711,7 +54209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2674u32 => {
+            2711u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53761,7 +54259,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2675u32 => {
+            2712u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53807,7 +54305,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2676u32 => {
+            2713u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53818,7 +54316,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2677u32 => {
+            2714u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53829,7 +54327,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2678u32 => {
+            2715u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53840,7 +54338,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2679u32 => {
+            2716u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53851,7 +54349,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2680u32 => {
+            2717u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53883,7 +54381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2681u32 => {
+            2718u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53909,7 +54407,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2682u32 => {
+            2719u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -53943,19 +54441,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2683u32 => {
+            2720u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2684u32 => {
+            2721u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2685u32 => {
+            2722u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53966,7 +54464,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2686u32 => {
+            2723u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53977,7 +54475,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2687u32 => {
+            2724u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -53988,37 +54486,37 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2688u32 => {
+            2725u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2689u32 => {
+            2726u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2690u32 => {
+            2727u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2691u32 => {
+            2728u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2692u32 => {
+            2729u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2693u32 => {
+            2730u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54029,7 +54527,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2694u32 => {
+            2731u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54037,7 +54535,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2695u32 => {
+            2732u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54045,7 +54543,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2696u32 => {
+            2733u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54053,7 +54551,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2697u32 => {
+            2734u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54061,7 +54559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2698u32 => {
+            2735u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54069,7 +54567,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2699u32 => {
+            2736u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54081,7 +54579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2700u32 => {
+            2737u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54090,7 +54588,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2701u32 => {
+            2738u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54099,7 +54597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2702u32 => {
+            2739u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54139,7 +54637,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2703u32 => {
+            2740u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54159,7 +54657,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2704u32 => {
+            2741u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54197,7 +54695,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2705u32 => {
+            2742u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54215,25 +54713,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2706u32 => {
+            2743u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2707u32 => {
+            2744u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2708u32 => {
+            2745u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2709u32 => {
+            2746u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54263,7 +54761,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2710u32 => {
+            2747u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54289,7 +54787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2711u32 => {
+            2748u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -54321,7 +54819,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2712u32 => {
+            2749u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54357,7 +54855,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2713u32 => {
+            2750u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54389,7 +54887,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2714u32 => {
+            2751u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54425,7 +54923,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2715u32 => {
+            2752u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54457,7 +54955,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2716u32 => {
+            2753u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54493,7 +54991,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2717u32 => {
+            2754u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54525,7 +55023,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2718u32 => {
+            2755u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54561,7 +55059,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2719u32 => {
+            2756u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54593,7 +55091,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2720u32 => {
+            2757u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54629,7 +55127,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2721u32 => {
+            2758u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54661,7 +55159,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2722u32 => {
+            2759u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54697,7 +55195,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2723u32 => {
+            2760u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54729,7 +55227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2724u32 => {
+            2761u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54765,7 +55263,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2725u32 => {
+            2762u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54797,7 +55295,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2726u32 => {
+            2763u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54833,7 +55331,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2727u32 => {
+            2764u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54865,7 +55363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2728u32 => {
+            2765u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54877,7 +55375,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2729u32 => {
+            2766u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54885,7 +55383,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2730u32 => {
+            2767u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54893,7 +55391,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2731u32 => {
+            2768u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54901,7 +55399,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2732u32 => {
+            2769u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54912,7 +55410,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2733u32 => {
+            2770u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54944,7 +55442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2734u32 => {
+            2771u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -54957,7 +55455,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2735u32 => {
+            2772u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -54983,7 +55481,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2736u32 => {
+            2773u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55003,7 +55501,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2737u32 => {
+            2774u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -55043,7 +55541,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2738u32 => {
+            2775u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -55056,7 +55554,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2739u32 => {
+            2776u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55106,7 +55604,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2740u32 => {
+            2777u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55150,7 +55648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2741u32 => {
+            2778u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55190,7 +55688,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2742u32 => {
+            2779u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55230,7 +55728,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2743u32 => {
+            2780u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55266,7 +55764,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2744u32 => {
+            2781u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55302,7 +55800,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2745u32 => {
+            2782u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55326,7 +55824,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2746u32 => {
+            2783u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55346,7 +55844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2747u32 => {
+            2784u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55374,7 +55872,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2748u32 => {
+            2785u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55398,7 +55896,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2749u32 => {
+            2786u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55422,7 +55920,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2750u32 => {
+            2787u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55442,7 +55940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2751u32 => {
+            2788u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55472,7 +55970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2752u32 => {
+            2789u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55498,7 +55996,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2753u32 => {
+            2790u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55526,7 +56024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2754u32 => {
+            2791u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -55550,7 +56048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2755u32 => {
+            2792u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55576,7 +56074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2756u32 => {
+            2793u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55598,7 +56096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2757u32 => {
+            2794u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55634,7 +56132,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2758u32 => {
+            2795u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55666,7 +56164,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2759u32 => {
+            2796u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55702,7 +56200,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2760u32 => {
+            2797u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55734,7 +56232,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2761u32 => {
+            2798u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55758,7 +56256,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2762u32 => {
+            2799u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55780,7 +56278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2763u32 => {
+            2800u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55800,7 +56298,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2764u32 => {
+            2801u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55824,7 +56322,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2765u32 => {
+            2802u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55844,7 +56342,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2766u32 => {
+            2803u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55870,7 +56368,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2767u32 => {
+            2804u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55898,7 +56396,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2768u32 => {
+            2805u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55926,7 +56424,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2769u32 => {
+            2806u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55950,7 +56448,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2770u32 => {
+            2807u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -55990,7 +56488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2771u32 => {
+            2808u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56026,7 +56524,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2772u32 => {
+            2809u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56056,7 +56554,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2773u32 => {
+            2810u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56088,7 +56586,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2774u32 => {
+            2811u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56116,7 +56614,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2775u32 => {
+            2812u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56142,7 +56640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2776u32 => {
+            2813u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56176,7 +56674,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2777u32 => {
+            2814u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56206,7 +56704,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2778u32 => {
+            2815u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56252,7 +56750,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2779u32 => {
+            2816u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56294,7 +56792,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2780u32 => {
+            2817u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56330,7 +56828,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2781u32 => {
+            2818u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56362,7 +56860,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2782u32 => {
+            2819u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56392,7 +56890,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2783u32 => {
+            2820u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56418,7 +56916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2784u32 => {
+            2821u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56444,7 +56942,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2785u32 => {
+            2822u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -56462,7 +56960,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2786u32 => {
+            2823u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56488,7 +56986,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2787u32 => {
+            2824u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -56510,7 +57008,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2788u32 => {
+            2825u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56546,7 +57044,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2789u32 => {
+            2826u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56578,7 +57076,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2790u32 => {
+            2827u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56626,7 +57124,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2791u32 => {
+            2828u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56670,7 +57168,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2792u32 => {
+            2829u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56722,7 +57220,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2793u32 => {
+            2830u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56768,7 +57266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2794u32 => {
+            2831u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56806,7 +57304,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2795u32 => {
+            2832u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56838,7 +57336,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2796u32 => {
+            2833u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56892,7 +57390,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2797u32 => {
+            2834u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56940,7 +57438,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2798u32 => {
+            2835u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56954,7 +57452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2799u32 => {
+            2836u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -56968,7 +57466,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2800u32 => {
+            2837u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -56976,7 +57474,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2801u32 => {
+            2838u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -56984,7 +57482,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2802u32 => {
+            2839u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -56993,7 +57491,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2803u32 => {
+            2840u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57049,7 +57547,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2804u32 => {
+            2841u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57097,7 +57595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2805u32 => {
+            2842u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57157,7 +57655,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2806u32 => {
+            2843u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57211,7 +57709,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2807u32 => {
+            2844u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57247,7 +57745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2808u32 => {
+            2845u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57275,7 +57773,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2809u32 => {
+            2846u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57309,7 +57807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2810u32 => {
+            2847u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57355,7 +57853,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2811u32 => {
+            2848u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57397,7 +57895,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2812u32 => {
+            2849u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57431,7 +57929,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2813u32 => {
+            2850u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57459,7 +57957,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2814u32 => {
+            2851u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57491,7 +57989,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2815u32 => {
+            2852u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57533,7 +58031,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2816u32 => {
+            2853u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57569,7 +58067,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2817u32 => {
+            2854u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57609,7 +58107,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2818u32 => {
+            2855u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57643,7 +58141,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2819u32 => {
+            2856u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57695,7 +58193,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2820u32 => {
+            2857u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57741,7 +58239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2821u32 => {
+            2858u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57755,7 +58253,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2822u32 => {
+            2859u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -57769,7 +58267,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2823u32 => {
+            2860u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -57777,7 +58275,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2824u32 => {
+            2861u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -57785,7 +58283,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2825u32 => {
+            2862u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -57794,7 +58292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2826u32 => {
+            2863u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -57834,7 +58332,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2827u32 => {
+            2864u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -57868,7 +58366,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2828u32 => {
+            2865u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -57900,7 +58398,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2829u32 => {
+            2866u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -57926,7 +58424,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2830u32 => {
+            2867u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -57962,7 +58460,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2831u32 => {
+            2868u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -57994,7 +58492,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2832u32 => {
+            2869u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58030,7 +58528,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2833u32 => {
+            2870u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58062,7 +58560,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2834u32 => {
+            2871u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58098,7 +58596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2835u32 => {
+            2872u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58130,7 +58628,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2836u32 => {
+            2873u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58166,7 +58664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2837u32 => {
+            2874u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58198,7 +58696,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2838u32 => {
+            2875u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58234,7 +58732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2839u32 => {
+            2876u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58266,7 +58764,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2840u32 => {
+            2877u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58302,7 +58800,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2841u32 => {
+            2878u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58334,7 +58832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2842u32 => {
+            2879u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58370,7 +58868,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2843u32 => {
+            2880u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58402,7 +58900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2844u32 => {
+            2881u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58438,7 +58936,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2845u32 => {
+            2882u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58470,7 +58968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2846u32 => {
+            2883u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58506,7 +59004,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2847u32 => {
+            2884u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58538,7 +59036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2848u32 => {
+            2885u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58574,7 +59072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2849u32 => {
+            2886u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58606,7 +59104,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2850u32 => {
+            2887u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58638,7 +59136,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2851u32 => {
+            2888u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -58651,7 +59149,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2852u32 => {
+            2889u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58677,7 +59175,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2853u32 => {
+            2890u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -58697,7 +59195,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2854u32 => {
+            2891u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -58737,7 +59235,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2855u32 => {
+            2892u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -58750,7 +59248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2856u32 => {
+            2893u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58800,7 +59298,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2857u32 => {
+            2894u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58844,7 +59342,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2858u32 => {
+            2895u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58884,7 +59382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2859u32 => {
+            2896u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58924,7 +59422,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2860u32 => {
+            2897u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58960,7 +59458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2861u32 => {
+            2898u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -58996,7 +59494,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2862u32 => {
+            2899u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -59020,7 +59518,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2863u32 => {
+            2900u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -59040,7 +59538,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2864u32 => {
+            2901u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59068,7 +59566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2865u32 => {
+            2902u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59096,7 +59594,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2866u32 => {
+            2903u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59120,7 +59618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2867u32 => {
+            2904u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59160,7 +59658,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2868u32 => {
+            2905u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59196,7 +59694,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2869u32 => {
+            2906u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59226,7 +59724,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2870u32 => {
+            2907u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59258,7 +59756,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2871u32 => {
+            2908u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59286,7 +59784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2872u32 => {
+            2909u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59312,7 +59810,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2873u32 => {
+            2910u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59346,7 +59844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2874u32 => {
+            2911u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59376,7 +59874,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2875u32 => {
+            2912u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59422,7 +59920,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2876u32 => {
+            2913u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59464,7 +59962,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2877u32 => {
+            2914u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59500,7 +59998,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2878u32 => {
+            2915u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59532,7 +60030,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2879u32 => {
+            2916u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59562,7 +60060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2880u32 => {
+            2917u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59588,7 +60086,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2881u32 => {
+            2918u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -59612,7 +60110,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2882u32 => {
+            2919u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59636,7 +60134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2883u32 => {
+            2920u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59656,73 +60154,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2884u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2885u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2886u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2887u32 => {
+            2921u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59746,7 +60178,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2888u32 => {
+            2922u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2923u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59766,7 +60220,51 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2889u32 => {
+            2924u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2925u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2926u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59792,7 +60290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2890u32 => {
+            2927u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59820,7 +60318,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2891u32 => {
+            2928u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59846,7 +60344,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2892u32 => {
+            2929u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -59864,7 +60362,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2893u32 => {
+            2930u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59890,7 +60388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2894u32 => {
+            2931u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59912,7 +60410,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2895u32 => {
+            2932u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59942,7 +60440,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2896u32 => {
+            2933u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -59968,7 +60466,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2897u32 => {
+            2934u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -59996,7 +60494,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2898u32 => {
+            2935u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -60020,7 +60518,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2899u32 => {
+            2936u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60046,7 +60544,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2900u32 => {
+            2937u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60068,7 +60566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2901u32 => {
+            2938u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60104,7 +60602,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2902u32 => {
+            2939u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60136,7 +60634,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2903u32 => {
+            2940u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60172,7 +60670,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2904u32 => {
+            2941u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -60204,7 +60702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2905u32 => {
+            2942u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60212,31 +60710,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2906u32 => {
+            2943u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2907u32 => {
+            2944u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2908u32 => {
+            2945u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2909u32 => {
+            2946u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2910u32 => {
+            2947u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -60262,19 +60760,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2911u32 => {
+            2948u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2912u32 => {
+            2949u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2913u32 => {
+            2950u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -60288,7 +60786,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2914u32 => {
+            2951u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -60302,7 +60800,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2915u32 => {
+            2952u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60313,7 +60811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2916u32 => {
+            2953u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -60327,7 +60825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2917u32 => {
+            2954u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60338,13 +60836,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2918u32 => {
+            2955u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2919u32 => {
+            2956u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -60368,7 +60866,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2920u32 => {
+            2957u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60380,7 +60878,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2921u32 => {
+            2958u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60392,7 +60890,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2922u32 => {
+            2959u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60404,7 +60902,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2923u32 => {
+            2960u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -60412,7 +60910,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2924u32 => {
+            2961u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -60452,7 +60950,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2925u32 => {
+            2962u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -60492,7 +60990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2926u32 => {
+            2963u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -60513,1069 +61011,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
-                    )) as u64
-                }
-            }
-            2927u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::float2,
-                    chidori_cuda::types::float2,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::float2),
-                        core::ptr::read(a[8usize] as usize as *const types::float2),
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2928u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::float2,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::float2),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f32::from_bits(a[10usize] as u32),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2929u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::float2,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::float2),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f32::from_bits(a[10usize] as u32),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2930u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        f32::from_bits(a[9usize] as u32),
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2931u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2932u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2933u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2934u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2935u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2936u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2937u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2938u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2939u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2940u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2941u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::double2,
-                    chidori_cuda::types::double2,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::double2),
-                        core::ptr::read(a[8usize] as usize as *const types::double2),
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2942u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    *mut c_void,
-                    i32,
-                    f64,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        f64::from_bits(a[7usize]),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f64::from_bits(a[10usize]),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2943u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    *mut c_void,
-                    i32,
-                    f64,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        f64::from_bits(a[7usize]),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f64::from_bits(a[10usize]),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2944u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        f64::from_bits(a[9usize]),
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2945u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2946u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2947u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2948u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2949u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2950u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2951u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2952u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2953u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2954u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2955u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2956u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::float2,
-                    chidori_cuda::types::float2,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::float2),
-                        core::ptr::read(a[8usize] as usize as *const types::float2),
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2957u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        f32::from_bits(a[7usize] as u32),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f32::from_bits(a[10usize] as u32),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2958u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        f32::from_bits(a[7usize] as u32),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f32::from_bits(a[10usize] as u32),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2959u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        f32::from_bits(a[9usize] as u32),
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2960u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2961u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2962u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2963u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -61588,6 +61023,138 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    chidori_cuda::types::float2,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::float2),
+                        core::ptr::read(a[8usize] as usize as *const types::float2),
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2965u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::float2),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f32::from_bits(a[10usize] as u32),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2966u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::float2),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f32::from_bits(a[10usize] as u32),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2967u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        f32::from_bits(a[9usize] as u32),
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2968u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     f32,
                     i32,
@@ -61608,109 +61175,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2965u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2966u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2967u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2968u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -61724,6 +61188,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -61735,6 +61203,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -61748,6 +61220,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -61759,10 +61235,78 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2971u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2972u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2973u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -61772,6 +61316,41 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2974u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -61787,74 +61366,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2972u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2973u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2974u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -61867,6 +61381,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -61877,10 +61393,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2976u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2977u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2978u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -61908,75 +61438,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2977u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::double2,
-                    *mut c_void,
-                    i32,
-                    f64,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::double2),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f64::from_bits(a[10usize]),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2978u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    chidori_cuda::types::double2,
-                    *mut c_void,
-                    i32,
-                    f64,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        core::ptr::read(a[7usize] as usize as *const types::double2),
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        f64::from_bits(a[10usize]),
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2979u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        f64::from_bits(a[7usize]),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f64::from_bits(a[10usize]),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2980u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        f64::from_bits(a[7usize]),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f64::from_bits(a[10usize]),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2981u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -62009,70 +61539,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2980u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2981u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -62177,6 +61643,70 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2986u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2987u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -62204,7 +61734,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2986u32 => {
+            2988u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -62238,7 +61768,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2987u32 => {
+            2989u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -62264,18 +61794,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2988u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2989u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2990u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -62283,10 +61801,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2991u32 => {
-                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize)) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2992u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -62300,84 +61818,386 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2993u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2994u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2995u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2996u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2997u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2998u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2999u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3000u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3001u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3002u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3003u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::float2,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::float2),
+                        core::ptr::read(a[8usize] as usize as *const types::float2),
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2994u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        f32::from_bits(a[7usize] as u32),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f32::from_bits(a[10usize] as u32),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2995u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        f32::from_bits(a[7usize] as u32),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f32::from_bits(a[10usize] as u32),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2996u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        f32::from_bits(a[9usize] as u32),
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2997u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2998u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2999u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3000u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3001u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3002u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3003u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3004u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -62393,314 +62213,580 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3006u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3007u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3008u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3009u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3010u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3011u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3012u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3013u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::double2,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::double2),
+                        core::ptr::read(a[8usize] as usize as *const types::double2),
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3014u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::double2),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f64::from_bits(a[10usize]),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3015u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        core::ptr::read(a[7usize] as usize as *const types::double2),
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        f64::from_bits(a[10usize]),
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3016u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        f64::from_bits(a[9usize]),
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3017u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3018u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3019u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3020u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3021u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3022u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3023u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3024u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
                     *mut c_void,
-                    usize,
-                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3025u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3026u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3027u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3028u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3029u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3030u32 => {
+            3026u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3027u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3028u32 => {
+                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize)) as u64 }
+            }
+            3029u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -62711,16 +62797,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3031u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+            3030u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3031u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3032u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -62735,90 +62822,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3034u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3035u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3036u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3037u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3038u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3039u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3039u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3040u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -62832,325 +62869,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3041u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3042u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3043u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3044u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            3045u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            3046u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3047u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            3048u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3049u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3050u32 => {
-                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    {
-                        f();
-                        0
-                    }
-                }
-            }
-            3051u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3052u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3053u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3054u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3055u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3056u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3057u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3058u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3059u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3060u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3061u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                    )) as u64
-                }
-            }
-            3062u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            3063u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -63161,21 +62879,294 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3064u32 => {
+            3042u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3043u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3044u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3045u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3046u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3047u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3048u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3049u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3050u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3051u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3052u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3053u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3054u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3055u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3056u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3057u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3058u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3059u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3060u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3061u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
                     usize,
+                    u32,
                     *mut c_void,
-                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3062u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3063u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3064u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -63202,18 +63193,189 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3066u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f()) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3067u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3068u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3069u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3070u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3071u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3072u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
+                    )) as u64
+                }
+            }
+            3073u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3074u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            3075u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3076u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3077u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3078u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3079u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3080u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3081u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            3068u32 => {
+            3082u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -63233,7 +63395,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3069u32 => {
+            3084u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -63241,7 +63403,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3070u32 => {
+            3085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -63265,7 +63427,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3071u32 => {
+            3086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -63287,7 +63449,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3072u32 => {
+            3087u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -63296,7 +63458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            3073u32 => {
+            3088u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -63318,7 +63480,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3074u32 => {
+            3089u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -63338,13 +63500,238 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3075u32 => {
+            3090u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3091u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3092u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3093u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3094u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3095u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3076u32 => {
+            3096u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3097u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3098u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
+                    )) as u64
+                }
+            }
+            3099u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            3100u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3101u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            3102u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3103u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3104u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3105u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3106u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -63352,25 +63739,136 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3077u32 => {
+            3107u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3108u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3109u32 => {
+                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f();
+                        0
+                    }
+                }
+            }
+            3110u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3111u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3112u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3078u32 => {
+            3113u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            3114u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3079u32 => {
+            3115u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3080u32 => {
+            3116u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3117u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
