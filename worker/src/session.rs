@@ -867,6 +867,29 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
+    // NVML's versioned records: the version the caller set names the struct the library
+    // writes (NVML_STRUCT_VERSION: its size in the low 24 bits). One naming a larger struct
+    // than the record sent would have the library write past the worker's buffer.
+    if desc.library == "nvml" {
+        for (i, wire) in desc.params.iter().enumerate() {
+            let Wire::Buf { dir: Dir::InOut, record: Some(record), .. } = *wire else { continue };
+            let Some(b) = buffers[i].as_ref() else { continue };
+            let versioned = desc
+                .versions
+                .last()
+                .and_then(|v| structs::get(v, record))
+                .is_some_and(|m| m.fields.iter().any(|f| f.name == "version" && f.offset == 0 && f.size == 4));
+            let Some(word) = b.bytes().first_chunk::<4>().filter(|_| versioned) else { continue };
+            let size = u32::from_le_bytes(*word) & 0x00ff_ffff;
+            if size as usize > b.bytes().len() {
+                return invalid(format!(
+                    "argument {i}: its version names a {size}-byte {record}, larger than the {} bytes sent",
+                    b.bytes().len()
+                ));
+            }
+        }
+    }
+
     // cuDNN variant-pack data pointers with host scalars inline (the `hostvalues` form):
     // the worker keeps the scalars beside the pack and passes their addresses.
     let mut kept = None;

@@ -229,6 +229,23 @@ fn handles_reach_the_client_as_session_ids() {
     assert_ne!(again, stream, "an id is never given twice");
 }
 
+/// An NVML record's version names the struct the library writes: one naming a larger struct
+/// than the record sent is refused before the library sees it.
+#[test]
+fn nvml_versions_naming_larger_records_are_refused() {
+    let harness = fuzz::emulated_harness();
+    let desc = newest("nvmlDeviceGetGpuFabricInfoV", None);
+    let Some(Wire::Buf { record: Some(record), .. }) = desc.params.get(1) else { panic!("{desc:?}") };
+    let size = chidori_cuda::structs::get(desc.versions.last().unwrap(), record).unwrap().size;
+    let call = |version: u32| {
+        let mut bytes = vec![0u8; size as usize];
+        bytes[..4].copy_from_slice(&version.to_le_bytes());
+        ret_of(&harness, desc, vec![0, 0], vec![0, u64::from(size)], &bytes)
+    };
+    assert_eq!(call((size + 4) | (3 << 24)), desc.codes.invalid_value, "a version naming a larger struct");
+    assert_ne!(call(size | (3 << 24)), desc.codes.invalid_value, "the version of the struct sent passes");
+}
+
 #[test]
 fn allocations_beyond_the_quota_are_out_of_memory() {
     let harness = Harness::new(fuzz::emulated_harness_backend(), Some(1 << 20));
