@@ -42,14 +42,11 @@ pub const NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_
 pub const INVALID_IMAGE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_IMAGE;
 pub const NO_DEVICE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE;
 
-/// Parameter layouts of functions from cuModuleGetFunction, fetched once each.
 /// A kernel's parameters: (offset, size) each, in order.
 pub type ParamLayout = Arc<[(u32, u32)]>;
 
-static FUNCTIONS: Mutex<Option<HashMap<u64, ParamLayout>>> = Mutex::new(None);
-
 fn remember(handle: u64, params: Arc<[(u32, u32)]>) {
-    FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(handle, params);
+    crate::state::CLIENT.function_params.insert(handle, params);
 }
 
 /// The compute capability (90 for sm_90) of the current device of the server.
@@ -490,8 +487,8 @@ pub fn variable_address(conn: &Conn, var: &registry::Variable) -> Result<u64, u3
 
 /// The parameter layout of a function handle from cuModuleGetFunction.
 pub fn function_params(conn: &Conn, handle: u64) -> Result<Arc<[(u32, u32)]>, u32> {
-    if let Some(p) = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&handle)) {
-        return Ok(p.clone());
+    if let Some(p) = crate::state::CLIENT.function_params.get(&handle) {
+        return Ok(p);
     }
     let start = Instant::now();
     let reply = conn.service(&Service::FunctionParams { function: handle }, &[]).map_err(|_| NO_DEVICE)?;

@@ -46,6 +46,9 @@ pub struct Client {
     pub context_storage: Table<(u64, usize), crate::custom::export::StorageEntry>,
     /// Each device's primary context, as the runtime interface named it.
     pub primary_contexts: Table<i32, u64>,
+    /// Parameter layouts of functions, by handle: from module loads, and from the server
+    /// for functions of cuModuleGetFunction (fetched once each).
+    pub function_params: Table<u64, crate::modules::ParamLayout>,
     /// Modules loaded through the client, by their handle: their functions by name.
     pub modules: Table<u64, Arc<crate::modules::Loaded>>,
     /// The module content (sha256) and name of each function those modules hold: what a
@@ -66,6 +69,7 @@ pub static CLIENT: Client = Client {
     function_names: Table::new(),
     context_storage: Table::new(),
     primary_contexts: Table::new(),
+    function_params: Table::new(),
     modules: Table::new(),
     function_origins: Table::new(),
     attributes_set: Table::new(),
