@@ -481,6 +481,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__call,
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__handles,
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__hostvalues,
             ],
             codes: chidori_cuda::desc::Codes {
@@ -518,6 +519,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__call,
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__handles,
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__hostvalues,
             ],
             codes: chidori_cuda::desc::Codes {

@@ -36,6 +36,8 @@ pub struct Client {
     pub primary: Table<i32, u32>,
     /// cuDNN: the type of each backend descriptor the client named, until destroyed.
     pub cudnn_types: Table<u64, u32>,
+    /// cuDNN: the CUDNN_TYPE_HANDLE attribute (name, handle) set on a backend descriptor.
+    pub cudnn_handle_attributes: Table<u64, (u32, u64)>,
     /// cuDNN: the stream last set on each handle.
     pub cudnn_streams: Table<u64, u64>,
     /// Graph nodes the program made through the client: what it set, for GetParams.
@@ -64,6 +66,7 @@ pub static CLIENT: Client = Client {
     capturing: Mutex::new(Vec::new()),
     primary: Table::new(),
     cudnn_types: Table::new(),
+    cudnn_handle_attributes: Table::new(),
     cudnn_streams: Table::new(),
     graph_nodes: Table::new(),
     function_names: Table::new(),

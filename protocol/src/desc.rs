@@ -54,6 +54,9 @@ pub enum Form {
     A2h,
     D2a,
     A2d,
+    /// An attribute whose elements are library handles (cuDNN's CUDNN_TYPE_HANDLE): checked
+    /// and mapped like handle arguments.
+    Handles,
 }
 
 impl Form {
@@ -74,6 +77,7 @@ impl Form {
         Form::A2h,
         Form::D2a,
         Form::A2d,
+        Form::Handles,
     ];
 
     /// The form's name in the specs (`wire.h2d`).
@@ -94,6 +98,7 @@ impl Form {
             Form::A2h => "a2h",
             Form::D2a => "d2a",
             Form::A2d => "a2d",
+            Form::Handles => "handles",
         }
     }
 
@@ -120,6 +125,7 @@ impl Form {
             Form::A2h => "A2h",
             Form::D2a => "D2a",
             Form::A2d => "A2d",
+            Form::Handles => "Handles",
         }
     }
 }

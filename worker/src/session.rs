@@ -993,6 +993,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     if !desc.waits() {
         if !ok {
+            // The client learns of it at its next call that waits, far from this one: the
+            // operator's log names the call and what the client passed (its own values).
+            tracing::warn!(
+                "{} failed with status {} (the client did not wait for it); arguments as the client sent them: {:x?}",
+                desc.name,
+                ret as i64,
+                &args[..n.min(args.len())]
+            );
             return reply_error(
                 session,
                 &header,

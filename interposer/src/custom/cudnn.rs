@@ -30,6 +30,9 @@ use crate::state::CLIENT;
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
 const BAD_PARAM_V8: u32 = 3;
 const BAD_PARAM_V9: u32 = 2000;
+const NOT_SUPPORTED_V8: u32 = 9;
+const NOT_SUPPORTED_V9: u32 = 3000;
+const TYPE_HANDLE: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_HANDLE;
 const VARIANT_PACK_DATA_POINTERS: u32 =
     chidori_cuda::consts::cudnnBackendAttributeName_t::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS;
 const TYPE_VOID_PTR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_VOID_PTR;
@@ -74,6 +77,7 @@ pub struct Forms {
     set: &'static CallDesc,
     set_descriptors: &'static CallDesc,
     set_hostvalues: &'static CallDesc,
+    set_handles: &'static CallDesc,
     get: &'static CallDesc,
     fill: &'static CallDesc,
     refill: &'static CallDesc,
@@ -88,6 +92,7 @@ pub struct Forms {
     /// library without one fails the create; the failure comes back at the next waiting call).
     named: std::ops::RangeInclusive<u32>,
     bad_param: u32,
+    not_supported: u32,
 }
 
 /// cuDNN 8 (descriptor types up to CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR).
@@ -95,6 +100,7 @@ static V8: Forms = Forms {
     set: &calls::cudnnBackendSetAttribute__cu118__call,
     set_descriptors: &calls::cudnnBackendSetAttribute__cu118__descriptors,
     set_hostvalues: &calls::cudnnBackendSetAttribute__cu118__hostvalues,
+    set_handles: &calls::cudnnBackendSetAttribute__cu118__handles,
     get: &calls::cudnnBackendGetAttribute__cu118__call,
     fill: &calls::cudnnBackendGetAttribute__cu118__descriptors,
     refill: &calls::cudnnBackendGetAttribute__cu118__refill,
@@ -107,6 +113,7 @@ static V8: Forms = Forms {
     rnn_weight_params: &calls::cudnnGetRNNWeightParams__cu118__call,
     named: 0..=33,
     bad_param: BAD_PARAM_V8,
+    not_supported: NOT_SUPPORTED_V8,
 };
 
 /// cuDNN 9 (descriptor types up to CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, which
@@ -115,6 +122,7 @@ static V9: Forms = Forms {
     set: &calls::cudnnBackendSetAttribute__cu126__call,
     set_descriptors: &calls::cudnnBackendSetAttribute__cu126__descriptors,
     set_hostvalues: &calls::cudnnBackendSetAttribute__cu126__hostvalues,
+    set_handles: &calls::cudnnBackendSetAttribute__cu126__handles,
     get: &calls::cudnnBackendGetAttribute__cu126__call,
     fill: &calls::cudnnBackendGetAttribute__cu126__descriptors,
     refill: &calls::cudnnBackendGetAttribute__cu126__refill,
@@ -127,6 +135,7 @@ static V9: Forms = Forms {
     rnn_weight_params: &calls::cudnnGetRNNWeightParams__cu126__call,
     named: 0..=41,
     bad_param: BAD_PARAM_V9,
+    not_supported: NOT_SUPPORTED_V9,
 };
 
 /// The forms of the caller's cuDNN major version, told apart by its status codes (cuDNN 9
@@ -168,6 +177,20 @@ fn set_attribute(
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
             // SAFETY: as above.
             return unsafe { crate::runtime::call(f.set_descriptors, &args) as u32 };
+        }
+        if ty == TYPE_HANDLE {
+            let Ok(len) = usize::try_from(count) else { return f.bad_param };
+            // SAFETY: `count` cudnnHandle_t values at `elements` (the API contract).
+            let values = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
+            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
+            // SAFETY: as above; the worker maps each handle to its own.
+            let s = unsafe { crate::runtime::call(f.set_handles, &args) as u32 };
+            if let [handle] = values {
+                // A get of it is answered from here: the library's answer is the worker's
+                // handle, not the client's.
+                CLIENT.cudnn_handle_attributes.insert(descriptor as u64, (name, *handle));
+            }
+            return s;
         }
         if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR {
             return forward(elements as u64);
@@ -271,9 +294,38 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         forget_answers(f, d);
         replay(|r| r.fresh.remove(&d));
         CLIENT.cudnn_types.remove(&d);
+        CLIENT.cudnn_handle_attributes.remove(&d);
         // SAFETY: a value.
         unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
+}
+
+/// A get of a CUDNN_TYPE_HANDLE attribute: the handle the client set (the library would
+/// answer with the worker's own). One the client never set is not supported.
+fn handle_attribute(
+    f: &Forms,
+    d: u64,
+    (name, requested): (u32, i64),
+    count_out: *mut c_void,
+    elements: *mut c_void,
+) -> u32 {
+    let Some((_, handle)) = CLIENT.cudnn_handle_attributes.get(&d).filter(|(n, _)| *n == name) else {
+        crate::log::once("cudnn-get-handle", || {
+            tracing::warn!(
+                "cudnnBackendGetAttribute: a CUDNN_TYPE_HANDLE attribute the program did not set is not supported"
+            )
+        });
+        return f.not_supported;
+    };
+    if !count_out.is_null() {
+        // SAFETY: the caller's int64_t*, checked non-null.
+        unsafe { std::ptr::write_unaligned(count_out as *mut i64, 1) };
+    }
+    if !elements.is_null() && requested >= 1 {
+        // SAFETY: the caller's array holds `requested` (at least one) handles.
+        unsafe { std::ptr::write_unaligned(elements as *mut u64, handle) };
+    }
+    0
 }
 
 pub unsafe fn backend_destroy_descriptor(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
@@ -535,6 +587,8 @@ fn get_attribute(
                 unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
             }
             (s, count)
+        } else if ty == TYPE_HANDLE {
+            (handle_attribute(f, d, (name, requested), count_out, elements), -1)
         } else if ty == TYPE_BACKEND_DESCRIPTOR && !elements.is_null() {
             (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
