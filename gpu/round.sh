@@ -178,6 +178,10 @@ if want kernels; then
   suite_dir=$B/suite; [[ $cudart == shared ]] || suite_dir=$B/suite-$cudart
   BUILD_DIR=$suite_dir CUDART=$cudart NVCC=$NVCC bash gpu/cuda-suite/build.sh "${suite_names[@]}" > "$LOGS/suite-build.txt" 2>&1 \
     || row "cuda suite build" "FAILED: $(grep FAILED "$LOGS/suite-build.txt" | head -3 | tr '\n' ' ')"
+  # Each failed program's compiler output travels with the logs.
+  for log in $(awk '$1 == "FAILED" {print $NF}' "$LOGS/suite-build.txt"); do
+    [[ -f $log ]] && cp "$log" "$LOGS/suite-build-$(basename "$(dirname "$log")").log"
+  done
   timeout ${SUITE_TOTAL:-540} python3 gpu/cuda-suite/run.py --build-dir "$suite_dir" --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout ${SUITE_RUN_TIMEOUT:-90} \
     "${suite_only[@]}" > "$LOGS/suite.txt" 2>&1

@@ -730,7 +730,9 @@ int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, cons
 int cudnnBackendFinalize(desc_t d);
 int cudnnBackendExecute(void *handle, desc_t plan, desc_t pack);
 int cudnnBackendDestroyDescriptor(desc_t d);
-enum { POINTWISE_OP = 13, GRAPH = 15, PACK = 16, TENSOR = 17, PLAN = 5, DESCRIPTORS = 15, INT64 = 5, VOID_PTR = 6 };
+int cudnnBackendGetAttribute(desc_t d, int name, int type, long long requested, long long *count, void *elements);
+enum { POINTWISE_OP = 13, GRAPH = 15, PACK = 16, TENSOR = 17, PLAN = 5, DESCRIPTORS = 15, INT64 = 5, VOID_PTR = 6,
+       HANDLE = 0, PLAN_HANDLE = 400 };
 int main(void) {
   void *h = 0;
   desc_t x = 0, y = 0, op = 0, graph = 0, plan = 0, stray = 0, graph2 = 0;
@@ -742,7 +744,12 @@ int main(void) {
   if (cudnnBackendFinalize(op)) return 4;
   if (cudnnBackendCreateDescriptor(GRAPH, &graph) || cudnnBackendSetAttribute(graph, 800, DESCRIPTORS, 1, &op)) return 5;
   int graph_status = cudnnBackendFinalize(graph);
-  if (cudnnBackendCreateDescriptor(PLAN, &plan) || cudnnBackendFinalize(plan)) return 6;
+  /* The plan's cudnnHandle_t: the client's value, the worker's handle in the library. */
+  if (cudnnBackendCreateDescriptor(PLAN, &plan) || cudnnBackendSetAttribute(plan, PLAN_HANDLE, HANDLE, 1, &h)) return 6;
+  if (cudnnBackendFinalize(plan)) return 6;
+  void *got = 0;
+  long long count = 0;
+  if (cudnnBackendGetAttribute(plan, PLAN_HANDLE, HANDLE, 1, &count, &got) || count != 1 || got != h) return 13;
   for (int i = 0; i < 100; i++) {
     desc_t pack = 0;
     long long ids[2] = {1, 2};
@@ -794,7 +801,9 @@ fn cudnn_graphs_wait_only_where_a_status_steers() {
     // Round trips: the finalizes of the two graphs, the plan, and the foreign descriptor.
     assert_eq!(row("cudnnBackendCreateDescriptor"), ["107", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendFinalize"), ["107", "4"], "{stderr}");
-    assert_eq!(row("cudnnBackendSetAttribute"), ["203", "0"], "{stderr}");
+    assert_eq!(row("cudnnBackendSetAttribute"), ["204", "0"], "{stderr}");
+    // The plan's handle, asked back, is answered with the client's own value.
+    assert_eq!(row("cudnnBackendGetAttribute"), ["1", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
 }

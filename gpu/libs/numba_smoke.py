@@ -7,7 +7,14 @@ through `chidori run`, the two outputs must be equal.
 """
 
 import numpy as np
-from numba import cuda, float32, int32
+
+# The GPU machine's numba-cuda registers an overload for np.row_stack, which its NumPy no
+# longer has: its import fails natively. The alias (NumPy's own old meaning) lets it load;
+# native and remote runs get the same.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack  # type: ignore[attr-defined]
+
+from numba import cuda, float32, int32  # noqa: E402
 
 
 @cuda.jit

@@ -476,10 +476,10 @@ pub fn decode<'f>(
                 }
                 if len == NULL_LEN {
                     let single = matches!(wire, Wire::Buf { len: None, .. });
-                    let arg = if count == 0 || (dir == Dir::In && (single || optional || edge_data(desc.name))) {
+                    let arg = if count == 0 || optional || (dir == Dir::In && (single || edge_data(desc.name))) {
                         // An empty array, or an optional input (NULL meaning "none", an array
                         // the spec lets be NULL, or for a graph's edge data "the default
-                        // edges").
+                        // edges"), or an output the spec lets be NULL (`out?`: not asked).
                         BufArg::Absent
                     } else if !single {
                         // An array at NULL is read or written by the library, so it is

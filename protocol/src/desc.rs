@@ -189,7 +189,8 @@ pub enum Wire {
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
     /// `optional`: an input array the API lets be NULL whatever its count says (cuFFT's
-    /// `inembed`: NULL means the basic layout); it then reaches the library as NULL.
+    /// `inembed`: NULL means the basic layout), or one output it lets be NULL (cuDNN's
+    /// `bAddr`, spec `out?`); it then reaches the library as NULL.
     Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str>, optional: bool },
     /// NUL-terminated input string.
     Str,

@@ -752,7 +752,9 @@ impl Backend for Emulated {
                 // filled with their dimensions.
                 ("cudnn", "cudnnGetRNNWeightParams") => {
                     let (layer, lin) = (a[2] as i32, a[5] as i32);
-                    if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 {
+                    // As cuDNN: an address asked without its descriptor is a bad parameter.
+                    let unpaired = (a[6] == 0 && a[7] != 0) || (a[8] == 0 && a[9] != 0);
+                    if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 || unpaired {
                         return Ok(2000);
                     }
                     let base = a[4] + layer as u64 * (8 * 4096 + 8 * 256);
@@ -826,12 +828,15 @@ impl Backend for Emulated {
                     put_u64(a[1], h);
                     SUCCESS
                 }
-                // An array of descriptors (CUDNN_TYPE_BACKEND_DESCRIPTOR) holds live ones.
+                // An array of descriptors (CUDNN_TYPE_BACKEND_DESCRIPTOR) holds live ones, an
+                // array of handles (CUDNN_TYPE_HANDLE) live cudnnHandle_t.
                 ("cudnn", "cudnnBackendSetAttribute") => {
                     let s = self.state();
-                    let elements = if a[2] == 15 && a[4] != 0 { a[3] as usize } else { 0 };
-                    // SAFETY: the worker's array of `elementCount` descriptors (the wire form).
-                    let live = (0..elements).all(|i| s.descriptors.contains_key(&*(a[4] as *const u64).add(i)));
+                    let elements = if matches!(a[2], 0 | 15) && a[4] != 0 { a[3] as usize } else { 0 };
+                    let known =
+                        |v: u64| if a[2] == 0 { s.cudnn_handles.contains(&v) } else { s.descriptors.contains_key(&v) };
+                    // SAFETY: the worker's array of `elementCount` handles (the wire form).
+                    let live = (0..elements).all(|i| known(*(a[4] as *const u64).add(i)));
                     match s.descriptors.get(&a[0]) {
                         Some((_, false)) if live => SUCCESS,
                         _ => 2000,

@@ -915,7 +915,7 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind: kind.clone(), destroy: false },
                 other => bail!("{}: `in` does not fit {other:?}", p.name),
             },
-            ParamSpec::Out | ParamSpec::InOut => {
+            ParamSpec::Out | ParamSpec::OptOut | ParamSpec::InOut => {
                 if !is_ptr && !matches!(kind, Kind::Handle { .. }) {
                     bail!("{}: `out` needs a pointer", p.name);
                 }
@@ -925,8 +925,8 @@ fn classify(
                     return Ok(Ok(Wire::OutHandle { kind: h.clone(), named: false }));
                 }
                 let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
-                let dir = if *s == ParamSpec::Out { Dir::Out } else { Dir::InOut };
-                Wire::Buf { dir, elem, len: None, record: record_of(&ty), optional: false }
+                let dir = if *s == ParamSpec::InOut { Dir::InOut } else { Dir::Out };
+                Wire::Buf { dir, elem, len: None, record: record_of(&ty), optional: *s == ParamSpec::OptOut }
             }
             ParamSpec::Device => match kind {
                 Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,

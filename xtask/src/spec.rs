@@ -67,7 +67,8 @@
 //! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
 //! (a single element written by the callee), `inout`, `device` (a device address passed by
 //! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `scratch` (an
-//! output of a call sent without waiting: the worker passes a buffer of its own), `destroy`
+//! output of a call sent without waiting: the worker passes a buffer of its own), `out?` (one
+//! output the API lets be NULL: NULL stays NULL; plain `out` at NULL gets a buffer), `destroy`
 //! (a handle released by the call), `named` (a handle the call creates, named by the client so
 //! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
@@ -298,6 +299,10 @@ pub enum ParamSpec {
     Value,
     Str,
     Null,
+    /// `out?`: one output value the API lets be NULL, where NULL means "not asked" and the
+    /// library refuses a buffer (cuDNN's bAddr without a bDesc). Plain `out` at NULL gets a
+    /// buffer no one reads.
+    OptOut,
     /// An output the worker writes into a buffer of its own and no one reads.
     Scratch,
     Destroy,
@@ -366,6 +371,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
     let simple = match s {
         "in" => Some(ParamSpec::In),
         "out" => Some(ParamSpec::Out),
+        "out?" => Some(ParamSpec::OptOut),
         "inout" => Some(ParamSpec::InOut),
         "device" => Some(ParamSpec::Device),
         "value" => Some(ParamSpec::Value),
@@ -541,6 +547,7 @@ mod tests {
     #[test]
     fn parameter_kinds_parse() {
         assert_eq!(parse_param("out").unwrap(), ParamSpec::Out);
+        assert_eq!(parse_param("out?").unwrap(), ParamSpec::OptOut);
         assert_eq!(parse_param("in[rank]?").unwrap(), ParamSpec::OptInBuf(LenExpr::Param("rank".into())));
         assert!(parse_param("out[rank]?").is_err(), "only inputs may be NULL");
         assert_eq!(

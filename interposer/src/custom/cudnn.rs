@@ -317,6 +317,7 @@ fn handle_attribute(
         });
         return f.not_supported;
     };
+    crate::trace::local("cudnnBackendGetAttribute");
     if !count_out.is_null() {
         // SAFETY: the caller's int64_t*, checked non-null.
         unsafe { std::ptr::write_unaligned(count_out as *mut i64, 1) };
