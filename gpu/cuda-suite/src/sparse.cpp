@@ -479,9 +479,12 @@ void incomplete(cusparseHandle_t handle, Report& report) {
   double* d_val = upload(a.val);
   csric02Info_t ic = nullptr;
   SPARSE(cusparseCreateCsric02Info(&ic));
-  size_t bytes = 0;
-  SPARSE(cusparseDcsric02_bufferSizeExt(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ic, &bytes));
-  void* buffer = device_bytes(bytes);
+  // The int-sized query: cuSPARSE 12.6 (CUDA 13.0) declares the _bufferSizeExt forms of
+  // csric02/csrilu02 but its library exports neither (nm -D), so a program using them does
+  // not link.
+  int ic_bytes = 0;
+  SPARSE(cusparseDcsric02_bufferSize(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ic, &ic_bytes));
+  void* buffer = device_bytes(size_t(ic_bytes));
   SPARSE(cusparseDcsric02_analysis(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ic, policy, buffer));
   int position = 0;
   EXPECT(cusparseXcsric02_zeroPivot(handle, ic, &position) == CUSPARSE_STATUS_SUCCESS);
@@ -503,8 +506,9 @@ void incomplete(cusparseHandle_t handle, Report& report) {
   SPARSE(cusparseCreateCsrilu02Info(&ilu));
   double tol = 1e-8, boost = 1e-4;
   SPARSE(cusparseDcsrilu02_numericBoost(handle, ilu, 1, &tol, &boost));
-  SPARSE(cusparseDcsrilu02_bufferSizeExt(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ilu, &bytes));
-  buffer = device_bytes(bytes);
+  int ilu_bytes = 0;
+  SPARSE(cusparseDcsrilu02_bufferSize(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ilu, &ilu_bytes));
+  buffer = device_bytes(size_t(ilu_bytes));
   SPARSE(cusparseDcsrilu02_analysis(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ilu, policy, buffer));
   SPARSE(cusparseDcsrilu02(handle, m, nnz, descr, d_val, d_row_ptr, d_col_ind, ilu, policy, buffer));
   EXPECT(cusparseXcsrilu02_zeroPivot(handle, ilu, &position) == CUSPARSE_STATUS_SUCCESS);
