@@ -773,6 +773,64 @@ int main(void) {
 }
 "#;
 
+/// cuda-samples' cuSolverSp_LinearSolver reorders its matrix on the host: B = P*A*Q^T with
+/// `cusolverSpXcsrpermHost`, whose host workspace only `cusolverSpXcsrperm_bufferSizeHost`
+/// sizes. The client asks the size itself and the worker passes a workspace of that size;
+/// the pattern and the map come back permuted.
+const CSRPERM_HOST: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+typedef void *h_t;
+int cusolverSpCreate(h_t *h);
+int cusolverSpDestroy(h_t h);
+int cusparseCreateMatDescr(h_t *d);
+int cusparseDestroyMatDescr(h_t d);
+int cusolverSpXcsrperm_bufferSizeHost(h_t h, int m, int n, int nnz, h_t descr, const int *rows, const int *cols,
+                                      const int *p, const int *q, size_t *bytes);
+int cusolverSpXcsrpermHost(h_t h, int m, int n, int nnz, h_t descr, int *rows, int *cols, const int *p,
+                           const int *q, int *map, void *buffer);
+int main(void) {
+  /* [[a, 0, b], [0, c, 0], [d, 0, e]] */
+  int rows[4] = {0, 2, 3, 5}, cols[5] = {0, 2, 1, 0, 2}, map[5] = {0, 1, 2, 3, 4};
+  int p[3] = {2, 0, 1}, q[3] = {1, 2, 0};
+  h_t h = 0, d = 0;
+  size_t bytes = 0;
+  if (cusolverSpCreate(&h) || cusparseCreateMatDescr(&d)) return 2;
+  if (cusolverSpXcsrperm_bufferSizeHost(h, 3, 3, 5, d, rows, cols, p, q, &bytes) || bytes == 0) return 3;
+  void *buffer = malloc(bytes);
+  int s = cusolverSpXcsrpermHost(h, 3, 3, 5, d, rows, cols, p, q, map, buffer);
+  printf("status %d rows", s);
+  for (int i = 0; i < 4; i++) printf(" %d", rows[i]);
+  printf(" cols");
+  for (int i = 0; i < 5; i++) printf(" %d", cols[i]);
+  printf(" map");
+  for (int i = 0; i < 5; i++) printf(" %d", map[i]);
+  printf("\n");
+  free(buffer);
+  return cusparseDestroyMatDescr(d) || cusolverSpDestroy(h);
+}
+"#;
+
+#[test]
+fn a_host_workspace_sized_by_a_query_is_the_workers_own() {
+    let server = server();
+    let dir = chidori_tests::scratch("csrperm-host");
+    let src = dir.join("csrperm.c");
+    std::fs::write(&src, CSRPERM_HOST).unwrap();
+    let exe = dir.join("csrperm");
+    chidori_tests::cc(
+        &src,
+        &exe,
+        &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcusolver.so.12", "-l:libcusparse.so.12"],
+    );
+    let (stdout, stderr) = run_traced(&server, &exe);
+    // B(i, j) = A(p[i], q[j]), each row in column order; map[k]: the entry of A at B's k-th.
+    assert_eq!(stdout.trim(), "status 0 rows 0 2 4 5 cols 1 2 1 2 0 map 4 3 1 0 2", "{stderr}");
+    // The program's size query, the client's own before the permutation, the permutation.
+    assert_eq!(trace_row(&stderr, "cusolverSpXcsrperm_bufferSizeHost"), ["2", "2"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusolverSpXcsrpermHost"), ["1", "1"], "{stderr}");
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);

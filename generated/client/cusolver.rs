@@ -14449,6 +14449,51 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrmetisndHost(
         ) as u32
     }
 }
+///`cusolverSpXcsrpermHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrpermHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    p: *mut c_void,
+    q: *mut c_void,
+    map: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cusolverSpXcsrpermHost",
+            version: "13.1",
+            library: "cusolver",
+            forms: &[&chidori_cuda::calls::cusolver::cusolverSpXcsrpermHost__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cusolver::xcsrperm_host(
+            &CTX,
+            handle,
+            m,
+            n,
+            nnzA,
+            descrA,
+            csrRowPtrA,
+            csrColIndA,
+            p,
+            q,
+            map,
+            pBuffer,
+        )
+    }
+}
 ///`cusolverSpXcsrperm_bufferSizeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost(

@@ -5505,10 +5505,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname407(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrpermHost@PLT
     .size cusolverSpXcsrpermHost, .-cusolverSpXcsrpermHost
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
@@ -5518,7 +5515,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5531,7 +5528,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5539,7 +5536,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5547,7 +5544,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5555,7 +5552,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5573,7 +5570,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5581,7 +5578,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5594,7 +5591,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5602,7 +5599,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXndsydmNnzHost
     .type cusolverSpXndsydmNnzHost, @function
 cusolverSpXndsydmNnzHost:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5610,7 +5607,7 @@ cusolverSpXndsydmNnzHost:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5618,7 +5615,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5626,7 +5623,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5634,7 +5631,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5642,7 +5639,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5650,7 +5647,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname422(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5658,7 +5655,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5666,7 +5663,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5674,7 +5671,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5682,7 +5679,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname426(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5690,7 +5687,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5698,7 +5695,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname428(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5706,7 +5703,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname429(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5714,7 +5711,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5722,7 +5719,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5775,7 +5772,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname432(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5783,7 +5780,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5791,7 +5788,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5799,7 +5796,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5807,7 +5804,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5815,7 +5812,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5823,7 +5820,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5831,7 +5828,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5839,7 +5836,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5847,7 +5844,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5860,7 +5857,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname442(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5868,7 +5865,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5876,7 +5873,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5884,7 +5881,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5892,7 +5889,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5900,7 +5897,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5908,7 +5905,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5916,7 +5913,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5924,7 +5921,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5932,7 +5929,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5945,7 +5942,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5958,7 +5955,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZlangeHost
     .type cusolverSpZlangeHost, @function
 cusolverSpZlangeHost:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5966,7 +5963,7 @@ cusolverSpZlangeHost:
     .globl cusolverSpZndsydmHost
     .type cusolverSpZndsydmHost, @function
 cusolverSpZndsydmHost:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5974,7 +5971,7 @@ cusolverSpZndsydmHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5982,7 +5979,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5990,7 +5987,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5998,7 +5995,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6006,7 +6003,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6014,7 +6011,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6835,111 +6832,109 @@ cusolverXcsrqr_dump:
 .Lname406:
     .asciz "cusolverSpXcsrnsepHost"
 .Lname407:
-    .asciz "cusolverSpXcsrpermHost"
-.Lname408:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname409:
+.Lname408:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname410:
+.Lname409:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname411:
+.Lname410:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname412:
+.Lname411:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname413:
+.Lname412:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname414:
+.Lname413:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname415:
+.Lname414:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname416:
+.Lname415:
     .asciz "cusolverSpXndsydmNnzHost"
-.Lname417:
+.Lname416:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname418:
+.Lname417:
     .asciz "cusolverSpXsnluFlops"
-.Lname419:
+.Lname418:
     .asciz "cusolverSpXsnluReport"
-.Lname420:
+.Lname419:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname421:
+.Lname420:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname422:
+.Lname421:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname423:
+.Lname422:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname424:
+.Lname423:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname425:
+.Lname424:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname426:
+.Lname425:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname427:
+.Lname426:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname428:
+.Lname427:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname429:
+.Lname428:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname430:
+.Lname429:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname431:
+.Lname430:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname432:
+.Lname431:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname433:
+.Lname432:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname434:
+.Lname433:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname435:
+.Lname434:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname436:
+.Lname435:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname437:
+.Lname436:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname438:
+.Lname437:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname439:
+.Lname438:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname440:
+.Lname439:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname441:
+.Lname440:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname442:
+.Lname441:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname443:
+.Lname442:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname444:
+.Lname443:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname445:
+.Lname444:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname446:
+.Lname445:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname447:
+.Lname446:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname448:
+.Lname447:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname449:
+.Lname448:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname450:
+.Lname449:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname451:
+.Lname450:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname452:
+.Lname451:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname453:
+.Lname452:
     .asciz "cusolverSpZlangeHost"
-.Lname454:
+.Lname453:
     .asciz "cusolverSpZndsydmHost"
-.Lname455:
+.Lname454:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname456:
+.Lname455:
     .asciz "cusolverSpZsnluFactor"
-.Lname457:
+.Lname456:
     .asciz "cusolverSpZsnluSolve"
-.Lname458:
+.Lname457:
     .asciz "cusolverSpZsymgthr"
-.Lname459:
+.Lname458:
     .asciz "cusolverSpZsymgthrHost"
-.Lname460:
+.Lname459:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

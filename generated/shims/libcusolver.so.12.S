@@ -4623,10 +4623,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrpermHost@PLT
     .size cusolverSpXcsrpermHost, .-cusolverSpXcsrpermHost
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
@@ -4636,7 +4633,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4649,7 +4646,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4657,7 +4654,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4665,7 +4662,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4673,7 +4670,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4691,7 +4688,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4699,7 +4696,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4712,7 +4709,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4720,7 +4717,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4728,7 +4725,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4736,7 +4733,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4744,7 +4741,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4752,7 +4749,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4760,7 +4757,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4768,7 +4765,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4776,7 +4773,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4784,7 +4781,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4792,7 +4789,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4800,7 +4797,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname322(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4808,7 +4805,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname323(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4816,7 +4813,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname324(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4824,7 +4821,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4832,7 +4829,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4885,7 +4882,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4893,7 +4890,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4901,7 +4898,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4909,7 +4906,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4917,7 +4914,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4925,7 +4922,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4933,7 +4930,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4941,7 +4938,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4949,7 +4946,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4957,7 +4954,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4970,7 +4967,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4978,7 +4975,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4986,7 +4983,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4994,7 +4991,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5002,7 +4999,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5010,7 +5007,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5018,7 +5015,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5026,7 +5023,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5034,7 +5031,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5042,7 +5039,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5055,7 +5052,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5068,7 +5065,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5076,7 +5073,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname349(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5084,7 +5081,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5092,7 +5089,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5100,7 +5097,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5108,7 +5105,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5721,105 +5718,103 @@ cusolverXcsrqr_dump:
 .Lname302:
     .asciz "cusolverSpXcsrnsepHost"
 .Lname303:
-    .asciz "cusolverSpXcsrpermHost"
-.Lname304:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname305:
+.Lname304:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname306:
+.Lname305:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname307:
+.Lname306:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname308:
+.Lname307:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname309:
+.Lname308:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname310:
+.Lname309:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname311:
+.Lname310:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname312:
+.Lname311:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname313:
+.Lname312:
     .asciz "cusolverSpXsnluFlops"
-.Lname314:
+.Lname313:
     .asciz "cusolverSpXsnluReport"
-.Lname315:
+.Lname314:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname316:
+.Lname315:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname317:
+.Lname316:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname318:
+.Lname317:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname319:
+.Lname318:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname320:
+.Lname319:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname321:
+.Lname320:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname322:
+.Lname321:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname323:
+.Lname322:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname324:
+.Lname323:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname325:
+.Lname324:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname326:
+.Lname325:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname327:
+.Lname326:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname328:
+.Lname327:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname329:
+.Lname328:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname330:
+.Lname329:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname331:
+.Lname330:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname332:
+.Lname331:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname333:
+.Lname332:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname334:
+.Lname333:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname335:
+.Lname334:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname336:
+.Lname335:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname337:
+.Lname336:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname338:
+.Lname337:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname339:
+.Lname338:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname340:
+.Lname339:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname341:
+.Lname340:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname342:
+.Lname341:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname343:
+.Lname342:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname344:
+.Lname343:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname345:
+.Lname344:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname346:
+.Lname345:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname347:
+.Lname346:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname348:
+.Lname347:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname349:
+.Lname348:
     .asciz "cusolverSpZsnluFactor"
-.Lname350:
+.Lname349:
     .asciz "cusolverSpZsnluSolve"
-.Lname351:
+.Lname350:
     .asciz "cusolverSpZsymgthr"
-.Lname352:
+.Lname351:
     .asciz "cusolverSpZsymgthrHost"
-.Lname353:
+.Lname352:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

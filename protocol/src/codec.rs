@@ -17,6 +17,7 @@
 //! | --- | --- | --- | --- |
 //! | `Val`, `Device`, `Handle` | the value | 0 | — |
 //! | `Null`, `Scratch` | ignored | 0 | — |
+//! | `SizedScratch` | the workspace's bytes | 0 | — |
 //! | `ByValRecord` | the client's address | `bytes` | the record |
 //! | `OutHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
 //! | `Str` | the client's address | bytes with the NUL, or [`NULL_LEN`] | the string |
@@ -110,7 +111,12 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
         let span = |len: u64| Span { param: i, addr: a, len: len as usize };
         let lens = &mut call.lens;
         match *wire {
-            Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null | Wire::Scratch { .. } => {}
+            Wire::Val { .. }
+            | Wire::Device
+            | Wire::Handle { .. }
+            | Wire::Null
+            | Wire::Scratch { .. }
+            | Wire::SizedScratch => {}
             Wire::ByValRecord { bytes } => {
                 lens[i] = u64::from(bytes);
                 inputs.push(span(u64::from(bytes)));
@@ -365,6 +371,10 @@ pub fn decode<'f>(
             Wire::Val { .. } => Arg::Val(a),
             Wire::Null => Arg::Val(0),
             Wire::Scratch { bytes } => Arg::Scratch(bytes as usize),
+            Wire::SizedScratch => match usize::try_from(a) {
+                Ok(bytes) if a <= MAX_BUFFER => Arg::Scratch(bytes),
+                _ => return Err(DecodeError::TooLarge { param: i, count: a, elem: 1 }),
+            },
             Wire::Device => {
                 tables.device(i, a, None).map_err(|why| DecodeError::Device { param: i, why })?;
                 Arg::Device(a)

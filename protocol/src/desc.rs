@@ -199,6 +199,11 @@ pub enum Wire {
     /// An output no one reads (a call sent without waiting whose answer the client already
     /// has): nothing is sent; the worker passes a zeroed buffer of `bytes`.
     Scratch { bytes: u32 },
+    /// A host workspace only an earlier size query sizes (no parameter carries its size):
+    /// the client's custom code puts the byte count in the argument word, nothing else is
+    /// sent, and the worker passes a zeroed buffer of that many bytes (at most
+    /// [`crate::codec::MAX_BUFFER`]).
+    SizedScratch,
     /// A BLAS scalar (alpha, beta, a reduction's result): while the pointer mode the
     /// client recorded for the handle in parameter `mode` is host, `bytes` travel (In) or
     /// come back (Out) like a one-element buffer; in device mode the argument is a device

@@ -821,6 +821,22 @@ impl Backend for Emulated {
                     }
                     SUCCESS
                 }
+                ("cusolver", "cusolverSpCreate") | ("cusparse", "cusparseCreateMatDescr") => {
+                    let h = self.state().handle();
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverSpDestroy") | ("cusparse", "cusparseDestroyMatDescr") => SUCCESS,
+                // The workspace B = P*A*Q^T needs: its pattern and a map, as int32s.
+                ("cusolver", "cusolverSpXcsrperm_bufferSizeHost") => {
+                    let (m, nnz) = (a[1] as i32, a[3] as i32);
+                    if m < 0 || nnz < 0 {
+                        return Ok(3);
+                    }
+                    put_u64(a[9], 4 * (m as u64 + 1 + 2 * nnz as u64) + 64);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverSpXcsrpermHost") => permute_csr(a),
                 ("cudnn", "cudnnBackendCreateDescriptor") => {
                     let mut s = self.state();
                     let h = s.handle();
@@ -1096,6 +1112,65 @@ impl LoopDevice for EmulatedLoop<'_> {
     fn drain(&mut self) -> Result<(), i64> {
         Ok(())
     }
+}
+
+/// `cusolverSpXcsrpermHost` on the worker's copies of the caller's arrays: B = P*A*Q^T, each
+/// of B's rows in column order, `map` permuted alike. `a`: handle, m, n, nnzA, descrA,
+/// csrRowPtrA, csrColIndA, p, q, map, pBuffer. CUSOLVER_STATUS_INVALID_VALUE (3) for a
+/// pattern, permutation or workspace the library would refuse.
+///
+/// # Safety
+/// The pointers are the worker's buffers of the lengths the spec gives (m + 1, nnzA, m, n,
+/// nnzA), or NULL.
+unsafe fn permute_csr(a: &[u64]) -> u64 {
+    let (Ok(m), Ok(n), Ok(nnz)) =
+        (usize::try_from(a[1] as i32), usize::try_from(a[2] as i32), usize::try_from(a[3] as i32))
+    else {
+        return 3;
+    };
+    if [a[5], a[6], a[7], a[8], a[9], a[10]].contains(&0) {
+        return 3;
+    }
+    // SAFETY: the worker's buffers of these lengths (the wire form's), checked non-null.
+    let (rows, cols, p, q, map) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(a[5] as *mut i32, m + 1),
+            std::slice::from_raw_parts_mut(a[6] as *mut i32, nnz),
+            std::slice::from_raw_parts(a[7] as *const i32, m),
+            std::slice::from_raw_parts(a[8] as *const i32, n),
+            std::slice::from_raw_parts_mut(a[9] as *mut i32, nnz),
+        )
+    };
+    let index = |v: i32, len: usize| usize::try_from(v).ok().filter(|&v| v < len);
+    let mut q_inverse = vec![usize::MAX; n];
+    for (j, &c) in q.iter().enumerate() {
+        match index(c, n) {
+            Some(c) if q_inverse[c] == usize::MAX => q_inverse[c] = j,
+            _ => return 3,
+        }
+    }
+    let monotone = rows[0] == 0 && rows[m] as usize == nnz && rows.windows(2).all(|w| w[0] <= w[1]);
+    if !monotone || cols.iter().any(|&c| index(c, n).is_none()) {
+        return 3;
+    }
+    let (old_rows, old_cols, old_map) = (rows.to_vec(), cols.to_vec(), map.to_vec());
+    let mut seen = vec![false; m];
+    let mut at = 0;
+    for i in 0..m {
+        let Some(r) = index(p[i], m).filter(|&r| !std::mem::replace(&mut seen[r], true)) else { return 3 };
+        let (start, end) = (old_rows[r] as usize, old_rows[r + 1] as usize);
+        let mut entries: Vec<(usize, i32)> =
+            (start..end).map(|k| (q_inverse[old_cols[k] as usize], old_map[k])).collect();
+        entries.sort_unstable();
+        rows[i] = at as i32;
+        for (column, from) in entries {
+            cols[at] = column as i32;
+            map[at] = from;
+            at += 1;
+        }
+    }
+    rows[m] = at as i32;
+    SUCCESS
 }
 
 #[cfg(test)]

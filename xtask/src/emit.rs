@@ -575,6 +575,7 @@ impl<'a> Emitter<'a> {
                 let bytes = *bytes as u32;
                 quote!(Wire::Scratch { bytes: #bytes })
             }
+            Wire::SizedScratch => quote!(Wire::SizedScratch),
             Wire::Scalar { dir, bytes, mode, size } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),

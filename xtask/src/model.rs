@@ -261,6 +261,9 @@ pub enum Wire {
     Null,
     /// An output no one reads (spec `scratch`): the worker passes a buffer of `bytes`.
     Scratch { bytes: u64 },
+    /// A host workspace sized by an earlier query (spec `sized_scratch`): custom code sends
+    /// its byte count in the argument word.
+    SizedScratch,
     /// A BLAS scalar: `bytes` by value (In) or written back (Out) while the pointer mode
     /// recorded for parameter `mode` is host, else a device address.
     /// `size`: an untyped scalar's bytes by the arguments (then `bytes` is the most it may be).
@@ -945,6 +948,10 @@ fn classify(
             ParamSpec::Scratch => {
                 Wire::Scratch { bytes: pointee_size(&kind, &ty).context("`scratch` needs a pointer to a sized type")? }
             }
+            ParamSpec::SizedScratch => match kind {
+                Kind::Pointer { .. } => Wire::SizedScratch,
+                other => bail!("{}: `sized_scratch` needs a pointer, not {other:?}", p.name),
+            },
             ParamSpec::Named => match &kind {
                 Kind::Pointer { pointee, mutable: true } if matches!(&**pointee, Kind::Handle { .. }) => {
                     let Kind::Handle { kind: h } = &**pointee else { unreachable!("matched above") };

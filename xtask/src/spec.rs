@@ -67,7 +67,9 @@
 //! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
 //! (a single element written by the callee), `inout`, `device` (a device address passed by
 //! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `scratch` (an
-//! output of a call sent without waiting: the worker passes a buffer of its own), `out?` (one
+//! output of a call sent without waiting: the worker passes a buffer of its own),
+//! `sized_scratch` (a host workspace only an earlier query sizes: custom code sends its byte
+//! count in the argument word; the worker passes a buffer of that size), `out?` (one
 //! output the API lets be NULL: NULL stays NULL; plain `out` at NULL gets a buffer), `destroy`
 //! (a handle released by the call), `named` (a handle the call creates, named by the client so
 //! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
@@ -305,6 +307,9 @@ pub enum ParamSpec {
     OptOut,
     /// An output the worker writes into a buffer of its own and no one reads.
     Scratch,
+    /// `sized_scratch`: a host workspace only an earlier size query sizes; custom code sends
+    /// the byte count in the argument word and the worker passes a buffer of that size.
+    SizedScratch,
     Destroy,
     /// A handle the call creates and the client names (this wire form only; see
     /// `client_named` for a whole kind).
@@ -378,6 +383,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         "str" => Some(ParamSpec::Str),
         "null" => Some(ParamSpec::Null),
         "scratch" => Some(ParamSpec::Scratch),
+        "sized_scratch" => Some(ParamSpec::SizedScratch),
         "destroy" => Some(ParamSpec::Destroy),
         "named" => Some(ParamSpec::Named),
         _ => None,

@@ -13,8 +13,8 @@
 // Every result is checked against a host model; the printed values are rounded to 1e-6 (and
 // permutations and counts are exact), so runs on one GPU print the same lines.
 //
-// cusolverSpXcsrpermHost is not called: its host workspace has a size no parameter carries,
-// and Chidori answers it NOT_SUPPORTED. B = Q*A*Q^T is formed on the host instead.
+// cusolverSpXcsrpermHost's host workspace has a size no parameter carries (Chidori asks
+// cusolverSpXcsrperm_bufferSizeHost itself); its B = Q*A*Q^T is checked against the host's.
 #include <cusolverDn.h>
 #include <cusolverRf.h>
 #include <cusolverSp.h>
@@ -216,6 +216,17 @@ void sparse_host(cusolverSpHandle_t sp, cusparseMatDescr_t descr, const Csr& a, 
     }
     b_matrix.row_ptr.push_back((int)b_matrix.col_ind.size());
   }
+
+  // The library's permutation of the pattern, and the map that carries the values along.
+  std::vector<int> perm_rows = a.row_ptr, perm_cols = a.col_ind, perm_map(nnz);
+  for (int k = 0; k < nnz; ++k) perm_map[k] = k;
+  std::vector<unsigned char> perm_buffer(perm_bytes);
+  SOLVER(cusolverSpXcsrpermHost(sp, n, n, nnz, descr, perm_rows.data(), perm_cols.data(), rcm.data(), rcm.data(),
+                                perm_map.data(), perm_buffer.data()));
+  std::vector<double> perm_val(nnz);
+  for (int k = 0; k < nnz; ++k) perm_val[k] = a.val[perm_map[k]];
+  EXPECT(perm_rows == b_matrix.row_ptr && perm_cols == b_matrix.col_ind && perm_val == b_matrix.val);
+  report.line("sp csrperm", checksum(perm_cols) + checksum(perm_map));
 
   std::vector<int> zfd(n);
   int numnz = 0;

@@ -10,6 +10,7 @@ pub mod cublaslt;
 pub mod cudart;
 pub mod cudnn;
 pub mod cudnn_sizes;
+pub mod cusolver;
 pub mod cusparse;
 pub mod driver;
 pub mod entry;

@@ -103,6 +103,7 @@ enum Piece {
     Handle(u64),
     Null,
     Scratch(u32),
+    SizedScratch(u64),
     Record(Vec<u8>),
     OutHandle { named: bool },
     Str(Option<Vec<u8>>),
@@ -123,6 +124,7 @@ fn piece() -> impl Strategy<Value = Piece> {
         (0u64..FOREIGN).prop_map(Piece::Handle),
         Just(Piece::Null),
         (1u32..64).prop_map(Piece::Scratch),
+        (0u64..1 << 20).prop_map(Piece::SizedScratch),
         bytes(1..64).prop_map(Piece::Record),
         any::<bool>().prop_map(|named| Piece::OutHandle { named }),
         proptest::option::of(proptest::collection::vec(1u8..=255, 0..40)).prop_map(|s| Piece::Str(s.map(|mut s| {
@@ -178,6 +180,11 @@ fn build(pieces: &[Piece], client: &mut FakeClient) -> (&'static CallDesc, Vec<u
             Piece::Scratch(n) => {
                 params.push(Wire::Scratch { bytes: *n });
                 args.push(0);
+                want.push(Arg::Scratch(*n as usize));
+            }
+            Piece::SizedScratch(n) => {
+                params.push(Wire::SizedScratch);
+                args.push(*n);
                 want.push(Arg::Scratch(*n as usize));
             }
             Piece::Record(r) => {
@@ -389,6 +396,13 @@ fn handle_arrays_are_checked_element_by_element() {
     assert!(matches!(e, DecodeError::Null { param: 1, .. }), "{e}");
     let e = refused(vec![count, handles], &[1, 0x1000], &[0, 16], &bulk);
     assert_eq!(e, DecodeError::Length { param: 1, got: 16, expected: 8 });
+}
+
+#[test]
+fn a_workspace_sized_by_its_argument_is_no_larger_than_a_call() {
+    let e = refused(vec![Wire::SizedScratch], &[MAX_BUFFER + 1], &[0], &[]);
+    assert_eq!(e, DecodeError::TooLarge { param: 0, count: MAX_BUFFER + 1, elem: 1 });
+    assert_eq!(e.refusal(), Refusal::InvalidValue);
 }
 
 #[test]
