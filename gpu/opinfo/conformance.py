@@ -10,7 +10,8 @@ into --jobs shards per run, natively and through `chidori run -s SERVER` side by
 A shard whose process dies, breaks its CUDA context or spends more than --op-timeout
 seconds in one op goes on in a fresh process from the next op; the op is recorded as a
 crash (or timeout) of that run. With --native-twice a second native run tells which ops
-give different values natively from run to run (nondeterministic kernels).
+give different values natively from run to run (nondeterministic kernels; host memory an
+op leaves unwritten, which that run fills with another byte).
 
 A comparison is one result of one sample: an op's forward outputs, or the gradients of
 its backward, for one dtype and sample input. Tensors are compared bit for bit
@@ -56,6 +57,8 @@ class Run:
     ends: dict[str, OpEnd] = field(default_factory=dict)
     restarts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Environment the run's processes get beyond the harness's own.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def list_ops(dtypes: str) -> list[str]:
@@ -84,7 +87,7 @@ def run_shard(run: Run, ops: list[str], dtypes: str, op_timeout: float, deadline
             log.flush()
             # Sample inputs iterate over sets (meshgrid's {'xy', 'ij'}): a fixed hash seed
             # gives every run the same samples in the same order.
-            env = dict(os.environ, PYTHONHASHSEED="0")
+            env = dict(os.environ, PYTHONHASHSEED="0", **run.env)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             started = time.monotonic()
             timed_out = None
@@ -312,7 +315,11 @@ def main() -> int:
     print(f"conformance: {len(ops)} ops, dtypes {args.dtypes}, {args.jobs} processes per run", flush=True)
     native = Run("native", [], os.path.join(args.work, "native"))
     remote = Run("remote", [args.chidori, "run", "-s", args.server, "--"], os.path.join(args.work, "remote"))
-    native2 = Run("native2", [], os.path.join(args.work, "native2")) if args.native_twice else None
+    # The second native run fills the host memory malloc hands out with another byte
+    # (glibc's MALLOC_PERTURB_): an output an op leaves unwritten in host memory (the Philox
+    # seed and offset of attention without dropout) then differs natively too.
+    native2 = (Run("native2", [], os.path.join(args.work, "native2"), env={"MALLOC_PERTURB_": "165"})
+               if args.native_twice else None)
     runs = [native, remote] + ([native2] if native2 else [])
     run_all(runs, ops, args.jobs, args.dtypes, args.op_timeout, args.total)
     ran = time.monotonic() - started
