@@ -1506,7 +1506,7 @@ int main(void) {
   cudaGetLastError();
 
   /* Stream attributes: a priority goes and comes back; an attribute whose value holds an
-     event is refused by the worker. */
+     event is refused by the worker, set or got (a get would bring the worker's event). */
   cudaLaunchAttributeValue v, w;
   memset(&v, 0, sizeof v);
   v.priority = -1;
@@ -1514,6 +1514,8 @@ int main(void) {
   CHECK(cudaStreamGetAttribute(s, cudaLaunchAttributePriority, &w));
   EXPECT(w.priority == -1);
   EXPECT(cudaStreamSetAttribute(s, cudaLaunchAttributeProgrammaticEvent, &v) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  EXPECT(cudaStreamGetAttribute(s, cudaLaunchAttributeLaunchCompletionEvent, &w) == cudaErrorInvalidValue);
   cudaGetLastError();
 
   /* A peer copy inside the one device, and a batch of copies in stream order. */
