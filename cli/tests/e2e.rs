@@ -1564,7 +1564,7 @@ int main(void) {
   cudaGetLastError();
 
   /* Stream attributes: a priority goes and comes back; an attribute whose value holds an
-     event is refused by the worker. */
+     event is refused by the worker, set or got (a get would bring the worker's event). */
   cudaLaunchAttributeValue v, w;
   memset(&v, 0, sizeof v);
   v.priority = -1;
@@ -1572,6 +1572,8 @@ int main(void) {
   CHECK(cudaStreamGetAttribute(s, cudaLaunchAttributePriority, &w));
   EXPECT(w.priority == -1);
   EXPECT(cudaStreamSetAttribute(s, cudaLaunchAttributeProgrammaticEvent, &v) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  EXPECT(cudaStreamGetAttribute(s, cudaLaunchAttributeLaunchCompletionEvent, &w) == cudaErrorInvalidValue);
   cudaGetLastError();
 
   /* A peer copy inside the one device, and a batch of copies in stream order. */
@@ -2150,7 +2152,8 @@ fn managed_variables_are_one_memory_for_the_host_and_the_gpu() {
 
 /// The same through the driver, as a runtime linked into the program reaches a `__managed__`
 /// variable: `cuLibraryGetManaged`'s address is the program's memory, with the variable's
-/// contents, one memory with the GPU's.
+/// contents, one memory with the GPU's. `cuLibraryGetGlobal` with both outputs NULL is the
+/// driver's invalid value (a NULL output stays NULL: spec `out?`).
 #[test]
 fn managed_variables_asked_of_the_driver_are_program_memory() {
     let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
@@ -2163,6 +2166,9 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
            if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 1;\n\
            if (cuLibraryLoadData(&lib, fb, 0, 0, 0, 0, 0, 0)) return 2;\n\
            if (cuLibraryGetManaged(&p, &n, lib, \"counter\") || !p || n != 4) {{ printf(\"get %zu\\n\", n); return 3; }}\n\
+           /* One of dptr and bytes may be NULL, not both (a NULL reaches the driver). */\n\
+           if (cuLibraryGetGlobal(0, &n, lib, \"counter\") || n != 4) return 7;\n\
+           if (cuLibraryGetGlobal(0, 0, lib, \"counter\") != CUDA_ERROR_INVALID_VALUE) return 8;\n\
            int *counter = (int *)p;\n\
            if (*counter != 0) return 4;\n\
            *counter = 42;\n\

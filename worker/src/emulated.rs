@@ -567,8 +567,9 @@ impl Backend for Emulated {
                 ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged") => {
                     // (CUdeviceptr *, size_t *, CUlibrary, const char *name): the decoder
                     // passes a NUL-terminated name (or NULL) and 8-byte buffers for the
-                    // outputs (or NULL).
-                    if a[3] == 0 {
+                    // outputs (or NULL). "One of the parameters dptr or bytes (not both)
+                    // can be NULL" (cuda.h).
+                    if a[3] == 0 || (a[0] == 0 && a[1] == 0) {
                         return Ok(INVALID_VALUE);
                     }
                     let name = std::ffi::CStr::from_ptr(a[3] as *const std::ffi::c_char);

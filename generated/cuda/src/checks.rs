@@ -2711,17 +2711,31 @@ pub fn record(version: &str, record: &str) -> Option<&'static RecordChecks> {
 /// (function, parameter index, the values it may hold), sorted.
 pub static PARAMS: &[(&str, u8, &[u64])] = &[
     (
+        "cuGraphKernelNodeGetAttribute",
+        1u8,
+        &[1u64, 2u64, 4u64, 5u64, 8u64, 9u64, 10u64, 11u64, 14u64],
+    ),
+    (
         "cuGraphKernelNodeSetAttribute",
         1u8,
         &[1u64, 2u64, 4u64, 5u64, 8u64, 9u64, 10u64, 11u64, 14u64],
     ),
+    ("cuStreamGetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
+    ("cuStreamGetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cuStreamSetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cuStreamSetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
+    (
+        "cudaGraphKernelNodeGetAttribute",
+        1u8,
+        &[1u64, 2u64, 4u64, 5u64, 8u64, 9u64, 10u64, 11u64, 14u64],
+    ),
     (
         "cudaGraphKernelNodeSetAttribute",
         1u8,
         &[1u64, 2u64, 4u64, 5u64, 8u64, 9u64, 10u64, 11u64, 14u64],
     ),
+    ("cudaStreamGetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
+    ("cudaStreamGetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cudaStreamSetAttribute", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cudaStreamSetAttribute_ptsz", 1u8, &[1u64, 3u64, 8u64, 9u64, 10u64]),
     ("cufftXtQueryPlan", 2u8, &[0u64]),
