@@ -758,6 +758,12 @@ int main(void) {
     if (cudnnBackendCreateDescriptor(PACK, &pack)) return 7;
     if (cudnnBackendSetAttribute(pack, 1000, INT64, 2, ids)) return 8;
     if (cudnnBackendSetAttribute(pack, 1001, VOID_PTR, 2, data)) return 8;
+    if (i == 0) {
+      /* Read back: the program's own pointers, not the worker's copy of the scalar. */
+      void *back[2] = {0, 0};
+      long long n = 0;
+      if (cudnnBackendGetAttribute(pack, 1001, VOID_PTR, 2, &n, back) || n != 2 || back[1] != &scale) return 14;
+    }
     if (cudnnBackendFinalize(pack) || cudnnBackendExecute(h, plan, pack)) return 9;
     if (cudnnBackendDestroyDescriptor(pack)) return 10;
   }
@@ -860,8 +866,9 @@ fn cudnn_graphs_wait_only_where_a_status_steers() {
     assert_eq!(row("cudnnBackendCreateDescriptor"), ["107", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendFinalize"), ["107", "4"], "{stderr}");
     assert_eq!(row("cudnnBackendSetAttribute"), ["204", "0"], "{stderr}");
-    // The plan's handle, asked back, is answered with the client's own value.
-    assert_eq!(row("cudnnBackendGetAttribute"), ["1", "0"], "{stderr}");
+    // The plan's handle and a pack's data pointers, asked back, are answered with the
+    // client's own values.
+    assert_eq!(row("cudnnBackendGetAttribute"), ["2", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
 }

@@ -38,6 +38,9 @@ pub struct Client {
     pub cudnn_types: Table<u64, u32>,
     /// cuDNN: the CUDNN_TYPE_HANDLE attribute (name, handle) set on a backend descriptor.
     pub cudnn_handle_attributes: Table<u64, (u32, u64)>,
+    /// cuDNN: a variant pack's data pointers as the program set them, where host scalars
+    /// among them travelled by value (the library holds the worker's copies).
+    pub cudnn_pack_pointers: Table<u64, Vec<u64>>,
     /// cuDNN: the stream last set on each handle.
     pub cudnn_streams: Table<u64, u64>,
     /// Graph nodes the program made through the client: what it set, for GetParams.
@@ -67,6 +70,7 @@ pub static CLIENT: Client = Client {
     primary: Table::new(),
     cudnn_types: Table::new(),
     cudnn_handle_attributes: Table::new(),
+    cudnn_pack_pointers: Table::new(),
     cudnn_streams: Table::new(),
     graph_nodes: Table::new(),
     function_names: Table::new(),

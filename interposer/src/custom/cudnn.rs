@@ -198,10 +198,15 @@ fn set_attribute(
         let Ok(len) = usize::try_from(count) else { return f.bad_param };
         // SAFETY: cudnnBackendSetAttribute's contract: `count` pointers at `elements`.
         let pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
+        CLIENT.cudnn_pack_pointers.remove(&(descriptor as u64));
         let Some(records) = host_value_records(pointers) else { return forward(elements as u64) };
         let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, records.as_ptr() as u64];
         // SAFETY: `count` records of HOST_VALUE_RECORD bytes, ours.
-        unsafe { crate::runtime::call(f.set_hostvalues, &args) as u32 }
+        let s = unsafe { crate::runtime::call(f.set_hostvalues, &args) as u32 };
+        // The library holds the worker's copies of the host scalars: a get of the pointers
+        // is answered with the program's own.
+        CLIENT.cudnn_pack_pointers.insert(descriptor as u64, pointers.to_vec());
+        s
     })
 }
 
@@ -295,9 +300,25 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         replay(|r| r.fresh.remove(&d));
         CLIENT.cudnn_types.remove(&d);
         CLIENT.cudnn_handle_attributes.remove(&d);
+        CLIENT.cudnn_pack_pointers.remove(&d);
         // SAFETY: a value.
         unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
+}
+
+/// A get of a variant pack's data pointers after the program set host scalars among them:
+/// the pointers it set (the library holds the worker's copies of the scalars).
+fn deliver_pointers(pointers: &[u64], requested: i64, count_out: *mut c_void, elements: *mut c_void) -> u32 {
+    if !count_out.is_null() {
+        // SAFETY: the caller's int64_t*, checked non-null.
+        unsafe { std::ptr::write_unaligned(count_out as *mut i64, pointers.len() as i64) };
+    }
+    let n = pointers.len().min(usize::try_from(requested).unwrap_or(0));
+    if n > 0 && !elements.is_null() {
+        // SAFETY: the caller's array holds `requested` >= n pointers.
+        unsafe { std::ptr::copy_nonoverlapping(pointers.as_ptr(), elements as *mut u64, n) };
+    }
+    0
 }
 
 /// A get of a CUDNN_TYPE_HANDLE attribute: the handle the client set (the library would
@@ -590,6 +611,11 @@ fn get_attribute(
             (s, count)
         } else if ty == TYPE_HANDLE {
             (handle_attribute(f, d, (name, requested), count_out, elements), -1)
+        } else if let Some(pointers) =
+            CLIENT.cudnn_pack_pointers.get(&d).filter(|_| name == VARIANT_PACK_DATA_POINTERS && ty == TYPE_VOID_PTR)
+        {
+            crate::trace::local("cudnnBackendGetAttribute");
+            (deliver_pointers(&pointers, requested, count_out, elements), -1)
         } else if ty == TYPE_BACKEND_DESCRIPTOR && !elements.is_null() {
             (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
