@@ -98,6 +98,9 @@ struct Session {
     memory: Mutex<Memory>,
     /// Large inputs sent by content (None: the client sends every byte).
     content: Option<Content>,
+    /// Functions whose failure without a waiting client was logged at warn (once each: a
+    /// client cannot flood the operator's log).
+    warned: Mutex<std::collections::HashSet<&'static str>>,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -257,6 +260,7 @@ pub fn run(
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
         content: content.map(|(_, c)| c),
+        warned: Mutex::new(std::collections::HashSet::new()),
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -994,13 +998,18 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     if !desc.waits() {
         if !ok {
             // The client learns of it at its next call that waits, far from this one: the
-            // operator's log names the call and what the client passed (its own values).
-            tracing::warn!(
-                "{} failed with status {} (the client did not wait for it); arguments as the client sent them: {:x?}",
-                desc.name,
-                ret as i64,
-                &args[..n.min(args.len())]
-            );
+            // operator's log names the call and what the client passed (its own values),
+            // at warn the first time per function, then at debug.
+            let sent = &args[..n.min(args.len())];
+            if lock(&session.warned).insert(desc.name) {
+                tracing::warn!(
+                    "{} failed with status {} (the client did not wait for it); arguments as the client sent them: {sent:x?}",
+                    desc.name,
+                    ret as i64
+                );
+            } else {
+                tracing::debug!("{} failed with status {}; arguments {sent:x?}", desc.name, ret as i64);
+            }
             return reply_error(
                 session,
                 &header,
@@ -1166,6 +1175,7 @@ impl Harness {
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),
             content: None,
+            warned: Mutex::new(std::collections::HashSet::new()),
         });
         Harness { session }
     }
