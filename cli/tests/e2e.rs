@@ -820,15 +820,7 @@ int main(void) {
 #[test]
 fn a_host_workspace_sized_by_a_query_is_the_workers_own() {
     let server = server();
-    let dir = chidori_tests::scratch("csrperm-host");
-    let src = dir.join("csrperm.c");
-    std::fs::write(&src, CSRPERM_HOST).unwrap();
-    let exe = dir.join("csrperm");
-    chidori_tests::cc(
-        &src,
-        &exe,
-        &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcusolver.so.12", "-l:libcusparse.so.12"],
-    );
+    let exe = program_with("csrperm-host", CSRPERM_HOST, &["-l:libcusolver.so.12", "-l:libcusparse.so.12"]);
     let (stdout, stderr) = run_traced(&server, &exe);
     // B(i, j) = A(p[i], q[j]), each row in column order; map[k]: the entry of A at B's k-th.
     assert_eq!(stdout.trim(), "status 0 rows 0 2 4 5 cols 1 2 1 2 0 map 4 3 1 0 2", "{stderr}");

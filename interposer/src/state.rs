@@ -36,11 +36,10 @@ pub struct Client {
     pub primary: Table<i32, u32>,
     /// cuDNN: the type of each backend descriptor the client named, until destroyed.
     pub cudnn_types: Table<u64, u32>,
-    /// cuDNN: the CUDNN_TYPE_HANDLE attribute (name, handle) set on a backend descriptor.
-    pub cudnn_handle_attributes: Table<u64, (u32, u64)>,
-    /// cuDNN: a variant pack's data pointers as the program set them, where host scalars
-    /// among them travelled by value (the library holds the worker's copies).
-    pub cudnn_pack_pointers: Table<u64, Vec<u64>>,
+    /// cuDNN: the attribute (name, values) last set on a backend descriptor whose values the
+    /// library holds as the worker's own: a CUDNN_TYPE_HANDLE, or a variant pack's data
+    /// pointers where host scalars travelled by value. Gets of it are answered from here.
+    pub cudnn_set_values: Table<u64, (u32, Vec<u64>)>,
     /// cuDNN: the stream last set on each handle.
     pub cudnn_streams: Table<u64, u64>,
     /// Graph nodes the program made through the client: what it set, for GetParams.
@@ -69,8 +68,7 @@ pub static CLIENT: Client = Client {
     capturing: Mutex::new(Vec::new()),
     primary: Table::new(),
     cudnn_types: Table::new(),
-    cudnn_handle_attributes: Table::new(),
-    cudnn_pack_pointers: Table::new(),
+    cudnn_set_values: Table::new(),
     cudnn_streams: Table::new(),
     graph_nodes: Table::new(),
     function_names: Table::new(),

@@ -169,28 +169,21 @@ fn set_attribute(
         if elements.is_null() || count <= 0 {
             return forward(elements as u64);
         }
-        if ty == TYPE_BACKEND_DESCRIPTOR {
+        if ty == TYPE_BACKEND_DESCRIPTOR || ty == TYPE_HANDLE {
             let Ok(len) = usize::try_from(count) else { return f.bad_param };
-            // SAFETY: `count` descriptors at `elements` (the API contract).
+            // SAFETY: `count` descriptors or cudnnHandle_t at `elements` (the API contract).
             let values = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
-            replay(|r| values.iter().for_each(|v| _ = r.fresh.remove(v)));
+            let form = if ty == TYPE_HANDLE {
+                // The library holds the worker's handles: a get is answered from here.
+                CLIENT.cudnn_set_values.insert(descriptor as u64, (name, values.to_vec()));
+                f.set_handles
+            } else {
+                replay(|r| values.iter().for_each(|v| _ = r.fresh.remove(v)));
+                f.set_descriptors
+            };
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
-            // SAFETY: as above.
-            return unsafe { crate::runtime::call(f.set_descriptors, &args) as u32 };
-        }
-        if ty == TYPE_HANDLE {
-            let Ok(len) = usize::try_from(count) else { return f.bad_param };
-            // SAFETY: `count` cudnnHandle_t values at `elements` (the API contract).
-            let values = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
-            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
-            // SAFETY: as above; the worker maps each handle to its own.
-            let s = unsafe { crate::runtime::call(f.set_handles, &args) as u32 };
-            if let [handle] = values {
-                // A get of it is answered from here: the library's answer is the worker's
-                // handle, not the client's.
-                CLIENT.cudnn_handle_attributes.insert(descriptor as u64, (name, *handle));
-            }
-            return s;
+            // SAFETY: as above; the worker maps each element to its own handle.
+            return unsafe { crate::runtime::call(form, &args) as u32 };
         }
         if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR {
             return forward(elements as u64);
@@ -198,15 +191,16 @@ fn set_attribute(
         let Ok(len) = usize::try_from(count) else { return f.bad_param };
         // SAFETY: cudnnBackendSetAttribute's contract: `count` pointers at `elements`.
         let pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
-        CLIENT.cudnn_pack_pointers.remove(&(descriptor as u64));
-        let Some(records) = host_value_records(pointers) else { return forward(elements as u64) };
-        let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, records.as_ptr() as u64];
-        // SAFETY: `count` records of HOST_VALUE_RECORD bytes, ours.
-        let s = unsafe { crate::runtime::call(f.set_hostvalues, &args) as u32 };
+        let Some(records) = host_value_records(pointers) else {
+            CLIENT.cudnn_set_values.remove(&(descriptor as u64));
+            return forward(elements as u64);
+        };
         // The library holds the worker's copies of the host scalars: a get of the pointers
         // is answered with the program's own.
-        CLIENT.cudnn_pack_pointers.insert(descriptor as u64, pointers.to_vec());
-        s
+        CLIENT.cudnn_set_values.insert(descriptor as u64, (name, pointers.to_vec()));
+        let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, records.as_ptr() as u64];
+        // SAFETY: `count` records of HOST_VALUE_RECORD bytes, ours.
+        unsafe { crate::runtime::call(f.set_hostvalues, &args) as u32 }
     })
 }
 
@@ -299,55 +293,46 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         forget_answers(f, d);
         replay(|r| r.fresh.remove(&d));
         CLIENT.cudnn_types.remove(&d);
-        CLIENT.cudnn_handle_attributes.remove(&d);
-        CLIENT.cudnn_pack_pointers.remove(&d);
+        CLIENT.cudnn_set_values.remove(&d);
         // SAFETY: a value.
         unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
 }
 
-/// A get of a variant pack's data pointers after the program set host scalars among them:
-/// the pointers it set (the library holds the worker's copies of the scalars).
-fn deliver_pointers(pointers: &[u64], requested: i64, count_out: *mut c_void, elements: *mut c_void) -> u32 {
-    if !count_out.is_null() {
-        // SAFETY: the caller's int64_t*, checked non-null.
-        unsafe { std::ptr::write_unaligned(count_out as *mut i64, pointers.len() as i64) };
-    }
-    let n = pointers.len().min(usize::try_from(requested).unwrap_or(0));
-    if n > 0 && !elements.is_null() {
-        // SAFETY: the caller's array holds `requested` >= n pointers.
-        unsafe { std::ptr::copy_nonoverlapping(pointers.as_ptr(), elements as *mut u64, n) };
-    }
-    0
-}
-
-/// A get of a CUDNN_TYPE_HANDLE attribute: the handle the client set (the library would
-/// answer with the worker's own). One the client never set is not supported.
-fn handle_attribute(
+/// A get of an attribute whose values the library holds as the worker's own (cudnnHandle_t,
+/// a variant pack's data pointers where host scalars travelled by value): what the program
+/// set, if it set this attribute last. None: ask the library, except for a handle the program
+/// never set, which is not supported.
+fn set_values(
     f: &Forms,
     d: u64,
-    (name, requested): (u32, i64),
+    (name, ty, requested): (u32, u32, i64),
     count_out: *mut c_void,
     elements: *mut c_void,
-) -> u32 {
-    let Some((_, handle)) = CLIENT.cudnn_handle_attributes.get(&d).filter(|(n, _)| *n == name) else {
+) -> Option<u32> {
+    let values = CLIENT.cudnn_set_values.get(&d).filter(|(n, _)| *n == name).map(|(_, v)| v);
+    let Some(values) = values else {
+        if ty != TYPE_HANDLE {
+            return None;
+        }
         crate::log::once("cudnn-get-handle", || {
             tracing::warn!(
                 "cudnnBackendGetAttribute: a CUDNN_TYPE_HANDLE attribute the program did not set is not supported"
             )
         });
-        return f.not_supported;
+        return Some(f.not_supported);
     };
     crate::trace::local("cudnnBackendGetAttribute");
     if !count_out.is_null() {
         // SAFETY: the caller's int64_t*, checked non-null.
-        unsafe { std::ptr::write_unaligned(count_out as *mut i64, 1) };
+        unsafe { std::ptr::write_unaligned(count_out as *mut i64, values.len() as i64) };
     }
-    if !elements.is_null() && requested >= 1 {
-        // SAFETY: the caller's array holds `requested` (at least one) handles.
-        unsafe { std::ptr::write_unaligned(elements as *mut u64, handle) };
+    let n = values.len().min(usize::try_from(requested).unwrap_or(0));
+    if n > 0 && !elements.is_null() {
+        // SAFETY: the caller's array holds `requested` >= n elements of 8 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), elements as *mut u64, n) };
     }
-    0
+    Some(0)
 }
 
 pub unsafe fn backend_destroy_descriptor(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
@@ -609,13 +594,11 @@ fn get_attribute(
                 unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
             }
             (s, count)
-        } else if ty == TYPE_HANDLE {
-            (handle_attribute(f, d, (name, requested), count_out, elements), -1)
-        } else if let Some(pointers) =
-            CLIENT.cudnn_pack_pointers.get(&d).filter(|_| name == VARIANT_PACK_DATA_POINTERS && ty == TYPE_VOID_PTR)
+        } else if let Some(s) = (ty == TYPE_HANDLE || (name == VARIANT_PACK_DATA_POINTERS && ty == TYPE_VOID_PTR))
+            .then(|| set_values(f, d, (name, ty, requested), count_out, elements))
+            .flatten()
         {
-            crate::trace::local("cudnnBackendGetAttribute");
-            (deliver_pointers(&pointers, requested, count_out, elements), -1)
+            (s, -1)
         } else if ty == TYPE_BACKEND_DESCRIPTOR && !elements.is_null() {
             (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
