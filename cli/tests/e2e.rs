@@ -2567,6 +2567,57 @@ fn cudnn_size_queries_about_descriptors_set_alike_are_answered_by_the_client() {
     assert!(!stderr.contains("answered differently"), "{stderr}");
 }
 
+const CUDNN_RNN_DATA: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cudnnCreate(h_t *h);
+int cudnnCreateRNNDataDescriptor(h_t *d);
+int cudnnSetRNNDataDescriptor(h_t d, int dataType, int layout, int maxSeqLength, int batchSize,
+                              int vectorSize, const int *seqLengthArray, void *paddingFill);
+int cudnnCreateTensorDescriptor(h_t *d);
+int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims, const int *strides);
+int cudnnGetTensorSizeInBytes(h_t d, unsigned long *size);
+/* A question the client cannot answer itself (a shape not asked before): it waits. */
+static int ask(h_t t, int n, unsigned long *size) {
+  int dims[3] = {n, 3, 4}, strides[3] = {12, 4, 1};
+  cudnnSetTensorNdDescriptor(t, 0, 3, dims, strides);
+  return cudnnGetTensorSizeInBytes(t, size);
+}
+int main(void) {
+  h_t handle, x, t;
+  unsigned long size = 0;
+  int lengths[8] = {50, 50, 50, 50, 50, 50, 50, 50};
+  float fill = 0.0f;
+  if (cudnnCreate(&handle) || cudnnCreateRNNDataDescriptor(&x) || cudnnCreateTensorDescriptor(&t)) return 1;
+  /* torch's call: no padding value (NULL), then one; each status surfaces at the next
+     waiting cuDNN call. */
+  int a = cudnnSetRNNDataDescriptor(x, 0, 1, 50, 8, 32, lengths, 0);
+  int after_null = ask(t, 1, &size);
+  int b = cudnnSetRNNDataDescriptor(x, 0, 1, 50, 8, 32, lengths, &fill);
+  int after_fill = ask(t, 2, &size);
+  /* No sequence lengths: cuDNN reads them, so the worker refuses and says so. */
+  int c = cudnnSetRNNDataDescriptor(x, 0, 1, 50, 8, 32, 0, 0);
+  int after_refused = ask(t, 3, &size);
+  printf("%d %d %d %d %d %d\n", a, after_null, b, after_fill, c, after_refused);
+  return 0;
+}
+"#;
+
+/// Issue 14 (torch's LSTM): an input array the API lets be NULL (`in[..]?`) reaches the
+/// library as NULL; one it reads is refused, and a refusal of a call sent without waiting is
+/// said on both sides, as a failure of one is.
+#[test]
+fn a_null_the_api_allows_passes_and_a_refused_unwaited_call_is_said() {
+    let server = server();
+    let exe = cudnn_program("cudnn-rnn-data", CUDNN_RNN_DATA);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "0 0 0 0 0 2000", "{stderr}");
+    assert!(
+        stderr.contains("cudnnSetRNNDataDescriptor") && stderr.contains("NULL for 8 elements"),
+        "the refused call, named to the program's side: {stderr}"
+    );
+}
+
 /// NVIDIA's own runtime, loaded by its path beside the shims (as a program that links it
 /// statically carries it): it reaches Chidori's driver through `cuGetProcAddress` and the
 /// driver's private tables (`cuGetExportTable`), checks the driver (the integrity check),

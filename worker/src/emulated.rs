@@ -749,6 +749,12 @@ impl Backend for Emulated {
                     s.tensors.remove(&a[0]);
                     if s.legacy.remove(&a[0]) { SUCCESS } else { 2000 }
                 }
+                // An RNN data descriptor: a live one, positive sizes (the padding value may
+                // be NULL; the sequence lengths the decoder already required).
+                ("cudnn", "cudnnSetRNNDataDescriptor") => {
+                    let sizes = [a[3], a[4], a[5]].iter().all(|&v| (1..=i32::MAX as u64).contains(&(v & 0xffff_ffff)));
+                    if self.state().legacy.contains(&a[0]) && sizes { SUCCESS } else { 2000 }
+                }
                 // A matrix is 32 x 32 floats, a bias 64 floats; the descriptors passed are
                 // filled with their dimensions.
                 ("cudnn", "cudnnGetRNNWeightParams") => {

@@ -627,9 +627,20 @@ fn refuse(session: &Session, header: &Header, desc: &CallDesc, e: DecodeError) -
     match e.refusal() {
         Refusal::Fatal => Err(Fatal(message)),
         Refusal::InvalidValue => reply_error(session, header, desc, desc.codes.invalid_value, message),
-        Refusal::InvalidValueQuietly => {
+        // Quiet where the program waits for the status (it may pass the NULL on purpose);
+        // a call sent without waiting learns of it far away, at another call, so it is
+        // said as a failed one is: at warn once per function, to both sides.
+        Refusal::InvalidValueQuietly if desc.waits() => {
             tracing::debug!("{message}");
             reply_status(session, header, desc, desc.codes.invalid_value, None)
+        }
+        Refusal::InvalidValueQuietly => {
+            if lock(&session.warned).insert(desc.name) {
+                tracing::warn!("{message} (the client did not wait for it)");
+            } else {
+                tracing::debug!("{message}");
+            }
+            reply_error(session, header, desc, desc.codes.invalid_value, message)
         }
         Refusal::InvalidHandle => reply_error(session, header, desc, desc.codes.invalid_handle, message),
     }
