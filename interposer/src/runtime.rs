@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use chidori_cuda::status;
 use chidori_protocol::codec;
-use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
+use chidori_protocol::desc::{CLIENT_NAME_TAG as NAME_TAG, CallDesc, Dir, HANDLE_TAG_MASK, Ret, Wire};
 use chidori_protocol::frame::{Header, Kind};
 use chidori_protocol::messages::{self, CONTENT_FLAG, Call};
 
@@ -147,9 +147,6 @@ unsafe fn host_scalar<'a>(addr: u64, bytes: usize) -> Cow<'a, [u8]> {
     Cow::Owned(owned)
 }
 
-/// The tag in the top 16 bits of every handle name the client makes.
-const NAME_TAG: u64 = 0xc1d0_0000_0000_0000;
-
 /// A new name for a handle the client names itself: a tagged counter, never a user-space
 /// address, so it cannot collide with a handle the library made.
 pub fn next_handle_name() -> u64 {
@@ -160,7 +157,7 @@ pub fn next_handle_name() -> u64 {
 /// Whether `handle` is a name this client made (not a handle the library returned: the
 /// worker names those with ids under another tag).
 pub fn is_client_name(handle: u64) -> bool {
-    handle & 0xffff_0000_0000_0000 == NAME_TAG
+    handle & HANDLE_TAG_MASK == NAME_TAG
 }
 
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.

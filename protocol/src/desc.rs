@@ -9,6 +9,17 @@ pub type CallId = u32;
 /// Index of a handle kind in `chidori_cuda::handles::KINDS`.
 pub type HandleKind = u16;
 
+/// The top 16 bits of a handle value the client sees, which say who named it.
+pub const HANDLE_TAG_MASK: u64 = 0xffff_0000_0000_0000;
+/// Names the client gives handles it creates without waiting.
+///
+/// Both tags lie above every user-space address (never a library's pointer) and below
+/// 2^63: a handle stays positive as a signed 64-bit integer, as Python bindings need (CuPy
+/// and cuda-python hold handles as `intptr_t` and refuse a negative one as `size_t`).
+pub const CLIENT_NAME_TAG: u64 = 0x41d0 << 48;
+/// Ids the worker gives handles the libraries hand out.
+pub const WORKER_ID_TAG: u64 = 0x41d1 << 48;
+
 /// The call classes of DESIGN §4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
@@ -430,7 +441,18 @@ impl CallDesc {
 
 #[cfg(test)]
 mod tests {
-    use super::{Form, Len};
+    use super::{CLIENT_NAME_TAG, Form, HANDLE_TAG_MASK, Len, WORKER_ID_TAG};
+
+    #[test]
+    fn handle_values_are_positive_and_never_user_space_pointers() {
+        for tag in [CLIENT_NAME_TAG, WORKER_ID_TAG] {
+            assert_eq!(tag & !HANDLE_TAG_MASK, 0);
+            let highest = tag | !HANDLE_TAG_MASK;
+            assert!((highest as i64) > 0, "{highest:#x}: Python bindings refuse a negative intptr_t");
+            assert!(tag > 0x0000_7fff_ffff_ffff, "{tag:#x}: above every x86-64 and AArch64 user-space address");
+        }
+        assert_ne!(CLIENT_NAME_TAG, WORKER_ID_TAG);
+    }
 
     #[test]
     fn forms_are_named_as_the_specs_name_them() {

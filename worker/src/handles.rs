@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::HandleKind;
 
+use chidori_protocol::desc::HANDLE_TAG_MASK as TAG_MASK;
 /// The tag in the top 16 bits of every id the worker gives. The client's own names carry
-/// another (`0xc1d0`, interposer/src/runtime.rs), and a user-space pointer has none.
-pub const ID_TAG: u64 = 0xc1d1_0000_0000_0000;
-const TAG_MASK: u64 = 0xffff_0000_0000_0000;
+/// another (`CLIENT_NAME_TAG`), and a user-space pointer has none.
+pub use chidori_protocol::desc::WORKER_ID_TAG as ID_TAG;
 
 pub struct Handles {
     /// (kind, the client's value) → the library's handle.
@@ -132,6 +132,7 @@ impl Handles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chidori_protocol::desc::CLIENT_NAME_TAG;
 
     fn kind(name: &str) -> HandleKind {
         KINDS.iter().position(|k| *k == name).unwrap() as HandleKind
@@ -187,14 +188,14 @@ mod tests {
     fn client_names_map_to_library_handles() {
         let mut h = Handles::new();
         let kind = 0;
-        assert!(h.name_free(kind, 0xc1d0_0000_0000_0001));
-        h.insert_named(kind, 0xc1d0_0000_0000_0001, 0x7f00_1234);
-        assert!(!h.name_free(kind, 0xc1d0_0000_0000_0001), "a name is used once");
+        assert!(h.name_free(kind, CLIENT_NAME_TAG | 1));
+        h.insert_named(kind, CLIENT_NAME_TAG | 1, 0x7f00_1234);
+        assert!(!h.name_free(kind, CLIENT_NAME_TAG | 1), "a name is used once");
         assert!(!h.name_free(kind, ID_TAG | 77), "the worker's ids are not the client's to take");
-        assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), Some(0x7f00_1234));
+        assert_eq!(h.resolve(kind, CLIENT_NAME_TAG | 1), Some(0x7f00_1234));
         assert_eq!(h.resolve(kind, 0x7f00_1234), None, "the library's value itself is not a handle the client has");
-        assert_eq!(h.insert(kind, 0x7f00_1234), 0xc1d0_0000_0000_0001, "handed back under the client's name");
-        h.remove(kind, 0xc1d0_0000_0000_0001);
-        assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), None);
+        assert_eq!(h.insert(kind, 0x7f00_1234), CLIENT_NAME_TAG | 1, "handed back under the client's name");
+        h.remove(kind, CLIENT_NAME_TAG | 1);
+        assert_eq!(h.resolve(kind, CLIENT_NAME_TAG | 1), None);
     }
 }

@@ -216,7 +216,12 @@ fn handles_reach_the_client_as_session_ids() {
     assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
     let reply = harness.last_reply().unwrap();
     let stream = u64::from_le_bytes(reply.bulk[..8].try_into().unwrap());
-    assert_eq!(stream >> 48, 0xc1d1, "{stream:#x} is a session id");
+    assert_eq!(
+        stream & chidori_protocol::desc::HANDLE_TAG_MASK,
+        chidori_protocol::desc::WORKER_ID_TAG,
+        "{stream:#x} is a session id"
+    );
+    assert!((stream as i64) > 0, "{stream:#x} is positive as an intptr_t (Python bindings refuse a negative handle)");
     let sync = newest("cudaStreamSynchronize", None);
     assert_eq!(ret_of(&harness, sync, vec![stream], vec![0], &[]), 0);
     assert_eq!(ret_of(&harness, sync, vec![stream + 1], vec![0], &[]), sync.codes.invalid_handle);

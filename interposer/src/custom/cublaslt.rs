@@ -363,15 +363,15 @@ mod tests {
             create: vec![0, 64, 64, 64],
             attrs: attrs.iter().cloned().collect(),
         };
-        m.insert(0xc1d0_0000_0000_1001, rec(DescKind::Matmul, &[(8, 0x7f00_0000_1000u64.to_le_bytes().to_vec())]));
-        m.insert(0xc1d0_0000_0000_1002, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2000u64.to_le_bytes().to_vec())]));
-        m.insert(0xc1d0_0000_0000_1003, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2004u64.to_le_bytes().to_vec())]));
-        m.insert(0xc1d0_0000_0000_1004, rec(DescKind::Layout, &[]));
+        m.insert(0x41d0_0000_0000_1001, rec(DescKind::Matmul, &[(8, 0x7f00_0000_1000u64.to_le_bytes().to_vec())]));
+        m.insert(0x41d0_0000_0000_1002, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2000u64.to_le_bytes().to_vec())]));
+        m.insert(0x41d0_0000_0000_1003, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2004u64.to_le_bytes().to_vec())]));
+        m.insert(0x41d0_0000_0000_1004, rec(DescKind::Layout, &[]));
         *records() = Some(m);
-        let key = |op: u64| problem_key(&[op, 0xc1d0_0000_0000_1004], 1).unwrap();
-        assert_eq!(key(0xc1d0_0000_0000_1001), key(0xc1d0_0000_0000_1002), "a bias elsewhere, equally aligned");
-        assert_ne!(key(0xc1d0_0000_0000_1001), key(0xc1d0_0000_0000_1003), "a bias aligned differently");
-        assert!(problem_key(&[0xc1d0_0000_0000_9999], 1).is_none(), "an unknown descriptor");
+        let key = |op: u64| problem_key(&[op, 0x41d0_0000_0000_1004], 1).unwrap();
+        assert_eq!(key(0x41d0_0000_0000_1001), key(0x41d0_0000_0000_1002), "a bias elsewhere, equally aligned");
+        assert_ne!(key(0x41d0_0000_0000_1001), key(0x41d0_0000_0000_1003), "a bias aligned differently");
+        assert!(problem_key(&[0x41d0_0000_0000_9999], 1).is_none(), "an unknown descriptor");
         *records() = None;
     }
 }

@@ -31,7 +31,7 @@ impl Client for FakeClient {
 
     fn new_name(&mut self) -> u64 {
         self.next_name += 1;
-        0xc1d0_0000_0000_0000 | self.next_name
+        crate::desc::CLIENT_NAME_TAG | self.next_name
     }
 }
 
