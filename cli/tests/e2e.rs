@@ -1299,6 +1299,87 @@ fn nvrtc_programs_stay_on_the_client_and_compile_on_the_server() {
     assert_eq!(total.split_whitespace().nth(2), Some("1"), "one round trip, the compile: {total}");
 }
 
+/// nvJitLink links live on the client: only the completion reaches the server. The program
+/// calls both the unversioned exports (what cuda-python `dlsym`s) and a versioned one (what
+/// the header's macros name); a file input is read on the client.
+const NVJITLINK: &str = r##"
+#include <stdio.h>
+#include <string.h>
+typedef void *link_t;
+int nvJitLinkCreate(link_t *h, unsigned n, const char **options);
+int __nvJitLinkCreate_13_0(link_t *h, unsigned n, const char **options);
+int nvJitLinkAddData(link_t h, int type, const void *data, size_t size, const char *name);
+int nvJitLinkAddFile(link_t h, int type, const char *path);
+int nvJitLinkComplete(link_t h);
+int nvJitLinkGetLinkedCubinSize(link_t h, size_t *n);
+int nvJitLinkGetLinkedCubin(link_t h, void *cubin);
+int nvJitLinkGetLinkedPtxSize(link_t h, size_t *n);
+int nvJitLinkGetInfoLogSize(link_t h, size_t *n);
+int nvJitLinkGetInfoLog(link_t h, char *log);
+int nvJitLinkGetErrorLogSize(link_t h, size_t *n);
+int nvJitLinkGetErrorLog(link_t h, char *log);
+int nvJitLinkDestroy(link_t *h);
+int main(int argc, char **argv) {
+  link_t h = 0, bad = 0;
+  const char *arch[] = {"-arch=sm_90"}, *none[] = {"-lto"}, *bogus[] = {"-arch=sm_90", "-bogus"};
+  int a = nvJitLinkCreate(&h, 1, arch);
+  int b = nvJitLinkAddData(h, 2, "abc", 3, "k.ptx");
+  int c = nvJitLinkAddFile(h, 10, argv[1]);
+  int d = nvJitLinkComplete(h);
+  size_t n = 0, ptx = 0, info = 0;
+  char cubin[64] = {0}, log[256] = {0};
+  int e = nvJitLinkGetLinkedCubinSize(h, &n);
+  int f = n <= sizeof cubin ? nvJitLinkGetLinkedCubin(h, cubin) : -1;
+  int g = nvJitLinkGetLinkedPtxSize(h, &ptx);
+  int i = nvJitLinkGetInfoLogSize(h, &info);
+  if (info <= sizeof log) nvJitLinkGetInfoLog(h, log);
+  int j = nvJitLinkDestroy(&h);
+  int k = nvJitLinkDestroy(&h);
+  printf("%d %d %d %d %d %d %zu %.3s%.6s %d %d %d %s %s|%s\n", a, b, c, d, e, f, n, cubin + 1, cubin + 4, g, i, j,
+         h ? "live" : "gone", k ? "again refused" : "again accepted", log);
+  int m = __nvJitLinkCreate_13_0(&bad, 1, none);
+  int o = __nvJitLinkCreate_13_0(&bad, 2, bogus);
+  int p = nvJitLinkComplete(bad);
+  size_t en = 0;
+  char err[256] = {0};
+  nvJitLinkGetErrorLogSize(bad, &en);
+  if (en <= sizeof err) nvJitLinkGetErrorLog(bad, err);
+  printf("%d %d %d %s\n", m, o, p, err);
+  return 0;
+}
+"##;
+
+#[test]
+fn nvjitlink_links_stay_on_the_client_and_complete_on_the_server() {
+    let server = server();
+    let dir = chidori_tests::scratch("nvjitlink");
+    let src = dir.join("nvjitlink.c");
+    std::fs::write(&src, NVJITLINK).unwrap();
+    let input = dir.join("lib.cubin");
+    std::fs::write(&input, "xyz").unwrap();
+    let exe = dir.join("nvjitlink");
+    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libnvJitLink.so.13"]);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--");
+    let out = cmd.arg(&exe).arg(&input).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The emulated linker's image is an ELF magic and the inputs in order (the PTX's bytes,
+    // then the file's); no PTX without -ptx (NVJITLINK_ERROR_INVALID_INPUT); the handle is
+    // cleared and a second destroy refused.
+    assert_eq!(
+        lines.first().copied(),
+        Some("0 0 0 0 0 0 10 ELFabcxyz 3 0 0 gone again refused|emulated link: 2 inputs for sm_90"),
+        "{stderr}"
+    );
+    // No -arch: NVJITLINK_ERROR_MISSING_ARCH at once; an unknown option: the linker's
+    // NVJITLINK_ERROR_UNRECOGNIZED_OPTION at completion, with its log.
+    assert_eq!(lines.get(1).copied(), Some("2 0 1 ERROR: unrecognized option -bogus"), "{stderr}");
+    let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(total.split_whitespace().nth(2), Some("2"), "two round trips, the completions: {total}");
+}
+
 /// A C program whose waits come from two functions of its own, one static.
 const WAIT_SITES: &str = r#"
 #include <stdio.h>

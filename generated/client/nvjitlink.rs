@@ -4,396 +4,1559 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`__nvJitLinkComplete_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkAddData_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_12_1(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
+///`__nvJitLinkAddData_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_12_6(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
+///`__nvJitLinkAddData_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_12_8(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
+///`__nvJitLinkAddData_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_13_0(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
+///`__nvJitLinkAddData_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_13_1(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
+///`__nvJitLinkAddFile_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_12_1(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
+///`__nvJitLinkAddFile_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_12_6(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
+///`__nvJitLinkAddFile_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_12_8(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
+///`__nvJitLinkAddFile_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_13_0(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
+///`__nvJitLinkAddFile_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_13_1(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
+///`__nvJitLinkComplete_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_12_1(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkComplete_12_1,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
     }
 }
-///`__nvJitLinkComplete_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkComplete_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_12_6(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkComplete_12_6,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
     }
 }
-///`__nvJitLinkComplete_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkComplete_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_12_8(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkComplete_12_8,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
     }
 }
-///`__nvJitLinkComplete_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkComplete_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_13_0(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkComplete_13_0,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
     }
 }
-///`__nvJitLinkComplete_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkComplete_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_13_1(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkComplete_13_1,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
     }
 }
-///`__nvJitLinkDestroy_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkCreate_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_12_1(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
+///`__nvJitLinkCreate_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_12_6(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
+///`__nvJitLinkCreate_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_12_8(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
+///`__nvJitLinkCreate_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_13_0(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
+///`__nvJitLinkCreate_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_13_1(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
+///`__nvJitLinkDestroy_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_12_1(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkDestroy_12_1,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
     }
 }
-///`__nvJitLinkDestroy_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkDestroy_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_12_6(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkDestroy_12_6,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
     }
 }
-///`__nvJitLinkDestroy_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkDestroy_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_12_8(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkDestroy_12_8,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
     }
 }
-///`__nvJitLinkDestroy_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkDestroy_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_13_0(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkDestroy_13_0,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
     }
 }
-///`__nvJitLinkDestroy_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkDestroy_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_13_1(
     handle: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkDestroy_13_1,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
     }
 }
-///`__nvJitLinkGetErrorLogSize_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkGetErrorLogSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetErrorLogSize_12_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLogSize_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetErrorLogSize_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkGetErrorLogSize_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_6(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetErrorLogSize_12_6,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLogSize_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetErrorLogSize_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkGetErrorLogSize_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_8(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetErrorLogSize_12_8,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLogSize_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetErrorLogSize_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkGetErrorLogSize_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_0(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetErrorLogSize_13_0,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLogSize_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetErrorLogSize_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkGetErrorLogSize_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetErrorLogSize_13_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLogSize_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetInfoLogSize_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkGetErrorLog_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_1(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLog_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetErrorLog_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_6(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLog_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetErrorLog_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_8(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLog_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetErrorLog_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_0(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLog_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetErrorLog_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetErrorLog_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetInfoLogSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetInfoLogSize_12_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLogSize_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetInfoLogSize_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkGetInfoLogSize_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_6(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetInfoLogSize_12_6,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLogSize_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetInfoLogSize_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkGetInfoLogSize_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_8(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetInfoLogSize_12_8,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLogSize_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetInfoLogSize_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkGetInfoLogSize_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_0(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetInfoLogSize_13_0,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLogSize_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetInfoLogSize_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkGetInfoLogSize_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetInfoLogSize_13_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLogSize_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedCubinSize_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkGetInfoLog_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_1(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLog_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetInfoLog_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_6(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLog_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetInfoLog_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_8(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLog_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetInfoLog_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_0(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLog_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetInfoLog_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetInfoLog_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+    }
+}
+///`__nvJitLinkGetLinkedCubinSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedCubinSize_12_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubinSize_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedCubinSize_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkGetLinkedCubinSize_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_6(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedCubinSize_12_6,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubinSize_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedCubinSize_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkGetLinkedCubinSize_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_8(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedCubinSize_12_8,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubinSize_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedCubinSize_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkGetLinkedCubinSize_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_0(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedCubinSize_13_0,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubinSize_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedCubinSize_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkGetLinkedCubinSize_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedCubinSize_13_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubinSize_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedPtxSize_12_1` for CUDA 12.1 (sync).
+///`__nvJitLinkGetLinkedCubin_12_1` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_1(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubin_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+    }
+}
+///`__nvJitLinkGetLinkedCubin_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_6(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubin_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+    }
+}
+///`__nvJitLinkGetLinkedCubin_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_8(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubin_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+    }
+}
+///`__nvJitLinkGetLinkedCubin_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_0(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubin_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+    }
+}
+///`__nvJitLinkGetLinkedCubin_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedCubin_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+    }
+}
+///`__nvJitLinkGetLinkedPtxSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedPtxSize_12_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtxSize_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedPtxSize_12_6` for CUDA 12.6 (sync).
+///`__nvJitLinkGetLinkedPtxSize_12_6` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_6(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedPtxSize_12_6,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtxSize_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedPtxSize_12_8` for CUDA 12.8 (sync).
+///`__nvJitLinkGetLinkedPtxSize_12_8` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_8(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedPtxSize_12_8,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtxSize_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedPtxSize_13_0` for CUDA 13.0 (sync).
+///`__nvJitLinkGetLinkedPtxSize_13_0` for CUDA 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_0(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedPtxSize_13_0,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtxSize_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
     }
 }
-///`__nvJitLinkGetLinkedPtxSize_13_1` for CUDA 13.1 (sync).
+///`__nvJitLinkGetLinkedPtxSize_13_1` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1(
     handle: *mut c_void,
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::__nvJitLinkGetLinkedPtxSize_13_1,
-            &[(handle) as usize as u64, (size) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtxSize_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
     }
 }
-///`nvJitLinkVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`__nvJitLinkGetLinkedPtx_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion(
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_1(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtx_12_1",
+            version: "12.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+    }
+}
+///`__nvJitLinkGetLinkedPtx_12_6` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_6(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtx_12_6",
+            version: "12.6",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+    }
+}
+///`__nvJitLinkGetLinkedPtx_12_8` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_8(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtx_12_8",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+    }
+}
+///`__nvJitLinkGetLinkedPtx_13_0` for CUDA 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_0(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtx_13_0",
+            version: "13.0",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+    }
+}
+///`__nvJitLinkGetLinkedPtx_13_1` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkGetLinkedPtx_13_1",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+    }
+}
+///`nvJitLinkVersion` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu126(
     major: *mut c_void,
     minor: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvjitlink::nvJitLinkVersion,
-            &[(major) as usize as u64, (minor) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvJitLinkVersion",
+            version: "12.8",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::version(&CTX, major, minor)
+    }
+}
+///`nvJitLinkVersion` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu130(
+    major: *mut c_void,
+    minor: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvJitLinkVersion",
+            version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::version(&CTX, major, minor)
     }
 }

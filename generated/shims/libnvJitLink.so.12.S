@@ -4,50 +4,32 @@
     .globl __nvJitLinkAddData_12_1
     .type __nvJitLinkAddData_12_1, @function
 __nvJitLinkAddData_12_1:
-    leaq .Lname0(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_12_1@PLT
     .size __nvJitLinkAddData_12_1, .-__nvJitLinkAddData_12_1
     .globl __nvJitLinkAddData_12_6
     .type __nvJitLinkAddData_12_6, @function
 __nvJitLinkAddData_12_6:
-    leaq .Lname1(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_12_6@PLT
     .size __nvJitLinkAddData_12_6, .-__nvJitLinkAddData_12_6
     .globl __nvJitLinkAddData_12_8
     .type __nvJitLinkAddData_12_8, @function
 __nvJitLinkAddData_12_8:
-    leaq .Lname2(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_12_8@PLT
     .size __nvJitLinkAddData_12_8, .-__nvJitLinkAddData_12_8
     .globl __nvJitLinkAddFile_12_1
     .type __nvJitLinkAddFile_12_1, @function
 __nvJitLinkAddFile_12_1:
-    leaq .Lname3(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_12_1@PLT
     .size __nvJitLinkAddFile_12_1, .-__nvJitLinkAddFile_12_1
     .globl __nvJitLinkAddFile_12_6
     .type __nvJitLinkAddFile_12_6, @function
 __nvJitLinkAddFile_12_6:
-    leaq .Lname4(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_12_6@PLT
     .size __nvJitLinkAddFile_12_6, .-__nvJitLinkAddFile_12_6
     .globl __nvJitLinkAddFile_12_8
     .type __nvJitLinkAddFile_12_8, @function
 __nvJitLinkAddFile_12_8:
-    leaq .Lname5(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_12_8@PLT
     .size __nvJitLinkAddFile_12_8, .-__nvJitLinkAddFile_12_8
     .globl __nvJitLinkComplete_12_1
     .type __nvJitLinkComplete_12_1, @function
@@ -67,26 +49,17 @@ __nvJitLinkComplete_12_8:
     .globl __nvJitLinkCreate_12_1
     .type __nvJitLinkCreate_12_1, @function
 __nvJitLinkCreate_12_1:
-    leaq .Lname6(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_12_1@PLT
     .size __nvJitLinkCreate_12_1, .-__nvJitLinkCreate_12_1
     .globl __nvJitLinkCreate_12_6
     .type __nvJitLinkCreate_12_6, @function
 __nvJitLinkCreate_12_6:
-    leaq .Lname7(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_12_6@PLT
     .size __nvJitLinkCreate_12_6, .-__nvJitLinkCreate_12_6
     .globl __nvJitLinkCreate_12_8
     .type __nvJitLinkCreate_12_8, @function
 __nvJitLinkCreate_12_8:
-    leaq .Lname8(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_12_8@PLT
     .size __nvJitLinkCreate_12_8, .-__nvJitLinkCreate_12_8
     .globl __nvJitLinkDestroy_12_1
     .type __nvJitLinkDestroy_12_1, @function
@@ -121,26 +94,17 @@ __nvJitLinkGetErrorLogSize_12_8:
     .globl __nvJitLinkGetErrorLog_12_1
     .type __nvJitLinkGetErrorLog_12_1, @function
 __nvJitLinkGetErrorLog_12_1:
-    leaq .Lname9(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_12_1@PLT
     .size __nvJitLinkGetErrorLog_12_1, .-__nvJitLinkGetErrorLog_12_1
     .globl __nvJitLinkGetErrorLog_12_6
     .type __nvJitLinkGetErrorLog_12_6, @function
 __nvJitLinkGetErrorLog_12_6:
-    leaq .Lname10(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_12_6@PLT
     .size __nvJitLinkGetErrorLog_12_6, .-__nvJitLinkGetErrorLog_12_6
     .globl __nvJitLinkGetErrorLog_12_8
     .type __nvJitLinkGetErrorLog_12_8, @function
 __nvJitLinkGetErrorLog_12_8:
-    leaq .Lname11(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_12_8@PLT
     .size __nvJitLinkGetErrorLog_12_8, .-__nvJitLinkGetErrorLog_12_8
     .globl __nvJitLinkGetInfoLogSize_12_1
     .type __nvJitLinkGetInfoLogSize_12_1, @function
@@ -160,26 +124,17 @@ __nvJitLinkGetInfoLogSize_12_8:
     .globl __nvJitLinkGetInfoLog_12_1
     .type __nvJitLinkGetInfoLog_12_1, @function
 __nvJitLinkGetInfoLog_12_1:
-    leaq .Lname12(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_12_1@PLT
     .size __nvJitLinkGetInfoLog_12_1, .-__nvJitLinkGetInfoLog_12_1
     .globl __nvJitLinkGetInfoLog_12_6
     .type __nvJitLinkGetInfoLog_12_6, @function
 __nvJitLinkGetInfoLog_12_6:
-    leaq .Lname13(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_12_6@PLT
     .size __nvJitLinkGetInfoLog_12_6, .-__nvJitLinkGetInfoLog_12_6
     .globl __nvJitLinkGetInfoLog_12_8
     .type __nvJitLinkGetInfoLog_12_8, @function
 __nvJitLinkGetInfoLog_12_8:
-    leaq .Lname14(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_12_8@PLT
     .size __nvJitLinkGetInfoLog_12_8, .-__nvJitLinkGetInfoLog_12_8
     .globl __nvJitLinkGetLinkedCubinSize_12_1
     .type __nvJitLinkGetLinkedCubinSize_12_1, @function
@@ -199,26 +154,17 @@ __nvJitLinkGetLinkedCubinSize_12_8:
     .globl __nvJitLinkGetLinkedCubin_12_1
     .type __nvJitLinkGetLinkedCubin_12_1, @function
 __nvJitLinkGetLinkedCubin_12_1:
-    leaq .Lname15(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_1@PLT
     .size __nvJitLinkGetLinkedCubin_12_1, .-__nvJitLinkGetLinkedCubin_12_1
     .globl __nvJitLinkGetLinkedCubin_12_6
     .type __nvJitLinkGetLinkedCubin_12_6, @function
 __nvJitLinkGetLinkedCubin_12_6:
-    leaq .Lname16(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_6@PLT
     .size __nvJitLinkGetLinkedCubin_12_6, .-__nvJitLinkGetLinkedCubin_12_6
     .globl __nvJitLinkGetLinkedCubin_12_8
     .type __nvJitLinkGetLinkedCubin_12_8, @function
 __nvJitLinkGetLinkedCubin_12_8:
-    leaq .Lname17(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_8@PLT
     .size __nvJitLinkGetLinkedCubin_12_8, .-__nvJitLinkGetLinkedCubin_12_8
     .globl __nvJitLinkGetLinkedPtxSize_12_1
     .type __nvJitLinkGetLinkedPtxSize_12_1, @function
@@ -238,203 +184,87 @@ __nvJitLinkGetLinkedPtxSize_12_8:
     .globl __nvJitLinkGetLinkedPtx_12_1
     .type __nvJitLinkGetLinkedPtx_12_1, @function
 __nvJitLinkGetLinkedPtx_12_1:
-    leaq .Lname18(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_1@PLT
     .size __nvJitLinkGetLinkedPtx_12_1, .-__nvJitLinkGetLinkedPtx_12_1
     .globl __nvJitLinkGetLinkedPtx_12_6
     .type __nvJitLinkGetLinkedPtx_12_6, @function
 __nvJitLinkGetLinkedPtx_12_6:
-    leaq .Lname19(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_6@PLT
     .size __nvJitLinkGetLinkedPtx_12_6, .-__nvJitLinkGetLinkedPtx_12_6
     .globl __nvJitLinkGetLinkedPtx_12_8
     .type __nvJitLinkGetLinkedPtx_12_8, @function
 __nvJitLinkGetLinkedPtx_12_8:
-    leaq .Lname20(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_8@PLT
     .size __nvJitLinkGetLinkedPtx_12_8, .-__nvJitLinkGetLinkedPtx_12_8
     .globl nvJitLinkAddData
     .type nvJitLinkAddData, @function
 nvJitLinkAddData:
-    leaq .Lname21(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_12_8@PLT
     .size nvJitLinkAddData, .-nvJitLinkAddData
     .globl nvJitLinkAddFile
     .type nvJitLinkAddFile, @function
 nvJitLinkAddFile:
-    leaq .Lname22(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_12_8@PLT
     .size nvJitLinkAddFile, .-nvJitLinkAddFile
     .globl nvJitLinkComplete
     .type nvJitLinkComplete, @function
 nvJitLinkComplete:
-    leaq .Lname23(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkComplete_12_8@PLT
     .size nvJitLinkComplete, .-nvJitLinkComplete
     .globl nvJitLinkCreate
     .type nvJitLinkCreate, @function
 nvJitLinkCreate:
-    leaq .Lname24(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_12_8@PLT
     .size nvJitLinkCreate, .-nvJitLinkCreate
     .globl nvJitLinkDestroy
     .type nvJitLinkDestroy, @function
 nvJitLinkDestroy:
-    leaq .Lname25(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkDestroy_12_8@PLT
     .size nvJitLinkDestroy, .-nvJitLinkDestroy
     .globl nvJitLinkGetErrorLog
     .type nvJitLinkGetErrorLog, @function
 nvJitLinkGetErrorLog:
-    leaq .Lname26(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_12_8@PLT
     .size nvJitLinkGetErrorLog, .-nvJitLinkGetErrorLog
     .globl nvJitLinkGetErrorLogSize
     .type nvJitLinkGetErrorLogSize, @function
 nvJitLinkGetErrorLogSize:
-    leaq .Lname27(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_8@PLT
     .size nvJitLinkGetErrorLogSize, .-nvJitLinkGetErrorLogSize
     .globl nvJitLinkGetInfoLog
     .type nvJitLinkGetInfoLog, @function
 nvJitLinkGetInfoLog:
-    leaq .Lname28(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_12_8@PLT
     .size nvJitLinkGetInfoLog, .-nvJitLinkGetInfoLog
     .globl nvJitLinkGetInfoLogSize
     .type nvJitLinkGetInfoLogSize, @function
 nvJitLinkGetInfoLogSize:
-    leaq .Lname29(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_8@PLT
     .size nvJitLinkGetInfoLogSize, .-nvJitLinkGetInfoLogSize
     .globl nvJitLinkGetLinkedCubin
     .type nvJitLinkGetLinkedCubin, @function
 nvJitLinkGetLinkedCubin:
-    leaq .Lname30(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_8@PLT
     .size nvJitLinkGetLinkedCubin, .-nvJitLinkGetLinkedCubin
     .globl nvJitLinkGetLinkedCubinSize
     .type nvJitLinkGetLinkedCubinSize, @function
 nvJitLinkGetLinkedCubinSize:
-    leaq .Lname31(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_8@PLT
     .size nvJitLinkGetLinkedCubinSize, .-nvJitLinkGetLinkedCubinSize
     .globl nvJitLinkGetLinkedPtx
     .type nvJitLinkGetLinkedPtx, @function
 nvJitLinkGetLinkedPtx:
-    leaq .Lname32(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_8@PLT
     .size nvJitLinkGetLinkedPtx, .-nvJitLinkGetLinkedPtx
     .globl nvJitLinkGetLinkedPtxSize
     .type nvJitLinkGetLinkedPtxSize, @function
 nvJitLinkGetLinkedPtxSize:
-    leaq .Lname33(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_8@PLT
     .size nvJitLinkGetLinkedPtxSize, .-nvJitLinkGetLinkedPtxSize
     .globl nvJitLinkVersion
     .type nvJitLinkVersion, @function
 nvJitLinkVersion:
-    jmp __chidori_nvjitlink_nvJitLinkVersion@PLT
+    jmp __chidori_nvjitlink_nvJitLinkVersion__cu126@PLT
     .size nvJitLinkVersion, .-nvJitLinkVersion
     .section .rodata
-.Lname0:
-    .asciz "__nvJitLinkAddData_12_1"
-.Lname1:
-    .asciz "__nvJitLinkAddData_12_6"
-.Lname2:
-    .asciz "__nvJitLinkAddData_12_8"
-.Lname3:
-    .asciz "__nvJitLinkAddFile_12_1"
-.Lname4:
-    .asciz "__nvJitLinkAddFile_12_6"
-.Lname5:
-    .asciz "__nvJitLinkAddFile_12_8"
-.Lname6:
-    .asciz "__nvJitLinkCreate_12_1"
-.Lname7:
-    .asciz "__nvJitLinkCreate_12_6"
-.Lname8:
-    .asciz "__nvJitLinkCreate_12_8"
-.Lname9:
-    .asciz "__nvJitLinkGetErrorLog_12_1"
-.Lname10:
-    .asciz "__nvJitLinkGetErrorLog_12_6"
-.Lname11:
-    .asciz "__nvJitLinkGetErrorLog_12_8"
-.Lname12:
-    .asciz "__nvJitLinkGetInfoLog_12_1"
-.Lname13:
-    .asciz "__nvJitLinkGetInfoLog_12_6"
-.Lname14:
-    .asciz "__nvJitLinkGetInfoLog_12_8"
-.Lname15:
-    .asciz "__nvJitLinkGetLinkedCubin_12_1"
-.Lname16:
-    .asciz "__nvJitLinkGetLinkedCubin_12_6"
-.Lname17:
-    .asciz "__nvJitLinkGetLinkedCubin_12_8"
-.Lname18:
-    .asciz "__nvJitLinkGetLinkedPtx_12_1"
-.Lname19:
-    .asciz "__nvJitLinkGetLinkedPtx_12_6"
-.Lname20:
-    .asciz "__nvJitLinkGetLinkedPtx_12_8"
-.Lname21:
-    .asciz "nvJitLinkAddData"
-.Lname22:
-    .asciz "nvJitLinkAddFile"
-.Lname23:
-    .asciz "nvJitLinkComplete"
-.Lname24:
-    .asciz "nvJitLinkCreate"
-.Lname25:
-    .asciz "nvJitLinkDestroy"
-.Lname26:
-    .asciz "nvJitLinkGetErrorLog"
-.Lname27:
-    .asciz "nvJitLinkGetErrorLogSize"
-.Lname28:
-    .asciz "nvJitLinkGetInfoLog"
-.Lname29:
-    .asciz "nvJitLinkGetInfoLogSize"
-.Lname30:
-    .asciz "nvJitLinkGetLinkedCubin"
-.Lname31:
-    .asciz "nvJitLinkGetLinkedCubinSize"
-.Lname32:
-    .asciz "nvJitLinkGetLinkedPtx"
-.Lname33:
-    .asciz "nvJitLinkGetLinkedPtxSize"
     .section .note.GNU-stack,"",@progbits

@@ -4,34 +4,22 @@
     .globl __nvJitLinkAddData_13_0
     .type __nvJitLinkAddData_13_0, @function
 __nvJitLinkAddData_13_0:
-    leaq .Lname0(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_13_0@PLT
     .size __nvJitLinkAddData_13_0, .-__nvJitLinkAddData_13_0
     .globl __nvJitLinkAddData_13_1
     .type __nvJitLinkAddData_13_1, @function
 __nvJitLinkAddData_13_1:
-    leaq .Lname1(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_13_1@PLT
     .size __nvJitLinkAddData_13_1, .-__nvJitLinkAddData_13_1
     .globl __nvJitLinkAddFile_13_0
     .type __nvJitLinkAddFile_13_0, @function
 __nvJitLinkAddFile_13_0:
-    leaq .Lname2(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_0@PLT
     .size __nvJitLinkAddFile_13_0, .-__nvJitLinkAddFile_13_0
     .globl __nvJitLinkAddFile_13_1
     .type __nvJitLinkAddFile_13_1, @function
 __nvJitLinkAddFile_13_1:
-    leaq .Lname3(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_1@PLT
     .size __nvJitLinkAddFile_13_1, .-__nvJitLinkAddFile_13_1
     .globl __nvJitLinkComplete_13_0
     .type __nvJitLinkComplete_13_0, @function
@@ -46,18 +34,12 @@ __nvJitLinkComplete_13_1:
     .globl __nvJitLinkCreate_13_0
     .type __nvJitLinkCreate_13_0, @function
 __nvJitLinkCreate_13_0:
-    leaq .Lname4(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_13_0@PLT
     .size __nvJitLinkCreate_13_0, .-__nvJitLinkCreate_13_0
     .globl __nvJitLinkCreate_13_1
     .type __nvJitLinkCreate_13_1, @function
 __nvJitLinkCreate_13_1:
-    leaq .Lname5(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_13_1@PLT
     .size __nvJitLinkCreate_13_1, .-__nvJitLinkCreate_13_1
     .globl __nvJitLinkDestroy_13_0
     .type __nvJitLinkDestroy_13_0, @function
@@ -82,18 +64,12 @@ __nvJitLinkGetErrorLogSize_13_1:
     .globl __nvJitLinkGetErrorLog_13_0
     .type __nvJitLinkGetErrorLog_13_0, @function
 __nvJitLinkGetErrorLog_13_0:
-    leaq .Lname6(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_0@PLT
     .size __nvJitLinkGetErrorLog_13_0, .-__nvJitLinkGetErrorLog_13_0
     .globl __nvJitLinkGetErrorLog_13_1
     .type __nvJitLinkGetErrorLog_13_1, @function
 __nvJitLinkGetErrorLog_13_1:
-    leaq .Lname7(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1@PLT
     .size __nvJitLinkGetErrorLog_13_1, .-__nvJitLinkGetErrorLog_13_1
     .globl __nvJitLinkGetInfoLogSize_13_0
     .type __nvJitLinkGetInfoLogSize_13_0, @function
@@ -108,18 +84,12 @@ __nvJitLinkGetInfoLogSize_13_1:
     .globl __nvJitLinkGetInfoLog_13_0
     .type __nvJitLinkGetInfoLog_13_0, @function
 __nvJitLinkGetInfoLog_13_0:
-    leaq .Lname8(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_0@PLT
     .size __nvJitLinkGetInfoLog_13_0, .-__nvJitLinkGetInfoLog_13_0
     .globl __nvJitLinkGetInfoLog_13_1
     .type __nvJitLinkGetInfoLog_13_1, @function
 __nvJitLinkGetInfoLog_13_1:
-    leaq .Lname9(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1@PLT
     .size __nvJitLinkGetInfoLog_13_1, .-__nvJitLinkGetInfoLog_13_1
     .globl __nvJitLinkGetLinkedCubinSize_13_0
     .type __nvJitLinkGetLinkedCubinSize_13_0, @function
@@ -134,18 +104,12 @@ __nvJitLinkGetLinkedCubinSize_13_1:
     .globl __nvJitLinkGetLinkedCubin_13_0
     .type __nvJitLinkGetLinkedCubin_13_0, @function
 __nvJitLinkGetLinkedCubin_13_0:
-    leaq .Lname10(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_0@PLT
     .size __nvJitLinkGetLinkedCubin_13_0, .-__nvJitLinkGetLinkedCubin_13_0
     .globl __nvJitLinkGetLinkedCubin_13_1
     .type __nvJitLinkGetLinkedCubin_13_1, @function
 __nvJitLinkGetLinkedCubin_13_1:
-    leaq .Lname11(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1@PLT
     .size __nvJitLinkGetLinkedCubin_13_1, .-__nvJitLinkGetLinkedCubin_13_1
     .globl __nvJitLinkGetLinkedPtxSize_13_0
     .type __nvJitLinkGetLinkedPtxSize_13_0, @function
@@ -160,181 +124,82 @@ __nvJitLinkGetLinkedPtxSize_13_1:
     .globl __nvJitLinkGetLinkedPtx_13_0
     .type __nvJitLinkGetLinkedPtx_13_0, @function
 __nvJitLinkGetLinkedPtx_13_0:
-    leaq .Lname12(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_0@PLT
     .size __nvJitLinkGetLinkedPtx_13_0, .-__nvJitLinkGetLinkedPtx_13_0
     .globl __nvJitLinkGetLinkedPtx_13_1
     .type __nvJitLinkGetLinkedPtx_13_1, @function
 __nvJitLinkGetLinkedPtx_13_1:
-    leaq .Lname13(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1@PLT
     .size __nvJitLinkGetLinkedPtx_13_1, .-__nvJitLinkGetLinkedPtx_13_1
     .globl nvJitLinkAddData
     .type nvJitLinkAddData, @function
 nvJitLinkAddData:
-    leaq .Lname14(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_13_1@PLT
     .size nvJitLinkAddData, .-nvJitLinkAddData
     .globl nvJitLinkAddFile
     .type nvJitLinkAddFile, @function
 nvJitLinkAddFile:
-    leaq .Lname15(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_1@PLT
     .size nvJitLinkAddFile, .-nvJitLinkAddFile
     .globl nvJitLinkComplete
     .type nvJitLinkComplete, @function
 nvJitLinkComplete:
-    leaq .Lname16(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkComplete_13_1@PLT
     .size nvJitLinkComplete, .-nvJitLinkComplete
     .globl nvJitLinkCreate
     .type nvJitLinkCreate, @function
 nvJitLinkCreate:
-    leaq .Lname17(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_13_1@PLT
     .size nvJitLinkCreate, .-nvJitLinkCreate
     .globl nvJitLinkDestroy
     .type nvJitLinkDestroy, @function
 nvJitLinkDestroy:
-    leaq .Lname18(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkDestroy_13_1@PLT
     .size nvJitLinkDestroy, .-nvJitLinkDestroy
     .globl nvJitLinkGetErrorLog
     .type nvJitLinkGetErrorLog, @function
 nvJitLinkGetErrorLog:
-    leaq .Lname19(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1@PLT
     .size nvJitLinkGetErrorLog, .-nvJitLinkGetErrorLog
     .globl nvJitLinkGetErrorLogSize
     .type nvJitLinkGetErrorLogSize, @function
 nvJitLinkGetErrorLogSize:
-    leaq .Lname20(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1@PLT
     .size nvJitLinkGetErrorLogSize, .-nvJitLinkGetErrorLogSize
     .globl nvJitLinkGetInfoLog
     .type nvJitLinkGetInfoLog, @function
 nvJitLinkGetInfoLog:
-    leaq .Lname21(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1@PLT
     .size nvJitLinkGetInfoLog, .-nvJitLinkGetInfoLog
     .globl nvJitLinkGetInfoLogSize
     .type nvJitLinkGetInfoLogSize, @function
 nvJitLinkGetInfoLogSize:
-    leaq .Lname22(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1@PLT
     .size nvJitLinkGetInfoLogSize, .-nvJitLinkGetInfoLogSize
     .globl nvJitLinkGetLinkedCubin
     .type nvJitLinkGetLinkedCubin, @function
 nvJitLinkGetLinkedCubin:
-    leaq .Lname23(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1@PLT
     .size nvJitLinkGetLinkedCubin, .-nvJitLinkGetLinkedCubin
     .globl nvJitLinkGetLinkedCubinSize
     .type nvJitLinkGetLinkedCubinSize, @function
 nvJitLinkGetLinkedCubinSize:
-    leaq .Lname24(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1@PLT
     .size nvJitLinkGetLinkedCubinSize, .-nvJitLinkGetLinkedCubinSize
     .globl nvJitLinkGetLinkedPtx
     .type nvJitLinkGetLinkedPtx, @function
 nvJitLinkGetLinkedPtx:
-    leaq .Lname25(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1@PLT
     .size nvJitLinkGetLinkedPtx, .-nvJitLinkGetLinkedPtx
     .globl nvJitLinkGetLinkedPtxSize
     .type nvJitLinkGetLinkedPtxSize, @function
 nvJitLinkGetLinkedPtxSize:
-    leaq .Lname26(%rip), %rdi
-    movq $6, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1@PLT
     .size nvJitLinkGetLinkedPtxSize, .-nvJitLinkGetLinkedPtxSize
     .globl nvJitLinkVersion
     .type nvJitLinkVersion, @function
 nvJitLinkVersion:
-    jmp __chidori_nvjitlink_nvJitLinkVersion@PLT
+    jmp __chidori_nvjitlink_nvJitLinkVersion__cu130@PLT
     .size nvJitLinkVersion, .-nvJitLinkVersion
     .section .rodata
-.Lname0:
-    .asciz "__nvJitLinkAddData_13_0"
-.Lname1:
-    .asciz "__nvJitLinkAddData_13_1"
-.Lname2:
-    .asciz "__nvJitLinkAddFile_13_0"
-.Lname3:
-    .asciz "__nvJitLinkAddFile_13_1"
-.Lname4:
-    .asciz "__nvJitLinkCreate_13_0"
-.Lname5:
-    .asciz "__nvJitLinkCreate_13_1"
-.Lname6:
-    .asciz "__nvJitLinkGetErrorLog_13_0"
-.Lname7:
-    .asciz "__nvJitLinkGetErrorLog_13_1"
-.Lname8:
-    .asciz "__nvJitLinkGetInfoLog_13_0"
-.Lname9:
-    .asciz "__nvJitLinkGetInfoLog_13_1"
-.Lname10:
-    .asciz "__nvJitLinkGetLinkedCubin_13_0"
-.Lname11:
-    .asciz "__nvJitLinkGetLinkedCubin_13_1"
-.Lname12:
-    .asciz "__nvJitLinkGetLinkedPtx_13_0"
-.Lname13:
-    .asciz "__nvJitLinkGetLinkedPtx_13_1"
-.Lname14:
-    .asciz "nvJitLinkAddData"
-.Lname15:
-    .asciz "nvJitLinkAddFile"
-.Lname16:
-    .asciz "nvJitLinkComplete"
-.Lname17:
-    .asciz "nvJitLinkCreate"
-.Lname18:
-    .asciz "nvJitLinkDestroy"
-.Lname19:
-    .asciz "nvJitLinkGetErrorLog"
-.Lname20:
-    .asciz "nvJitLinkGetErrorLogSize"
-.Lname21:
-    .asciz "nvJitLinkGetInfoLog"
-.Lname22:
-    .asciz "nvJitLinkGetInfoLogSize"
-.Lname23:
-    .asciz "nvJitLinkGetLinkedCubin"
-.Lname24:
-    .asciz "nvJitLinkGetLinkedCubinSize"
-.Lname25:
-    .asciz "nvJitLinkGetLinkedPtx"
-.Lname26:
-    .asciz "nvJitLinkGetLinkedPtxSize"
     .section .note.GNU-stack,"",@progbits

@@ -23,6 +23,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (11: a graph loop may send the
-/// output slot after its last step, `GraphLoop::tail`).
-pub const PROTOCOL_VERSION: u16 = 12;
+/// Bumped on any incompatible change to frames or messages (13: nvJitLink links,
+/// `Service::JitLink`).
+pub const PROTOCOL_VERSION: u16 = 13;

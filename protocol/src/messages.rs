@@ -251,6 +251,28 @@ pub enum Service {
     /// Link inputs with the server's JIT linker (the client keeps cuLink state and sends
     /// everything a link needs at once); answered by `Linked`.
     Link(LinkRequest),
+    /// Link with the server's nvJitLink (the client keeps nvJitLink handles and sends a
+    /// whole link at nvJitLinkComplete); answered by `JitLinked`.
+    JitLink(JitLinkRequest),
+}
+
+/// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its
+/// inputs (nvJitLinkInputType, name, bytes).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct JitLinkRequest {
+    pub options: Vec<String>,
+    pub inputs: Vec<(u32, String, Vec<u8>)>,
+}
+
+/// What an nvJitLink link produced: `status` in nvJitLink's codes (of the first failing
+/// call), the linked CUBIN and PTX (each empty where the link made none), both logs.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct JitLinkResult {
+    pub status: i64,
+    pub cubin: Vec<u8>,
+    pub ptx: Vec<u8>,
+    pub info_log: Vec<u8>,
+    pub error_log: Vec<u8>,
 }
 
 /// A JIT link: numeric options (CUjit_option, value) and inputs (CUjitInputType, name,
@@ -444,6 +466,7 @@ pub enum ServiceReply {
         graphs: Vec<u64>,
         address: u64,
     },
+    JitLinked(JitLinkResult),
 }
 
 /// Serialize a message into an archive.

@@ -2,7 +2,8 @@
 
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
-    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult,
+    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, JitLinkRequest, JitLinkResult, KernelInfo,
+    Launch, LinkRequest, LinkResult,
 };
 
 /// A host function installed on a stream: called when the stream reaches it with the
@@ -53,6 +54,11 @@ pub trait Backend: Send + Sync + 'static {
     /// the server has no usable NVRTC.
     fn compile(&self, _request: &CompileRequest) -> Result<CompileResult, (i64, String)> {
         Err((NVRTC_INTERNAL_ERROR, format!("the {} backend has no NVRTC", self.name())))
+    }
+    /// Link with the server's nvJitLink. Err: (nvJitLink status, message) when the server
+    /// has no usable nvJitLink.
+    fn jit_link(&self, _request: &JitLinkRequest) -> Result<JitLinkResult, (i64, String)> {
+        Err((crate::nvjitlink::INTERNAL, format!("the {} backend has no nvJitLink", self.name())))
     }
     /// Launch with parameters packed by `layout` in `params`; returns the driver status.
     ///

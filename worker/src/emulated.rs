@@ -966,6 +966,47 @@ impl Backend for Emulated {
         Err((NOT_SUPPORTED, "the emulated backend has no JIT linker".into()))
     }
 
+    /// A stand-in for nvJitLink with its rules on options and inputs: `-arch=sm_NN` is
+    /// required, an input must be non-empty and of a known type; the "CUBIN" is an ELF
+    /// magic and the inputs' bytes, PTX only with `-ptx`.
+    fn jit_link(
+        &self,
+        request: &chidori_protocol::messages::JitLinkRequest,
+    ) -> Result<chidori_protocol::messages::JitLinkResult, (i64, String)> {
+        use chidori_protocol::messages::JitLinkResult;
+        let fail = |status: i64, log: String| JitLinkResult {
+            status,
+            error_log: format!("{log}\0").into_bytes(),
+            ..JitLinkResult::default()
+        };
+        let Some(arch) = request.options.iter().find_map(|o| o.strip_prefix("-arch=")) else {
+            return Ok(fail(2, "ERROR: -arch=sm_NN is required".into()));
+        };
+        if let Some(o) =
+            request.options.iter().find(|o| !o.starts_with("-arch=") && !["-ptx", "-lto"].contains(&o.as_str()))
+        {
+            return Ok(fail(1, format!("ERROR: unrecognized option {o}")));
+        }
+        if let Some((kind, name, _)) =
+            request.inputs.iter().find(|(kind, _, bytes)| bytes.is_empty() || !matches!(kind, 1..=7 | 10))
+        {
+            return Ok(fail(3, format!("ERROR: input {name:?} (type {kind}) is empty or of no known type")));
+        }
+        let mut cubin = b"\x7fELF".to_vec();
+        for (_, _, bytes) in &request.inputs {
+            cubin.extend_from_slice(bytes);
+        }
+        let ptx =
+            if request.options.iter().any(|o| o == "-ptx") { b"// emulated link\n\0".to_vec() } else { Vec::new() };
+        Ok(JitLinkResult {
+            status: 0,
+            cubin,
+            ptx,
+            info_log: format!("emulated link: {} inputs for {arch}\0", request.inputs.len()).into_bytes(),
+            error_log: Vec::new(),
+        })
+    }
+
     unsafe fn graph_node(
         &self,
         request: &GraphNode,

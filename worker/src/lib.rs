@@ -27,6 +27,7 @@ pub mod io;
 pub mod loader;
 pub mod memory;
 pub mod mirror;
+pub mod nvjitlink;
 pub mod nvrtc;
 pub mod output;
 pub mod profile;

@@ -398,6 +398,17 @@ impl Backend for Real {
         }
     }
 
+    fn jit_link(
+        &self,
+        request: &chidori_protocol::messages::JitLinkRequest,
+    ) -> Result<chidori_protocol::messages::JitLinkResult, (i64, String)> {
+        let internal = crate::nvjitlink::INTERNAL;
+        match &*self.library("nvjitlink") {
+            Ok(lib) => crate::nvjitlink::link(lib, request).map_err(|e| (internal, e)),
+            Err(e) => Err((internal, format!("the server has no nvJitLink: {e}"))),
+        }
+    }
+
     fn layout_version(&self, _library: &str) -> Option<String> {
         Some(self.layout.clone())
     }

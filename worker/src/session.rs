@@ -1440,6 +1440,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Ok(result) => ServiceReply::Linked(result),
             Err((status, message)) => ServiceReply::Error { status, message },
         },
+        Service::JitLink(request) => match session.backend.jit_link(&request) {
+            Ok(result) => ServiceReply::JitLinked(result),
+            Err((status, message)) => ServiceReply::Error { status, message },
+        },
         Service::GraphNode(request) => graph_node(session, frame, request),
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },

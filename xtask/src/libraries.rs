@@ -53,6 +53,20 @@ pub struct Library {
     /// Parse `cudaTypedefs.h` for the `cuGetProcAddress` table.
     #[serde(default)]
     pub proc_table: bool,
+    /// Regex over declared names that carry the header's version (nvJitLink's header renames
+    /// `nvJitLinkCreate` to `__nvJitLinkCreate_13_0`): its first capture is the stable name,
+    /// the function's key in the spec, and the unversioned export (what programs that
+    /// `dlsym` it get) is the same function.
+    pub versioned_names: Option<String>,
+}
+
+impl Library {
+    /// The stable name of a versioned declaration (`__nvJitLinkCreate_13_0` →
+    /// `nvJitLinkCreate`), None for other names.
+    pub fn stable_name(&self, name: &str) -> Option<String> {
+        let re = regex::Regex::new(self.versioned_names.as_deref()?).ok()?;
+        Some(re.captures(name)?.get(1)?.as_str().to_owned())
+    }
 }
 
 fn yes() -> bool {
@@ -81,6 +95,12 @@ impl Libraries {
                 bail!("{}: library {} is declared twice", path.display(), lib.name);
             }
             regex::Regex::new(&lib.headers).with_context(|| format!("library {}: bad headers regex", lib.name))?;
+            if let Some(v) = &lib.versioned_names {
+                let re = regex::Regex::new(v).with_context(|| format!("library {}: bad versioned_names", lib.name))?;
+                if re.captures_len() < 2 {
+                    bail!("library {}: versioned_names needs a capture (the stable name)", lib.name);
+                }
+            }
             if lib.real_library.is_none() && lib.soname.is_none() {
                 bail!("library {}: needs real_library or soname", lib.name);
             }

@@ -440,6 +440,13 @@ fn version_key(v: &str) -> (u32, u32) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
+/// The version a versioned name ends with (`__nvJitLinkCreate_13_1` → (13, 1)).
+fn name_version(name: &str) -> (u32, u32) {
+    let mut parts = name.rsplit('_').map(|p| p.parse::<u32>().unwrap_or(0));
+    let minor = parts.next().unwrap_or(0);
+    (parts.next().unwrap_or(0), minor)
+}
+
 fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<LibModel> {
     let mut versions: Vec<String> =
         all.iter().filter(|(_, l)| l.contains_key(&lib.name)).map(|(v, _)| v.clone()).collect();
@@ -470,7 +477,8 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
         }
     }
     for name in spec.function.keys() {
-        if !decls.contains_key(name) {
+        let versioned = || decls.keys().any(|d| lib.stable_name(d).as_deref() == Some(name.as_str()));
+        if !decls.contains_key(name) && !versioned() {
             bail!("specs/{}.toml names function {name}, which no header of any version declares", lib.name);
         }
     }
@@ -490,8 +498,10 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
     let mut functions = BTreeMap::new();
     for (name, per_version) in &decls {
         // Per-thread-default-stream twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share
-        // their base function's spec.
-        let base = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz"));
+        // their base function's spec, and a versioned name (`__nvJitLinkCreate_13_0`) its
+        // stable name's.
+        let stable = lib.stable_name(name);
+        let base = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")).or(stable.as_deref());
         let fspec =
             spec.function.get(name).or_else(|| base.and_then(|b| spec.function.get(b))).cloned().unwrap_or_default();
         let hidden_spec = spec.hidden.get(name);
@@ -578,6 +588,21 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
                 }
             }
         }
+        // An unversioned export whose versioned declarations the headers have is the newest
+        // of them (`nvJitLinkCreate`: `__nvJitLinkCreate_13_1` for libnvJitLink.so.13).
+        let mut aliased = BTreeSet::new();
+        for name in &missing {
+            let newest = exports
+                .iter()
+                .filter(|(declared, _)| lib.stable_name(declared).as_deref() == Some(name.as_str()))
+                .max_by_key(|(declared, _)| name_version(declared))
+                .map(|(_, target)| target.clone());
+            if let Some(target) = newest {
+                aliased.insert(name.clone());
+                exports.insert(name.clone(), target);
+            }
+        }
+        missing.retain(|name| !aliased.contains(name));
         for name in &missing {
             exports.insert(name.clone(), Target::Unsupported { code: Some(newest_codes.not_supported), string: false });
         }

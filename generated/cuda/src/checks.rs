@@ -350,13 +350,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -372,7 +372,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
@@ -811,13 +811,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -833,7 +833,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
@@ -1272,13 +1272,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -1294,7 +1294,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
@@ -1738,13 +1738,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -1760,7 +1760,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
@@ -2204,13 +2204,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -2226,7 +2226,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
@@ -2670,13 +2670,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 100u16,
                     when: None,
                     written: true,
                 },
@@ -2692,7 +2692,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 98u16,
                     when: None,
                     written: true,
                 },

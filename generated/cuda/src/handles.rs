@@ -102,7 +102,6 @@ pub static KINDS: &[&str] = &[
     "ncclComm",
     "ncclWindow",
     "ncclWindow_vidmem",
-    "nvJitLink",
     "nvmlComputeInstance_st",
     "nvmlDevice_st",
     "nvmlGpmSample_st",
@@ -219,12 +218,11 @@ pub mod kind {
     pub const ncclComm: HandleKind = 94u16;
     pub const ncclWindow: HandleKind = 95u16;
     pub const ncclWindow_vidmem: HandleKind = 96u16;
-    pub const nvJitLink: HandleKind = 97u16;
-    pub const nvmlComputeInstance_st: HandleKind = 98u16;
-    pub const nvmlDevice_st: HandleKind = 99u16;
-    pub const nvmlGpmSample_st: HandleKind = 100u16;
-    pub const nvmlGpuInstance_st: HandleKind = 101u16;
-    pub const nvmlUnit_st: HandleKind = 102u16;
-    pub const pruneInfo: HandleKind = 103u16;
-    pub const syevjInfo: HandleKind = 104u16;
+    pub const nvmlComputeInstance_st: HandleKind = 97u16;
+    pub const nvmlDevice_st: HandleKind = 98u16;
+    pub const nvmlGpmSample_st: HandleKind = 99u16;
+    pub const nvmlGpuInstance_st: HandleKind = 100u16;
+    pub const nvmlUnit_st: HandleKind = 101u16;
+    pub const pruneInfo: HandleKind = 102u16;
+    pub const syevjInfo: HandleKind = 103u16;
 }

@@ -21,6 +21,7 @@ pub mod kernels;
 pub mod libraries;
 pub mod link;
 pub mod memory;
+pub mod nvjitlink;
 pub mod nvml;
 pub mod nvrtc;
 pub mod streams;

@@ -49,7 +49,7 @@ fn local(name: &'static str, body: impl FnOnce() -> u32) -> u32 {
 ///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string.
-unsafe fn string(p: *const c_char) -> Option<String> {
+pub(crate) unsafe fn string(p: *const c_char) -> Option<String> {
     // SAFETY: per the contract.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
@@ -58,7 +58,7 @@ unsafe fn string(p: *const c_char) -> Option<String> {
 ///
 /// # Safety
 /// `array` is NULL or holds `n` pointers, each NULL or a NUL-terminated string.
-unsafe fn strings(array: *const *const c_char, n: usize) -> Option<Vec<String>> {
+pub(crate) unsafe fn strings(array: *const *const c_char, n: usize) -> Option<Vec<String>> {
     if n == 0 {
         return Some(Vec::new());
     }

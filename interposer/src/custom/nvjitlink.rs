@@ -1,0 +1,307 @@
+//! nvJitLink (specs/nvjitlink.toml): links live on the client, as NVRTC programs do
+//! (custom/nvrtc.rs). Options and inputs stay here (a file input is read here: it is on the
+//! program's machine), `nvJitLinkComplete` sends the whole link in one `Service::JitLink`
+//! request, and its answer (the linked CUBIN or PTX and both logs) answers every later
+//! question without a round trip.
+//!
+//! Every `unsafe fn` here has the safety contract of the nvJitLink function it implements.
+#![allow(clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use chidori_cuda::desc::Ctx;
+use chidori_protocol::messages::{JitLinkRequest, JitLinkResult, Service, ServiceReply};
+
+use super::nvrtc::{string, strings};
+
+/// NVJITLINK_ERROR_MISSING_ARCH, NVJITLINK_ERROR_INVALID_INPUT, NVJITLINK_ERROR_INTERNAL
+/// (the same since 12.0).
+const MISSING_ARCH: u32 = 2;
+const INVALID_INPUT: u32 = 3;
+const INTERNAL: u32 = 6;
+/// NVJITLINK_INPUT_ANY: the type follows from the input (for a file, its extension).
+const INPUT_ANY: u32 = 10;
+
+#[derive(Default)]
+struct Link {
+    request: JitLinkRequest,
+    /// The server's answer, once completed.
+    done: Option<JitLinkResult>,
+}
+
+static LINKS: Mutex<Option<HashMap<u64, Link>>> = Mutex::new(None);
+
+fn links() -> MutexGuard<'static, Option<HashMap<u64, Link>>> {
+    LINKS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn with_link<T>(handle: *mut c_void, f: impl FnOnce(&mut Link) -> T) -> Option<T> {
+    links().get_or_insert_with(HashMap::new).get_mut(&(handle as u64)).map(f)
+}
+
+fn local(ctx: &Ctx, body: impl FnOnce() -> u32) -> u32 {
+    crate::guard::ffi(ctx.name, INTERNAL, || {
+        crate::trace::local(ctx.name);
+        body()
+    })
+}
+
+/// nvJitLinkCreate: a link the client names. `-arch=sm_NN` is required, as nvJitLink
+/// checks at once; the other options are the server's linker's to judge at completion.
+pub unsafe fn create(ctx: &Ctx, handle: *mut c_void, num_options: u32, options: *mut c_void) -> u32 {
+    local(ctx, || {
+        if handle.is_null() {
+            return INVALID_INPUT;
+        }
+        // SAFETY: `numOptions` option strings per the API.
+        let Some(options) = (unsafe { strings(options as *const *const c_char, num_options as usize) }) else {
+            return INVALID_INPUT;
+        };
+        if !options.iter().any(|o| o.starts_with("-arch=")) {
+            return MISSING_ARCH;
+        }
+        let name = crate::runtime::next_handle_name();
+        let link = Link { request: JitLinkRequest { options, inputs: Vec::new() }, done: None };
+        links().get_or_insert_with(HashMap::new).insert(name, link);
+        // SAFETY: the caller's nvJitLinkHandle*, non-null.
+        unsafe { std::ptr::write_unaligned(handle as *mut u64, name) };
+        0
+    })
+}
+
+/// nvJitLinkDestroy: the link and what it produced go; the caller's handle becomes NULL.
+pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
+    local(ctx, || {
+        if handle.is_null() {
+            return INVALID_INPUT;
+        }
+        // SAFETY: the caller's nvJitLinkHandle*, non-null.
+        let name = unsafe { std::ptr::read_unaligned(handle as *const u64) };
+        if links().get_or_insert_with(HashMap::new).remove(&name).is_none() {
+            return INVALID_INPUT;
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write_unaligned(handle as *mut u64, 0) };
+        0
+    })
+}
+
+fn add(handle: *mut c_void, kind: u32, name: String, bytes: Vec<u8>) -> u32 {
+    with_link(handle, |l| l.request.inputs.push((kind, name, bytes))).map_or(INVALID_INPUT, |()| 0)
+}
+
+/// nvJitLinkAddData: the input's bytes, kept until the link completes.
+pub unsafe fn add_data(
+    ctx: &Ctx,
+    handle: *mut c_void,
+    kind: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    local(ctx, || {
+        if data.is_null() || size == 0 {
+            return INVALID_INPUT;
+        }
+        // SAFETY: the input's `size` bytes and its optional name, per the API.
+        let (bytes, name) =
+            unsafe { (std::slice::from_raw_parts(data as *const u8, size).to_vec(), string(name as *const c_char)) };
+        add(handle, kind, name.unwrap_or_default(), bytes)
+    })
+}
+
+/// The input type a file's extension names, for NVJITLINK_INPUT_ANY.
+fn type_of_file(path: &str) -> u32 {
+    match path.rsplit_once('.').map(|(_, ext)| ext) {
+        Some("cubin") => 1,
+        Some("ptx") => 2,
+        Some("ltoir") => 3,
+        Some("fatbin") => 4,
+        Some("o") => 5,
+        Some("a") => 6,
+        _ => INPUT_ANY,
+    }
+}
+
+/// nvJitLinkAddFile: the file is on the client; its bytes are the input.
+pub unsafe fn add_file(ctx: &Ctx, handle: *mut c_void, kind: u32, file: *mut c_void) -> u32 {
+    local(ctx, || {
+        // SAFETY: a NUL-terminated path per the API.
+        let Some(path) = (unsafe { string(file as *const c_char) }) else { return INVALID_INPUT };
+        let bytes = match std::fs::read(&path) {
+            Ok(b) if !b.is_empty() => b,
+            Ok(_) => return INVALID_INPUT,
+            Err(e) => {
+                crate::log::once_owned(&format!("nvJitLinkAddFile {path}"), || {
+                    tracing::warn!("nvJitLinkAddFile: cannot read {path}: {e}")
+                });
+                return INVALID_INPUT;
+            }
+        };
+        let kind = if kind == INPUT_ANY { type_of_file(&path) } else { kind };
+        add(handle, kind, path, bytes)
+    })
+}
+
+/// nvJitLinkComplete: the whole link in one request to the server's nvJitLink.
+pub unsafe fn complete(ctx: &Ctx, handle: *mut c_void) -> u32 {
+    crate::guard::ffi(ctx.name, INTERNAL, || {
+        let Some(request) = with_link(handle, |l| l.request.clone()) else { return INVALID_INPUT };
+        let start = Instant::now();
+        let sent: usize = request.inputs.iter().map(|(_, _, b)| b.len()).sum();
+        let result = link(&request).unwrap_or_else(|message| {
+            crate::log::once_owned(&message, || tracing::error!("nvJitLinkComplete: {message}"));
+            JitLinkResult {
+                status: i64::from(INTERNAL),
+                error_log: format!("{message}\0").into_bytes(),
+                ..JitLinkResult::default()
+            }
+        });
+        let received = result.cubin.len() + result.ptx.len() + result.info_log.len() + result.error_log.len();
+        crate::trace::bytes(ctx.name, 1, sent as u64, received as u64, start.elapsed());
+        let status = u32::try_from(result.status).unwrap_or(INTERNAL);
+        with_link(handle, |l| l.done = Some(result));
+        status
+    })
+}
+
+fn link(request: &JitLinkRequest) -> Result<JitLinkResult, String> {
+    let conn = crate::conn::get()?;
+    match conn.service(&Service::JitLink(request.clone()), &[])? {
+        ServiceReply::JitLinked(r) => Ok(r),
+        ServiceReply::Error { message, .. } => Err(format!("the server cannot link: {message}")),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
+/// Which product of a link.
+#[derive(Clone, Copy)]
+enum Output {
+    Cubin,
+    Ptx,
+    ErrorLog,
+    InfoLog,
+}
+
+/// A product's bytes: the linked images once completed (an error where the link made
+/// none), the logs at any time (an empty log is its NUL).
+fn output(handle: *mut c_void, which: Output) -> Result<Vec<u8>, u32> {
+    with_link(handle, |l| {
+        let done = l.done.as_ref();
+        let log = |pick: fn(&JitLinkResult) -> &Vec<u8>| {
+            done.map(pick).filter(|b| !b.is_empty()).cloned().unwrap_or_else(|| vec![0])
+        };
+        match which {
+            Output::Cubin => done.map(|d| d.cubin.clone()).filter(|b| !b.is_empty()).ok_or(INVALID_INPUT),
+            Output::Ptx => done.map(|d| d.ptx.clone()).filter(|b| !b.is_empty()).ok_or(INVALID_INPUT),
+            Output::ErrorLog => Ok(log(|d| &d.error_log)),
+            Output::InfoLog => Ok(log(|d| &d.info_log)),
+        }
+    })
+    .unwrap_or(Err(INVALID_INPUT))
+}
+
+unsafe fn size_of_output(ctx: &Ctx, handle: *mut c_void, size: *mut c_void, which: Output) -> u32 {
+    local(ctx, || {
+        if size.is_null() {
+            return INVALID_INPUT;
+        }
+        match output(handle, which) {
+            Ok(bytes) => {
+                // SAFETY: the caller's size_t*, non-null.
+                unsafe { std::ptr::write_unaligned(size as *mut usize, bytes.len()) };
+                0
+            }
+            Err(status) => status,
+        }
+    })
+}
+
+unsafe fn copy_output(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void, which: Output) -> u32 {
+    local(ctx, || {
+        if buffer.is_null() {
+            return INVALID_INPUT;
+        }
+        match output(handle, which) {
+            Ok(bytes) => {
+                // SAFETY: the caller's buffer holds the size the matching size query gave.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer as *mut u8, bytes.len()) };
+                0
+            }
+            Err(status) => status,
+        }
+    })
+}
+
+pub unsafe fn cubin_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { size_of_output(ctx, handle, size, Output::Cubin) }
+}
+
+pub unsafe fn cubin(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { copy_output(ctx, handle, buffer, Output::Cubin) }
+}
+
+pub unsafe fn ptx_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { size_of_output(ctx, handle, size, Output::Ptx) }
+}
+
+pub unsafe fn ptx(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { copy_output(ctx, handle, buffer, Output::Ptx) }
+}
+
+pub unsafe fn error_log_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { size_of_output(ctx, handle, size, Output::ErrorLog) }
+}
+
+pub unsafe fn error_log(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { copy_output(ctx, handle, buffer, Output::ErrorLog) }
+}
+
+pub unsafe fn info_log_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { size_of_output(ctx, handle, size, Output::InfoLog) }
+}
+
+pub unsafe fn info_log(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
+    // SAFETY: the caller's arguments.
+    unsafe { copy_output(ctx, handle, buffer, Output::InfoLog) }
+}
+
+/// nvJitLinkVersion: the version of the headers the program's library came with (the
+/// linker that runs is the server's).
+pub unsafe fn version(ctx: &Ctx, major: *mut c_void, minor: *mut c_void) -> u32 {
+    local(ctx, || {
+        if major.is_null() || minor.is_null() {
+            return INVALID_INPUT;
+        }
+        let mut parts = ctx.version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        // SAFETY: the caller's unsigned int*, non-null.
+        unsafe {
+            std::ptr::write_unaligned(major as *mut u32, parts.next().unwrap_or(0));
+            std::ptr::write_unaligned(minor as *mut u32, parts.next().unwrap_or(0));
+        }
+        0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_of_any_type_is_typed_by_its_extension() {
+        assert_eq!(type_of_file("/tmp/k.ptx"), 2);
+        assert_eq!(type_of_file("lib.a"), 6);
+        assert_eq!(type_of_file("x.ltoir"), 3);
+        assert_eq!(type_of_file("noext"), INPUT_ANY);
+    }
+}
