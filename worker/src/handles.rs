@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 
 use chidori_cuda::handles::{ACCEPTS, KINDS};
-use chidori_protocol::desc::HandleKind;
+use chidori_protocol::desc::{HANDLE_TAG_MASK as TAG_MASK, HandleKind};
 
-use chidori_protocol::desc::HANDLE_TAG_MASK as TAG_MASK;
 /// The tag in the top 16 bits of every id the worker gives. The client's own names carry
 /// another (`CLIENT_NAME_TAG`), and a user-space pointer has none.
 pub use chidori_protocol::desc::WORKER_ID_TAG as ID_TAG;
