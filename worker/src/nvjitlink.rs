@@ -133,3 +133,36 @@ unsafe fn read(handle: Handle, size: Size, get: Get) -> Vec<u8> {
         buf
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PTX kernel for sm_90, as a compiler writes one.
+    const PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n\
+        .visible .entry k(.param .u64 p)\n{\n.reg .b64 %rd<2>;\n.reg .b32 %r<2>;\n\
+        ld.param.u64 %rd1, [p];\ncvta.to.global.u64 %rd1, %rd1;\nmov.u32 %r1, 7;\n\
+        st.global.u32 [%rd1], %r1;\nret;\n}\n";
+
+    /// Needs a libnvJitLink (no GPU): `CHIDORI_TEST_NVJITLINK_DIR=<dir with
+    /// libnvJitLink.so.13>`, e.g. extracted from the `nvidia-nvjitlink` wheel.
+    #[test]
+    #[ignore = "needs libnvJitLink: set CHIDORI_TEST_NVJITLINK_DIR"]
+    fn a_ptx_input_links_to_a_cubin_and_failures_come_back_with_their_logs() {
+        let dir = std::path::PathBuf::from(std::env::var("CHIDORI_TEST_NVJITLINK_DIR").expect("the directory"));
+        let lib = crate::loader::load(&["libnvJitLink.so.13", "libnvJitLink.so.12"], &[dir]).expect("libnvJitLink");
+        let input = |ptx: &str| vec![(2u32, "k.ptx".to_owned(), ptx.as_bytes().to_vec())];
+        let req = JitLinkRequest { options: vec!["-arch=sm_90".into()], inputs: input(PTX) };
+        let r = link(&lib, &req).expect("nvJitLink has every function");
+        assert_eq!(r.status, 0, "error log: {}", String::from_utf8_lossy(&r.error_log));
+        assert!(r.cubin.starts_with(b"\x7fELF"), "a CUBIN");
+        assert!(r.ptx.is_empty(), "no PTX without -lto -ptx");
+        let no_arch = link(&lib, &JitLinkRequest { options: vec![], inputs: input(PTX) }).unwrap();
+        assert_eq!(no_arch.status, 2, "NVJITLINK_ERROR_MISSING_ARCH");
+        let bad = link(&lib, &JitLinkRequest { options: req.options.clone(), inputs: input("not PTX") }).unwrap();
+        assert_ne!(bad.status, 0);
+        assert!(bad.cubin.is_empty());
+        let nul = link(&lib, &JitLinkRequest { options: vec!["-arch\0".into()], inputs: input(PTX) }).unwrap();
+        assert_eq!(nul.status, INVALID_INPUT, "a NUL inside an option is refused before the library");
+    }
+}
