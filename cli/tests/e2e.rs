@@ -1863,6 +1863,84 @@ fn graphs_built_call_by_call_replay_on_the_emulated_gpu() {
     assert_eq!(dot.matches(" -> ").count(), 4, "the graph's four edges: {dot}");
 }
 
+/// Capture state asked again and again (torch's allocator asks on every allocation).
+const CAPTURE_QUESTIONS: &str = r#"
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s;
+  cudaEvent_t e;
+  int *p;
+  enum cudaStreamCaptureStatus status;
+  unsigned long long id = 0, first = 0;
+  cudaGraph_t g, got;
+  const cudaGraphNode_t *deps;
+  size_t n = 0;
+  CHECK(cudaStreamCreate(&s));
+  CHECK(cudaEventCreate(&e));
+  CHECK(cudaMalloc((void **)&p, 64));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &first, NULL, NULL, NULL, NULL));
+  EXPECT(status == cudaStreamCaptureStatusActive);
+  for (int i = 0; i < 50; ++i) {
+    CHECK(cudaMemsetAsync(p, i, 64, s));
+    CHECK(cudaStreamGetCaptureInfo(s, &status, &id, &got, NULL, NULL, NULL));
+    EXPECT(status == cudaStreamCaptureStatusActive && id == first);
+    CHECK(cudaStreamIsCapturing(s, &status));
+    EXPECT(status == cudaStreamCaptureStatusActive);
+  }
+  /* Another stream, not capturing: learned too. */
+  CHECK(cudaStreamIsCapturing(0, &status));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cudaStreamGetCaptureInfo(0, &status, NULL, NULL, NULL, NULL, NULL));
+    EXPECT(status == cudaStreamCaptureStatusNone);
+  }
+  /* The frontier moves with every captured call: always asked. */
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cudaMemsetAsync(p, i, 64, s));
+    CHECK(cudaStreamGetCaptureInfo(s, &status, &id, &g, &deps, NULL, &n));
+    EXPECT(status == cudaStreamCaptureStatusActive && n == 1);
+  }
+  /* A failing call may have invalidated the capture: asked again. */
+  EXPECT(cudaStreamQuery((cudaStream_t)0x1234) != cudaSuccess);
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL, NULL));
+  /* Waiting on an event may join a capture: asked again. */
+  CHECK(cudaEventRecord(e, s));
+  CHECK(cudaStreamWaitEvent(s, e, 0));
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL, NULL));
+  EXPECT(status == cudaStreamCaptureStatusActive && id == first);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL, NULL));
+  EXPECT(status == cudaStreamCaptureStatusNone);
+  /* A new capture: a new id, asked once. */
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < 10; ++i) {
+    CHECK(cudaStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL, NULL));
+    EXPECT(status == cudaStreamCaptureStatusActive && id != first);
+  }
+  CHECK(cudaStreamEndCapture(s, &got));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+/// Issue 19 (torch asks a capture's status on every allocation: 1,071 round trips in one
+/// decode warm-up at 70 ms on the H200): the worker's answer about a capturing stream
+/// answers later questions until something may change it.
+#[test]
+fn capture_state_asked_again_is_answered_by_the_client_until_something_may_change_it() {
+    let server = server();
+    let exe = program("capture-questions", &format!("{CHECKS}{CAPTURE_QUESTIONS}"));
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // First capture: the first question, the legacy stream's, 3 frontiers, after the
+    // failure, after the wait; the second capture: its first question. 8 of 70.
+    let asked = stderr.lines().find(|l| l.starts_with("(graph nodes)")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(asked.split_whitespace().nth(3), Some("8"), "round trips: {stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamGetCaptureInfo"), ["70", "0"], "{stderr}");
+    let capturing = trace_row(&stderr, "cudaStreamIsCapturing");
+    assert_eq!(capturing[1], "1", "the legacy stream's, before it was learned: {stderr}");
+}
+
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current
 /// context follows), arrays with 2D copies between host memory, arrays and device memory,
 /// texture objects, pools, pointer attributes from the interval map, graphs, stream

@@ -1128,6 +1128,10 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
             if let Some(message) = reply.error.as_ref() {
                 crate::log::once_owned(message.as_str(), || tracing::warn!("server: {message}"));
             }
+            // Before the caller wakes: a failure may have invalidated a capture.
+            if let Some(desc) = chidori_cuda::calls::VARIANTS.get(frame.header.call as usize) {
+                crate::custom::capture::note_status(desc, reply.ret.to_native());
+            }
             pending.slot.complete(Ok(reply.ret.to_native()));
         }
         Kind::AsyncError => {
@@ -1140,6 +1144,7 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
                 crate::log::once_owned(m, || tracing::warn!("server, for a call sent without waiting: {m}"));
             }
             conn.defer_error(library, err.status);
+            crate::custom::capture::changed();
         }
         Kind::ServiceReply => {
             let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);

@@ -91,6 +91,7 @@ impl codec::Client for ThisClient {
 /// Pointer arguments must be valid for the lengths the descriptor computes from the other
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
+    crate::custom::capture::note_sent(desc);
     let encoded = codec::encode(desc, args, &mut ThisClient);
     for &(at, name) in &encoded.names {
         // SAFETY: the caller's non-null pointer to a handle.

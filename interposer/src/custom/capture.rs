@@ -6,9 +6,20 @@
 //! answered without a round trip, and so that copies between client host memory and a
 //! capturing stream are refused: a graph would bake in the address of the server's
 //! staging buffer, not the program's memory (DESIGN §5, notes §7.2).
+//!
+//! While a capture is active, a stream's capture status, id and graph, once the worker
+//! has said them, answer later questions about that stream (torch's allocator asks on every
+//! allocation: 1,071 round trips in one decode warm-up on the H200) until something may
+//! change them: a capture begun or ended, a stream waiting on an event (it may join a
+//! capture), capture dependencies updated, or any call failing (an illegal call invalidates
+//! the capture it ran in). A question about the frontier (the dependency nodes) is always
+//! the worker's: every captured call moves it.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
@@ -24,6 +35,63 @@ fn capturing() -> std::sync::MutexGuard<'static, Vec<u64>> {
 /// Whether any capture may be active in this process.
 pub fn any_active() -> bool {
     !capturing().is_empty()
+}
+
+/// Bumped by anything that may change a stream's capture state (module doc): answers
+/// learned before are not used after.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// A stream's capture status, id and graph, as the worker said them.
+type Answer = (u32, u64, u64);
+
+/// (the epoch they were learned in, stream → its answer).
+static LEARNED: Mutex<Option<(u64, HashMap<u64, Answer>)>> = Mutex::new(None);
+
+/// Something may have changed which streams capture, or how.
+pub fn changed() {
+    EPOCH.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A call is being sent: one that may make a stream join a capture or move its
+/// dependencies ends what was learned.
+pub fn note_sent(desc: &CallDesc) {
+    if !any_active() {
+        return;
+    }
+    let name = desc.name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    if name.starts_with("cudaStreamWaitEvent")
+        || name.starts_with("cuStreamWaitEvent")
+        || name.contains("UpdateCaptureDependencies")
+    {
+        changed();
+    }
+}
+
+/// A call's status came back: a failure while a capture is active may have invalidated it.
+pub fn note_status(desc: &CallDesc, ret: u64) {
+    if desc.ret == chidori_protocol::desc::Ret::Status && ret != desc.codes.success as u64 && any_active() {
+        changed();
+    }
+}
+
+fn learned_answer(stream: u64) -> Option<Answer> {
+    let epoch = EPOCH.load(Ordering::SeqCst);
+    let learned = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
+    learned.as_ref().filter(|(e, _)| *e == epoch).and_then(|(_, m)| m.get(&stream).copied())
+}
+
+/// Keep the worker's answer about `stream`, asked in `epoch`, unless something changed since.
+fn learn(stream: u64, epoch: u64, answer: Answer) {
+    let mut learned = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if EPOCH.load(Ordering::SeqCst) != epoch {
+        return;
+    }
+    let (e, map) = learned.get_or_insert_with(|| (epoch, HashMap::new()));
+    if *e != epoch {
+        *e = epoch;
+        map.clear();
+    }
+    map.insert(stream, answer);
 }
 
 const ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusActive;
@@ -50,6 +118,7 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
         if status == 0 {
             capturing().push(per_thread(args[0], ptsz));
         }
+        changed();
         Ok(status)
     })
 }
@@ -63,6 +132,7 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
         if let Some(i) = c.iter().position(|s| *s == stream) {
             c.swap_remove(i);
         }
+        changed();
         Ok(status)
     })
 }
@@ -72,9 +142,11 @@ fn is_capturing(name: &'static str, desc: &'static CallDesc, stream: u64, out: *
         if out.is_null() {
             return Err(INVALID_VALUE);
         }
-        if !any_active() {
+        let known = if any_active() { learned_answer(per_thread(stream, desc.name.ends_with("_ptsz"))) } else { None };
+        if !any_active() || known.is_some() {
+            let status = known.map_or(NONE, |(status, _, _)| status);
             // SAFETY: the caller's capture-status enum, checked non-null.
-            unsafe { std::ptr::write_unaligned(out as *mut u32, NONE) };
+            unsafe { std::ptr::write_unaligned(out as *mut u32, status) };
             return Ok(SUCCESS);
         }
         call(desc, &[stream, out as u64], no_device(runtime))
@@ -185,8 +257,24 @@ thread_local! {
 /// the frontier's nodes known to the session); the arrays are kept by this thread.
 /// `out`: status, id, graph, dependency array, edge data array, count (each may be null).
 fn frontier(stream: u64, out: [*mut c_void; 6], no_device: u32) -> Result<u32, u32> {
+    let asks_frontier = !(out[3].is_null() && out[4].is_null() && out[5].is_null());
+    if !asks_frontier && let Some((status, id, graph)) = learned_answer(stream) {
+        for (p, v) in [(out[1], id), (out[2], graph)] {
+            if !p.is_null() {
+                // SAFETY: the caller's 8-byte out-pointers, non-null.
+                unsafe { std::ptr::write_unaligned(p as *mut u64, v) };
+            }
+        }
+        // SAFETY: the caller's status, checked non-null by every caller.
+        unsafe { std::ptr::write_unaligned(out[0] as *mut u32, status) };
+        return Ok(SUCCESS);
+    }
+    let epoch = EPOCH.load(Ordering::SeqCst);
     let conn = conn::get().map_err(|_| no_device)?;
     let listed = crate::custom::graphs::list(&conn, GraphList::Capture { stream })?;
+    if let Some(answer) = listed.capture {
+        learn(stream, epoch, answer);
+    }
     let (status, id, graph) = listed.capture.unwrap_or((NONE, 0, 0));
     let n = listed.nodes.len();
     // No edge data from the worker: every edge's is the default (zero).
