@@ -44,8 +44,16 @@ static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// A stream's capture status, id and graph, as the worker said them.
 type Answer = (u32, u64, u64);
 
+/// A stream, and for the per-thread default stream the thread whose it is.
+type StreamKey = (u64, u32);
+
 /// (the epoch they were learned in, stream → its answer).
-static LEARNED: Mutex<Option<(u64, HashMap<u64, Answer>)>> = Mutex::new(None);
+static LEARNED: Mutex<Option<(u64, HashMap<StreamKey, Answer>)>> = Mutex::new(None);
+
+/// The key of a stream's answer: the per-thread default stream (2) is each thread's own.
+fn key(stream: u64) -> StreamKey {
+    (stream, if stream == 2 { crate::runtime::thread_id() } else { 0 })
+}
 
 /// Something may have changed which streams capture, or how.
 pub fn changed() {
@@ -77,7 +85,7 @@ pub fn note_status(desc: &CallDesc, ret: u64) {
 fn learned_answer(stream: u64) -> Option<Answer> {
     let epoch = EPOCH.load(Ordering::SeqCst);
     let learned = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
-    learned.as_ref().filter(|(e, _)| *e == epoch).and_then(|(_, m)| m.get(&stream).copied())
+    learned.as_ref().filter(|(e, _)| *e == epoch).and_then(|(_, m)| m.get(&key(stream)).copied())
 }
 
 /// Keep the worker's answer about `stream`, asked in `epoch`, unless something changed since.
@@ -91,7 +99,7 @@ fn learn(stream: u64, epoch: u64, answer: Answer) {
         *e = epoch;
         map.clear();
     }
-    map.insert(stream, answer);
+    map.insert(key(stream), answer);
 }
 
 const ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusActive;
