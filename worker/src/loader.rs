@@ -27,6 +27,18 @@ impl Library {
         let p = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
         (!p.is_null()).then_some(p as *const c_void)
     }
+
+    /// The function `name` as the function pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` must be the C signature of `name` in this library.
+    pub unsafe fn function<F: Copy>(&self, name: &str) -> Result<F, String> {
+        const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
+        let p = self.symbol(name).ok_or_else(|| format!("{} lacks {name}", self.path))?;
+        // SAFETY: `F` is a function pointer type of a data pointer's size (asserted above)
+        // and the signature of `name` per the contract.
+        Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+    }
 }
 
 fn dlopen(path: &str) -> Result<Library, String> {

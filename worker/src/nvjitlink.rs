@@ -37,11 +37,8 @@ struct Api {
 impl Api {
     fn load(lib: &Library) -> Result<Api, String> {
         fn get<F: Copy>(lib: &Library, name: &str) -> Result<F, String> {
-            let p = lib.symbol(name).ok_or_else(|| format!("the server's nvJitLink has no {name}"))?;
-            const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
-            // SAFETY: `F` is the C signature of `name` (the nvJitLink API, unchanged since
-            // 12.0), and a function pointer has a data pointer's size (asserted above).
-            Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+            // SAFETY: `F` is the C signature of `name` (the nvJitLink API, unchanged since 12.0).
+            unsafe { lib.function(name) }
         }
         Ok(Api {
             create: get(lib, "nvJitLinkCreate")?,

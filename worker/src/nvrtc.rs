@@ -40,11 +40,8 @@ struct Api {
 impl Api {
     fn load(lib: &Library) -> Result<Api, String> {
         fn get<F: Copy>(lib: &Library, name: &str) -> Result<F, String> {
-            let p = lib.symbol(name).ok_or_else(|| format!("the server's NVRTC has no {name}"))?;
-            const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
-            // SAFETY: `F` is the C signature of `name` (the NVRTC API, unchanged since 11.2),
-            // and a function pointer has a data pointer's size (asserted above).
-            Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+            // SAFETY: `F` is the C signature of `name` (the NVRTC API, unchanged since 11.2).
+            unsafe { lib.function(name) }
         }
         Ok(Api {
             create: get(lib, "nvrtcCreateProgram")?,

@@ -215,11 +215,9 @@ fn sonames(library: &str) -> Vec<&'static str> {
 
 /// The function pointer `name` of `lib`, typed by its destination field.
 fn symbol_as<F: Copy>(lib: &Library, name: &str) -> Result<F> {
-    const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
-    let p = lib.symbol(name).with_context(|| format!("{} lacks {name}", lib.path))?;
-    // SAFETY: F is a function pointer type (same size, checked above) whose C signature the
-    // caller states in its field declaration, matching the CUDA headers of every version.
-    Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+    // SAFETY: the caller states F, the C signature, in its field declaration, matching the
+    // CUDA headers of every version.
+    unsafe { lib.function(name) }.map_err(anyhow::Error::msg)
 }
 
 macro_rules! fn_ptr {
