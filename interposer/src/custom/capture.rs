@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
@@ -32,9 +32,13 @@ fn capturing() -> std::sync::MutexGuard<'static, Vec<u64>> {
     crate::state::CLIENT.capturing.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How many captures this process began and has not ended: [`capturing`]'s length, kept
+/// where every call can read it without a lock (each forwarded call asks).
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
 /// Whether any capture may be active in this process.
 pub fn any_active() -> bool {
-    !capturing().is_empty()
+    CAPTURES.load(Ordering::Acquire) > 0
 }
 
 /// Bumped by anything that may change a stream's capture state (module doc): answers
@@ -124,7 +128,9 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
     guarded(name, runtime, || {
         let status = call(desc, args, no_device(runtime))?;
         if status == 0 {
-            capturing().push(per_thread(args[0], ptsz));
+            let mut c = capturing();
+            c.push(per_thread(args[0], ptsz));
+            CAPTURES.store(c.len(), Ordering::Release);
         }
         changed();
         Ok(status)
@@ -140,6 +146,8 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
         if let Some(i) = c.iter().position(|s| *s == stream) {
             c.swap_remove(i);
         }
+        CAPTURES.store(c.len(), Ordering::Release);
+        drop(c);
         changed();
         Ok(status)
     })
