@@ -58,13 +58,19 @@ pub struct Library {
     /// the function's key in the spec, and the unversioned export (what programs that
     /// `dlsym` it get) is the same function.
     pub versioned_names: Option<String>,
+    /// `versioned_names` compiled once (checked by [`Libraries::load`]).
+    #[serde(skip)]
+    versioned_re: std::sync::OnceLock<Option<regex::Regex>>,
 }
 
 impl Library {
     /// The stable name of a versioned declaration (`__nvJitLinkCreate_13_0` →
     /// `nvJitLinkCreate`), None for other names.
     pub fn stable_name(&self, name: &str) -> Option<String> {
-        let re = regex::Regex::new(self.versioned_names.as_deref()?).ok()?;
+        let re = self
+            .versioned_re
+            .get_or_init(|| self.versioned_names.as_deref().and_then(|r| regex::Regex::new(r).ok()))
+            .as_ref()?;
         Some(re.captures(name)?.get(1)?.as_str().to_owned())
     }
 }
