@@ -198,9 +198,7 @@ impl<'a> Emitter<'a> {
     /// function's spec).
     fn only_waits(&self, library: &str, function: &str) -> bool {
         let Some(lib) = self.model.libraries.iter().find(|l| l.lib.name == library) else { return false };
-        let base = function.strip_suffix("_ptsz").or_else(|| function.strip_suffix("_ptds"));
-        let spec = lib.spec.function.get(function).or_else(|| base.and_then(|b| lib.spec.function.get(b)));
-        spec.is_some_and(|f| f.only_waits)
+        crate::model::function_spec(&lib.lib, &lib.spec, function).is_some_and(|f| f.only_waits)
     }
 
     /// The disposition (always Forward) and variant of a descriptor entry.
@@ -394,9 +392,7 @@ impl<'a> Emitter<'a> {
         let mut params = BTreeMap::new();
         for lib in &self.model.libraries {
             for (name, f) in &lib.functions {
-                let base = name.strip_suffix("_ptsz").or_else(|| name.strip_suffix("_ptds"));
-                let Some(spec) = lib.spec.function.get(name).or_else(|| base.and_then(|b| lib.spec.function.get(b)))
-                else {
+                let Some(spec) = crate::model::function_spec(&lib.lib, &lib.spec, name) else {
                     continue;
                 };
                 for (param, allowed) in &spec.allow {
@@ -429,8 +425,7 @@ impl<'a> Emitter<'a> {
         let mut same = BTreeMap::new();
         for lib in &self.model.libraries {
             for (name, f) in &lib.functions {
-                let base = name.strip_suffix("_ptsz").or_else(|| name.strip_suffix("_ptds"));
-                let spec = lib.spec.function.get(name).or_else(|| base.and_then(|b| lib.spec.function.get(b)));
+                let spec = crate::model::function_spec(&lib.lib, &lib.spec, name);
                 let hidden = lib.spec.hidden.get(name);
                 let forms = hidden.map(|h| &h.wire).or(spec.map(|s| &s.wire));
                 for (form, w) in forms.into_iter().flatten() {

@@ -440,6 +440,16 @@ fn version_key(v: &str) -> (u32, u32) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
+/// The spec of function `name`: its own, else its base function's. Per-thread-default-stream
+/// twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share their base function's spec, and a
+/// versioned name (`__nvJitLinkCreate_13_0`) its stable name's.
+pub fn function_spec<'a>(lib: &Library, spec: &'a SpecFile, name: &str) -> Option<&'a FnSpec> {
+    spec.function.get(name).or_else(|| {
+        let twin = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")).map(str::to_owned);
+        spec.function.get(&twin.or_else(|| lib.stable_name(name))?)
+    })
+}
+
 /// The version a versioned name ends with (`__nvJitLinkCreate_13_1` → (13, 1)).
 fn name_version(name: &str) -> (u32, u32) {
     let mut parts = name.rsplit('_').map(|p| p.parse::<u32>().unwrap_or(0));
@@ -497,13 +507,7 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
     };
     let mut functions = BTreeMap::new();
     for (name, per_version) in &decls {
-        // Per-thread-default-stream twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share
-        // their base function's spec, and a versioned name (`__nvJitLinkCreate_13_0`) its
-        // stable name's.
-        let stable = lib.stable_name(name);
-        let base = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")).or(stable.as_deref());
-        let fspec =
-            spec.function.get(name).or_else(|| base.and_then(|b| spec.function.get(b))).cloned().unwrap_or_default();
+        let fspec = function_spec(lib, &spec, name).cloned().unwrap_or_default();
         let hidden_spec = spec.hidden.get(name);
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
         for (v, (f, _)) in per_version {
