@@ -186,54 +186,56 @@ enum Output {
     InfoLog,
 }
 
-/// A product's bytes: the linked images once completed (an error where the link made
-/// none), the logs at any time (an empty log is its NUL).
-fn output(handle: *mut c_void, which: Output) -> Result<Vec<u8>, u32> {
+/// Hand `f` a product's bytes, in place: the linked images once completed (an error where
+/// the link made none), the logs at any time (an empty log is its NUL).
+fn with_output<T>(handle: *mut c_void, which: Output, f: impl FnOnce(&[u8]) -> T) -> Result<T, u32> {
     with_link(handle, |l| {
         let done = l.done.as_ref();
-        let log = |pick: fn(&JitLinkResult) -> &Vec<u8>| {
-            done.map(pick).filter(|b| !b.is_empty()).cloned().unwrap_or_else(|| vec![0])
+        let bytes: Option<&[u8]> = match which {
+            Output::Cubin => done.map(|d| &d.cubin[..]),
+            Output::Ptx => done.map(|d| &d.ptx[..]),
+            Output::ErrorLog => Some(done.map_or(&[][..], |d| &d.error_log[..])),
+            Output::InfoLog => Some(done.map_or(&[][..], |d| &d.info_log[..])),
         };
-        match which {
-            Output::Cubin => done.map(|d| d.cubin.clone()).filter(|b| !b.is_empty()).ok_or(INVALID_INPUT),
-            Output::Ptx => done.map(|d| d.ptx.clone()).filter(|b| !b.is_empty()).ok_or(INVALID_INPUT),
-            Output::ErrorLog => Ok(log(|d| &d.error_log)),
-            Output::InfoLog => Ok(log(|d| &d.info_log)),
+        match (which, bytes) {
+            (Output::ErrorLog | Output::InfoLog, Some([])) => Ok(f(&[0])),
+            (_, Some(b)) if !b.is_empty() => Ok(f(b)),
+            _ => Err(INVALID_INPUT),
         }
     })
     .unwrap_or(Err(INVALID_INPUT))
 }
 
-unsafe fn size_of_output(ctx: &Ctx, handle: *mut c_void, size: *mut c_void, which: Output) -> u32 {
+/// A product's size or its bytes into the caller's `out` (a size_t*, or a buffer of that
+/// size), by `write`.
+unsafe fn answer(
+    ctx: &Ctx,
+    handle: *mut c_void,
+    out: *mut c_void,
+    which: Output,
+    write: fn(&[u8], *mut c_void),
+) -> u32 {
     local(ctx, || {
-        if size.is_null() {
+        if out.is_null() {
             return INVALID_INPUT;
         }
-        match output(handle, which) {
-            Ok(bytes) => {
-                // SAFETY: the caller's size_t*, non-null.
-                unsafe { std::ptr::write_unaligned(size as *mut usize, bytes.len()) };
-                0
-            }
-            Err(status) => status,
-        }
+        with_output(handle, which, |bytes| write(bytes, out)).map_or_else(|status| status, |()| 0)
     })
 }
 
+unsafe fn size_of_output(ctx: &Ctx, handle: *mut c_void, size: *mut c_void, which: Output) -> u32 {
+    // SAFETY: the caller's size_t*, non-null (checked by `answer`).
+    let write: fn(&[u8], *mut c_void) = |b, out| unsafe { std::ptr::write_unaligned(out as *mut usize, b.len()) };
+    // SAFETY: the caller's arguments.
+    unsafe { answer(ctx, handle, size, which, write) }
+}
+
 unsafe fn copy_output(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void, which: Output) -> u32 {
-    local(ctx, || {
-        if buffer.is_null() {
-            return INVALID_INPUT;
-        }
-        match output(handle, which) {
-            Ok(bytes) => {
-                // SAFETY: the caller's buffer holds the size the matching size query gave.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer as *mut u8, bytes.len()) };
-                0
-            }
-            Err(status) => status,
-        }
-    })
+    // SAFETY: the caller's buffer holds the size the matching size query gave.
+    let write: fn(&[u8], *mut c_void) =
+        |b, out| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) };
+    // SAFETY: the caller's arguments.
+    unsafe { answer(ctx, handle, buffer, which, write) }
 }
 
 pub unsafe fn cubin_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
