@@ -33,7 +33,8 @@
 #            CUDA-graph replay reference (decode.py --mode graph), and through chidori with
 #            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
 #            (loopback); $DECODE_CASES narrows the cases, $DECODE_RUNS the runs (native
-#            lo-api lo-cli wan-api); $DECODE_TRACE names a case whose waits are traced
+#            lo-api lo-cli wan-api wan-cli); $DECODE_TRACE names a case whose waits are traced
+#            (with chidori.optimize(), or plain generate where $DECODE_TRACE_OPTIMIZE=none)
 #   resume   the training workload natively, then remotely through gpu/tools/cut_relay.py,
 #            which cuts the connection $RESUME_CUTS times (every $RESUME_EVERY s): a
 #            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
@@ -382,13 +383,21 @@ if want optimize; then
       > "$LOGS/gen-wan-api.jsonl" 2> "$LOGS/gen-wan-api.err"
     compared+=(wan70-api="$LOGS/gen-wan-api.jsonl")
   fi
+  if [[ $runs == *" wan-cli "* ]]; then
+    timeout ${DECODE_TIMEOUT:-300} "$CHIDORI" run --optimize -s 127.0.0.1:$WAN_PORT -- python3 $D/generate_cases.py \
+      --optimize none "${only[@]}" > "$LOGS/gen-wan-cli.jsonl" 2> "$LOGS/gen-wan-cli.err"
+    compared+=(wan70-cli="$LOGS/gen-wan-cli.jsonl")
+  fi
   if [[ -n ${DECODE_TRACE:-} ]]; then
     # Where the waited round trips of one case come from (warm-up and timed generate both):
     # the program lines (chidori run --trace) and every wait in order.
     CHIDORI_LOG=warn,chidori::waits=trace timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run --trace -s $SERVER -- \
-      python3 $D/generate_cases.py --optimize api --only "$DECODE_TRACE" > "$LOGS/gen-trace.jsonl" 2> "$LOGS/gen-trace.err"
+      python3 $D/generate_cases.py --optimize ${DECODE_TRACE_OPTIMIZE:-api} --sync-debug --only "$DECODE_TRACE" \
+      > "$LOGS/gen-trace.jsonl" 2> "$LOGS/gen-trace.err"
     echo "== $DECODE_TRACE: waits in order (runs of one function counted):"
     grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/gen-trace.err" | awk '{print $2}' | uniq -c | tail -40
+    echo "== $DECODE_TRACE: where the timed generate made the host wait (torch's sync debug mode):"
+    grep -A10 '^SYNC' "$LOGS/gen-trace.err" | grep -v '^--' | head -60
     grep -vE 'TRACE' "$LOGS/gen-trace.err" | tail -30
   fi
   python3 $D/compare.py "$LOGS/gen-native.jsonl" "${compared[@]}" "${graphs[@]}" > "$LOGS/gen-compare.txt" 2>&1

@@ -5,9 +5,10 @@
 
 Greedy cases must give the native tokens exactly; the sampling case is compared by its
 statistics (distinct tokens, entropy), which must be close. Each row shows the run's
-time, time to first token, tokens per second and its ratio to native, and, where a
-reference is given with --graph (native CUDA-graph replay tok/s of the same model), the
-ratio to it. Exit 0 only if every case matches.
+time, time to first token, tokens per second (over the whole generate) and its ratio to
+native, the decode rate (tokens after the first, per second after the first arrived, where
+a streamer listened) and, where a reference is given with --graph (native CUDA-graph replay
+tok/s of the same model), both rates' ratios to it. Exit 0 only if every case matches.
 """
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ def main() -> int:
     graph = {k: float(v) for k, v in (g.split("=", 1) for g in a.graph)}
     runs = [(lbl, load(path)) for lbl, path in (r.split("=", 1) for r in a.runs)]
     bad = 0
-    print(f"{'case':28} {'run':10} {'seconds':>8} {'ttft':>7} {'tok/s':>8} {'x native':>9} {'x graph':>8}  result")
+    print(f"{'case':28} {'run':10} {'seconds':>8} {'ttft':>7} {'tok/s':>8} {'x native':>9} {'x graph':>8} "
+          f"{'decode':>8} {'x graph':>8}  result")
     for name, n in native.items():
         print(f"{name:28} {'native':10} {n.get('seconds', '-'):>8} {str(n.get('ttft', '-')):>7} "
-              f"{n.get('tok_per_s', '-'):>8} {'':>9} {'':>8}  {'ok' if n.get('ok') else n.get('error', '')[:80]}")
+              f"{n.get('tok_per_s', '-'):>8} {'':>9} {'':>8} {str(n.get('decode_tok_per_s') or '-'):>8} {'':>8}  "
+              f"{'ok' if n.get('ok') else n.get('error', '')[:80]}")
         for label, rows in runs:
             r = rows.get(name, {"ok": False, "error": "missing"})
             v = verdict(n, r)
@@ -67,8 +70,10 @@ def main() -> int:
             ratio = f"{r['tok_per_s'] / n['tok_per_s']:.3f}" if r.get("ok") and n.get("ok") else "-"
             g = graph.get(name)
             gr = f"{r['tok_per_s'] / g:.3f}" if g and r.get("ok") else "-"
+            decode = r.get("decode_tok_per_s") if r.get("ok") else None
+            dr = f"{decode / g:.3f}" if g and decode else "-"
             print(f"{'':28} {label:10} {r.get('seconds', '-'):>8} {str(r.get('ttft', '-')):>7} "
-                  f"{r.get('tok_per_s', '-'):>8} {ratio:>9} {gr:>8}  {v}")
+                  f"{r.get('tok_per_s', '-'):>8} {ratio:>9} {gr:>8} {str(decode or '-'):>8} {dr:>8}  {v}")
     return 1 if bad else 0
 
 

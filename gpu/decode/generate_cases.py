@@ -7,7 +7,10 @@ Models are built from configs with seeded random weights (no downloads): TinyLla
 shape with 22 and 4 layers (fp16), GPT-2 and a Qwen2-style model. Each case prints its
 tokens (greedy: compared exactly with the native run; sampling: compared by distribution
 statistics), the wall time of the timed generate, the time to the first streamed token
-where a streamer listens, and tokens per second. `--optimize api` calls
+where a streamer listens, tokens per second over the whole generate and, where a streamer
+listens, over the tokens after the first (the decode rate, comparable with a graph replay's).
+`--sync-debug` reports, to stderr, each place the timed generate made the host wait for the
+GPU (torch's sync debug mode), with its Python stack. `--optimize api` calls
 `chidori.optimize()` first; `none` runs plain generate (also what `chidori run --optimize`
 turns on without a code change).
 """
@@ -76,6 +79,36 @@ class Timer:
         pass
 
 
+def report_syncs() -> Callable[[], None]:
+    """Print each synchronizing torch call (torch.cuda.set_sync_debug_mode) with the Python
+    frames that made it; returns what turns the report off."""
+    import traceback
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if "synchroniz" not in str(message):
+            shown(message, category, filename, lineno, file, line)
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if "/warnings.py" not in f.filename][-10:]
+        sys.stderr.write(f"SYNC {str(message).splitlines()[0][:100]}\n")
+        sys.stderr.write("".join(f"    {f.filename}:{f.lineno} {f.name}: {(f.line or '').strip()[:120]}\n"
+                                 for f in frames))
+
+    warnings.showwarning = show
+    filters = warnings.filters[:]
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+
+    def stop() -> None:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+        warnings.filters[:] = filters
+
+    return stop
+
+
 @torch.no_grad()
 def timed(model: Any, ids: Any, stream: bool = True, **kw: Any) -> dict[str, Any]:
     kw.setdefault("do_sample", False)
@@ -87,13 +120,21 @@ def timed(model: Any, ids: Any, stream: bool = True, **kw: Any) -> dict[str, Any
     t0 = time.perf_counter()
     if timer:
         timer.start = t0
-    out = model.generate(ids, streamer=timer, **kw)
+    stop = report_syncs() if os.environ.get("DECODE_SYNC_DEBUG") else None
+    try:
+        out = model.generate(ids, streamer=timer, **kw)
+    finally:
+        if stop:
+            stop()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     new = out[:, ids.shape[1]:]
-    return {"seconds": round(secs, 4), "ttft": round(timer.first, 4) if timer and timer.first else None,
+    first = timer.first if timer and timer.first else None
+    after_first = (new.shape[1] - 1) / (secs - first) if first and new.shape[1] > 1 and secs > first else None
+    return {"seconds": round(secs, 4), "ttft": round(first, 4) if first else None,
             "streamed": timer.count if timer else None, "new_tokens": int(new.shape[1]),
-            "tok_per_s": round(new.shape[1] / secs, 1), "tokens": new.tolist()}
+            "tok_per_s": round(new.shape[1] / secs, 1),
+            "decode_tok_per_s": round(after_first, 1) if after_first else None, "tokens": new.tolist()}
 
 
 @case
@@ -169,7 +210,10 @@ def main() -> int:
     p.add_argument("--optimize", choices=["api", "none"], default="none")
     p.add_argument("--only", default="")
     p.add_argument("--new-tokens", type=int, default=200)
+    p.add_argument("--sync-debug", action="store_true", help="report where the timed generate waits (stderr)")
     a = p.parse_args()
+    if a.sync_debug:
+        os.environ["DECODE_SYNC_DEBUG"] = "1"
     if a.optimize == "api":
         try:
             import chidori

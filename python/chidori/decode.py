@@ -23,6 +23,7 @@ Nothing here imports torch or transformers until it is used.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import inspect
@@ -31,7 +32,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 _log = logging.getLogger("chidori")
 _said: set[str] = set()
@@ -91,10 +92,11 @@ LOOP_TAIL = 1
 
 def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
              bytes_per_step: int, progress_ms: int, on_output: Optional[Callable[[bytes], None]] = None,
-             tail: bool = False) -> LoopResult:
+             tail: bool = False, on_started: Optional[Callable[[], None]] = None) -> LoopResult:
     """Replay the graph ``exec_handle`` on ``stream`` on the server (see the module doc):
     ``on_output`` receives each step's output bytes, in order, as they arrive; with ``tail``,
-    a loop that ran ``max_steps`` also sends the slot after the last step."""
+    a loop that ran ``max_steps`` also sends the slot after the last step. ``on_started``
+    runs once the loop was asked for, before the first output is awaited."""
     lib = _loop_api()
     if lib is None:
         raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
@@ -106,6 +108,8 @@ def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, st
     steps, stopped, done, status = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_int64()
     pending = b""
     try:
+        if on_started is not None:
+            on_started()
         while True:
             n = lib.chidori_loop_poll(loop_id, buf, len(buf), 200, ctypes.byref(steps), ctypes.byref(stopped),
                                       ctypes.byref(done), ctypes.byref(status))
@@ -137,10 +141,10 @@ class _Plan:
     do_sample: bool
     warpers: list[Any]
     streamer: Any
+    # Whether some sequence of the prompt has padding (its mask a zero).
     padded: bool
     key: tuple[Any, ...] = field(default=())
-    # The prompt on the host (read once with the mask: each read is a round trip), for the
-    # streamer's first put.
+    # The prompt, where the host read it (to see its padding): the streamer's first put.
     input_ids_host: Any = None
 
 
@@ -207,29 +211,33 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
     if eos and pad is None:
         pad = eos[0]
     min_new = max(config.min_new_tokens or 0, (config.min_length or 0) - length, 0)
-    # What the host must know of the prompt (whether it is padded, and the prompt itself for
-    # a streamer) is read back in one copy: through Chidori each read waits for the server.
+    # Whether the prompt is padded decides the model's attention path, as in generate. Where
+    # the host cannot know (a mask was given, or padding is inferred where the pad token
+    # occurs, as generate infers it), the prompt and its mask are read in one copy: through
+    # Chidori each read waits for the server. Without either, nothing is read.
     mask = unused.get("attention_mask")
+    ids_host = None
     if mask is None:
-        ids_host = input_ids.cpu()
-        # As generate infers it: padding where the pad token (other than EOS) occurs.
-        if pad is not None and pad not in (eos or []) and bool((ids_host == pad).any()):
-            mask, mask_host = input_ids.ne(pad), ids_host.ne(pad)
+        if pad is not None and pad not in (eos or []):
+            ids_host = input_ids.cpu()
+            padded = bool((ids_host == pad).any())
+            mask = input_ids.ne(pad) if padded else torch.ones_like(input_ids)
         else:
-            mask, mask_host = torch.ones_like(input_ids), torch.ones_like(ids_host)
+            mask, padded = torch.ones_like(input_ids), False
     else:
         mask = mask.to(input_ids.device)
-        if mask.shape == input_ids.shape:
-            both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
-            ids_host, mask_host = both[0], both[1]
-        else:
-            ids_host, mask_host = input_ids.cpu(), mask.cpu()
-    padded = bool((mask_host == 0).any())
+        if mask.shape != input_ids.shape:
+            raise _Unsupported("an attention mask of another shape than the input ids")
+        both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
+        ids_host, padded = both[0], bool((both[1] == 0).any())
     # The processors generate would use: only those the fast path reproduces on the device.
-    # (It checks its encoder ids for negative values: the host's copy answers without a wait.)
+    # They are made on the host, where checks of their tensors (EOS ids, encoder ids) do not
+    # wait for the GPU: the warpers kept hold no tensors, the length processors are redone on
+    # the device, and only encoder-side processors (refused) read the stand-in prompt.
+    stand_in = ids_host if ids_host is not None else torch.zeros(input_ids.shape, dtype=input_ids.dtype)
     processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=length,
-                                             encoder_input_ids=ids_host, prefix_allowed_tokens_fn=None,
-                                             logits_processor=None, device=input_ids.device, model_kwargs={})
+                                             encoder_input_ids=stand_in, prefix_allowed_tokens_fn=None,
+                                             logits_processor=None, device="cpu", model_kwargs={})
     warpers = []
     for p in processors:
         name = type(p).__name__
@@ -239,7 +247,7 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
             raise _Unsupported(f"the logits processor {name}")
     streamer = unused.get("streamer")
     key = (id(model), tuple(input_ids.shape), max_new, min_new, tuple(eos or ()), pad, bool(config.do_sample),
-           tuple(repr(vars(w)) for w in warpers), padded, str(model.dtype))
+           tuple(repr(vars(w)) for w in warpers), str(model.dtype))
     return _Plan(input_ids, mask.to(torch.long), max_new, min_new, eos, pad, bool(config.do_sample), warpers,
                  streamer, padded, key, ids_host)
 
@@ -315,7 +323,11 @@ class _Decoder:
         return tokens
 
     def prefill(self) -> None:
-        """The prompt's forward pass and the first token (nothing waits for the GPU)."""
+        """The prompt's forward pass and the first token, eagerly (as generate runs it: a
+        graph of it would take another attention path than generate's, and other numbers).
+        What the model would read from the GPU to choose its path is known here: the cache
+        is empty, and the plan knows whether the prompt is padded. Given those answers it
+        chooses generate's path without waiting for the GPU."""
         import torch
 
         plan = self.plan
@@ -329,10 +341,14 @@ class _Decoder:
             self.uniform.uniform_()
         positions = plan.attention_mask.cumsum(-1) - 1
         positions = positions.masked_fill(plan.attention_mask == 0, 0)
-        inputs = self.model.prepare_inputs_for_generation(
-            plan.input_ids, **{self.cache_key: self.cache}, attention_mask=plan.attention_mask,
-            position_ids=positions, use_cache=True, is_first_iteration=True, **self.extra)
-        logits = self.model(**inputs, return_dict=True).logits
+        # An all-ones mask is what generate would find all ones (and then drop): without it
+        # the model makes the same causal-attention choice without reading the mask.
+        mask = plan.attention_mask if plan.padded else None
+        with _empty_cache_length(self.cache):
+            inputs = self.model.prepare_inputs_for_generation(
+                plan.input_ids, **{self.cache_key: self.cache}, attention_mask=mask,
+                position_ids=positions, use_cache=True, is_first_iteration=True, **self.extra)
+            logits = self.model(**inputs, return_dict=True).logits
         self.step.zero_()
         first = self.finish(self.select(logits, self.step))
         self.rows[0].copy_(first)
@@ -372,25 +388,50 @@ class _Decoder:
         self.exec_handle = int(exec_of())
 
 
+@contextlib.contextmanager
+def _empty_cache_length(cache: Any) -> Iterator[None]:
+    """While the prefill runs, the cache's length is the host's 0, not a read of the GPU's
+    counter (the model compares it with 0 to choose its attention path; a reset cache holds
+    0, as a new one, whose length generate's first call finds as a host 0)."""
+    if "get_seq_length" in vars(cache) or not callable(getattr(cache, "get_seq_length", None)):
+        yield
+        return
+    cache.get_seq_length = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        del cache.get_seq_length
+
+
 _decoders: dict[tuple[Any, ...], _Decoder] = {}
 _decoders_lock = threading.Lock()
 
 
 class _Streamed:
-    """Hands generated rows to the program's streamer as generate would: each step's
-    tokens, up to the step at which every sequence had ended (the loop on the server may
-    run a few steps past it before it sees the stop flag)."""
+    """Hands generated rows to the program's streamer as generate would: the prompt first,
+    then each step's tokens, up to the step at which every sequence had ended (the loop on
+    the server may run a few steps past it before it sees the stop flag)."""
 
     def __init__(self, streamer: Any, plan: _Plan, batch: int) -> None:
         self.streamer = streamer
+        self.plan: Optional[_Plan] = plan
         self.eos = set(plan.eos) if plan.eos else None
         self.finished = [False] * batch
         self.rows = 0
         self.done = False
 
+    def put_prompt(self) -> None:
+        """The prompt to the streamer, once, before any row: as the host read it, else read
+        now. (Once the loop was started, a read waits one round trip, while the loop runs,
+        and behind the few steps launched before it.)"""
+        plan, self.plan = self.plan, None
+        if plan is not None and self.streamer is not None:
+            self.streamer.put(plan.input_ids_host if plan.input_ids_host is not None else plan.input_ids.cpu())
+
     def put(self, row: Any) -> None:
         if self.done:
             return
+        self.put_prompt()
         self.rows += 1
         if self.streamer is not None:
             self.streamer.put(row)
@@ -433,8 +474,10 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
             _decoders[plan.key] = decoder
     decoder.plan = plan
     batch, _ = plan.input_ids.shape
-    if plan.streamer is not None:
-        plan.streamer.put(plan.input_ids_host if plan.input_ids_host is not None else plan.input_ids.cpu())
+    # Nothing below waits for the GPU before the loop runs, once its graph exists: the
+    # prefill and the loop's start are sent ahead; a streamer's prompt, where the host has
+    # not read it, is read once the loop runs.
+    streamed = _Streamed(plan.streamer, plan, batch)
     # The generated rows on the host, `known` of them from the first: those made before the
     # loop (read for a streamer) and those the loop streams back as it runs (with its tail:
     # the row its last step writes). Where they reach max_new_tokens or the end of every
@@ -450,7 +493,6 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
         remaining = plan.max_new - start
         # The loop streams rows from start - 1 on (its output lags a step: each replay
         # writes the next row); the rows before came from the prefill and the eager step.
-        streamed = _Streamed(plan.streamer, plan, batch)
         if plan.streamer is not None and start > 1:
             host_rows[:start - 1] = decoder.rows[:start - 1].cpu()
             known = start - 1
@@ -480,17 +522,26 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
             result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
                               decoder.stop.data_ptr() if decoder.eos is not None else 0,
                               decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
-                              PROGRESS_MS if plan.streamer is not None else 0, on_row, tail=True)
+                              PROGRESS_MS if plan.streamer is not None else 0, on_row, tail=True,
+                              on_started=streamed.put_prompt)
             if result.status:
                 raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
         complete = known >= plan.max_new or _ended_within(host_rows, plan, known)
         rows = host_rows if complete else decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
+    streamed.put_prompt()
     if plan.streamer is not None:
         for row in rows[min(streamed.rows, n):n]:
             streamed.put(row)
         plan.streamer.end()
-    return torch.cat([plan.input_ids, rows[:n].t().to(plan.input_ids.device)], dim=-1)
+    return torch.cat([plan.input_ids, _to_device(rows[:n].t(), plan.input_ids.device)], dim=-1)
+
+
+def _to_device(host: Any, device: Any) -> Any:
+    """``host`` on ``device`` without waiting: a blocking copy is followed by a stream
+    synchronize (a round trip through Chidori). From pageable memory a non-blocking copy is
+    safe: CUDA has taken the bytes when it returns."""
+    return host.contiguous().to(device, non_blocking=True)
 
 
 def fast_generate(model: Any, *args: Any, **kwargs: Any) -> Any:

@@ -65,9 +65,12 @@ class FastPathOnCpu(unittest.TestCase):
 
         def loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
                  bytes_per_step: int, progress_ms: int,
-                 on_output: Optional[Callable[[bytes], None]] = None, tail: bool = False) -> Any:
+                 on_output: Optional[Callable[[bytes], None]] = None, tail: bool = False,
+                 on_started: Optional[Callable[[], None]] = None) -> Any:
             decoder = next(d for d in decode._decoders.values()
                            if 0 <= output - d.rows.data_ptr() < d.rows.numel() * d.rows.element_size())
+            if on_started is not None:
+                on_started()
             first = (output - decoder.rows.data_ptr()) // bytes_per_step
             send = (lambda slot: on_output(original_cpu(decoder.rows[first + slot]).numpy().tobytes())
                     if on_output is not None else None)
@@ -113,6 +116,19 @@ class FastPathOnCpu(unittest.TestCase):
         heard, native_heard = Recorder(), Recorder()
         self.model.generate(self.ids[:1], attention_mask=self.mask[:1], streamer=native_heard, **self.kw)
         self.fast(self.ids[:1], attention_mask=self.mask[:1], streamer=heard, **self.kw)
+        self.assertEqual(heard.got, native_heard.got)
+
+    def test_without_a_mask_or_a_pad_token_nothing_of_the_prompt_is_read(self) -> None:
+        self.model.generation_config.pad_token_id = None
+        one = self.ids[:1]
+        native = self.model.generate(one, **self.kw)
+        for run, reads in (("capture", 1), ("cached", 0)):
+            self.assertTrue(self.torch.equal(native, self.fast(one, **self.kw)), run)
+            # Unpadded for certain: the prefill is told so, and reads nothing to find out.
+            self.assertEqual(self.reads, reads, run)
+        heard, native_heard = Recorder(), Recorder()
+        self.model.generate(one, streamer=native_heard, **self.kw)
+        self.fast(one, streamer=heard, **self.kw)
         self.assertEqual(heard.got, native_heard.got)
 
     def test_rows_streamed_back_are_not_read_again_once_every_sequence_ended(self) -> None:
