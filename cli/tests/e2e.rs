@@ -1380,18 +1380,22 @@ fn nvjitlink_links_stay_on_the_client_and_complete_on_the_server() {
     assert_eq!(total.split_whitespace().nth(2), Some("2"), "two round trips, the completions: {total}");
 }
 
-/// A C program whose waits come from two functions of its own, one static.
+/// A C program whose waits come from two functions of its own, one static. (Work goes
+/// before each synchronize: one with nothing sent since the last is answered locally.)
 const WAIT_SITES: &str = r#"
 #include <stdio.h>
 #include <cuda_runtime_api.h>
-static __attribute__((noinline)) int wait_for_gpu(void) { return (int)cudaDeviceSynchronize(); }
+static int *dev = 0;
+static __attribute__((noinline)) int wait_for_gpu(void) {
+  cudaMemsetAsync(dev, 0, sizeof *dev, 0);
+  return (int)cudaDeviceSynchronize();
+}
 __attribute__((noinline)) int read_back(const int *dev) {
   int x = -1;
   if (cudaMemcpy(&x, dev, sizeof x, cudaMemcpyDeviceToHost) != cudaSuccess) return -2;
   return x;
 }
 int main(void) {
-  int *dev = 0;
   if (cudaMalloc((void **)&dev, sizeof *dev) != cudaSuccess || cudaMemset(dev, 0, sizeof *dev) != cudaSuccess) return 2;
   for (int i = 0; i < 3; i++)
     if (wait_for_gpu() != 0) return 3;
@@ -1433,13 +1437,18 @@ fn the_trace_names_the_native_functions_that_waited() {
 /// (as torch does around every operator): the wait is placed at the script's line.
 const PYTHON_WAITS: &str = r#"import ctypes
 rt = ctypes.CDLL("libcudart.so.13")
+rt.cudaMemsetAsync.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
+p = ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), 4) == 0
 
 
 def wait_for_gpu():
+    rt.cudaMemsetAsync(p, 0, 4, None)
     return rt.cudaDeviceSynchronize()
 
 
 def held():
+    rt.cudaMemsetAsync(p, 0, 4, None)
     return ctypes.PyDLL("libcudart.so.13").cudaDeviceSynchronize()
 
 
@@ -1448,7 +1457,7 @@ for _ in range(4):
 assert held() == 0
 import chidori
 sites = {s["where"].rsplit("/", 1)[-1]: s for s in chidori.waits()}
-assert sites["waits.py:6"]["round_trips"] == 4 and sites["waits.py:10"]["in"] == "held", sites
+assert sites["waits.py:10"]["round_trips"] == 4 and sites["waits.py:15"]["in"] == "held", sites
 print("OK")
 "#;
 
@@ -1470,11 +1479,11 @@ fn the_trace_names_the_python_lines_that_waited() {
     let rows = site_rows(&stderr);
     // Released interpreter: placed through the frames the hook follows.
     let released =
-        rows.iter().find(|(_, l)| l.contains("waits.py:6 in wait_for_gpu")).unwrap_or_else(|| panic!("{stderr}"));
+        rows.iter().find(|(_, l)| l.contains("waits.py:10 in wait_for_gpu")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(released.0, 4, "{stderr}");
     assert!(released.1.contains("[cudaDeviceSynchronize]  `return rt.cudaDeviceSynchronize()`"), "{stderr}");
     // Interpreter held: placed at once.
-    let held = rows.iter().find(|(_, l)| l.contains("waits.py:10 in held")).unwrap_or_else(|| panic!("{stderr}"));
+    let held = rows.iter().find(|(_, l)| l.contains("waits.py:15 in held")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(held.0, 1, "{stderr}");
 }
 
@@ -1939,6 +1948,66 @@ fn capture_state_asked_again_is_answered_by_the_client_until_something_may_chang
     assert_eq!(trace_row(&stderr, "cudaStreamGetCaptureInfo"), ["70", "0"], "{stderr}");
     let capturing = trace_row(&stderr, "cudaStreamIsCapturing");
     assert_eq!(capturing[1], "1", "the legacy stream's, before it was learned: {stderr}");
+}
+
+/// Reads back as torch makes them (`.item()`: a copy into pageable memory, then a stream
+/// synchronize): the copy returns once done, so the synchronize finds its stream idle and
+/// the client answers it. Asked where another stream is meant, or anything was sent since.
+const READ_BACKS: &str = r#"
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+int main(void) {
+  cudaStream_t s;
+  int *p;
+  int host[16];
+  CHECK(cudaStreamCreate(&s));
+  CHECK(cudaMalloc((void **)&p, sizeof host));
+  for (int i = 0; i < 20; ++i) {
+    CHECK(cudaMemsetAsync(p, i, sizeof host, s));
+    CHECK(cudaMemcpyAsync(host, p, sizeof host, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    EXPECT(host[0] == i * 0x01010101);
+  }
+  /* The legacy stream, likewise. */
+  for (int i = 0; i < 5; ++i) {
+    CHECK(cudaMemsetAsync(p, i, sizeof host, 0));
+    CHECK(cudaMemcpyAsync(host, p, sizeof host, cudaMemcpyDeviceToHost, 0));
+    CHECK(cudaStreamSynchronize(0));
+    EXPECT(host[15] == i * 0x01010101);
+  }
+  /* Another stream than the copy's: asked. */
+  CHECK(cudaMemcpyAsync(host, p, sizeof host, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamSynchronize(0));
+  /* Work sent since the copy: asked. */
+  CHECK(cudaMemcpyAsync(host, p, sizeof host, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaMemsetAsync(p, 9, sizeof host, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost));
+  EXPECT(host[3] == 9 * 0x01010101);
+  /* A device synchronize repeated: the second is answered. */
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaDeviceSynchronize());
+  /* The driver's read back. */
+  CHECK(cuMemcpyDtoHAsync(host, (CUdeviceptr)p, sizeof host, (CUstream)s));
+  CHECK(cuStreamSynchronize((CUstream)s));
+  /* A failing copy teaches nothing. */
+  EXPECT(cudaMemcpyAsync(host, (void *)0x10, sizeof host, cudaMemcpyDeviceToHost, s) != cudaSuccess);
+  CHECK(cudaStreamSynchronize(s));
+  puts("OK");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_synchronize_after_a_read_back_is_answered_by_the_client() {
+    let server = server();
+    let exe = program_with("read-backs", &format!("{CHECKS}{READ_BACKS}"), &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // 28 synchronizes: asked for another stream, after work sent, after a failing copy.
+    assert_eq!(trace_row(&stderr, "cudaStreamSynchronize"), ["28", "3"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["2", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuStreamSynchronize"), ["1", "0"], "{stderr}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current

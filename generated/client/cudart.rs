@@ -962,12 +962,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetSharedMemConfig(
         ) as u32
     }
 }
-///`cudaDeviceSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSynchronize() -> u32 {
     unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudart::cudaDeviceSynchronize, &[])
-            as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaDeviceSynchronize",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaDeviceSynchronize__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::device_synchronize(&CTX)
     }
 }
 ///`cudaDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
@@ -8686,28 +8698,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu130(
         ) as u32
     }
 }
-///`cudaStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamSynchronize,
-            &[(stream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamSynchronize",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamSynchronize__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::stream_synchronize(&CTX, stream)
     }
 }
-///`cudaStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz,
-            &[(stream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamSynchronize_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::stream_synchronize(&CTX, stream)
     }
 }
 ///`cudaStreamUpdateCaptureDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
@@ -8935,12 +8967,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaThreadSetLimit(
         ) as u32
     }
 }
-///`cudaThreadSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaThreadSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaThreadSynchronize() -> u32 {
     unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudart::cudaThreadSynchronize, &[])
-            as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaThreadSynchronize",
+            version: "12.8",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaThreadSynchronize__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::device_synchronize(&CTX)
     }
 }
 ///`cudaUnbindTexture` for CUDA 11.8 (sync).

@@ -567,11 +567,24 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetSharedMemConfig(config: u32) -
         ) as u32
     }
 }
-///`cuCtxSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize() -> u32 {
     unsafe {
-        crate::runtime::call(&chidori_cuda::calls::driver::cuCtxSynchronize, &[]) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuCtxSynchronize",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuCtxSynchronize__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::context_synchronize(&CTX)
     }
 }
 ///`cuCtxSynchronize_v2` for CUDA 13.0, 13.1 (sync).
@@ -9641,28 +9654,48 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu130(
         ) as u32
     }
 }
-///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamSynchronize,
-            &[(hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamSynchronize",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamSynchronize__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::stream_synchronize(&CTX, hStream)
     }
 }
-///`cuStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamSynchronize_ptsz,
-            &[(hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamSynchronize_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamSynchronize_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::sync::stream_synchronize(&CTX, hStream)
     }
 }
 ///`cuStreamUpdateCaptureDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

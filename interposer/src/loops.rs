@@ -46,6 +46,12 @@ struct Running {
 static LOOPS: Mutex<Option<HashMap<u64, Running>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
+/// Whether a graph loop may be replaying on the server: started and not yet ended by the
+/// program (the server launches its steps without a message from the client).
+pub fn any_running() -> bool {
+    LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|l| !l.is_empty())
+}
+
 /// `flags` of [`chidori_loop_start_with`]: also send the output slot after the last step.
 pub const LOOP_TAIL: u32 = 1;
 

@@ -27,7 +27,7 @@ pub fn unavailable(desc: &CallDesc) -> u64 {
     }
 }
 
-fn success(desc: &CallDesc) -> u64 {
+pub fn success(desc: &CallDesc) -> u64 {
     match desc.ret {
         Ret::Status => desc.codes.success as u64,
         Ret::Val { .. } | Ret::Void => 0,

@@ -222,7 +222,7 @@ fn handles_reach_the_client_as_session_ids() {
         "{stream:#x} is a session id"
     );
     assert!((stream as i64) > 0, "{stream:#x} is positive as an intptr_t (Python bindings refuse a negative handle)");
-    let sync = newest("cudaStreamSynchronize", None);
+    let sync = newest("cudaStreamSynchronize", Some(Form::Call));
     assert_eq!(ret_of(&harness, sync, vec![stream], vec![0], &[]), 0);
     assert_eq!(ret_of(&harness, sync, vec![stream + 1], vec![0], &[]), sync.codes.invalid_handle);
     assert_eq!(ret_of(&harness, sync, vec![1], vec![0], &[]), 0, "the legacy stream is no handle to map");

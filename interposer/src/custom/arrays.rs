@@ -455,7 +455,7 @@ impl Staging {
             match (self.driver, self.stream) {
                 (true, Some(stream)) => {
                     // The driver frees at once: the stream's copies first.
-                    call(conn, &dcalls::cuStreamSynchronize, &[stream]);
+                    call(conn, &dcalls::cuStreamSynchronize__call, &[stream]);
                     call(conn, &dcalls::cuMemFree_v2__call, &[self.address])
                 }
                 (true, None) => call(conn, &dcalls::cuMemFree_v2__call, &[self.address]),

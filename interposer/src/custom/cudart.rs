@@ -415,7 +415,7 @@ fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
         // cudaFree synchronizes).
         let conn = connection()?;
         if memory::is_managed_base(args[0]) {
-            return Ok(memory::managed_free(&conn, &calls::cudaDeviceSynchronize, args[0]));
+            return Ok(memory::managed_free(&conn, &calls::cudaDeviceSynchronize__call, args[0]));
         }
         // SAFETY: a device address and possibly a stream handle, by value.
         let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;

@@ -195,7 +195,7 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
     driver("cuMemFree_v2", || {
         let conn = connection()?;
         if memory::is_managed_base(dptr) {
-            return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize, dptr));
+            return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize__call, dptr));
         }
         // SAFETY: a device address by value.
         let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
@@ -349,8 +349,17 @@ fn copy(
         if n == 0 {
             return Ok(SUCCESS);
         }
+        let before = conn.sent_so_far();
         // SAFETY: host pointers are the caller's buffers of `n` bytes (CUDA's contract).
-        Ok(unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32)
+        let ret = unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32;
+        if ret == SUCCESS
+            && desc.name.starts_with("cuMemcpyDtoHAsync")
+            && let Some(&stream) = tail.first()
+        {
+            // Into pageable memory (pinned goes elsewhere) it returned once done.
+            super::sync::drained_by_copy(&conn, desc, stream, before, chunks.len() as u64);
+        }
+        Ok(ret)
     })
 }
 

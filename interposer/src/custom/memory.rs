@@ -326,8 +326,18 @@ pub unsafe fn copy(
                 }
                 0
             } else {
+                let calls = chunks(2);
+                let before = conn.sent_so_far();
                 // SAFETY: the destination is the caller's host buffer of `count` bytes.
-                unsafe { runtime::call_pipelined(conn, forms.d2h, &chunks(2)) }
+                let ret = unsafe { runtime::call_pipelined(conn, forms.d2h, &calls) };
+                if asynchronous
+                    && ret == runtime::success(forms.d2h)
+                    && let Some(&stream) = tail.first()
+                {
+                    // Into pageable memory the copy returned once done: its stream is idle.
+                    super::sync::drained_by_copy(conn, forms.d2h, stream, before, calls.len() as u64);
+                }
+                ret
             }
         }
         // SAFETY: both sides are device addresses, passed through.

@@ -25,3 +25,4 @@ pub mod nvjitlink;
 pub mod nvml;
 pub mod nvrtc;
 pub mod streams;
+pub mod sync;

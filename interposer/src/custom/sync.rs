@@ -1,0 +1,82 @@
+//! Stream, device and context synchronizes, answered by the client where the scope is
+//! known idle with nothing sent since (`crate::ahead::idle`: a read-back copy or an
+//! earlier synchronize drained it); otherwise forwarded, and what they drain is learned.
+//! Nothing is answered or learned while a stream captures or a graph loop runs on the
+//! server (work no message announces).
+
+use std::ffi::c_void;
+
+use chidori_cuda::desc::{Ctx, Form};
+use chidori_protocol::desc::CallDesc;
+
+use crate::ahead::idle::{self, Idle, Scope};
+use crate::conn::Conn;
+
+static IDLE: Idle = Idle::new();
+
+/// Whether what the client knows of idle scopes holds: no capture (a synchronize of a
+/// capturing stream fails) and no graph loop (the server replays without messages).
+fn trusted() -> bool {
+    !super::capture::any_active() && !crate::loops::any_running()
+}
+
+/// The key of `stream` as a call names it (`ptsz`: from a per-thread entry point, where
+/// NULL is the per-thread default stream).
+fn stream_key(stream: u64, ptsz: bool) -> Scope {
+    let handle = if ptsz { super::cudart::per_thread(stream as *mut c_void) as u64 } else { stream };
+    Scope::Stream(idle::stream(
+        handle,
+        crate::state::current_device(),
+        super::context::cached_current(),
+        crate::runtime::thread_id(),
+    ))
+}
+
+/// A copy into pageable memory on `stream` (from the entry point `desc`) returned success
+/// after sending `sent` messages, the connection having sent `before` until then: it
+/// completed, and so did every earlier piece of work on its stream.
+pub fn drained_by_copy(conn: &Conn, desc: &CallDesc, stream: u64, before: u64, sent: u64) {
+    if trusted() {
+        IDLE.learn(stream_key(stream, desc.name.ends_with("_ptsz")), before, sent, conn.sent_so_far());
+    }
+}
+
+fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
+    let desc = ctx.form(Form::Call);
+    let name = ctx.name.trim_end_matches("_ptsz");
+    crate::guard::ffi(name, crate::runtime::unavailable(desc) as u32, || {
+        let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(desc) as u32 };
+        let scope = scope.filter(|_| trusted());
+        if let Some(scope) = scope
+            && IDLE.is_idle(scope, conn.sent_so_far())
+        {
+            crate::trace::local(name);
+            return 0;
+        }
+        let before = conn.sent_so_far();
+        // SAFETY: handles by value only.
+        let ret = unsafe { crate::runtime::call_on(&conn, desc, args) };
+        crate::runtime::note_status(desc, ret);
+        if let Some(scope) = scope
+            && ret == 0
+        {
+            IDLE.learn(scope, before, 1, conn.sent_so_far());
+        }
+        ret as u32
+    })
+}
+
+/// cudaStreamSynchronize, cuStreamSynchronize and their `_ptsz` forms.
+pub fn stream_synchronize(ctx: &Ctx, stream: *mut c_void) -> u32 {
+    synchronize(ctx, &[stream as u64], Some(stream_key(stream as u64, ctx.per_thread())))
+}
+
+/// cudaDeviceSynchronize and cudaThreadSynchronize: every stream of the current device.
+pub fn device_synchronize(ctx: &Ctx) -> u32 {
+    synchronize(ctx, &[], Some(Scope::Device(crate::state::current_device())))
+}
+
+/// cuCtxSynchronize: every stream of the current context, where the client knows which.
+pub fn context_synchronize(ctx: &Ctx) -> u32 {
+    synchronize(ctx, &[], super::context::cached_current().map(Scope::Context))
+}
