@@ -327,6 +327,7 @@ impl<'a> Emitter<'a> {
         for lib in &self.model.libraries {
             for (name, spec) in &lib.spec.record {
                 let mut present = false;
+                let mut optional_seen = BTreeSet::new();
                 for v in &self.model.versions {
                     let env = self.env(v);
                     let Some(r) = env.records.get(name) else { continue };
@@ -374,8 +375,19 @@ impl<'a> Emitter<'a> {
                         let offset = offset as u32;
                         handles.push(quote!(FieldHandle { offset: #offset, kind: #k, when: #when, written: #written }));
                     }
-                    let allow =
-                        spec.allow.iter().map(|(path, values)| field_is(path, values)).collect::<Result<Vec<_>>>()?;
+                    // `?FIELD`: a field only some versions have (checked where it exists).
+                    let mut allow = Vec::new();
+                    for (path, values) in &spec.allow {
+                        let (optional, path) = match path.strip_prefix('?') {
+                            Some(p) => (true, p),
+                            None => (false, path.as_str()),
+                        };
+                        if optional && field_at(env, name, path).is_err() {
+                            continue;
+                        }
+                        optional_seen.insert(path.to_owned());
+                        allow.push(field_is(path, values)?);
+                    }
                     let size = r.size as u32;
                     let key = (v.clone(), name.clone());
                     let (vl, nl) = (lit_str(v), lit_str(name));
@@ -386,6 +398,9 @@ impl<'a> Emitter<'a> {
                 }
                 if !present {
                     bail!("specs/{}.toml: [record.{name}]: no header of any version declares {name}", lib.lib.name);
+                }
+                if let Some(path) = spec.allow.keys().find(|p| !optional_seen.contains(p.trim_start_matches('?'))) {
+                    bail!("specs/{}.toml: [record.{name}]: no version has a field {path}", lib.lib.name);
                 }
             }
         }

@@ -54,6 +54,7 @@
 //! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
 //! written = { errNode_out = "CUgraphNode_st" }  # handles the call writes (named on the way back)
 //! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
+//!                                  # "?FIELD": only in versions that have it; "NULL": a null pointer
 //!
 //! [undeclared]                    # why real exports no header declares answer NOT_SUPPORTED
 //! 'cudaGL.*' = "graphics interop: the OpenGL objects live on the client's machine"

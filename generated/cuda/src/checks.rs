@@ -1060,6 +1060,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.6",
+        "CUdevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
         "CUgraphExecUpdateResultInfo_st",
         RecordChecks {
             size: 24u32,
@@ -1521,6 +1530,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "CUdevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "CUgraphExecUpdateResultInfo_st",
         RecordChecks {
             size: 24u32,
@@ -1987,6 +2005,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUdevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUgraphExecUpdateResultInfo_st",
         RecordChecks {
             size: 24u32,
@@ -2449,6 +2476,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "CUdevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 136u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (
