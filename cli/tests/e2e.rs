@@ -510,7 +510,16 @@ const GRAPH_LOOP: &str = r#"
 typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t);
 typedef int64_t (*poll_fn)(uint64_t, uint8_t *, uint64_t, uint32_t, uint32_t *, uint32_t *, uint32_t *, int64_t *);
 typedef void (*end_fn)(uint64_t);
+typedef uint64_t (*copy_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t,
+                            uint64_t, uint64_t, uint64_t);
 static start_fn start; static poll_fn poll; static end_fn end;
+/* Wait for a loop's end: its status. */
+static int64_t finish(uint64_t id) {
+  uint32_t steps = 0, stopped = 0, done = 0; int64_t status = 0;
+  while (!done) if (poll(id, NULL, 0, 1000, &steps, &stopped, &done, &status) < 0) return -1;
+  end(id);
+  return status;
+}
 /* Run a loop of up to 20 steps, checking every 4 (flags 1: and the slot after the last);
    returns the steps launched. */
 static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int *got, uint32_t *stopped, uint32_t flags) {
@@ -556,6 +565,20 @@ int main(void) {
   for (int i = 0; i < 4; ++i) if (got[i] != 100 + i) return 11;
   /* A graph handle of no one's is refused, not dereferenced. */
   if (run((cudaGraphExec_t)0x1234, s, flag, out, got, &stopped, 0) != -2) return 12;
+  /* The closing copy: `out` into `back` after the last step. The device is idle then, and
+     nothing was sent since the start: the synchronize after it costs no round trip. */
+  copy_fn start_copy = (copy_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start_copy");
+  void *back;
+  if (!start_copy || cudaMalloc(&back, 84) || cudaMemset(back, 0, 84)) return 15;
+  uint64_t id = start_copy((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, (uint64_t)back, (uint64_t)out, 84);
+  if (!id || finish(id) != 0) return 16;
+  if (cudaDeviceSynchronize()) return 17;
+  int check[21];
+  if (cudaMemcpy(check, back, 84, cudaMemcpyDeviceToHost)) return 18;
+  for (int i = 0; i < 21; ++i) if (check[i] != 100 + i) return 19;
+  /* A closing copy outside the session's memory is refused. */
+  id = start_copy((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, 0x1000, (uint64_t)out, 84);
+  if (id && finish(id) == 0) return 20;
   printf("OK\n");
   return 0;
 }
@@ -567,8 +590,10 @@ fn graphs_replay_in_a_loop_on_the_server() {
     let exe = program("graph-loop", GRAPH_LOOP);
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // Four loops of one request each; no round trip per step.
-    assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["4", "0"], "{stderr}");
+    // Six loops of one request each; no round trip per step.
+    assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["6", "0"], "{stderr}");
+    // Idle after the closing copy: answered by the client.
+    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["1", "0"], "{stderr}");
 }
 
 /// `chidori run --optimize` loads the chidori package at interpreter start (after the

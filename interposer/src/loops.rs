@@ -6,7 +6,9 @@
 //! uint64_t id = chidori_loop_start(exec, stream, max_steps, check_every,
 //!                                  stop_flag, output, bytes_per_step, progress_ms);
 //! /* or chidori_loop_start_with(..., flags): CHIDORI_LOOP_TAIL (1) also sends the output
-//!    slot after the last step (a step that writes the next slot: its last output) */
+//!    slot after the last step (a step that writes the next slot: its last output);
+//!    chidori_loop_start_copy(..., flags, dst, src, bytes): after the last step, copy
+//!    `bytes` from device address `src` to `dst` on the stream (a result the graph built) */
 //! while (...) n = chidori_loop_poll(id, buf, cap, timeout_ms, &steps, &stopped, &done, &status);
 //! chidori_loop_end(id);
 //! ```
@@ -16,24 +18,28 @@
 //! before the loop, as on a stream.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chidori_protocol::messages::{GraphLoop, Service, ServiceReply};
+use chidori_protocol::messages::{GraphLoop, LoopCopy, Service, ServiceReply};
 
 use chidori_cuda::calls::cudart as calls;
 
 use crate::conn::{Conn, Slot};
 use crate::runtime;
 
-/// How a loop ended: (steps launched, steps at which it stopped or 0, status).
-type Ended = (u32, u32, i64);
+/// How a loop ended: (steps launched, steps at which it stopped or 0, status, whether the
+/// device was idle at its end).
+type Ended = (u32, u32, i64, bool);
 
 struct Running {
     conn: Arc<Conn>,
     seq: u64,
+    /// The connection's message count before the start, and the device current then.
+    sent_before: u64,
+    device: i32,
     slot: Arc<Slot>,
     progress: Receiver<(u32, Vec<u8>)>,
     /// Output received and not yet handed to the program.
@@ -45,11 +51,13 @@ struct Running {
 
 static LOOPS: Mutex<Option<HashMap<u64, Running>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
+/// Loops started whose end has not been received (a loop being polled is out of the table).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether a graph loop may be replaying on the server: started and not yet ended by the
-/// program (the server launches its steps without a message from the client).
+/// Whether a graph loop may be replaying on the server: started, its end not yet received
+/// (the server launches its steps without a message from the client).
 pub fn any_running() -> bool {
-    LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|l| !l.is_empty())
+    ACTIVE.load(Ordering::Acquire) > 0
 }
 
 /// `flags` of [`chidori_loop_start_with`]: also send the output slot after the last step.
@@ -85,6 +93,42 @@ pub extern "C" fn chidori_loop_start_with(
     progress_ms: u32,
     flags: u32,
 ) -> u64 {
+    chidori_loop_start_copy(
+        exec,
+        stream,
+        max_steps,
+        check_every,
+        stop_flag,
+        output,
+        bytes_per_step,
+        progress_ms,
+        flags,
+        0,
+        0,
+        0,
+    )
+}
+
+/// [`chidori_loop_start_with`] that also copies `copy_bytes` from device address `copy_src`
+/// to `copy_dst` on the stream after the last step (none where `copy_bytes` is 0). A
+/// program that sends nothing else until [`chidori_loop_poll`] says the loop is done then
+/// finds the device idle: its next synchronize costs no round trip.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn chidori_loop_start_copy(
+    exec: u64,
+    stream: u64,
+    max_steps: u32,
+    check_every: u32,
+    stop_flag: u64,
+    output: u64,
+    bytes_per_step: u32,
+    progress_ms: u32,
+    flags: u32,
+    copy_dst: u64,
+    copy_src: u64,
+    copy_bytes: u64,
+) -> u64 {
     crate::guard::ffi("chidori_loop_start", 0, || {
         if flags & !LOOP_TAIL != 0 {
             tracing::warn!("graph loop: unknown flags {flags:#x}");
@@ -98,19 +142,45 @@ pub extern "C" fn chidori_loop_start_with(
             }
         };
         let tail = flags & LOOP_TAIL != 0;
-        let request =
-            GraphLoop { exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms, tail };
+        let then_copy = (copy_bytes > 0).then_some(LoopCopy { dst: copy_dst, src: copy_src, bytes: copy_bytes });
+        let request = GraphLoop {
+            exec,
+            stream,
+            max_steps,
+            check_every,
+            stop_flag,
+            output,
+            bytes_per_step,
+            progress_ms,
+            tail,
+            then_copy,
+        };
         let (tx, rx) = std::sync::mpsc::channel();
+        // Counted before the start goes out: from then on the server may launch unasked.
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
+        let sent_before = conn.sent_so_far();
         let (seq, slot) = match conn.start_service(&Service::GraphLoop(request), tx) {
             Ok(started) => started,
             Err(e) => {
+                ACTIVE.fetch_sub(1, Ordering::AcqRel);
                 tracing::warn!("graph loop: {e}");
                 return 0;
             }
         };
         crate::trace::local("chidori_loop_start");
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let running = Running { conn, seq, slot, progress: rx, buffered: VecDeque::new(), steps: 0, ended: None };
+        let device = crate::state::current_device();
+        let running = Running {
+            conn,
+            seq,
+            sent_before,
+            device,
+            slot,
+            progress: rx,
+            buffered: VecDeque::new(),
+            steps: 0,
+            ended: None,
+        };
         LOOPS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, running);
         id
     })
@@ -185,17 +255,25 @@ fn poll(running: &mut Running, buf: *mut u8, cap: u64, timeout_ms: u32) -> usize
         take_progress(running);
         let lost = runtime::unavailable(&calls::cudaGraphLaunch) as i64;
         running.ended = Some(match running.conn.finish_service(running.seq, &running.slot) {
-            Ok(ServiceReply::Looped { steps, stopped_at, status }) => (steps, stopped_at.unwrap_or(0), status),
+            Ok(ServiceReply::Looped { steps, stopped_at, status, idle }) => {
+                (steps, stopped_at.unwrap_or(0), status, idle)
+            }
             Ok(ServiceReply::Error { status, message }) => {
                 tracing::warn!("graph loop: {message}");
-                (0, 0, status)
+                (0, 0, status, false)
             }
-            Ok(_) => (0, 0, lost),
+            Ok(_) => (0, 0, lost, false),
             Err(e) => {
                 tracing::warn!("graph loop: {e}");
-                (0, 0, lost)
+                (0, 0, lost, false)
             }
         });
+        // The server launches no more of its steps.
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        if let Some((_, _, 0, true)) = running.ended {
+            // Idle at the loop's end and, if nothing was sent since its start, so it is now.
+            crate::custom::sync::drained_by_loop(&running.conn, running.device, running.sent_before);
+        }
     }
     let n = (cap as usize).min(running.buffered.len());
     if n > 0 && !buf.is_null() {
@@ -220,9 +298,11 @@ pub extern "C" fn chidori_loop_end(id: u64) {
             && r.ended.is_none()
         {
             // The answer is still to come: wait for it on a thread of its own, so the
-            // connection's table of pending requests empties.
+            // connection's table of pending requests empties; the loop counts as running
+            // until then.
             std::thread::spawn(move || {
                 let _ = r.conn.finish_service(r.seq, &r.slot);
+                ACTIVE.fetch_sub(1, Ordering::AcqRel);
             });
         }
     })

@@ -23,6 +23,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (13: nvJitLink links,
-/// `Service::JitLink`).
-pub const PROTOCOL_VERSION: u16 = 13;
+/// Bumped on any incompatible change to frames or messages (14: a graph loop's closing
+/// copy, and whether the device was idle at its end).
+pub const PROTOCOL_VERSION: u16 = 14;

@@ -360,8 +360,10 @@ pub enum NodeParams {
 /// they are streamed back in `Progress` frames at least every `progress_ms` (0: only at
 /// the end). With `tail`, a loop that ran all `max_steps` also sends slot `max_steps` (for a
 /// graph whose step writes the next slot, as a decode step writes the next token: the last
-/// step's output). Nothing in it knows what the graph computes (a decode step of a language
-/// model, a simulation step, ...).
+/// step's output). `then_copy` is a device-to-device copy on the stream after the last
+/// step (a result assembled by the graph, copied where the program wants it), so that
+/// nothing need follow the loop. Nothing in it knows what the graph computes (a decode step
+/// of a language model, a simulation step, ...).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct GraphLoop {
     pub exec: u64,
@@ -373,6 +375,15 @@ pub struct GraphLoop {
     pub bytes_per_step: u32,
     pub progress_ms: u32,
     pub tail: bool,
+    pub then_copy: Option<LoopCopy>,
+}
+
+/// A device-to-device copy of `bytes` bytes from `src` to `dst`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct LoopCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: u64,
 }
 
 /// Server → client during a `GraphLoop`: steps completed so far; the bulk section holds the
@@ -438,11 +449,14 @@ pub enum ServiceReply {
         runs: Vec<(u64, Vec<u8>)>,
     },
     /// A `GraphLoop` ended: steps launched, the step count at which the stop flag was seen
-    /// (None: it ran to `max_steps`), and the status of the first failing call (0: none).
+    /// (None: it ran to `max_steps`), the status of the first failing call (0: none), and
+    /// whether the device had finished all its work when the loop ended (a synchronize of
+    /// it then returns at once).
     Looped {
         steps: u32,
         stopped_at: Option<u32>,
         status: i64,
+        idle: bool,
     },
     /// `status` in the driver's codes.
     Error {

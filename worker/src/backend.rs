@@ -3,7 +3,7 @@
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
     CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, JitLinkRequest, JitLinkResult, KernelInfo,
-    Launch, LinkRequest, LinkResult,
+    Launch, LinkRequest, LinkResult, LoopCopy,
 };
 
 /// A host function installed on a stream: called when the stream reaches it with the
@@ -140,6 +140,8 @@ pub struct LoopEnd {
     pub stopped_at: Option<u32>,
     /// The status of the call that failed (0: none), in the runtime's codes.
     pub status: i64,
+    /// Whether the device had finished all its work when the loop ended.
+    pub idle: bool,
 }
 
 /// The schedule of a graph-replay loop, shared by the backends: launch, and every
@@ -154,8 +156,12 @@ pub trait LoopDevice {
     fn checkpoint(&mut self, slot: usize, from: u32, to: u32) -> Result<(), i64>;
     /// Wait for checkpoint `slot`: (flag, the output bytes of its steps).
     fn examine(&mut self, slot: usize) -> Result<(u32, &[u8]), i64>;
+    /// Queue a device-to-device copy on the loop's stream.
+    fn copy(&mut self, copy: &LoopCopy) -> Result<(), i64>;
     /// Wait for every launch to finish.
     fn drain(&mut self) -> Result<(), i64>;
+    /// Wait for all of the device's work (the loop's stream drained: normally at once).
+    fn synchronize_device(&mut self) -> Result<(), i64>;
 }
 
 /// Checkpoint slots in use at once: the one being examined, the one queued after it, and
@@ -176,7 +182,7 @@ pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut
     // The first output goes as soon as it is known (a streamer's first token: the time to it
     // is what its user sees), later ones every `progress_ms`.
     let mut sent_any = false;
-    let mut end = LoopEnd { steps: 0, stopped_at: None, status: 0 };
+    let mut end = LoopEnd { steps: 0, stopped_at: None, status: 0, idle: false };
     'run: while launched < request.max_steps {
         if let Err(status) = device.launch() {
             end.status = status;
@@ -234,11 +240,19 @@ pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut
             end.status = status;
         }
     }
+    // The closing copy follows every step launched, a stopped loop's included.
+    if let Some(copy) = &request.then_copy
+        && end.status == 0
+        && let Err(status) = device.copy(copy)
+    {
+        end.status = status;
+    }
     if let Err(status) = device.drain()
         && end.status == 0
     {
         end.status = status;
     }
+    end.idle = end.status == 0 && device.synchronize_device().is_ok();
     // Checkpoints queued before a stop are not examined: the steps they cover ran after it.
     if !pending.is_empty() {
         progress(pending_steps, &pending);
@@ -275,7 +289,15 @@ mod tests {
             self.log.push(format!("examine at {}", self.launched));
             Ok((self.slots[slot].0, &self.slots[slot].1))
         }
+        fn copy(&mut self, copy: &LoopCopy) -> Result<(), i64> {
+            self.log.push(format!("copy {} at {}", copy.bytes, self.launched));
+            Ok(())
+        }
         fn drain(&mut self) -> Result<(), i64> {
+            Ok(())
+        }
+        fn synchronize_device(&mut self) -> Result<(), i64> {
+            self.log.push("idle".into());
             Ok(())
         }
     }
@@ -291,6 +313,7 @@ mod tests {
             bytes_per_step: 1,
             progress_ms: 0,
             tail: false,
+            then_copy: None,
         }
     }
 
@@ -299,12 +322,12 @@ mod tests {
         let mut fake = Fake { launched: 0, stop_at: u32::MAX, slots: Default::default(), log: vec![] };
         let mut got = Vec::new();
         let end = run_loop(&request(10, 4), &mut fake, &mut |_, b| got.extend_from_slice(b));
-        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0 });
+        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0, idle: true });
         assert_eq!(got, (0..10).collect::<Vec<u8>>());
         // A checkpoint is examined only once the next is queued: the GPU keeps a window.
         assert_eq!(
             fake.log,
-            ["check 0..4", "check 4..8", "examine at 8", "check 8..10", "examine at 10", "examine at 10"]
+            ["check 0..4", "check 4..8", "examine at 8", "check 8..10", "examine at 10", "examine at 10", "idle"]
         );
     }
 
@@ -324,7 +347,7 @@ mod tests {
         let mut got = Vec::new();
         let end =
             run_loop(&GraphLoop { tail: true, ..request(10, 4) }, &mut fake, &mut |_, b| got.extend_from_slice(b));
-        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0 });
+        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0, idle: true });
         assert_eq!(got, (0..=10).collect::<Vec<u8>>());
         // A loop the flag stopped sends no tail: the steps after the stop are not wanted.
         let mut fake = Fake { launched: 0, stop_at: 5, slots: Default::default(), log: vec![] };
@@ -334,12 +357,21 @@ mod tests {
     }
 
     #[test]
+    fn the_closing_copy_follows_every_step_launched_even_after_a_stop() {
+        let copy = Some(LoopCopy { dst: 64, src: 128, bytes: 40 });
+        let mut fake = Fake { launched: 0, stop_at: 5, slots: Default::default(), log: vec![] };
+        let end = run_loop(&GraphLoop { then_copy: copy, ..request(100, 4) }, &mut fake, &mut |_, _| {});
+        assert_eq!(end, LoopEnd { steps: 12, stopped_at: Some(8), status: 0, idle: true });
+        assert_eq!(fake.log[fake.log.len() - 2..], ["copy 40 at 12", "idle"]);
+    }
+
+    #[test]
     fn a_raised_flag_stops_the_loop_within_two_windows() {
         let mut fake = Fake { launched: 0, stop_at: 5, slots: Default::default(), log: vec![] };
         let mut got = Vec::new();
         let end = run_loop(&request(100, 4), &mut fake, &mut |_, b| got.extend_from_slice(b));
         // Raised at launch 5, seen at the checkpoint after launch 8, examined after 12.
-        assert_eq!(end, LoopEnd { steps: 12, stopped_at: Some(8), status: 0 });
+        assert_eq!(end, LoopEnd { steps: 12, stopped_at: Some(8), status: 0, idle: true });
         assert_eq!(got, (0..8).collect::<Vec<u8>>());
     }
 }

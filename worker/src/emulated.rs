@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use chidori_protocol::desc::{CallDesc, Form, Wire};
-use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch};
+use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LoopCopy};
 
 use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
 
@@ -1094,7 +1094,7 @@ impl Backend for Emulated {
 
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
         let Some(ops) = self.state().graphs.ops(request.exec) else {
-            return LoopEnd { steps: 0, stopped_at: None, status: INVALID_HANDLE as i64 };
+            return LoopEnd { steps: 0, stopped_at: None, status: INVALID_HANDLE as i64, idle: false };
         };
         let mut device = EmulatedLoop { backend: self, request, ops, slots: Default::default() };
         run_loop(request, &mut device, progress)
@@ -1157,7 +1157,19 @@ impl LoopDevice for EmulatedLoop<'_> {
         Ok((*flag, out))
     }
 
+    fn copy(&mut self, copy: &LoopCopy) -> Result<(), i64> {
+        let mut s = self.backend.state();
+        let bytes = s.find(copy.src, copy.bytes).ok_or(INVALID_VALUE as i64)?.to_vec();
+        s.find(copy.dst, copy.bytes).ok_or(INVALID_VALUE as i64)?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     fn drain(&mut self) -> Result<(), i64> {
+        Ok(())
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), i64> {
+        // Every operation completes when issued.
         Ok(())
     }
 }

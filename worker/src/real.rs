@@ -10,7 +10,8 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
-    Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult, NodeParams, NodeTarget,
+    Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult, LoopCopy, NodeParams,
+    NodeTarget,
 };
 
 use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
@@ -70,6 +71,7 @@ struct LoopApi {
     event_synchronize: unsafe extern "C" fn(u64) -> u32,
     event_destroy: unsafe extern "C" fn(u64) -> u32,
     stream_synchronize: unsafe extern "C" fn(u64) -> u32,
+    device_synchronize: unsafe extern "C" fn() -> u32,
     malloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32,
     free_host: unsafe extern "C" fn(*mut c_void) -> u32,
 }
@@ -84,6 +86,7 @@ impl LoopApi {
             event_synchronize: symbol_as(cudart, "cudaEventSynchronize")?,
             event_destroy: symbol_as(cudart, "cudaEventDestroy")?,
             stream_synchronize: symbol_as(cudart, "cudaStreamSynchronize")?,
+            device_synchronize: symbol_as(cudart, "cudaDeviceSynchronize")?,
             malloc_host: symbol_as(cudart, "cudaMallocHost")?,
             free_host: symbol_as(cudart, "cudaFreeHost")?,
         })
@@ -103,6 +106,8 @@ struct RealLoop<'a> {
 
 /// cudaMemcpyDeviceToHost.
 const D2H: u32 = 2;
+/// cudaMemcpyDeviceToDevice.
+const D2D: u32 = 3;
 
 fn status(rc: u32) -> Result<(), i64> {
     if rc == 0 { Ok(()) } else { Err(i64::from(rc)) }
@@ -146,9 +151,22 @@ impl LoopDevice for RealLoop<'_> {
         }
     }
 
+    fn copy(&mut self, copy: &LoopCopy) -> Result<(), i64> {
+        let (dst, src) = (copy.dst as *mut c_void, copy.src as *const c_void);
+        let invalid = i64::from(chidori_cuda::consts::cudaError::cudaErrorInvalidValue);
+        let bytes = usize::try_from(copy.bytes).map_err(|_| invalid)?;
+        // SAFETY: both ranges are this session's device memory (checked by the session).
+        status(unsafe { (self.api.memcpy_async)(dst, src, bytes, D2D, self.request.stream) })
+    }
+
     fn drain(&mut self) -> Result<(), i64> {
         // SAFETY: the session's stream.
         status(unsafe { (self.api.stream_synchronize)(self.request.stream) })
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), i64> {
+        // SAFETY: no arguments; the loop's thread has the session's context current.
+        status(unsafe { (self.api.device_synchronize)() })
     }
 }
 
@@ -569,7 +587,7 @@ impl Backend for Real {
     }
 
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
-        let failed = |status: i64| LoopEnd { steps: 0, stopped_at: None, status };
+        let failed = |status: i64| LoopEnd { steps: 0, stopped_at: None, status, idle: false };
         let api = match LoopApi::new(&self.cudart) {
             Ok(api) => api,
             Err(e) => {

@@ -1482,6 +1482,7 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     let memory = lock(&session.memory);
     let flag_ok = request.stop_flag == 0 || memory.contains(request.stop_flag, 4);
     let output_ok = request.output == 0 || output_len == 0 || memory.contains(request.output, output_len);
+    let copy_ok = request.then_copy.is_none_or(|c| memory.contains(c.dst, c.bytes) && memory.contains(c.src, c.bytes));
     drop(memory);
     if !flag_ok || !output_ok {
         return ServiceReply::Error {
@@ -1489,6 +1490,15 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
             message: format!(
                 "graph loop: the stop flag {:#x} or the output {:#x} ({output_len} bytes) is not device memory of this session",
                 request.stop_flag, request.output
+            ),
+        };
+    }
+    if !copy_ok {
+        return ServiceReply::Error {
+            status: 1,
+            message: format!(
+                "graph loop: the closing copy {:?} is not within device memory of this session",
+                request.then_copy
             ),
         };
     }
@@ -1502,7 +1512,7 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
         }
     };
     let end = session.backend.graph_loop(&request, &mut progress);
-    ServiceReply::Looped { steps: end.steps, stopped_at: end.stopped_at, status: end.status }
+    ServiceReply::Looped { steps: end.steps, stopped_at: end.stopped_at, status: end.status, idle: end.idle }
 }
 
 /// The library's handle for a non-null `value` of `kind` this session holds.

@@ -41,6 +41,15 @@ pub fn drained_by_copy(conn: &Conn, desc: &CallDesc, stream: u64, before: u64, s
     }
 }
 
+/// A graph loop started when the connection had sent `before` messages ended with the
+/// device idle (`device` current at its start). The worker synchronizes the device current
+/// on its loop thread, which is the program's only where the session has one GPU.
+pub fn drained_by_loop(conn: &Conn, device: i32, before: u64) {
+    if trusted() && conn.profile.devices.len() == 1 {
+        IDLE.learn(Scope::Device(device), before, 1, conn.sent_so_far());
+    }
+}
+
 fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
     let desc = ctx.form(Form::Call);
     let name = ctx.name.trim_end_matches("_ptsz");
@@ -51,14 +60,14 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
             && IDLE.is_idle(scope, conn.sent_so_far())
         {
             crate::trace::local(name);
-            return 0;
+            return crate::runtime::success(desc) as u32;
         }
         let before = conn.sent_so_far();
         // SAFETY: handles by value only.
         let ret = unsafe { crate::runtime::call_on(&conn, desc, args) };
         crate::runtime::note_status(desc, ret);
         if let Some(scope) = scope
-            && ret == 0
+            && ret == crate::runtime::success(desc)
         {
             IDLE.learn(scope, before, 1, conn.sent_so_far());
         }
