@@ -6,7 +6,10 @@ model decodes at most ~14 tokens per second. Under :func:`optimize`, ``generate`
 one decode step as a CUDA graph -- the forward pass, token selection, and the next step's
 inputs, all on the device -- and asks the server to replay it until every sequence has
 ended (``chidori_loop_start``: a generic graph-replay loop of Chidori's protocol). Tokens
-stream back while the loop runs; the result is what ``generate`` would have returned.
+stream back while the loop runs; the result is what ``generate`` would have returned. The
+graph also writes each token into the whole output, which the loop's closing copy puts in
+the tensor returned: nothing is sent after the loop, so a synchronize after ``generate``
+costs no round trip.
 
 What the fast path does not cover (beam search, assisted decoding, logits processors and
 stopping criteria other than temperature/top-k/top-p/min-p, minimum lengths, EOS and
@@ -62,12 +65,13 @@ def _loop_api() -> Optional[ctypes.CDLL]:
     """libchidori's loop functions in this process, or None when not under ``chidori run``."""
     try:
         lib = ctypes.CDLL(None)
-        start = lib.chidori_loop_start_with
+        start = lib.chidori_loop_start_copy
     except (OSError, AttributeError):
         return None
     start.restype = ctypes.c_uint64
     start.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64,
-                      ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32]
+                      ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+                      ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
     lib.chidori_loop_poll.restype = ctypes.c_int64
     lib.chidori_loop_poll.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
@@ -92,16 +96,20 @@ LOOP_TAIL = 1
 
 def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
              bytes_per_step: int, progress_ms: int, on_output: Optional[Callable[[bytes], None]] = None,
-             tail: bool = False, on_started: Optional[Callable[[], None]] = None) -> LoopResult:
+             tail: bool = False, on_started: Optional[Callable[[], None]] = None,
+             then_copy: Optional[tuple[int, int, int]] = None) -> LoopResult:
     """Replay the graph ``exec_handle`` on ``stream`` on the server (see the module doc):
     ``on_output`` receives each step's output bytes, in order, as they arrive; with ``tail``,
     a loop that ran ``max_steps`` also sends the slot after the last step. ``on_started``
-    runs once the loop was asked for, before the first output is awaited."""
+    runs once the loop was asked for, before the first output is awaited. ``then_copy``
+    (destination, source, bytes: device addresses) is copied on the stream after the last
+    step: with nothing sent meanwhile, the device is then idle without asking."""
     lib = _loop_api()
     if lib is None:
         raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
-    loop_id = lib.chidori_loop_start_with(exec_handle, stream, max_steps, check_every, stop_flag, output,
-                                          bytes_per_step, progress_ms, LOOP_TAIL if tail else 0)
+    dst, src, nbytes = then_copy or (0, 0, 0)
+    loop_id = lib.chidori_loop_start_copy(exec_handle, stream, max_steps, check_every, stop_flag, output,
+                                          bytes_per_step, progress_ms, LOOP_TAIL if tail else 0, dst, src, nbytes)
     if not loop_id:
         raise RuntimeError("chidori: the server could not start the graph loop (see the log)")
     buf = ctypes.create_string_buffer(max(1 << 16, bytes_per_step))
@@ -279,6 +287,10 @@ class _Decoder:
         self.step = torch.zeros(1, **long)
         self.unfinished = torch.ones(batch, **long)
         self.rows = torch.zeros(plan.max_new, batch, **long)
+        # The whole output, as generate returns it (the prompt, then each step's tokens at
+        # column `col`): copied out by the loop's closing copy, so nothing follows the loop.
+        self.seq = torch.zeros(batch, self.total, **long)
+        self.col = torch.zeros(1, **long)
         self.stop = torch.zeros(1, dtype=torch.int32, device=device)
         self.mask = torch.ones(batch, self.total, **long)
         self.eos = torch.tensor(plan.eos, **long) if plan.eos else None
@@ -352,6 +364,9 @@ class _Decoder:
         self.step.zero_()
         first = self.finish(self.select(logits, self.step))
         self.rows[0].copy_(first)
+        self.seq[:, :length].copy_(plan.input_ids)
+        self.seq[:, length].copy_(first)
+        self.col.fill_(length + 1)
         self.tokens.copy_(first.reshape(batch, 1))
         self.positions.copy_(positions[:, -1:] + 1)
         self.step.fill_(1)
@@ -365,6 +380,8 @@ class _Decoder:
         logits = self.model(**inputs, return_dict=True).logits
         tokens = self.finish(self.select(logits, self.step))
         self.rows.index_copy_(0, self.step, tokens.reshape(1, batch))
+        self.seq.index_copy_(1, self.col, tokens.reshape(batch, 1))
+        self.col.add_(1)
         self.tokens.copy_(tokens.reshape(batch, 1))
         self.positions.add_(1)
         self.step.add_(1)
@@ -484,6 +501,8 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
     # sequence, reading the rows again afterwards (one more round trip) is not needed.
     host_rows = torch.zeros(plan.max_new, batch, dtype=torch.long)
     known = 0
+    # What generate returns, filled by the loop's closing copy (a new tensor the program owns).
+    out = torch.empty(batch, decoder.total, dtype=torch.long, device=plan.input_ids.device)
     with torch.no_grad():
         decoder.prefill()
         start = 1
@@ -523,9 +542,12 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
                               decoder.stop.data_ptr() if decoder.eos is not None else 0,
                               decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
                               PROGRESS_MS if plan.streamer is not None else 0, on_row, tail=True,
-                              on_started=streamed.put_prompt)
+                              on_started=streamed.put_prompt,
+                              then_copy=(out.data_ptr(), decoder.seq.data_ptr(), out.numel() * out.element_size()))
             if result.status:
                 raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
+        if replay == "eager" or remaining <= 0:
+            out.copy_(decoder.seq)  # the loop ran here, or none was needed (one new token)
         complete = known >= plan.max_new or _ended_within(host_rows, plan, known)
         rows = host_rows if complete else decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
@@ -534,14 +556,10 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
         for row in rows[min(streamed.rows, n):n]:
             streamed.put(row)
         plan.streamer.end()
-    return torch.cat([plan.input_ids, _to_device(rows[:n].t(), plan.input_ids.device)], dim=-1)
-
-
-def _to_device(host: Any, device: Any) -> Any:
-    """``host`` on ``device`` without waiting: a blocking copy is followed by a stream
-    synchronize (a round trip through Chidori). From pageable memory a non-blocking copy is
-    safe: CUDA has taken the bytes when it returns."""
-    return host.contiguous().to(device, non_blocking=True)
+    width = plan.input_ids.shape[1] + n
+    if width == decoder.total or batch == 1:
+        return out[:, :width]
+    return out[:, :width].contiguous()  # as generate's: a kernel, so a later synchronize waits
 
 
 def fast_generate(model: Any, *args: Any, **kwargs: Any) -> Any:

@@ -4,6 +4,7 @@ the server's loop simulated (each step's output lags a step, as the worker sends
 Tokens and what a streamer receives must be native; rows streamed back are not read again
 when they reach max_new_tokens or the end of every sequence."""
 
+import ctypes
 import importlib.util
 import os
 import unittest
@@ -66,7 +67,8 @@ class FastPathOnCpu(unittest.TestCase):
         def loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
                  bytes_per_step: int, progress_ms: int,
                  on_output: Optional[Callable[[bytes], None]] = None, tail: bool = False,
-                 on_started: Optional[Callable[[], None]] = None) -> Any:
+                 on_started: Optional[Callable[[], None]] = None,
+                 then_copy: Optional[tuple[int, int, int]] = None) -> Any:
             decoder = next(d for d in decode._decoders.values()
                            if 0 <= output - d.rows.data_ptr() < d.rows.numel() * d.rows.element_size())
             if on_started is not None:
@@ -74,13 +76,19 @@ class FastPathOnCpu(unittest.TestCase):
             first = (output - decoder.rows.data_ptr()) // bytes_per_step
             send = (lambda slot: on_output(original_cpu(decoder.rows[first + slot]).numpy().tobytes())
                     if on_output is not None else None)
+            def closing_copy() -> None:
+                if then_copy is not None:
+                    ctypes.memmove(then_copy[0], then_copy[1], then_copy[2])
+
             for step in range(max_steps):
                 decoder.decode_step()
                 send(step)
                 if stop_flag and (step + 1) % check_every == 0 and int(decoder.stop.item()):
+                    closing_copy()
                     return decode.LoopResult(step + 1, step + 1, 0)
             if tail:
                 send(max_steps)
+            closing_copy()
             return decode.LoopResult(max_steps, 0, 0)
 
         stream = mock.Mock(cuda_stream=0)
