@@ -31,6 +31,7 @@ use chidori_protocol::messages::{
     self, AsyncError, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, ResumeRequest, Service, ServiceReply,
     Welcome,
 };
+use chidori_protocol::read::Incremental;
 use chidori_protocol::resume::{ACK_EVERY, Replay};
 use chidori_protocol::{PROTOCOL_VERSION, env};
 
@@ -901,7 +902,7 @@ enum Stop {
 /// The I/O thread: reads the server's frames; in a resumable session, replaces a broken
 /// connection and goes on where it stopped (the decoder keeps a frame cut in the middle).
 fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
-    let mut decoder = Decoder::default();
+    let mut decoder = Incremental::default();
     // With TLS the I/O thread reads through the handshake's reader (it decrypts).
     let mut tls_reader = conn.secure_reader.lock().unwrap_or_else(|p| p.into_inner()).take();
     let mut sock =
@@ -926,7 +927,7 @@ fn read_link(
     conn: &Arc<Conn>,
     std_stream: TcpStream,
     mut tls_reader: Option<&mut chidori_tls::SecureReader<TcpStream>>,
-    decoder: &mut Decoder,
+    decoder: &mut Incremental,
     received: &mut u64,
     acked: &mut u64,
 ) -> Stop {
@@ -983,7 +984,7 @@ fn read_link(
                 Err(e) => return Stop::Broken(e.to_string()),
             }
             loop {
-                let frame = match decoder.next() {
+                let frame = match decoder.next_frame() {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(e) => return Stop::Fatal(format!("Chidori server {} sent a bad frame: {e}", conn.server)),
@@ -1233,68 +1234,4 @@ fn start_callback_thread(rx: std::sync::mpsc::Receiver<CallbackRun>) {
             let _ = conn.send(Header::new(Kind::HostCallbackDone, 0, 0, 0), &messages::encode(&done), &[]);
         }
     });
-}
-
-/// Incremental frame decoding from a non-blocking socket: `buf[start..end]` holds bytes
-/// received but not yet decoded.
-struct Decoder {
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-}
-
-impl Default for Decoder {
-    fn default() -> Self {
-        Decoder { buf: vec![0; 1 << 20], start: 0, end: 0 }
-    }
-}
-
-impl Decoder {
-    /// Read what is available: the bytes read, or None when nothing more is there now.
-    fn fill(&mut self, stream: &mut dyn Read) -> std::io::Result<Option<usize>> {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        if self.end == self.buf.len() {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            } else {
-                let grown = self.buf.len() * 2;
-                self.buf.resize(grown, 0);
-            }
-        }
-        match stream.read(&mut self.buf[self.end..]) {
-            Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the connection was closed")),
-            Ok(n) => {
-                self.end += n;
-                Ok(Some(n))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(Some(0)),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn next(&mut self) -> Result<Option<Frame>, FrameError> {
-        let avail = &self.buf[self.start..self.end];
-        let Some(total) = frame::buffered_len(avail)? else { return Ok(None) };
-        if avail.len() < total {
-            // Make room for the whole frame (large bulk sections) in one buffer.
-            if self.start + total > self.buf.len() {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-                if total > self.buf.len() {
-                    self.buf.resize(total, 0);
-                }
-            }
-            return Ok(None);
-        }
-        let (frame, used) = Frame::decode(avail)?;
-        self.start += used;
-        Ok(Some(frame))
-    }
 }

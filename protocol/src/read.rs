@@ -1,6 +1,7 @@
-//! Reading frames from a blocking socket (plain TCP, TLS, or any `Read`): the one frame
-//! reader of both sides. The worker reads its session with it; the client and `chidori run`
-//! read the server's answer to their hello.
+//! Reading frames: from a blocking socket (plain TCP, TLS, or any `Read`) with
+//! [`read_frame`], which the worker reads its session with and the client and `chidori run`
+//! read the server's answer to their hello with; and from a non-blocking one with
+//! [`Incremental`], which the client's I/O thread reads the server with.
 //!
 //! A frame's memory is reserved as its bytes arrive, not as its header announces: a header
 //! that declares 256 MiB and sends nothing costs a few KiB. A frame that has started must
@@ -159,10 +160,132 @@ fn read_growing(
     Ok(())
 }
 
+/// Frames decoded from a non-blocking socket as its bytes arrive: `buf[start..end]` holds
+/// bytes received and not yet decoded. The buffer grows (doubling) only as bytes arrive,
+/// whatever a header declares.
+pub struct Incremental {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Default for Incremental {
+    fn default() -> Self {
+        Incremental { buf: vec![0; 1 << 20], start: 0, end: 0 }
+    }
+}
+
+impl Incremental {
+    /// Read what is available: the bytes read, or None when nothing more is there now. A
+    /// closed connection is an error (`UnexpectedEof`).
+    pub fn fill(&mut self, stream: &mut dyn Read) -> std::io::Result<Option<usize>> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                let grown = self.buf.len() * 2;
+                self.buf.resize(grown, 0);
+            }
+        }
+        match stream.read(&mut self.buf[self.end..]) {
+            Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the connection was closed")),
+            Ok(n) => {
+                self.end += n;
+                Ok(Some(n))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(Some(0)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next whole frame received, if one is.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let avail = &self.buf[self.start..self.end];
+        let Some(total) = crate::frame::buffered_len(avail)? else { return Ok(None) };
+        if avail.len() < total {
+            // Keep the frame's start at the buffer's, so that the buffer [`Self::fill`]
+            // grows holds it whole once it has arrived.
+            if self.start > 0 && self.start + total > self.buf.len() {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            return Ok(None);
+        }
+        let (frame, used) = Frame::decode(avail)?;
+        self.start += used;
+        Ok(Some(frame))
+    }
+
+    /// The memory the buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::frame::{self, Kind};
+
+    /// Frames read from `bytes` handed out `piece` bytes at a time, `WouldBlock` in between.
+    fn incrementally(bytes: &[u8], piece: usize) -> (Vec<Frame>, Incremental) {
+        struct Pieces<'a>(&'a [u8], usize, bool);
+        impl Read for Pieces<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.2 = !self.2;
+                if self.2 || self.0.is_empty() {
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+                let n = buf.len().min(self.1).min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let mut source = Pieces(bytes, piece, false);
+        let mut inc = Incremental::default();
+        let mut frames = Vec::new();
+        for _ in 0..4 * (bytes.len() / piece + 2) {
+            if inc.fill(&mut source).unwrap().is_some() {
+                while let Some(f) = inc.next_frame().unwrap() {
+                    frames.push(f);
+                }
+            }
+        }
+        (frames, inc)
+    }
+
+    #[test]
+    fn frames_decode_incrementally_whatever_the_pieces() {
+        let one = frame::to_vec(Header::new(Kind::Reply, 1, 2, 3), &[9u8; 100], &[&[7u8; 3_000_000]]).unwrap();
+        let two = frame::to_vec(Header::new(Kind::Reply, 1, 2, 4), &[8u8; 16], &[]).unwrap();
+        let bytes = [one.as_slice(), two.as_slice(), one.as_slice()].concat();
+        for piece in [1 << 20, 65_537, 4_093] {
+            let (frames, _) = incrementally(&bytes, piece);
+            let seqs: Vec<u64> = frames.iter().map(|f| f.header.seq).collect();
+            assert_eq!(seqs, [3, 4, 3], "pieces of {piece}");
+            assert_eq!(frames[2].bulk, vec![7u8; 3_000_000]);
+        }
+    }
+
+    #[test]
+    fn a_header_declaring_much_reserves_only_what_arrives() {
+        let mut h = Header::new(Kind::Reply, 1, 2, 3);
+        h.bulk_len = frame::MAX_BULK as u32;
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&[1u8; 3000]);
+        let (frames, inc) = incrementally(&bytes, 1000);
+        assert!(frames.is_empty());
+        assert_eq!(inc.capacity(), 1 << 20, "nothing reserved for the declared bulk");
+    }
 
     /// Hands out its bytes a few at a time, then times out forever.
     struct Trickle {
