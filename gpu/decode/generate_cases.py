@@ -4,7 +4,8 @@
     python3 generate_cases.py [--optimize api|none] [--only a,b] [--new-tokens N]
 
 Models are built from configs with seeded random weights (no downloads): TinyLlama-1.1B's
-shape with 22 and 4 layers (fp16), GPT-2 and a Qwen2-style model. Each case prints its
+shape with 22 and 4 layers (fp16), GPT-2 and a Qwen2-style model; one case goes through
+`chidori.server_decode` with a word-level tokenizer built in code. Each case prints its
 tokens (greedy: compared exactly with the native run; sampling: compared by distribution
 statistics), the wall time of the timed generate, the time to the first streamed token
 where a streamer listens, tokens per second over the whole generate and, where a streamer
@@ -205,6 +206,44 @@ def qwen2_greedy(a: argparse.Namespace) -> dict[str, Any]:
     return timed(model, ids, max_new_tokens=64)
 
 
+def chidori_package() -> Any:
+    """The chidori package: installed, or this repository's."""
+    try:
+        import chidori
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+        import chidori
+    return chidori
+
+
+def word_tokenizer(vocab_size: int) -> Any:
+    """A tokenizer built in code (no downloads): words `t0` ... `t{vocab_size - 1}`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", pad_token="t0")
+
+
+@case
+def tinyllama4_server_decode(a: argparse.Namespace) -> dict[str, Any]:
+    """`chidori.server_decode` (outside `chidori run`: generate as usual), text compared."""
+    server_decode = chidori_package().server_decode
+    model = llama(4)
+    tokenizer = word_tokenizer(32000)
+    prompt = " ".join(f"t{i}" for i in PROMPT)
+    server_decode(model, tokenizer, prompt, max_new_tokens=64)  # warm-up: same shapes
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    text = server_decode(model, tokenizer, prompt, max_new_tokens=64)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    words = text.split()
+    return {"seconds": round(secs, 4), "new_tokens": len(words), "tok_per_s": round(len(words) / secs, 1),
+            "tokens": words}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--optimize", choices=["api", "none"], default="none")
@@ -215,12 +254,7 @@ def main() -> int:
     if a.sync_debug:
         os.environ["DECODE_SYNC_DEBUG"] = "1"
     if a.optimize == "api":
-        try:
-            import chidori
-        except ImportError:
-            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-            import chidori
-        chidori.optimize()
+        chidori_package().optimize()
     names = a.only.split(",") if a.only else list(CASES)
     for name in names:
         t0 = time.perf_counter()
