@@ -449,9 +449,9 @@ pub enum ServiceReply {
         runs: Vec<(u64, Vec<u8>)>,
     },
     /// A `GraphLoop` ended: steps launched, the step count at which the stop flag was seen
-    /// (None: it ran to `max_steps`), the status of the first failing call (0: none), and
-    /// whether the device had finished all its work when the loop ended (a synchronize of
-    /// it then returns at once).
+    /// (None: it ran to `max_steps`), the status of the first failing call (0: none), and,
+    /// for a loop with a closing copy, whether the device had finished all its work when
+    /// the loop ended (a synchronize of it then returns at once).
     Looped {
         steps: u32,
         stopped_at: Option<u32>,
