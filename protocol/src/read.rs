@@ -225,7 +225,8 @@ impl Incremental {
     }
 
     /// The memory the buffer holds.
-    pub fn capacity(&self) -> usize {
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
         self.buf.len()
     }
 }

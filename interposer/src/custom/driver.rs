@@ -349,17 +349,13 @@ fn copy(
         if n == 0 {
             return Ok(SUCCESS);
         }
-        let before = conn.sent_so_far();
-        // SAFETY: host pointers are the caller's buffers of `n` bytes (CUDA's contract).
-        let ret = unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32;
-        if ret == SUCCESS
-            && desc.name.starts_with("cuMemcpyDtoHAsync")
-            && let Some(&stream) = tail.first()
-        {
-            // Into pageable memory (pinned goes elsewhere) it returned once done.
-            super::sync::drained_by_copy(&conn, desc, stream, before, chunks.len() as u64);
+        if desc.name.starts_with("cuMemcpyDtoHAsync") {
+            // Into pageable memory (pinned goes elsewhere): a read-back on a stream.
+            // SAFETY: the host destination is the caller's buffer of `n` bytes.
+            return Ok(unsafe { super::sync::read_back(&conn, desc, tail.first().copied(), &chunks) } as u32);
         }
-        Ok(ret)
+        // SAFETY: host pointers are the caller's buffers of `n` bytes (CUDA's contract).
+        Ok(unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32)
     })
 }
 

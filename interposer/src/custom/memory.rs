@@ -326,18 +326,9 @@ pub unsafe fn copy(
                 }
                 0
             } else {
-                let calls = chunks(2);
-                let before = conn.sent_so_far();
+                let stream = tail.first().copied().filter(|_| asynchronous);
                 // SAFETY: the destination is the caller's host buffer of `count` bytes.
-                let ret = unsafe { runtime::call_pipelined(conn, forms.d2h, &calls) };
-                if asynchronous
-                    && ret == runtime::success(forms.d2h)
-                    && let Some(&stream) = tail.first()
-                {
-                    // Into pageable memory the copy returned once done: its stream is idle.
-                    super::sync::drained_by_copy(conn, forms.d2h, stream, before, calls.len() as u64);
-                }
-                ret
+                unsafe { super::sync::read_back(conn, forms.d2h, stream, &chunks(2)) }
             }
         }
         // SAFETY: both sides are device addresses, passed through.

@@ -32,13 +32,24 @@ fn stream_key(stream: u64, ptsz: bool) -> Scope {
     ))
 }
 
-/// A copy into pageable memory on `stream` (from the entry point `desc`) returned success
-/// after sending `sent` messages, the connection having sent `before` until then: it
-/// completed, and so did every earlier piece of work on its stream.
-pub fn drained_by_copy(conn: &Conn, desc: &CallDesc, stream: u64, before: u64, sent: u64) {
-    if trusted() {
-        IDLE.learn(stream_key(stream, desc.name.ends_with("_ptsz")), before, sent, conn.sent_so_far());
+/// A device-to-host copy into pageable memory, in the chunks `calls` of `desc`, waiting for
+/// every reply. Such a copy returns once done, and so is every earlier piece of work on its
+/// stream (`stream`: None for a copy without one): on success the stream is known idle.
+///
+/// # Safety
+/// As [`crate::runtime::call_pipelined`].
+pub unsafe fn read_back(conn: &Conn, desc: &'static CallDesc, stream: Option<u64>, calls: &[Vec<u64>]) -> u64 {
+    let before = conn.sent_so_far();
+    // SAFETY: forwarded contract.
+    let ret = unsafe { crate::runtime::call_pipelined(conn, desc, calls) };
+    if let Some(stream) = stream
+        && ret == crate::runtime::success(desc)
+        && trusted()
+    {
+        let key = stream_key(stream, desc.name.ends_with("_ptsz"));
+        IDLE.learn(key, before, calls.len() as u64, conn.sent_so_far());
     }
+    ret
 }
 
 /// A graph loop started when the connection had sent `before` messages ended with the
