@@ -2018,6 +2018,35 @@ int main(void) {
   /* A failing copy teaches nothing. */
   EXPECT(cudaMemcpyAsync(host, (void *)0x10, sizeof host, cudaMemcpyDeviceToHost, s) != cudaSuccess);
   CHECK(cudaStreamSynchronize(s));
+  /* Host bytes copied in after a drain (torch's `.to("cuda")`: a copy from pageable memory,
+     then a synchronize): answered, and still sent for the server's stream order. */
+  CHECK(cudaDeviceSynchronize());
+  for (int i = 0; i < 4; ++i) {
+    int in[16], back[16];
+    for (int j = 0; j < 16; ++j) in[j] = 100 + i + j;
+    CHECK(cudaMemcpyAsync(p, in, sizeof in, cudaMemcpyHostToDevice, 0));
+    CHECK(cudaStreamSynchronize(0));
+    for (int j = 0; j < 16; ++j) in[j] = -1; /* the program may reuse its buffer */
+    CHECK(cudaMemcpyAsync(p + 8, in, 8 * sizeof(int), cudaMemcpyHostToDevice, 0));
+    CHECK(cudaStreamSynchronize(0));
+    CHECK(cudaMemcpyAsync(back, p, sizeof back, cudaMemcpyDeviceToHost, 0));
+    CHECK(cudaStreamSynchronize(0));
+    EXPECT(back[0] == 100 + i && back[7] == 107 + i && back[8] == -1);
+  }
+  CHECK(cudaDeviceSynchronize());
+  /* Other work after the copy: asked. */
+  CHECK(cudaMemcpyAsync(p, host, sizeof host, cudaMemcpyHostToDevice, 0));
+  CHECK(cudaMemsetAsync(p, 1, sizeof host, 0));
+  CHECK(cudaStreamSynchronize(0));
+  /* The driver's copy in. */
+  CHECK(cuMemcpyHtoDAsync((CUdeviceptr)p, host, sizeof host, (CUstream)0));
+  CHECK(cuStreamSynchronize((CUstream)0));
+  /* A copy past the end of its allocation is not trusted to succeed: asked. */
+  CHECK(cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost));
+  CHECK(cudaStreamSynchronize(0));
+  cudaMemcpyAsync(p + 8, host, sizeof host, cudaMemcpyHostToDevice, 0);
+  cudaStreamSynchronize(0);
+  cudaGetLastError();
   puts("OK");
   return 0;
 }
@@ -2029,10 +2058,12 @@ fn a_synchronize_after_a_read_back_is_answered_by_the_client() {
     let exe = program_with("read-backs", &format!("{CHECKS}{READ_BACKS}"), &["-l:libcuda.so.1"]);
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // 28 synchronizes: asked for another stream, after work sent, after a failing copy.
-    assert_eq!(trace_row(&stderr, "cudaStreamSynchronize"), ["28", "3"], "{stderr}");
-    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["2", "1"], "{stderr}");
-    assert_eq!(trace_row(&stderr, "cuStreamSynchronize"), ["1", "0"], "{stderr}");
+    // 43 synchronizes: asked for another stream, after work sent, after a failing copy,
+    // after other work than a copy in, after a copy in past an allocation's end (and the
+    // one before it, after a blocking copy); 8 after copies in forwarded without waiting.
+    assert_eq!(trace_row(&stderr, "cudaStreamSynchronize"), ["43", "6"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["4", "2"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuStreamSynchronize"), ["2", "0"], "{stderr}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current

@@ -970,7 +970,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSynchronize() -> u32 {
             name: "cudaDeviceSynchronize",
             version: "13.1",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaDeviceSynchronize__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaDeviceSynchronize__async,
+                &chidori_cuda::calls::cudart::cudaDeviceSynchronize__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -8708,7 +8711,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
             name: "cudaStreamSynchronize",
             version: "13.1",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaStreamSynchronize__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamSynchronize__async,
+                &chidori_cuda::calls::cudart::cudaStreamSynchronize__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -8730,7 +8736,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize_ptsz(
             name: "cudaStreamSynchronize_ptsz",
             version: "13.1",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz__async,
+                &chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -8975,7 +8984,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaThreadSynchronize() -> u32 {
             name: "cudaThreadSynchronize",
             version: "12.8",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaThreadSynchronize__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaThreadSynchronize__async,
+                &chidori_cuda::calls::cudart::cudaThreadSynchronize__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,

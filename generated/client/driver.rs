@@ -575,7 +575,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize() -> u32 {
             name: "cuCtxSynchronize",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuCtxSynchronize__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuCtxSynchronize__async,
+                &chidori_cuda::calls::driver::cuCtxSynchronize__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -9664,7 +9667,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
             name: "cuStreamSynchronize",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamSynchronize__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamSynchronize__async,
+                &chidori_cuda::calls::driver::cuStreamSynchronize__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -9686,7 +9692,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize_ptsz(
             name: "cuStreamSynchronize_ptsz",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamSynchronize_ptsz__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamSynchronize_ptsz__async,
+                &chidori_cuda::calls::driver::cuStreamSynchronize_ptsz__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,

@@ -627,6 +627,9 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
+            // A call sent without waiting holds back later calls until it returns: the client
+            // went on as if it had.
+            let only_waits = self.only_waits(&e.library, &e.function) && *class != Class::Async;
             let class = class_tokens(*class);
             let ret = match ret {
                 RetWire::Status => quote!(Ret::Status),
@@ -646,7 +649,6 @@ impl<'a> Emitter<'a> {
             let id_ident = ident(&e.ident);
             let call = e.call;
             let wire = wire_id as u32;
-            let only_waits = self.only_waits(&e.library, &e.function);
             let form = match &e.form {
                 Some(f) => {
                     let f = form_path(f);

@@ -354,6 +354,10 @@ fn copy(
             // SAFETY: the host destination is the caller's buffer of `n` bytes.
             return Ok(unsafe { super::sync::read_back(&conn, desc, tail.first().copied(), &chunks) } as u32);
         }
+        if desc.name.starts_with("cuMemcpyHtoDAsync") {
+            // SAFETY: the host source is the caller's buffer of `n` bytes.
+            return Ok(unsafe { super::sync::copy_in(&conn, desc, (dst, n), tail.first().copied(), &chunks) } as u32);
+        }
         // SAFETY: host pointers are the caller's buffers of `n` bytes (CUDA's contract).
         Ok(unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32)
     })

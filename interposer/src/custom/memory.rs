@@ -313,8 +313,9 @@ pub unsafe fn copy(
             // The GPU reads the source when the stream reaches the copy: after every host
             // callback enqueued before it, which may write the source.
             conn.wait_callbacks(tail.first().copied().unwrap_or(0));
+            let stream = tail.first().copied().filter(|_| asynchronous);
             // SAFETY: the source is the caller's host buffer of `count` bytes.
-            unsafe { runtime::call_pipelined(conn, forms.h2d, &chunks(1)) }
+            unsafe { super::sync::copy_in(conn, forms.h2d, (dst, count), stream, &chunks(1)) }
         }
         (false, true) => {
             if asynchronous && state::is_pinned(dst) {

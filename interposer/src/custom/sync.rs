@@ -1,15 +1,16 @@
 //! Stream, device and context synchronizes, answered by the client where the scope is
-//! known idle with nothing sent since (`crate::ahead::idle`: a read-back copy or an
-//! earlier synchronize drained it); otherwise forwarded, and what they drain is learned.
-//! Nothing is answered or learned while a stream captures or a graph loop runs on the
-//! server (work no message announces).
+//! known idle (`crate::ahead::idle`: a read-back copy or an earlier synchronize drained it)
+//! with nothing sent since but copies of host bytes into device memory (then the
+//! synchronize still goes to the server, without waiting); otherwise asked, and what they
+//! drain is learned. Nothing is answered or learned while a stream captures or a graph loop
+//! runs on the server (work no message announces).
 
 use std::ffi::c_void;
 
 use chidori_cuda::desc::{Ctx, Form};
 use chidori_protocol::desc::CallDesc;
 
-use crate::ahead::idle::{self, Idle, Scope};
+use crate::ahead::idle::{self, Answer, Idle, Scope};
 use crate::conn::Conn;
 
 static IDLE: Idle = Idle::new();
@@ -52,12 +53,50 @@ pub unsafe fn read_back(conn: &Conn, desc: &'static CallDesc, stream: Option<u64
     ret
 }
 
+/// A copy of host bytes into device memory (`dst`, `count` bytes) on `stream`, in the
+/// chunks `calls` of `desc`, sent without waiting. The bytes travel with it, so once sent
+/// only the server's stream order is left: where the stream was known idle and the whole
+/// destination lies in memory the client knows allocated (the copy cannot be refused), its
+/// synchronize is answered by the client and forwarded.
+///
+/// # Safety
+/// As [`crate::runtime::call_pipelined`].
+pub unsafe fn copy_in(
+    conn: &Conn,
+    desc: &'static CallDesc,
+    (dst, count): (u64, u64),
+    stream: Option<u64>,
+    calls: &[Vec<u64>],
+) -> u64 {
+    let before = conn.sent_so_far();
+    // SAFETY: forwarded contract.
+    let ret = unsafe { crate::runtime::call_pipelined(conn, desc, calls) };
+    if let Some(stream) = stream
+        && !desc.waits()
+        && ret == crate::runtime::success(desc)
+        && trusted()
+        && allocated(dst, count)
+        && let Scope::Stream(key) = stream_key(stream, desc.name.ends_with("_ptsz"))
+    {
+        IDLE.copied_in(key, before, calls.len() as u64, conn.sent_so_far());
+    }
+    ret
+}
+
+/// Whether `[dst, dst + count)` lies in one device allocation the client knows.
+fn allocated(dst: u64, count: u64) -> bool {
+    crate::state::find(dst).is_some_and(|r| {
+        matches!(r.memory, crate::state::Memory::Device { .. })
+            && dst.checked_add(count).is_some_and(|end| end <= r.base.saturating_add(r.len))
+    })
+}
+
 /// A graph loop started when the connection had sent `before` messages ended with the
 /// device idle (`device` current at its start). The worker synchronizes the device current
 /// on its loop thread, which is the program's only where the session has one GPU.
 pub fn drained_by_loop(conn: &Conn, device: i32, before: u64) {
     if trusted() && conn.profile.devices.len() == 1 {
-        IDLE.learn(Scope::Device(device), before, 1, conn.sent_so_far());
+        IDLE.learn(Scope::Device(device, super::context::cached_current()), before, 1, conn.sent_so_far());
     }
 }
 
@@ -67,11 +106,21 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
     crate::guard::ffi(name, crate::runtime::unavailable(desc) as u32, || {
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(desc) as u32 };
         let scope = scope.filter(|_| trusted());
-        if let Some(scope) = scope
-            && IDLE.is_idle(scope, conn.sent_so_far())
-        {
-            crate::trace::local(name);
-            return crate::runtime::success(desc) as u32;
+        match scope.and_then(|s| Some((s, IDLE.answer(s, conn.sent_so_far())?))) {
+            Some((_, Answer::Idle)) => {
+                crate::trace::local(name);
+                return crate::runtime::success(desc) as u32;
+            }
+            Some((scope, Answer::Forward)) => {
+                let before = conn.sent_so_far();
+                // SAFETY: handles by value only.
+                let ret = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Async), args) };
+                if ret == crate::runtime::success(desc) {
+                    IDLE.forwarded(scope, before);
+                }
+                return ret as u32;
+            }
+            None => {}
         }
         let before = conn.sent_so_far();
         // SAFETY: handles by value only.
@@ -93,7 +142,7 @@ pub fn stream_synchronize(ctx: &Ctx, stream: *mut c_void) -> u32 {
 
 /// cudaDeviceSynchronize and cudaThreadSynchronize: every stream of the current device.
 pub fn device_synchronize(ctx: &Ctx) -> u32 {
-    synchronize(ctx, &[], Some(Scope::Device(crate::state::current_device())))
+    synchronize(ctx, &[], Some(Scope::Device(crate::state::current_device(), super::context::cached_current())))
 }
 
 /// cuCtxSynchronize: every stream of the current context, where the client knows which.
