@@ -162,7 +162,10 @@ _WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "
 _LENGTH_PROCESSORS = {"MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor"}
 
 
-def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
+def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], prompt_host: Any = None) -> _Plan:
+    """What ``generate(*args, **kwargs)`` asks for, where the fast path can do it.
+    ``prompt_host``: the input ids and attention mask (or None) as host tensors, where the
+    caller has them (then neither is read back from the GPU)."""
     import torch
 
     kwargs = dict(kwargs)
@@ -224,20 +227,24 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
     # occurs, as generate infers it), the prompt and its mask are read in one copy: through
     # Chidori each read waits for the server. Without either, nothing is read.
     mask = unused.get("attention_mask")
-    ids_host = None
-    if mask is None:
-        if pad is not None and pad not in (eos or []):
-            ids_host = input_ids.cpu()
-            padded = bool((ids_host == pad).any())
-            mask = input_ids.ne(pad) if padded else torch.ones_like(input_ids)
-        else:
-            mask, padded = torch.ones_like(input_ids), False
-    else:
+    ids_host, mask_host = prompt_host if prompt_host is not None else (None, None)
+    if ids_host is not None and tuple(ids_host.shape) != tuple(input_ids.shape):
+        ids_host, mask_host = None, None
+    if mask is not None:
         mask = mask.to(input_ids.device)
         if mask.shape != input_ids.shape:
             raise _Unsupported("an attention mask of another shape than the input ids")
-        both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
-        ids_host, padded = both[0], bool((both[1] == 0).any())
+        if ids_host is None or mask_host is None:
+            both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
+            ids_host, mask_host = both[0], both[1]
+        padded = bool((mask_host == 0).any())
+    elif pad is not None and pad not in (eos or []):
+        if ids_host is None:
+            ids_host = input_ids.cpu()
+        padded = bool((ids_host == pad).any())
+        mask = input_ids.ne(pad) if padded else torch.ones_like(input_ids)
+    else:
+        mask, padded = torch.ones_like(input_ids), False
     # The processors generate would use: only those the fast path reproduces on the device.
     # They are made on the host, where checks of their tensors (EOS ids, encoder ids) do not
     # wait for the GPU: the warpers kept hold no tensors, the length processors are redone on
@@ -562,12 +569,17 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
     return out[:, :width].contiguous()  # as generate's: a kernel, so a later synchronize waits
 
 
+# fast_generate's keyword for the prompt's host tensors (server_decode's, never generate's).
+_PROMPT_HOST = "_chidori_prompt_host"
+
+
 def fast_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
     """``model.generate(*args, **kwargs)`` with the token loop on the server where the call
     allows it, else the original ``generate`` (after one log line that says why)."""
     original = _original_generate or type(model).generate
+    prompt_host = kwargs.pop(_PROMPT_HOST, None)
     try:
-        plan = _plan(model, args, kwargs)
+        plan = _plan(model, args, kwargs, prompt_host)
         if _loop_api() is None and os.environ.get("CHIDORI_DECODE_REPLAY") != "eager":
             raise _Unsupported("not running under `chidori run`")
     except _Unsupported as reason:
@@ -584,11 +596,14 @@ def fast_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
 def server_decode(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 200, **kwargs: Any) -> str:
     """Generate a completion of ``prompt`` with the token loop on the server; the text of
     the new tokens."""
-    encoded = tokenizer(prompt, return_tensors="pt").to(model.device)
+    encoded = tokenizer(prompt, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded.get("attention_mask")
     kwargs.setdefault("cache_implementation", "static")
-    out = fast_generate(model, encoded["input_ids"], attention_mask=encoded.get("attention_mask"),
+    # The prompt is known here: whether it is padded is seen on the host, not read back.
+    kwargs[_PROMPT_HOST] = (ids, mask)
+    out = fast_generate(model, ids.to(model.device), attention_mask=None if mask is None else mask.to(model.device),
                         max_new_tokens=max_new_tokens, **kwargs)
-    return str(tokenizer.decode(out[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True))
+    return str(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 
 
 # ---- optimize(): route GenerationMixin.generate through fast_generate ----
