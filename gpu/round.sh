@@ -48,6 +48,11 @@
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
 #   libs     JAX, CuPy, pynvml, numba-cuda and cuda-python (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback
 #            values equal; without $LIBS also nvidia-smi's GPU facts (name, UUID, bus, memory, driver)
+#   tls      a second server that requires TLS and its token (--secure, here on loopback)
+#            against the plain one, alternately: gpu/bench/escape.c (copies that must be
+#            refused: native, plain, TLS), the small-call round trip and 1 GiB copies (rtt,
+#            $TLS_TRIES times each), the training workload; then the torch suite over TLS
+#            ($TLS_SUITE=0: not; $TLS_SUITE_TIMEOUT)
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -507,6 +512,44 @@ if want libs; then
       row "nvidia-smi" "DIFFERENT rc=$rc: $(head -2 "$LOGS/nvidia-smi-remote.out" | tr '\n' ' ' | cut -c1-200) $(tail -2 "$LOGS/nvidia-smi-remote.err" | tr '\n' ' ' | cut -c1-200)"
     fi
   fi
+fi
+
+if want tls; then
+  TPORT=43214; TCONF=$B/tls-server; TCLIENT=$B/tls-client
+  rm -rf "$TCONF" "$TCLIENT"
+  XDG_CONFIG_HOME=$TCONF CHIDORI_LOG=${SERVE_LOG:-info} "$CHIDORI" serve --bind 127.0.0.1 --port $TPORT --secure \
+    --module-cache "$B/tls-module-cache" > "$LOGS/serve-tls.log" 2>&1 &
+  TLS_PID=$!
+  for _ in $(seq 50); do [[ -s $TCONF/chidori/token ]] && break; sleep 0.2; done
+  token=$(cat "$TCONF/chidori/token" 2>/dev/null)
+  row "tls server" "$([[ -n $token ]] && echo "token made; $(grep -c -- --token "$LOGS/serve-tls.log") line(s) name it" || echo "NO TOKEN: $(tail -2 "$LOGS/serve-tls.log")")"
+  # `chidori run` through the secure server (the token only there: a plain server is reached without TLS).
+  over_tls=(env XDG_CONFIG_HOME="$TCLIENT" CHIDORI_TOKEN="$token" "$CHIDORI" run -s 127.0.0.1:$TPORT --)
+  [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row "tls rtt" "BUILD FAILED"
+  nv gpu/bench/escape.c -o "$B/escape" -lcuda || row "escape" "BUILD FAILED"
+  row "escape native" "$(timeout 30 "$B/escape" 2>&1 | tail -1)"
+  row "escape plain" "$(timeout 30 "$CHIDORI" run -s $SERVER -- "$B/escape" 2>&1 | tail -1)"
+  row "escape tls" "$(timeout 30 "${over_tls[@]}" "$B/escape" 2>&1 | tail -1)"
+  for i in $(seq ${TLS_TRIES:-2}); do
+    timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/tls-rtt-plain-$i.json" 2> "$LOGS/tls-rtt-plain-$i.err"
+    row "rtt plain $i" "$(cat "$LOGS/tls-rtt-plain-$i.json")"
+    timeout 60 "${over_tls[@]}" "$B/rtt" > "$LOGS/tls-rtt-tls-$i.json" 2> "$LOGS/tls-rtt-tls-$i.err"
+    row "rtt tls $i" "$(cat "$LOGS/tls-rtt-tls-$i.json") $(tail -1 "$LOGS/tls-rtt-tls-$i.err")"
+  done
+  train=("$SHARED/workloads/train.py" --steps 60 --log-every 20)
+  timeout 90 "$CHIDORI" run -s $SERVER -- python3 "${train[@]}" > "$LOGS/tls-train-plain.out" 2> "$LOGS/tls-train-plain.err"
+  row "train plain" "$(tail -1 "$LOGS/tls-train-plain.out" | cut -c1-220)"
+  timeout 90 "${over_tls[@]}" python3 "${train[@]}" > "$LOGS/tls-train-tls.out" 2> "$LOGS/tls-train-tls.err"
+  row "train tls" "$(tail -1 "$LOGS/tls-train-tls.out" | cut -c1-220) $(tail -1 "$LOGS/tls-train-tls.err" | cut -c1-120)"
+  if [[ ${TLS_SUITE:-1} == 1 ]]; then
+    XDG_CONFIG_HOME=$TCLIENT CHIDORI_TOKEN=$token timeout ${TLS_SUITE_TIMEOUT:-120} python3 gpu/torch-suite/compare.py \
+      --chidori "$CHIDORI" --server 127.0.0.1:$TPORT --json "$LOGS/torch-suite-tls.json" --timeout 100 \
+      > "$LOGS/torch-suite-tls.txt" 2>&1
+    rc=$?
+    tail -32 "$LOGS/torch-suite-tls.txt"
+    row "torch suite over tls" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite-tls.txt)")"
+  fi
+  kill $TLS_PID 2>/dev/null
 fi
 
 if want opinfo; then
