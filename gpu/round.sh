@@ -520,7 +520,7 @@ if want tls; then
   XDG_CONFIG_HOME=$TCONF CHIDORI_LOG=${SERVE_LOG:-info} "$CHIDORI" serve --bind 127.0.0.1 --port $TPORT --secure \
     --module-cache "$B/tls-module-cache" > "$LOGS/serve-tls.log" 2>&1 &
   TLS_PID=$!
-  for _ in $(seq 50); do [[ -s $TCONF/chidori/token ]] && break; sleep 0.2; done
+  for _ in $(seq 50); do grep -q "clients connect with" "$LOGS/serve-tls.log" && break; sleep 0.2; done
   token=$(cat "$TCONF/chidori/token" 2>/dev/null)
   row "tls server" "$([[ -n $token ]] && echo "token made; $(grep -c -- --token "$LOGS/serve-tls.log") line(s) name it" || echo "NO TOKEN: $(tail -2 "$LOGS/serve-tls.log")")"
   # `chidori run` through the secure server (the token only there: a plain server is reached without TLS).
