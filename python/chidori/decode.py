@@ -225,7 +225,8 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], prompt_host
     # Whether the prompt is padded decides the model's attention path, as in generate. Where
     # the host cannot know (a mask was given, or padding is inferred where the pad token
     # occurs, as generate infers it), the prompt and its mask are read in one copy: through
-    # Chidori each read waits for the server. Without either, nothing is read.
+    # Chidori each read waits for the server. Without either, or where the caller gave them
+    # as host tensors (server_decode), nothing is read.
     mask = unused.get("attention_mask")
     ids_host, mask_host = prompt_host if prompt_host is not None else (None, None)
     if ids_host is not None and tuple(ids_host.shape) != tuple(input_ids.shape):

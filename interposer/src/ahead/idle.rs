@@ -152,9 +152,17 @@ impl Idle {
     }
 
     /// A synchronize of `scope` answered with [`Answer::Forward`] went out as the message
-    /// `before` (the count after is `before + 1`): what it drains holds no copies.
-    pub fn forwarded(&self, scope: Scope, before: u64) {
-        self.learn(scope, before, 1, before + 1);
+    /// `before` (the count was `after` once it was sent): what it drains holds no copies.
+    /// It proves nothing by itself (nobody waited for it): what was known stays known only
+    /// if nothing else went out around it.
+    pub fn forwarded(&self, scope: Scope, before: u64, after: u64) {
+        let mut last = self.known();
+        *last = match *last {
+            Some(k) if k.mark == before && before.checked_add(1) == Some(after) && k.scope.includes(&scope) => {
+                Some(Known { mark: after, copies: k.copies.filter(|c| !scope.covers_pending(c)), ..k })
+            }
+            _ => None,
+        };
     }
 }
 
@@ -233,7 +241,7 @@ mod tests {
         idle.copied_in(legacy, 12, 2, 14);
         assert_eq!(idle.answer(Scope::Stream(legacy), 14), FORWARD);
         assert_eq!(idle.answer(device, 14), FORWARD);
-        idle.forwarded(Scope::Stream(legacy), 14);
+        idle.forwarded(Scope::Stream(legacy), 14, 15);
         assert_eq!(idle.answer(device, 15), IDLE, "the forwarded synchronize drained the copies");
         // A copy on another stream of the device, then one on a second stream: not followed.
         let per_thread = stream(PER_THREAD, 0, Some(5), 2);
@@ -253,8 +261,13 @@ mod tests {
         idle.learn(Scope::Stream(made), 40, 1, 41);
         idle.copied_in(made, 41, 1, 42);
         assert_eq!(idle.answer(Scope::Stream(made), 42), FORWARD);
-        idle.forwarded(Scope::Stream(made), 42);
+        idle.forwarded(Scope::Stream(made), 42, 43);
         assert_eq!(idle.answer(Scope::Stream(made), 43), IDLE);
+        // A forwarded synchronize with another message before it teaches nothing: nobody
+        // waited for it, so the scope is no longer known.
+        idle.copied_in(made, 43, 1, 44);
+        idle.forwarded(Scope::Stream(made), 45, 46);
+        assert_eq!(idle.answer(Scope::Stream(made), 46), None);
     }
 
     #[test]

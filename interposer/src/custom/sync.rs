@@ -116,7 +116,7 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
                 // SAFETY: handles by value only.
                 let ret = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Async), args) };
                 if ret == crate::runtime::success(desc) {
-                    IDLE.forwarded(scope, before);
+                    IDLE.forwarded(scope, before, conn.sent_so_far());
                 }
                 return ret as u32;
             }
