@@ -870,11 +870,10 @@ pub unsafe fn memcpy_3d_batch_5(
 
 // ---- 2D and 3D copies of the driver ----
 
-/// CUmemorytype.
-const HOST: u32 = 1;
-const DEVICE: u32 = 2;
-const ARRAY: u32 = 3;
-const UNIFIED: u32 = 4;
+use chidori_cuda::consts::CUmemorytype_enum::{
+    CU_MEMORYTYPE_ARRAY as ARRAY, CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST,
+    CU_MEMORYTYPE_UNIFIED as UNIFIED,
+};
 
 /// CUDA_MEMCPY3D (200 bytes from CUDA 11 to 13).
 #[repr(C)]

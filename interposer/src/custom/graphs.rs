@@ -27,6 +27,14 @@ use crate::modules;
 use crate::registry;
 use crate::state::{self, Memory};
 
+/// What a call answers when the server cannot be reached (cudaErrorNoDevice,
+/// CUDA_ERROR_NO_DEVICE) or answered a service with another reply (cudaErrorInvalidValue,
+/// CUDA_ERROR_INVALID_VALUE): the same values in both APIs.
+const NO_SERVER: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
+const UNEXPECTED_REPLY: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+const _: () = assert!(NO_SERVER == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE);
+const _: () = assert!(UNEXPECTED_REPLY == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE);
+
 /// What the program set on a node the client made, to answer the node's `GetParams`.
 #[derive(Clone)]
 pub enum NodeRecord {
@@ -147,7 +155,7 @@ unsafe fn get<T: Copy>(p: *const c_void, offset: usize) -> T {
 /// Ask the worker to make or change a node; the node it made (`Add`) is written to `out`.
 fn graph_node(conn: &Conn, request: GraphNode, bulk: &[u8], out: *mut c_void) -> Result<(u64, Vec<u64>, u64), u32> {
     let start = std::time::Instant::now();
-    let reply = conn.service(&Service::GraphNode(request), &[bulk]).map_err(|_| 100u32)?;
+    let reply = conn.service(&Service::GraphNode(request), &[bulk]).map_err(|_| NO_SERVER)?;
     crate::trace::bytes("(graph node)", 1, bulk.len() as u64, 0, start.elapsed());
     match reply {
         ServiceReply::Node { node, graphs, address } => {
@@ -159,7 +167,7 @@ fn graph_node(conn: &Conn, request: GraphNode, bulk: &[u8], out: *mut c_void) ->
             crate::log::once_owned(&message, || tracing::warn!("{message}"));
             Err(status as u32)
         }
-        _ => Err(1),
+        _ => Err(UNEXPECTED_REPLY),
     }
 }
 
@@ -913,19 +921,16 @@ pub unsafe fn exec_memcpy_node_set_params_from_symbol(
 
 // ---- Union-typed node parameters: each type goes as its own call ----
 
-/// cudaGraphNodeType / CUgraphNodeType.
+/// cudaGraphNodeType / CUgraphNodeType (the same values).
 mod ty {
-    pub const KERNEL: u32 = 0;
-    pub const MEMCPY: u32 = 1;
-    pub const MEMSET: u32 = 2;
-    pub const HOST: u32 = 3;
-    pub const GRAPH: u32 = 4;
-    pub const EMPTY: u32 = 5;
-    pub const WAIT_EVENT: u32 = 6;
-    pub const EVENT_RECORD: u32 = 7;
-    pub const MEM_ALLOC: u32 = 10;
-    pub const MEM_FREE: u32 = 11;
-    pub const CONDITIONAL: u32 = 13;
+    pub use chidori_cuda::consts::CUgraphNodeType_enum::{
+        CU_GRAPH_NODE_TYPE_CONDITIONAL as CONDITIONAL, CU_GRAPH_NODE_TYPE_EMPTY as EMPTY,
+        CU_GRAPH_NODE_TYPE_EVENT_RECORD as EVENT_RECORD, CU_GRAPH_NODE_TYPE_GRAPH as GRAPH,
+        CU_GRAPH_NODE_TYPE_HOST as HOST, CU_GRAPH_NODE_TYPE_KERNEL as KERNEL,
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC as MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE as MEM_FREE,
+        CU_GRAPH_NODE_TYPE_MEMCPY as MEMCPY, CU_GRAPH_NODE_TYPE_MEMSET as MEMSET,
+        CU_GRAPH_NODE_TYPE_WAIT_EVENT as WAIT_EVENT,
+    };
 }
 
 /// A plain node (memset, child graph, events, empty, memory free) through its own
@@ -1199,17 +1204,19 @@ pub struct Listed {
 
 pub fn list(conn: &Conn, query: GraphList) -> Result<Listed, u32> {
     let start = std::time::Instant::now();
-    let reply = conn.service(&Service::GraphList(query), &[]).map_err(|_| 100u32)?;
+    let reply = conn.service(&Service::GraphList(query), &[]).map_err(|_| NO_SERVER)?;
     crate::trace::bytes("(graph nodes)", 1, 0, 0, start.elapsed());
     match reply {
         ServiceReply::Nodes { nodes, peers, edge_data, capture } => Ok(Listed { nodes, peers, edge_data, capture }),
         ServiceReply::Error { status, .. } => Err(status as u32),
-        _ => Err(1),
+        _ => Err(UNEXPECTED_REPLY),
     }
 }
 
-/// cudaErrorLossyQuery / CUDA_ERROR_LOSSY_QUERY: edges with data asked without it.
-const LOSSY_QUERY: u32 = 913;
+/// cudaErrorLossyQuery / CUDA_ERROR_LOSSY_QUERY (the same value): edges with data asked
+/// without it.
+const LOSSY_QUERY: u32 = chidori_cuda::consts::cudaError::cudaErrorLossyQuery;
+const _: () = assert!(LOSSY_QUERY == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_LOSSY_QUERY);
 
 /// Fill the caller's arrays (each may be null) with up to `*count` entries; `*count`
 /// becomes the number of entries (all of them when the arrays are null).

@@ -17,13 +17,13 @@ use chidori_protocol::messages::{JitLinkRequest, JitLinkResult, Service, Service
 
 use super::nvrtc::{string, strings};
 
-/// NVJITLINK_ERROR_MISSING_ARCH, NVJITLINK_ERROR_INVALID_INPUT, NVJITLINK_ERROR_INTERNAL
-/// (the same since 12.0).
-const MISSING_ARCH: u32 = 2;
-const INVALID_INPUT: u32 = 3;
-const INTERNAL: u32 = 6;
-/// NVJITLINK_INPUT_ANY: the type follows from the input (for a file, its extension).
-const INPUT_ANY: u32 = 10;
+// The statuses are the same since 12.0. NVJITLINK_INPUT_ANY: the type follows from the
+// input (for a file, its extension).
+use chidori_cuda::consts::nvJitLinkInputType::NVJITLINK_INPUT_ANY as INPUT_ANY;
+use chidori_cuda::consts::nvJitLinkResult::{
+    NVJITLINK_ERROR_INTERNAL as INTERNAL, NVJITLINK_ERROR_INVALID_INPUT as INVALID_INPUT,
+    NVJITLINK_ERROR_MISSING_ARCH as MISSING_ARCH,
+};
 
 #[derive(Default)]
 struct Link {
