@@ -2031,8 +2031,13 @@ int main(void) {
     CHECK(cudaStreamSynchronize(0));
     CHECK(cudaMemcpyAsync(back, p, sizeof back, cudaMemcpyDeviceToHost, 0));
     CHECK(cudaStreamSynchronize(0));
-    EXPECT(back[0] == 100 + i && back[7] == 107 + i && back[8] == -1);
+    /* Read back from what the client wrote: the second copy patched the first. */
+    EXPECT(back[0] == 100 + i && back[7] == 107 + i && back[8] == -1 && back[15] == -1);
   }
+  /* The server holds the same bytes (the driver's blocking copy goes to it). */
+  int check[16];
+  CHECK(cuMemcpyDtoH_v2(check, (CUdeviceptr)p, sizeof check));
+  EXPECT(check[0] == 103 && check[7] == 110 && check[8] == -1 && check[15] == -1);
   CHECK(cudaDeviceSynchronize());
   /* Other work after the copy: asked. */
   CHECK(cudaMemcpyAsync(p, host, sizeof host, cudaMemcpyHostToDevice, 0));
@@ -2062,8 +2067,11 @@ fn a_synchronize_after_a_read_back_is_answered_by_the_client() {
     // after other work than a copy in, after a copy in past an allocation's end (and the
     // one before it, after a blocking copy); 8 after copies in forwarded without waiting.
     assert_eq!(trace_row(&stderr, "cudaStreamSynchronize"), ["43", "6"], "{stderr}");
-    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["4", "2"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["4", "3"], "{stderr}");
     assert_eq!(trace_row(&stderr, "cuStreamSynchronize"), ["2", "0"], "{stderr}");
+    // 32 reads and 10 copies in: the copies wait for nothing, and the 4 reads of bytes the
+    // program had just copied in (the device idle, nothing else sent) are the client's.
+    assert_eq!(trace_row(&stderr, "cudaMemcpyAsync"), ["42", "28"], "{stderr}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current

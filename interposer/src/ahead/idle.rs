@@ -94,57 +94,146 @@ struct Known {
     copies: Option<StreamKey>,
 }
 
-/// The one scope last found idle, and what was sent to it since.
+/// Bytes the client copied into device memory, recorded while the device was known idle
+/// with nothing else sent since: device memory holds exactly them until another message goes
+/// out. Disjoint ranges, newest last.
+#[derive(Default)]
+struct Written {
+    ranges: Vec<(u64, Vec<u8>)>,
+    total: usize,
+}
+
+/// A copy in is recorded up to this size (a prompt's token ids, a mask: not a model's
+/// weights), and at most [`WRITTEN_MAX`] bytes of them (the oldest go first).
+pub const WRITE_RECORDED_MAX: usize = 64 << 10;
+const WRITTEN_MAX: usize = 1 << 20;
+
+impl Written {
+    fn clear(&mut self) {
+        self.ranges.clear();
+        self.total = 0;
+    }
+
+    /// `[dst, dst + len)` now holds `bytes` (None: bytes not recorded).
+    fn write(&mut self, dst: u64, len: u64, bytes: Option<&[u8]>) {
+        let end = dst.saturating_add(len);
+        // Within one recorded range: patched in place.
+        if let Some(bytes) = bytes.filter(|b| b.len() as u64 == len)
+            && let Some((at, held)) =
+                self.ranges.iter_mut().find(|(at, b)| *at <= dst && end <= at.saturating_add(b.len() as u64))
+        {
+            let from = (dst - *at) as usize;
+            held[from..from + bytes.len()].copy_from_slice(bytes);
+            return;
+        }
+        let before = self.ranges.len();
+        self.ranges.retain(|(at, b)| *at >= end || at.saturating_add(b.len() as u64) <= dst);
+        if self.ranges.len() != before {
+            self.total = self.ranges.iter().map(|(_, b)| b.len()).sum();
+        }
+        let Some(bytes) = bytes.filter(|b| b.len() as u64 == len && b.len() <= WRITE_RECORDED_MAX) else { return };
+        while self.total + bytes.len() > WRITTEN_MAX && !self.ranges.is_empty() {
+            let (_, oldest) = self.ranges.remove(0);
+            self.total -= oldest.len();
+        }
+        self.total += bytes.len();
+        self.ranges.push((dst, bytes.to_vec()));
+    }
+
+    fn read(&self, src: u64, len: u64) -> Option<&[u8]> {
+        let (at, bytes) = self.ranges.iter().find(|(at, b)| *at <= src && src < at.saturating_add(b.len() as u64))?;
+        let from = usize::try_from(src - at).ok()?;
+        bytes.get(from..from.checked_add(usize::try_from(len).ok()?)?)
+    }
+}
+
+struct State {
+    known: Option<Known>,
+    written: Written,
+}
+
+/// The one scope last found idle, what was sent to it since, and what the client wrote
+/// into device memory since.
 pub struct Idle {
-    last: Mutex<Option<Known>>,
+    state: Mutex<State>,
 }
 
 impl Idle {
     pub const fn new() -> Self {
-        Idle { last: Mutex::new(None) }
+        Idle { state: Mutex::new(State { known: None, written: Written { ranges: Vec::new(), total: 0 } }) }
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, Option<Known>> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A call that waited until `scope` was idle succeeded. `before`: the connection's
     /// message count when it was sent; `sent`: the messages it sent; `after`: the count when
     /// its reply came. Learned only if no other message went out in between (it could have
     /// given the scope new work after the server found it idle). A stream drained within
-    /// the scope known idle, with nothing else sent since, leaves that scope idle.
+    /// the scope known idle, with nothing else sent since, leaves that scope idle (and what
+    /// the client wrote, written).
     pub fn learn(&self, scope: Scope, before: u64, sent: u64, after: u64) {
-        let mut last = self.known();
-        if before.checked_add(sent) != Some(after) {
-            *last = None;
-            return;
-        }
-        *last = Some(match *last {
-            Some(k) if k.mark == before && k.scope.includes(&scope) => {
+        let mut state = self.state();
+        let continued = match state.known {
+            Some(k) if before.checked_add(sent) == Some(after) && k.mark == before && k.scope.includes(&scope) => {
                 let copies = k.copies.filter(|c| !scope.covers_pending(c));
-                Known { mark: after, copies, ..k }
+                Some(Known { mark: after, copies, ..k })
             }
-            _ => Known { scope, mark: after, copies: None },
+            _ => None,
+        };
+        if continued.is_none() {
+            state.written.clear();
+        }
+        state.known = continued.or_else(|| {
+            (before.checked_add(sent) == Some(after)).then_some(Known { scope, mark: after, copies: None })
         });
     }
 
     /// Host bytes were copied into device memory on `stream` in the messages `before` to
-    /// `after` (the copies are sent without waiting). A scope known idle just before that
-    /// covers the stream stays known, its synchronize then [`Answer::Forward`].
-    pub fn copied_in(&self, stream: StreamKey, before: u64, sent: u64, after: u64) {
-        let mut last = self.known();
-        let Some(k) = *last else { return };
-        let extends = k.mark == before
-            && before.checked_add(sent) == Some(after)
-            && k.scope.covers(&stream)
-            && k.copies.is_none_or(|c| c == stream);
-        *last = extends.then_some(Known { mark: after, copies: Some(stream), ..k });
+    /// `after` (the copies are sent without waiting), at `dst` for `len` bytes, with
+    /// `bytes` where the caller can give them (at most [`WRITE_RECORDED_MAX`]). A scope
+    /// known idle just before that covers the stream stays known, its synchronize then
+    /// [`Answer::Forward`]; where that scope is a device or context, the bytes are recorded
+    /// for [`Self::read`].
+    pub fn copied_in(
+        &self,
+        stream: StreamKey,
+        (before, sent, after): (u64, u64, u64),
+        dst: u64,
+        len: u64,
+        bytes: Option<&[u8]>,
+    ) {
+        let mut state = self.state();
+        let extended = state.known.filter(|k| {
+            k.mark == before
+                && before.checked_add(sent) == Some(after)
+                && k.scope.covers(&stream)
+                && k.copies.is_none_or(|c| c == stream)
+        });
+        state.known = extended.map(|k| Known { mark: after, copies: Some(stream), ..k });
+        match extended {
+            Some(k) if !matches!(k.scope, Scope::Stream(_)) => state.written.write(dst, len, bytes),
+            _ => state.written.clear(),
+        }
+    }
+
+    /// The bytes at `[src, src + len)` of device memory, where the client wrote them itself
+    /// while the whole device (or context) was known idle and nothing else went out since,
+    /// `now` being the connection's message count.
+    pub fn read(&self, src: u64, len: u64, now: u64) -> Option<Vec<u8>> {
+        let state = self.state();
+        let k = state.known?;
+        if k.mark != now || matches!(k.scope, Scope::Stream(_)) {
+            return None;
+        }
+        state.written.read(src, len).map(<[u8]>::to_vec)
     }
 
     /// How a synchronize of `scope` is answered now, `now` being the connection's message
     /// count; None: it is asked.
     pub fn answer(&self, scope: Scope, now: u64) -> Option<Answer> {
-        let k = (*self.known())?;
+        let k = self.state().known?;
         if k.mark != now || !k.scope.includes(&scope) {
             return None;
         }
@@ -156,13 +245,16 @@ impl Idle {
     /// It proves nothing by itself (nobody waited for it): what was known stays known only
     /// if nothing else went out around it.
     pub fn forwarded(&self, scope: Scope, before: u64, after: u64) {
-        let mut last = self.known();
-        *last = match *last {
+        let mut state = self.state();
+        state.known = match state.known {
             Some(k) if k.mark == before && before.checked_add(1) == Some(after) && k.scope.includes(&scope) => {
                 Some(Known { mark: after, copies: k.copies.filter(|c| !scope.covers_pending(c)), ..k })
             }
             _ => None,
         };
+        if state.known.is_none() {
+            state.written.clear();
+        }
     }
 }
 
@@ -237,37 +329,76 @@ mod tests {
         let device = Scope::Device(0, Some(5));
         idle.learn(device, 10, 1, 11);
         // Two copies (the second in two chunks) on the legacy stream.
-        idle.copied_in(legacy, 11, 1, 12);
-        idle.copied_in(legacy, 12, 2, 14);
+        idle.copied_in(legacy, (11, 1, 12), 0, 0, None);
+        idle.copied_in(legacy, (12, 2, 14), 0, 0, None);
         assert_eq!(idle.answer(Scope::Stream(legacy), 14), FORWARD);
         assert_eq!(idle.answer(device, 14), FORWARD);
         idle.forwarded(Scope::Stream(legacy), 14, 15);
         assert_eq!(idle.answer(device, 15), IDLE, "the forwarded synchronize drained the copies");
         // A copy on another stream of the device, then one on a second stream: not followed.
         let per_thread = stream(PER_THREAD, 0, Some(5), 2);
-        idle.copied_in(per_thread, 15, 1, 16);
+        idle.copied_in(per_thread, (15, 1, 16), 0, 0, None);
         assert_eq!(idle.answer(Scope::Stream(legacy), 16), FORWARD, "asked of another stream: forwarded");
-        idle.copied_in(legacy, 16, 1, 17);
+        idle.copied_in(legacy, (16, 1, 17), 0, 0, None);
         assert_eq!(idle.answer(device, 17), None, "copies on two streams");
         // A copy after another message, or on a stream the scope does not cover.
         idle.learn(device, 20, 1, 21);
-        idle.copied_in(legacy, 22, 1, 23);
+        idle.copied_in(legacy, (22, 1, 23), 0, 0, None);
         assert_eq!(idle.answer(device, 23), None);
         idle.learn(device, 30, 1, 31);
-        idle.copied_in(stream(0x41d1_0000_0000_0009, 0, None, 1), 31, 1, 32);
+        idle.copied_in(stream(0x41d1_0000_0000_0009, 0, None, 1), (31, 1, 32), 0, 0, None);
         assert_eq!(idle.answer(device, 32), None);
         // A created stream known idle takes copies too.
         let made = stream(0x41d1_0000_0000_0009, 0, None, 1);
         idle.learn(Scope::Stream(made), 40, 1, 41);
-        idle.copied_in(made, 41, 1, 42);
+        idle.copied_in(made, (41, 1, 42), 0, 0, None);
         assert_eq!(idle.answer(Scope::Stream(made), 42), FORWARD);
         idle.forwarded(Scope::Stream(made), 42, 43);
         assert_eq!(idle.answer(Scope::Stream(made), 43), IDLE);
         // A forwarded synchronize with another message before it teaches nothing: nobody
         // waited for it, so the scope is no longer known.
-        idle.copied_in(made, 43, 1, 44);
+        idle.copied_in(made, (43, 1, 44), 0, 0, None);
         idle.forwarded(Scope::Stream(made), 45, 46);
         assert_eq!(idle.answer(Scope::Stream(made), 46), None);
+    }
+
+    #[test]
+    fn bytes_copied_in_while_the_device_was_idle_are_read_back_from_the_client() {
+        let idle = Idle::new();
+        let legacy = stream(0, 0, Some(5), 1);
+        let device = Scope::Device(0, Some(5));
+        idle.learn(device, 10, 1, 11);
+        let ids: Vec<u8> = (0..64).collect();
+        idle.copied_in(legacy, (11, 1, 12), 0x1000, 64, Some(&ids));
+        idle.forwarded(Scope::Stream(legacy), 12, 13);
+        idle.copied_in(legacy, (13, 1, 14), 0x2000, 8, Some(&[1; 8]));
+        assert_eq!(idle.read(0x1000, 64, 14).as_deref(), Some(&ids[..]));
+        assert_eq!(idle.read(0x1008, 4, 14).as_deref(), Some(&ids[8..12]), "a part of one copy");
+        assert_eq!(idle.read(0x2000, 8, 14).as_deref(), Some(&[1u8; 8][..]));
+        assert_eq!(idle.read(0x1000, 65, 14), None, "past what was copied");
+        assert_eq!(idle.read(0x0ff8, 16, 14), None, "before it");
+        assert_eq!(idle.read(0x1000, 64, 15), None, "something else went out since");
+        // A read-back answered by the server (nothing else sent) keeps them.
+        idle.learn(Scope::Stream(legacy), 14, 1, 15);
+        assert_eq!(idle.read(0x2000, 8, 15).as_deref(), Some(&[1u8; 8][..]));
+        // A copy whose bytes were not given (too large, in chunks) over part of a recorded one.
+        idle.copied_in(legacy, (15, 1, 16), 0x1020, 16, None);
+        assert_eq!(idle.read(0x1000, 8, 16), None, "overwritten in part");
+        assert_eq!(idle.read(0x2000, 8, 16).as_deref(), Some(&[1u8; 8][..]));
+        // A copy within a recorded range patches it.
+        idle.copied_in(legacy, (16, 1, 17), 0x2002, 2, Some(&[9; 2]));
+        assert_eq!(idle.read(0x2000, 8, 17).as_deref(), Some(&[1u8, 1, 9, 9, 1, 1, 1, 1][..]));
+        // A later copy over a recorded range replaces it.
+        idle.copied_in(legacy, (17, 1, 18), 0x1ffc, 12, Some(&[2; 12]));
+        assert_eq!(idle.read(0x2000, 8, 18).as_deref(), Some(&[2u8; 8][..]));
+        // Any other message: nothing is known any more, even once a drain follows it.
+        idle.learn(device, 19, 1, 20);
+        assert_eq!(idle.read(0x2000, 8, 20), None);
+        // Only while a device (or context), not a stream, was known idle.
+        idle.learn(Scope::Stream(legacy), 30, 1, 31);
+        idle.copied_in(legacy, (31, 1, 32), 0x3000, 8, Some(&[3; 8]));
+        assert_eq!(idle.answer(Scope::Stream(legacy), 32), FORWARD);
+        assert_eq!(idle.read(0x3000, 8, 32), None);
     }
 
     #[test]

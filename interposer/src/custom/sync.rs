@@ -35,12 +35,25 @@ fn stream_key(stream: u64, ptsz: bool) -> Scope {
 
 /// A device-to-host copy into pageable memory, in the chunks `calls` of `desc`, waiting for
 /// every reply. Such a copy returns once done, and so is every earlier piece of work on its
-/// stream (`stream`: None for a copy without one): on success the stream is known idle.
+/// stream (`stream`: None for a copy without one): on success the stream is known idle. A
+/// read of bytes the client copied in itself, with the device idle and nothing sent since,
+/// is answered from them.
 ///
 /// # Safety
 /// As [`crate::runtime::call_pipelined`].
 pub unsafe fn read_back(conn: &Conn, desc: &'static CallDesc, stream: Option<u64>, calls: &[Vec<u64>]) -> u64 {
     let before = conn.sent_so_far();
+    if let [call] = calls
+        && let [dst, src, count, ..] = call[..]
+        && let Some(bytes) = local_read(conn, src, count)
+    {
+        // Bytes the client copied in itself while the device was idle, nothing sent since:
+        // the device holds exactly these (the copy's contract: `dst` holds `count` bytes).
+        // SAFETY: the caller's host destination of `count` bytes; `bytes` has that length.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
+        crate::trace::local(desc.name);
+        return crate::runtime::success(desc);
+    }
     // SAFETY: forwarded contract.
     let ret = unsafe { crate::runtime::call_pipelined(conn, desc, calls) };
     if let Some(stream) = stream
@@ -78,9 +91,33 @@ pub unsafe fn copy_in(
         && allocated(dst, count)
         && let Scope::Stream(key) = stream_key(stream, desc.name.ends_with("_ptsz"))
     {
-        IDLE.copied_in(key, before, calls.len() as u64, conn.sent_so_far());
+        // The bytes as they were sent (a single chunk, small): a read of them while nothing
+        // else goes out is answered from here.
+        let src = calls.first().and_then(|a| a.get(1)).copied().unwrap_or(0);
+        let small = calls.len() == 1 && src != 0 && count <= idle::WRITE_RECORDED_MAX as u64;
+        // SAFETY: the copy's host source of `count` bytes (the caller's contract), just sent.
+        let bytes = small.then(|| unsafe { std::slice::from_raw_parts(src as *const u8, count as usize) });
+        IDLE.copied_in(key, (before, calls.len() as u64, conn.sent_so_far()), dst, count, bytes);
     }
     ret
+}
+
+/// Whether a read of `[src, src + count)` of device memory would be answered by the client
+/// now (bytes it copied in itself, nothing sent since): 1, else 0. For the Python package,
+/// which reads a prompt where that costs nothing and reads it with its mask in one copy
+/// otherwise.
+#[unsafe(no_mangle)]
+pub extern "C" fn chidori_read_is_local(src: u64, count: u64) -> i32 {
+    crate::guard::ffi("chidori_read_is_local", 0, || {
+        let Ok(conn) = crate::conn::get() else { return 0 };
+        i32::from(local_read(&conn, src, count).is_some())
+    })
+}
+
+/// The bytes at `[src, src + count)` of device memory where the client copied them in
+/// itself while the device was idle, and nothing was sent since (one GPU: no peer wrote).
+fn local_read(conn: &Conn, src: u64, count: u64) -> Option<Vec<u8>> {
+    (trusted() && conn.profile.devices.len() == 1).then(|| IDLE.read(src, count, conn.sent_so_far()))?
 }
 
 /// Whether `[dst, dst + count)` lies in one device allocation the client knows.
