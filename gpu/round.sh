@@ -369,6 +369,7 @@ if want optimize; then
   for layers in 22 4; do
     g=$(timeout 120 python3 "$SHARED/workloads/decode.py" --mode graph --layers $layers --new-tokens 200 2>/dev/null | grep -o '"tok_per_s": [0-9.]*' | awk '{print $2}')
     [[ -n $g ]] && graphs+=(--graph "tinyllama${layers}_greedy_200=$g")
+    [[ -n $g && $layers == 22 ]] && graphs+=(--graph "tinyllama22_tokenized_200=$g")
     row "native graph replay ${layers}L" "${g:-FAILED} tok/s"
   done
   export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}

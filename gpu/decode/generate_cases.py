@@ -5,7 +5,8 @@
 
 Models are built from configs with seeded random weights (no downloads): TinyLlama-1.1B's
 shape with 22 and 4 layers (fp16), GPT-2 and a Qwen2-style model; one case goes through
-`chidori.server_decode` with a word-level tokenizer built in code. Each case prints its
+`chidori.server_decode` with a word-level tokenizer built in code, and one tokenizes its
+prompt and moves it to the GPU inside the timed part, as users write it. Each case prints its
 tokens (greedy: compared exactly with the native run; sampling: compared by distribution
 statistics), the wall time of the timed generate, the time to the first streamed token
 where a streamer listens, tokens per second over the whole generate and, where a streamer
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -111,11 +112,15 @@ def report_syncs() -> Callable[[], None]:
 
 
 @torch.no_grad()
-def timed(model: Any, ids: Any, stream: bool = True, **kw: Any) -> dict[str, Any]:
+def timed(model: Any, ids: Any, stream: bool = True, prepare: Optional[Callable[[], dict[str, Any]]] = None,
+          **kw: Any) -> dict[str, Any]:
+    """The second of two `generate` calls on `ids`, timed; with `prepare`, each call's inputs
+    come from it instead, made inside the timed part (`ids`: their shape)."""
     kw.setdefault("do_sample", False)
     kw.setdefault("cache_implementation", "static")
     kw.setdefault("disable_compile", True)
-    model.generate(ids, **{**kw, "streamer": None})  # warm-up: same shapes
+    args = () if prepare else (ids,)
+    model.generate(*args, **(prepare() if prepare else {}), **{**kw, "streamer": None})  # warm-up: same shapes
     torch.cuda.synchronize()
     timer = Timer() if stream else None
     t0 = time.perf_counter()
@@ -123,7 +128,7 @@ def timed(model: Any, ids: Any, stream: bool = True, **kw: Any) -> dict[str, Any
         timer.start = t0
     stop = report_syncs() if os.environ.get("DECODE_SYNC_DEBUG") else None
     try:
-        out = model.generate(ids, streamer=timer, **kw)
+        out = model.generate(*args, **(prepare() if prepare else {}), streamer=timer, **kw)
     finally:
         if stop:
             stop()
@@ -143,6 +148,18 @@ def tinyllama22_greedy_200(a: argparse.Namespace) -> dict[str, Any]:
     model = llama(22)
     ids = torch.tensor([PROMPT], device="cuda")
     return timed(model, ids, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens)
+
+
+@case
+def tinyllama22_tokenized_200(a: argparse.Namespace) -> dict[str, Any]:
+    """As users write it: the prompt tokenized and moved to the GPU with its mask in the
+    timed part (`tokenizer(...).to("cuda")`, then `generate(**inputs)`)."""
+    model = llama(22)
+    tokenizer = word_tokenizer(32000)
+    prompt = " ".join(f"t{i}" for i in PROMPT)
+    ids = torch.tensor([PROMPT])
+    return timed(model, ids, prepare=lambda: dict(tokenizer(prompt, return_tensors="pt", return_token_type_ids=False).to("cuda")),
+                 max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens)
 
 
 @case
