@@ -507,11 +507,10 @@ const GRAPH_LOOP: &str = r#"
 #include <stdio.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
-typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t);
+typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t,
+                             uint64_t, uint64_t, uint64_t);
 typedef int64_t (*poll_fn)(uint64_t, uint8_t *, uint64_t, uint32_t, uint32_t *, uint32_t *, uint32_t *, int64_t *);
 typedef void (*end_fn)(uint64_t);
-typedef uint64_t (*copy_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t,
-                            uint64_t, uint64_t, uint64_t);
 static start_fn start; static poll_fn poll; static end_fn end;
 /* Wait for a loop's end: its status. */
 static int64_t finish(uint64_t id) {
@@ -523,7 +522,7 @@ static int64_t finish(uint64_t id) {
 /* Run a loop of up to 20 steps, checking every 4 (flags 1: and the slot after the last);
    returns the steps launched. */
 static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int *got, uint32_t *stopped, uint32_t flags) {
-  uint64_t id = start((uint64_t)exec, (uint64_t)s, 20, 4, (uint64_t)flag, (uint64_t)out, 4, 1, flags);
+  uint64_t id = start((uint64_t)exec, (uint64_t)s, 20, 4, (uint64_t)flag, (uint64_t)out, 4, 1, flags, 0, 0, 0);
   if (!id) return -1;
   uint32_t steps = 0, done = 0; int64_t status = 0; int n = 0;
   while (!done) {
@@ -535,7 +534,7 @@ static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int 
   return n == (*stopped ? (int)*stopped : 20 + (int)(flags & 1)) ? (int)steps : -3;
 }
 int main(void) {
-  start = (start_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start_with");
+  start = (start_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start");
   poll = (poll_fn)dlsym(RTLD_DEFAULT, "chidori_loop_poll");
   end = (end_fn)dlsym(RTLD_DEFAULT, "chidori_loop_end");
   if (!start || !poll || !end) return 2;
@@ -567,17 +566,16 @@ int main(void) {
   if (run((cudaGraphExec_t)0x1234, s, flag, out, got, &stopped, 0) != -2) return 12;
   /* The closing copy: `out` into `back` after the last step. The device is idle then, and
      nothing was sent since the start: the synchronize after it costs no round trip. */
-  copy_fn start_copy = (copy_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start_copy");
   void *back;
-  if (!start_copy || cudaMalloc(&back, 84) || cudaMemset(back, 0, 84)) return 15;
-  uint64_t id = start_copy((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, (uint64_t)back, (uint64_t)out, 84);
+  if (cudaMalloc(&back, 84) || cudaMemset(back, 0, 84)) return 15;
+  uint64_t id = start((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, (uint64_t)back, (uint64_t)out, 84);
   if (!id || finish(id) != 0) return 16;
   if (cudaDeviceSynchronize()) return 17;
   int check[21];
   if (cudaMemcpy(check, back, 84, cudaMemcpyDeviceToHost)) return 18;
   for (int i = 0; i < 21; ++i) if (check[i] != 100 + i) return 19;
   /* A closing copy outside the session's memory is refused. */
-  id = start_copy((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, 0x1000, (uint64_t)out, 84);
+  id = start((uint64_t)exec, (uint64_t)s, 3, 1, 0, 0, 0, 0, 0, 0x1000, (uint64_t)out, 84);
   if (id && finish(id) == 0) return 20;
   printf("OK\n");
   return 0;

@@ -3,12 +3,11 @@
 //! instead of one round trip per step. See `chidori_protocol::messages::GraphLoop`.
 //!
 //! ```c
-//! uint64_t id = chidori_loop_start(exec, stream, max_steps, check_every,
-//!                                  stop_flag, output, bytes_per_step, progress_ms);
-//! /* or chidori_loop_start_with(..., flags): CHIDORI_LOOP_TAIL (1) also sends the output
-//!    slot after the last step (a step that writes the next slot: its last output);
-//!    chidori_loop_start_copy(..., flags, dst, src, bytes): after the last step, copy
-//!    `bytes` from device address `src` to `dst` on the stream (a result the graph built) */
+//! uint64_t id = chidori_loop_start(exec, stream, max_steps, check_every, stop_flag, output,
+//!                                  bytes_per_step, progress_ms, flags, dst, src, bytes);
+//! /* flags: LOOP_TAIL (1) also sends the output slot after the last step (a step that
+//!    writes the next slot: its last output); bytes > 0: after the last step, copy `bytes`
+//!    from device address `src` to `dst` on the stream (a result the graph built) */
 //! while (...) n = chidori_loop_poll(id, buf, cap, timeout_ms, &steps, &stopped, &done, &status);
 //! chidori_loop_end(id);
 //! ```
@@ -60,62 +59,17 @@ pub fn any_running() -> bool {
     ACTIVE.load(Ordering::Acquire) > 0
 }
 
-/// `flags` of [`chidori_loop_start_with`]: also send the output slot after the last step.
+/// `flags` of [`chidori_loop_start`]: also send the output slot after the last step.
 pub const LOOP_TAIL: u32 = 1;
 
-/// Start a loop; returns its id, or 0 when it could not start (logged).
+/// Start a loop; returns its id, or 0 when it could not start (logged). `flags`:
+/// [`LOOP_TAIL`] (other bits must be 0). `copy_bytes` (0: none) are copied from device
+/// address `copy_src` to `copy_dst` on the stream after the last step: a program that sends
+/// nothing else until [`chidori_loop_poll`] says the loop is done then finds the device
+/// idle, and its next synchronize costs no round trip.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn chidori_loop_start(
-    exec: u64,
-    stream: u64,
-    max_steps: u32,
-    check_every: u32,
-    stop_flag: u64,
-    output: u64,
-    bytes_per_step: u32,
-    progress_ms: u32,
-) -> u64 {
-    chidori_loop_start_with(exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms, 0)
-}
-
-/// [`chidori_loop_start`] with `flags` ([`LOOP_TAIL`]; other bits must be 0).
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn chidori_loop_start_with(
-    exec: u64,
-    stream: u64,
-    max_steps: u32,
-    check_every: u32,
-    stop_flag: u64,
-    output: u64,
-    bytes_per_step: u32,
-    progress_ms: u32,
-    flags: u32,
-) -> u64 {
-    chidori_loop_start_copy(
-        exec,
-        stream,
-        max_steps,
-        check_every,
-        stop_flag,
-        output,
-        bytes_per_step,
-        progress_ms,
-        flags,
-        0,
-        0,
-        0,
-    )
-}
-
-/// [`chidori_loop_start_with`] that also copies `copy_bytes` from device address `copy_src`
-/// to `copy_dst` on the stream after the last step (none where `copy_bytes` is 0). A
-/// program that sends nothing else until [`chidori_loop_poll`] says the loop is done then
-/// finds the device idle: its next synchronize costs no round trip.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn chidori_loop_start_copy(
     exec: u64,
     stream: u64,
     max_steps: u32,

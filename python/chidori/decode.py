@@ -65,7 +65,7 @@ def _loop_api() -> Optional[ctypes.CDLL]:
     """libchidori's loop functions in this process, or None when not under ``chidori run``."""
     try:
         lib = ctypes.CDLL(None)
-        start = lib.chidori_loop_start_copy
+        start = lib.chidori_loop_start
     except (OSError, AttributeError):
         return None
     start.restype = ctypes.c_uint64
@@ -105,7 +105,7 @@ class LoopResult:
     status: int
 
 
-# chidori_loop_start_with's flag: also send the output slot after the last step.
+# chidori_loop_start's flag: also send the output slot after the last step.
 LOOP_TAIL = 1
 
 
@@ -123,7 +123,7 @@ def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, st
     if lib is None:
         raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
     dst, src, nbytes = then_copy or (0, 0, 0)
-    loop_id = lib.chidori_loop_start_copy(exec_handle, stream, max_steps, check_every, stop_flag, output,
+    loop_id = lib.chidori_loop_start(exec_handle, stream, max_steps, check_every, stop_flag, output,
                                           bytes_per_step, progress_ms, LOOP_TAIL if tail else 0, dst, src, nbytes)
     if not loop_id:
         raise RuntimeError("chidori: the server could not start the graph loop (see the log)")
