@@ -85,11 +85,11 @@ def _read_is_local(tensor: Any) -> bool:
     """Whether reading ``tensor`` back would be answered by this process's Chidori client
     (bytes it copied to the GPU itself, as ``tokenizer(...).to("cuda")`` does, with nothing
     sent since): then reading it costs no round trip."""
+    if tensor.device.type != "cuda" or not tensor.is_contiguous():
+        return False
     try:
         query = ctypes.CDLL(None).chidori_read_is_local
     except (OSError, AttributeError):
-        return False
-    if tensor.device.type != "cuda" or not tensor.is_contiguous():
         return False
     query.restype = ctypes.c_int
     query.argtypes = [ctypes.c_uint64, ctypes.c_uint64]

@@ -97,7 +97,6 @@ struct Known {
 /// Bytes the client copied into device memory, recorded while the device was known idle
 /// with nothing else sent since: device memory holds exactly them until another message goes
 /// out. Disjoint ranges, newest last.
-#[derive(Default)]
 struct Written {
     ranges: Vec<(u64, Vec<u8>)>,
     total: usize,
