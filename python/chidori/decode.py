@@ -124,7 +124,7 @@ def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, st
         raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
     dst, src, nbytes = then_copy or (0, 0, 0)
     loop_id = lib.chidori_loop_start(exec_handle, stream, max_steps, check_every, stop_flag, output,
-                                          bytes_per_step, progress_ms, LOOP_TAIL if tail else 0, dst, src, nbytes)
+                                     bytes_per_step, progress_ms, LOOP_TAIL if tail else 0, dst, src, nbytes)
     if not loop_id:
         raise RuntimeError("chidori: the server could not start the graph loop (see the log)")
     buf = ctypes.create_string_buffer(max(1 << 16, bytes_per_step))
@@ -250,11 +250,12 @@ def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], prompt_host
         mask = mask.to(input_ids.device)
         if mask.shape != input_ids.shape:
             raise _Unsupported("an attention mask of another shape than the input ids")
-        if (ids_host is None or mask_host is None) and _read_is_local(input_ids) and _read_is_local(mask):
-            ids_host, mask_host = input_ids.cpu(), mask.cpu()  # both answered by the client
-        elif ids_host is None or mask_host is None:
-            both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
-            ids_host, mask_host = both[0], both[1]
+        if ids_host is None or mask_host is None:
+            if _read_is_local(input_ids) and _read_is_local(mask):
+                ids_host, mask_host = input_ids.cpu(), mask.cpu()  # both answered by the client
+            else:
+                both = torch.stack([input_ids, mask.to(input_ids.dtype)]).cpu()
+                ids_host, mask_host = both[0], both[1]
         padded = bool((mask_host == 0).any())
     elif pad is not None and pad not in (eos or []):
         if ids_host is None:
