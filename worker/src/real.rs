@@ -106,8 +106,7 @@ struct RealLoop<'a> {
 
 /// cudaMemcpyDeviceToHost.
 const D2H: u32 = 2;
-/// cudaMemcpyDeviceToDevice.
-const D2D: u32 = 3;
+const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
 
 fn status(rc: u32) -> Result<(), i64> {
     if rc == 0 { Ok(()) } else { Err(i64::from(rc)) }

@@ -106,6 +106,10 @@ struct Session {
 /// Log target of the per-function time the session spent in the libraries.
 const TIMING_TARGET: &str = "chidori::calls";
 
+/// A service request that makes no sense (cudaErrorInvalidValue, CUDA_ERROR_INVALID_VALUE:
+/// the same value in both APIs).
+const INVALID_VALUE: i64 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue as i64;
+
 /// Why a session ends badly: the frame or call that broke the protocol.
 #[derive(Debug)]
 struct Fatal(String);
@@ -1337,7 +1341,7 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 }
 
 /// cudaErrorNotSupported: what a program sees when its pinned memory cannot be mirrored.
-const MIRROR_FAILED: i64 = 801;
+const MIRROR_FAILED: i64 = chidori_cuda::consts::cudaError::cudaErrorNotSupported as i64;
 
 fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let request: Service = messages::decode(frame, "service").map_err(|e| Fatal(e.to_string()))?;
@@ -1474,7 +1478,10 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
         };
     };
     if request.bytes_per_step as u64 * u64::from(request.check_every.max(1)) > MAX_BUFFER {
-        return ServiceReply::Error { status: 1, message: "graph loop: output per check larger than a frame".into() };
+        return ServiceReply::Error {
+            status: INVALID_VALUE,
+            message: "graph loop: output per check larger than a frame".into(),
+        };
     }
     // The flag and the output must be the session's memory (cudaErrorInvalidValue).
     let slots = u64::from(request.max_steps) + u64::from(request.tail);
@@ -1486,7 +1493,7 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     drop(memory);
     if !flag_ok || !output_ok {
         return ServiceReply::Error {
-            status: 1,
+            status: INVALID_VALUE,
             message: format!(
                 "graph loop: the stop flag {:#x} or the output {:#x} ({output_len} bytes) is not device memory of this session",
                 request.stop_flag, request.output
@@ -1495,7 +1502,7 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     }
     if !copy_ok {
         return ServiceReply::Error {
-            status: 1,
+            status: INVALID_VALUE,
             message: format!(
                 "graph loop: the closing copy {:?} is not within device memory of this session",
                 request.then_copy
@@ -1575,7 +1582,10 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
                 *d = real;
             }
             if !edge_data.is_empty() && edge_data.len() != dependencies.len() {
-                return ServiceReply::Error { status: 1, message: "edge data for some dependencies only".into() };
+                return ServiceReply::Error {
+                    status: INVALID_VALUE,
+                    message: "edge data for some dependencies only".into(),
+                };
             }
         }
         NodeTarget::Set { node } => {
