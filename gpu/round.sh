@@ -53,6 +53,8 @@
 #            refused: native, plain, TLS), the small-call round trip and 1 GiB copies (rtt,
 #            $TLS_TRIES times each), the training workload; then the torch suite over TLS
 #            ($TLS_SUITE=0: not; $TLS_SUITE_TIMEOUT)
+#   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
+#            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -551,6 +553,15 @@ if want tls; then
     row "torch suite over tls" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite-tls.txt)")"
   fi
   kill $TLS_PID 2>/dev/null
+fi
+
+if want wire; then
+  nv gpu/bench/wire.cu -o "$B/wire" -lpthread || row wire "BUILD FAILED"
+  timeout 120 "$B/wire" > "$LOGS/wire.txt" 2>&1
+  while read -r line; do row "${line% *}" "${line##* } GB/s"; done < <(grep "GB/s" "$LOGS/wire.txt" | sed 's/ GB\/s$//')
+  [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row "rtt" "BUILD FAILED"
+  timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/wire-rtt.json" 2> "$LOGS/wire-rtt.err"
+  row "rtt+copy loopback" "$(cat "$LOGS/wire-rtt.json")"
 fi
 
 if want opinfo; then
