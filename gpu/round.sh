@@ -55,6 +55,7 @@
 #            ($TLS_SUITE=0: not; $TLS_SUITE_TIMEOUT)
 #   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
 #            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
+#            without and with bulk lanes (CHIDORI_LANES=0, 4), twice each
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -560,8 +561,11 @@ if want wire; then
   timeout 120 "$B/wire" > "$LOGS/wire.txt" 2>&1
   while read -r line; do row "${line% *}" "${line##* } GB/s"; done < <(grep "GB/s" "$LOGS/wire.txt" | sed 's/ GB\/s$//')
   [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row "rtt" "BUILD FAILED"
-  timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/wire-rtt.json" 2> "$LOGS/wire-rtt.err"
-  row "rtt+copy loopback" "$(cat "$LOGS/wire-rtt.json")"
+  # Through chidori: on the session's connection only, then with its bulk lanes (the default).
+  for lanes in 0 4 0 4; do
+    CHIDORI_LANES=$lanes timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/wire-rtt-$lanes.json" 2> "$LOGS/wire-rtt-$lanes.err"
+    row "rtt+copy lanes=$lanes" "$(cat "$LOGS/wire-rtt-$lanes.json") $(tail -1 "$LOGS/wire-rtt-$lanes.err" | cut -c1-160)"
+  done
 fi
 
 if want opinfo; then

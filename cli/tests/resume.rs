@@ -332,7 +332,7 @@ fn try_resume(address: &str, session: u64, secret: &[u8]) -> Frame {
     let mut s = TcpStream::connect(address).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&Header::new(Kind::Resume, 0, 0, session).encode()).unwrap();
-    let request = ResumeRequest { token: String::new(), secret: secret.to_vec(), received: 0 };
+    let request = ResumeRequest { token: String::new(), secret: secret.to_vec(), received: 0, lane: 0 };
     let bytes = frame::to_vec(Header::new(Kind::Resume, 0, 0, session), &messages::encode(&request), &[]).unwrap();
     // The supervisor may refuse before reading the request: a failed write is fine.
     let _ = s.write_all(&bytes);

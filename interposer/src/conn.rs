@@ -160,6 +160,8 @@ pub struct Conn {
     ran: Condvar,
     callback_queue: Mutex<std::sync::mpsc::Sender<CallbackRun>>,
     last_heard: Mutex<Instant>,
+    /// Further connections for large copies ([`crate::lanes`]), opened on first use.
+    pub(crate) lanes: crate::lanes::Slot,
 }
 
 /// The socket frames are written to, replaced when a resumable session reconnects.
@@ -297,7 +299,7 @@ fn dial(server: &str) -> Result<TcpStream, String> {
 }
 
 /// TLS over `stream` when there is a token: the connection and its reading half.
-type Tls = (Arc<chidori_tls::Secure>, chidori_tls::SecureReader<TcpStream>);
+pub(crate) type Tls = (Arc<chidori_tls::Secure>, chidori_tls::SecureReader<TcpStream>);
 
 fn start_tls(stream: &mut TcpStream, server: &str) -> Result<Tls, String> {
     let pins = chidori_tls::pin::Pins::from_env()?;
@@ -424,13 +426,14 @@ fn connect() -> Result<Conn, String> {
         ran: Condvar::new(),
         callback_queue: Mutex::new(tx),
         last_heard: Mutex::new(Instant::now()),
+        lanes: Default::default(),
     };
     start_callback_thread(rx);
     Ok(conn)
 }
 
 /// Why a reconnection did not work: worth another try, or never (the session is gone).
-enum Retry {
+pub(crate) enum Retry {
     Again(String),
     Never(String),
 }
@@ -440,23 +443,41 @@ enum Retry {
 /// and the bytes received. Returns the connection, its TLS, and the bytes the server
 /// received.
 fn reconnect_once(server: &str, resume: &Resume, received: u64) -> Result<(TcpStream, Option<Tls>, u64), Retry> {
+    let request = ResumeRequest {
+        token: resume.token.clone().unwrap_or_default(),
+        secret: resume.secret.clone(),
+        received,
+        lane: 0,
+    };
+    let (stream, tls, received) = join(server, resume.session, &request)?;
+    stream.set_nonblocking(true).map_err(|e| Retry::Again(e.to_string()))?;
+    Ok((stream, tls, received))
+}
+
+/// A further connection to session `session` (a reconnection, or a bulk lane): the
+/// plaintext preamble naming the session, TLS where the request has a token, the request;
+/// the server's answer is Resumed. Returns the connection (blocking), its TLS, and the bytes
+/// the server says it received.
+pub(crate) fn join(
+    server: &str,
+    session: u64,
+    request: &ResumeRequest,
+) -> Result<(TcpStream, Option<Tls>, u64), Retry> {
     let mut stream = dial(server).map_err(Retry::Again)?;
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
     stream.set_write_timeout(Some(Duration::from_secs(10))).ok();
-    let preamble = Header::new(Kind::Resume, 0, 0, resume.session).encode();
+    let preamble = Header::new(Kind::Resume, 0, 0, session).encode();
     chidori_protocol::sock::send_all(stream.as_raw_fd(), &mut [IoSlice::new(&preamble)])
         .map_err(|e| Retry::Again(e.to_string()))?;
-    let mut tls = match resume.token {
+    let mut tls = match request.token.is_empty() {
         // A refusal before TLS (the session is gone) is final.
-        Some(_) => Some(
+        false => Some(
             start_tls(&mut stream, server)
                 .map_err(|e| if e.contains("refused the session") { Retry::Never(e) } else { Retry::Again(e) })?,
         ),
-        None => None,
+        true => None,
     };
-    let request =
-        ResumeRequest { token: resume.token.clone().unwrap_or_default(), secret: resume.secret.clone(), received };
-    let bytes = frame::to_vec(Header::new(Kind::Resume, 0, 0, resume.session), &messages::encode(&request), &[])
+    let bytes = frame::to_vec(Header::new(Kind::Resume, 0, 0, session), &messages::encode(request), &[])
         .map_err(|e| Retry::Never(e.to_string()))?;
     send_plain(&stream, tls.as_ref(), &bytes).map_err(|e| Retry::Again(e.to_string()))?;
     let answer = match tls.as_mut() {
@@ -477,7 +498,6 @@ fn reconnect_once(server: &str, resume: &Resume, received: u64) -> Result<(TcpSt
     }
     stream.set_read_timeout(None).ok();
     stream.set_write_timeout(None).ok();
-    stream.set_nonblocking(true).map_err(|e| Retry::Again(e.to_string()))?;
     Ok((stream, tls, frame.header.seq))
 }
 
@@ -493,7 +513,7 @@ fn hostname() -> String {
 }
 
 /// One whole frame, read into memory as it arrives (a header may claim more than comes).
-fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
+pub(crate) fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
     chidori_tls::read_plain_frame(r)
 }
 
@@ -514,6 +534,19 @@ impl Conn {
             self.pending.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
         for p in pending {
             p.slot.complete(Err(reason.clone()));
+        }
+    }
+
+    /// Whether the session survives a dropped connection.
+    pub fn is_resumable(&self) -> bool {
+        self.resume.is_some()
+    }
+
+    /// A bulk lane broke or the server sent it nonsense: a frame of the session may be
+    /// lost, so the session ends (unless the program is exiting and said goodbye).
+    pub(crate) fn lane_lost(&self, reason: String) {
+        if !self.closing.load(Ordering::Acquire) {
+            self.fail(reason);
         }
     }
 
@@ -1103,6 +1136,11 @@ fn install(
         .spawn(resend)
         .map(|_| ())
         .map_err(|e| format!("cannot start a thread to resend what the server missed: {e}"))
+}
+
+/// Deliver a frame a bulk lane read (a reply) as the I/O thread would.
+pub(crate) fn deliver(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
+    handle(conn, frame)
 }
 
 fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {

@@ -11,6 +11,7 @@ pub mod content;
 pub mod custom;
 pub mod fatbin;
 pub mod guard;
+pub mod lanes;
 pub mod learned;
 pub mod log;
 pub mod loops;

@@ -340,6 +340,11 @@ static UNRECOGNIZED: &CStr = c"unrecognized error code";
 /// # Safety
 /// As [`prepare`], for every argument list.
 pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
+    let bytes: u64 = calls.iter().filter_map(|a| a.get(2)).sum();
+    if let Some(lanes) = crate::lanes::for_batch(conn, calls.len(), bytes) {
+        // SAFETY: forwarded contract.
+        return unsafe { call_on_lanes(conn, lanes, desc, calls) };
+    }
     if !desc.waits() {
         for args in calls {
             // SAFETY: forwarded contract.
@@ -354,6 +359,75 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
     // SAFETY: forwarded contract.
     let Some(rets) = (unsafe { call_all(conn, &batch, desc.name) }) else { return unavailable(desc) };
     let first = rets.into_iter().find(|&r| r != success(desc)).unwrap_or(success(desc));
+    if first == success(desc)
+        && let Some(status) = conn.take_deferred(desc.library)
+    {
+        return status as u64;
+    }
+    first
+}
+
+/// The chunks of one large copy (`calls` of `desc`, whose third argument is the byte
+/// count) over the bulk lanes, several at once; then, for a waiting form, every reply.
+/// Returns the first failing status, or success.
+///
+/// # Safety
+/// As [`prepare`], for every argument list; buffers stay valid until this returns.
+unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
+    let start = Instant::now();
+    let waits = desc.waits();
+    let mut slots = Vec::with_capacity(calls.len());
+    // Every chunk's encoding lives until the lanes wrote it.
+    let mut prepared_all = Vec::with_capacity(calls.len());
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut failed = false;
+    for args in calls {
+        mirror_devices(conn, desc, args);
+        // SAFETY: forwarded contract.
+        let prepared = unsafe { prepare(desc, args) };
+        let seq = conn.next_seq();
+        if waits {
+            slots.push(conn.expect(seq, prepared.outs.clone()));
+        }
+        received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
+        let archive = messages::encode(&prepared.call);
+        sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
+        let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
+        let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
+        // SAFETY: `prepared` (and the caller's buffers it points at) lives until the drain.
+        if let Err(reason) = unsafe { lanes.send(conn, header, &archive, &bulk) } {
+            // The server may wait for a frame that will not come: the session is over.
+            conn.forget(seq);
+            conn.lane_lost(reason);
+            failed = true;
+            break;
+        }
+        prepared_all.push(prepared);
+    }
+    if let Err(reason) = lanes.drain() {
+        conn.lane_lost(reason);
+        return unavailable(desc);
+    }
+    drop(prepared_all);
+    if failed {
+        return unavailable(desc);
+    }
+    if !waits {
+        crate::trace::record(desc, sent as usize, 0, None);
+        return success(desc);
+    }
+    let mut first = success(desc);
+    for slot in slots {
+        match slot.wait() {
+            Ok(r) if first == success(desc) && r != success(desc) => first = r,
+            Ok(_) => {}
+            Err(_) => return unavailable(desc),
+        }
+    }
+    crate::state::wait_deferred();
+    crate::mirror::pull(conn);
+    crate::trace::bytes(desc.name, 1, sent, received, start.elapsed());
+    tracing::trace!(target: "chidori::waits", "{} -> {} chunks on bulk lanes in one round trip", desc.name, calls.len());
     if first == success(desc)
         && let Some(status) = conn.take_deferred(desc.library)
     {

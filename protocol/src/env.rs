@@ -77,6 +77,11 @@ pub const MEMORY_QUOTA_MB: &str = "CHIDORI_MEMORY_QUOTA_MB";
 /// a loopback address (where connections do not drop and copies cost most).
 pub const RESUME: &str = "CHIDORI_RESUME";
 
+/// Client: how many bulk lanes (further connections) large copies may travel on beside
+/// the session's connection; `0`: none. Default 4 (at most what the server offers), in a
+/// session that does not survive a dropped connection (lanes are not resumed).
+pub const LANES: &str = "CHIDORI_LANES";
+
 /// Seconds a session whose connection broke waits for its client to reconnect (the client
 /// tries as long), default 60.
 pub const RESUME_GRACE_SECS: &str = "CHIDORI_RESUME_GRACE_SECS";

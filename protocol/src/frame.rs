@@ -63,6 +63,10 @@ pub enum Kind {
     /// Server → client, before a reply: what the GPU printed (a kernel's `printf`), for the
     /// program's standard output. The bytes are the bulk; no archive.
     Output = 19,
+    /// Client → server, in the call order: the next call of thread `thread` (sequence
+    /// number `seq`) is the next frame on bulk lane `call` ([`crate::messages::ResumeRequest`]
+    /// with a lane), read from there in its place. No archive.
+    Lane = 20,
 }
 
 impl Kind {
@@ -87,6 +91,7 @@ impl Kind {
             17 => Kind::Resume,
             18 => Kind::Resumed,
             19 => Kind::Output,
+            20 => Kind::Lane,
             _ => return None,
         })
     }
@@ -265,7 +270,7 @@ mod tests {
     use super::*;
 
     fn kinds() -> impl Strategy<Value = Kind> {
-        (1u8..=18).prop_map(|k| Kind::from_u8(k).unwrap())
+        (1u8..=20).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {

@@ -23,6 +23,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (14: a graph loop's closing
-/// copy, and whether the device was idle at its end).
-pub const PROTOCOL_VERSION: u16 = 14;
+/// Bumped on any incompatible change to frames or messages (15: bulk lanes, further
+/// connections that carry large copies).
+pub const PROTOCOL_VERSION: u16 = 15;

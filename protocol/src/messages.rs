@@ -56,6 +56,11 @@ pub struct Welcome {
     pub content_kept: Vec<bool>,
     /// Bytes of new content the server will keep from this session (0: none).
     pub content_budget: u64,
+    /// Bulk lanes the client may open (0: none): further connections over which frames of
+    /// large copies travel beside this one, so that a copy is not bound by one TCP stream.
+    pub lanes: u8,
+    /// The secret a lane presents (empty where `lanes` is 0).
+    pub lane_secret: Vec<u8>,
 }
 
 /// Client → server, inside TLS where there is TLS: reconnecting the session whose id the
@@ -68,6 +73,10 @@ pub struct ResumeRequest {
     pub secret: Vec<u8>,
     /// Bytes of the server's stream the client received.
     pub received: u64,
+    /// 0: resuming the session's connection. 1 to the Welcome's `lanes`: opening that bulk
+    /// lane, a second connection that carries large copies beside the first (with the
+    /// Welcome's `lane_secret`); the server answers Resumed.
+    pub lane: u8,
 }
 
 /// A GPU as the server sees it: everything the client answers device queries from.
@@ -583,6 +592,8 @@ mod tests {
             resume_secret: vec![9; 32],
             content_kept: vec![true, false],
             content_budget: 1 << 30,
+            lanes: 4,
+            lane_secret: vec![3; 32],
         };
         let bytes = to_vec(Header::new(Kind::Welcome, 0, 0, 0), &encode(&w), &[]).unwrap();
         let (frame, _) = Frame::decode(&bytes).unwrap();

@@ -54,6 +54,13 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// Read one frame. A timeout before its first byte is [`ReadError::Timeout`]; once a frame
 /// has started, the rest must follow, each read making progress within `stall`.
 pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError> {
+    read_frame_reserving(r, stall, 0)
+}
+
+/// [`read_frame`] from a peer trusted to send what its headers declare (an authenticated
+/// bulk lane): up to `reserve` bytes of the bulk are reserved at once, so a large copy's
+/// bytes are read into place without the buffer growing (and moving) as they arrive.
+pub fn read_frame_reserving(r: &mut impl Read, stall: Duration, reserve: usize) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
     let mut progress = Instant::now();
@@ -74,7 +81,7 @@ pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError
     let header = Header::decode(&head).map_err(ReadError::Frame)?;
     let mut archive = AlignedVec::new();
     read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
-    let mut bulk = Vec::new();
+    let mut bulk = Vec::with_capacity((header.bulk_len as usize).min(reserve));
     read_bulk(r, &mut bulk, header.bulk_len as usize, stall)?;
     Ok(Frame { header, archive, bulk })
 }

@@ -24,6 +24,7 @@ pub mod emulated;
 pub mod fuzz;
 pub mod handles;
 pub mod io;
+pub mod lanes;
 pub mod loader;
 pub mod memory;
 pub mod mirror;

@@ -93,16 +93,26 @@ pub struct NewLink {
     peer_received: u64,
 }
 
-/// What the acceptor needs to check a reconnecting client.
+/// What the acceptor needs to check a reconnecting client or a bulk lane.
 pub struct Acceptor {
     pub control: UnixStream,
     pub security: Option<Security>,
+    /// The resume secret (empty: the session does not survive a dropped connection).
     pub secret: Vec<u8>,
+    /// The lane secret, and where lanes go (None: the session has no lanes).
+    pub lanes: Option<(Vec<u8>, Arc<crate::lanes::Lanes>)>,
     pub heartbeat: Duration,
 }
 
-/// Check every connection the supervisor passes for this session; hand each verified one to
-/// the reader (breaking the current connection, which the client has given up on).
+/// What a checked connection is for.
+enum Checked {
+    Resume(NewLink),
+    Lane(u8, NewLink),
+}
+
+/// Check every connection the supervisor passes for this session; hand each verified
+/// reconnection to the reader (breaking the current connection, which the client has given
+/// up on), and attach each verified lane.
 pub fn spawn_acceptor(acceptor: Acceptor, writer: Arc<Writer>) -> mpsc::Receiver<NewLink> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new().name("chidori-resume".into()).spawn(move || {
@@ -118,14 +128,27 @@ pub fn spawn_acceptor(acceptor: Acceptor, writer: Arc<Writer>) -> mpsc::Receiver
             let stream = TcpStream::from(fd);
             let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
             match verify(stream, &acceptor) {
-                Ok(link) => {
+                Ok(Checked::Resume(link)) => {
                     tracing::info!("client reconnected from {peer}: resuming the session");
                     writer.link_down();
                     if tx.send(link).is_err() {
                         return;
                     }
                 }
-                Err(e) => tracing::warn!("refused a reconnection from {peer}: {e}"),
+                Ok(Checked::Lane(lane, mut link)) => {
+                    let answer = Header::new(Kind::Resumed, 0, 0, 0);
+                    let Ok(head) = chidori_protocol::frame::assemble(answer, &[], 0) else { continue };
+                    if let Err(e) = link.sink.write_all_vectored(&mut [IoSlice::new(&head)]) {
+                        tracing::warn!("answering bulk lane {lane} from {peer} failed: {e}");
+                        continue;
+                    }
+                    if let Some((_, lanes)) = &acceptor.lanes {
+                        tracing::debug!("bulk lane {lane} opened from {peer}");
+                        let stall = crate::session::frame_stall(acceptor.heartbeat);
+                        lanes.attach(lane, link.reader, link.sink, stall);
+                    }
+                }
+                Err(e) => tracing::warn!("refused a connection to the session from {peer}: {e}"),
             }
         }
     });
@@ -140,7 +163,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && !a.is_empty() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn verify(mut stream: TcpStream, acceptor: &Acceptor) -> Result<NewLink, String> {
+fn verify(mut stream: TcpStream, acceptor: &Acceptor) -> Result<Checked, String> {
     let timeout = crate::session::HANDSHAKE_TIMEOUT;
     stream.set_nodelay(true).ok();
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
@@ -160,7 +183,12 @@ fn verify(mut stream: TcpStream, acceptor: &Acceptor) -> Result<NewLink, String>
     }
     let request: ResumeRequest = messages::decode(&frame, "resume request").map_err(|e| e.to_string())?;
     let token_ok = acceptor.security.as_ref().is_none_or(|s| chidori_tls::token::matches(&s.token, &request.token));
-    if !token_ok || !same_secret(&acceptor.secret, &request.secret) {
+    let secret = match (request.lane, &acceptor.lanes) {
+        (0, _) => &acceptor.secret[..],
+        (lane, Some((secret, _))) if lane <= crate::lanes::OFFERED => &secret[..],
+        _ => &[],
+    };
+    if !token_ok || !same_secret(secret, &request.secret) {
         let refuse = Refuse {
             reason: RefuseReason::Gone,
             message: "this is not the session's client (wrong token or session secret)".to_owned(),
@@ -174,7 +202,11 @@ fn verify(mut stream: TcpStream, acceptor: &Acceptor) -> Result<NewLink, String>
     }
     stream.set_write_timeout(None).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(acceptor.heartbeat)).map_err(|e| e.to_string())?;
-    Ok(NewLink { reader, sink, peer_received: request.received })
+    let link = NewLink { reader, sink, peer_received: request.received };
+    Ok(match request.lane {
+        0 => Checked::Resume(link),
+        lane => Checked::Lane(lane, link),
+    })
 }
 
 /// What a resumable session's reader keeps.

@@ -33,6 +33,7 @@ use crate::backend::{Backend, HostFn};
 use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
 use crate::io::{ReadError, Sink, Writer, read_frame};
+use crate::lanes::Lanes;
 use crate::memory::{self, Effect, Memory, Origin, Size};
 use crate::mirror::Mirrors;
 use crate::resume::{Acceptor, Resumable, spawn_acceptor};
@@ -101,6 +102,8 @@ struct Session {
     /// Functions whose failure without a waiting client was logged at warn (once each: a
     /// client cannot flood the operator's log).
     warned: Mutex<std::collections::HashSet<&'static str>>,
+    /// Further connections carrying large copies (None: the session has none).
+    lanes: Option<Arc<Lanes>>,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -195,10 +198,15 @@ pub fn run(
         Ok(b) => b,
         Err(e) => return refuse(RefuseReason::NoGpu, e),
     };
-    // A resumable session: the client asked, and the supervisor can pass its next connection.
-    let resume = match (hello.resume, options.resume) {
-        (true, Some(control)) => Some((control, crate::auth::random_bytes(SECRET_LEN)?)),
-        _ => None,
+    // Where the supervisor can pass the session further connections: a resumable session
+    // (if the client asked) and bulk lanes.
+    let resume_secret = match (hello.resume, &options.resume) {
+        (true, Some(_)) => crate::auth::random_bytes(SECRET_LEN)?,
+        _ => Vec::new(),
+    };
+    let lanes = match &options.resume {
+        Some(_) => Some((crate::auth::random_bytes(SECRET_LEN)?, Arc::new(Lanes::default()))),
+        None => None,
     };
     // Content the client sent before: the store pins what it still has for this session.
     let content = match (&hello.content, &options.content) {
@@ -221,9 +229,11 @@ pub fn run(
         libraries: backend.libraries(),
         devices: backend.devices(),
         nvml_devices: exposed.unwrap_or(backend.devices().len() as u32),
-        resume_secret: resume.as_ref().map(|(_, secret)| secret.clone()).unwrap_or_default(),
+        resume_secret: resume_secret.clone(),
         content_kept: content.as_ref().map(|(kept, _)| kept.clone()).unwrap_or_default(),
         content_budget: content.as_ref().map(|(_, c)| *lock(&c.budget)).unwrap_or(0),
+        lanes: if lanes.is_some() { crate::lanes::OFFERED } else { 0 },
+        lane_secret: lanes.as_ref().map(|(secret, _)| secret.clone()).unwrap_or_default(),
     };
     writer.send(Header::new(Kind::Welcome, 0, 0, 0), &messages::encode(&welcome), &[])?;
     tracing::info!(
@@ -232,19 +242,31 @@ pub fn run(
         hello.pid,
         hello.program,
         backend.name(),
-        if resume.is_some() { "; it survives a dropped connection" } else { "" },
+        if resume_secret.is_empty() { "" } else { "; it survives a dropped connection" },
         match &content {
             Some((kept, c)) => format!("; {} of {} uploads it names are kept", c.pinned.len(), kept.len()),
             None => String::new(),
         }
     );
     // The stream of a resumable session starts after the Welcome.
-    let reader = match resume {
-        Some((control, secret)) => {
-            writer.keep_for_resume();
-            let acceptor = Acceptor { control, security: security.clone(), secret, heartbeat: options.heartbeat };
+    let resumable = !resume_secret.is_empty();
+    let reader = match options.resume {
+        Some(control) => {
+            if resumable {
+                writer.keep_for_resume();
+            }
+            let acceptor = Acceptor {
+                control,
+                security: security.clone(),
+                secret: resume_secret,
+                lanes: lanes.clone(),
+                heartbeat: options.heartbeat,
+            };
             let links = spawn_acceptor(acceptor, writer.clone());
-            Resumable::surviving(reader, writer.clone(), links, chidori_protocol::resume::grace())
+            match resumable {
+                true => Resumable::surviving(reader, writer.clone(), links, chidori_protocol::resume::grace()),
+                false => Resumable::plain(reader, writer.clone()),
+            }
         }
         None => Resumable::plain(reader, writer.clone()),
     };
@@ -265,6 +287,7 @@ pub fn run(
         memory: Mutex::new(Memory::new(options.memory_quota)),
         content: content.map(|(_, c)| c),
         warned: Mutex::new(std::collections::HashSet::new()),
+        lanes: lanes.map(|(_, lanes)| lanes),
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -416,12 +439,26 @@ fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, sta
             Err(e) => bail!("malformed frame: {e}"),
         };
         silent = 0;
+        // A call sent on a bulk lane: taken from there in its place in the call order.
+        let (frame, lane) = match frame.header.kind {
+            Kind::Lane => {
+                // What was read goes to its executor first: the lane's frame may take a while.
+                if let Some((t, frames)) = batch.take()
+                    && let Some(tx) = executors.get(&t)
+                    && tx.send(frames).is_err()
+                {
+                    bail!("executor of client thread {t} is gone");
+                }
+                (lane_call(session, &frame, stall)?, u8::try_from(frame.header.call).ok())
+            }
+            _ => (frame, None),
+        };
         match frame.header.kind {
             Kind::Call | Kind::Launch | Kind::Service => {
                 let thread = frame.header.thread;
                 issued += 1;
                 match &mut batch {
-                    Some((t, frames)) if *t == thread => frames.push((issued - 1, frame)),
+                    Some((t, frames)) if *t == thread => frames.push((issued - 1, frame, lane)),
                     _ => {
                         if let Some((t, frames)) = batch.take()
                             && let Some(tx) = executors.get(&t)
@@ -432,7 +469,7 @@ fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, sta
                         executors
                             .entry(thread)
                             .or_insert_with(|| spawn_executor(session.clone(), turn.clone(), fatal_tx.clone()));
-                        batch = Some((thread, vec![(issued - 1, frame)]));
+                        batch = Some((thread, vec![(issued - 1, frame, lane)]));
                     }
                 }
             }
@@ -455,8 +492,43 @@ fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, sta
     }
 }
 
-/// Frames for one executor, with their arrival numbers.
-type Batch = Vec<(u64, Frame)>;
+/// The call a [`Kind::Lane`] frame stands for: the lane's next frame, which must be that
+/// call (its thread and sequence number).
+fn lane_call(session: &Session, marker: &Frame, stall: Duration) -> Result<Frame> {
+    let Some(lanes) = &session.lanes else { bail!("the client sent a call on a bulk lane the server never offered") };
+    let lane = u8::try_from(marker.header.call)
+        .map_err(|_| anyhow::anyhow!("bulk lane {} does not exist", marker.header.call))?;
+    let frame = lanes.next_frame(lane, stall).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (h, m) = (frame.header, marker.header);
+    if h.kind != Kind::Call || h.thread != m.thread || h.seq != m.seq {
+        bail!(
+            "bulk lane {lane} carried {:?} {} of thread {} where the session expected call {} of thread {}",
+            h.kind,
+            h.seq,
+            h.thread,
+            m.seq,
+            m.thread
+        );
+    }
+    Ok(frame)
+}
+
+/// Frames for one executor, with their arrival numbers and the bulk lane each came on.
+type Batch = Vec<(u64, Frame, Option<u8>)>;
+
+thread_local! {
+    /// The bulk lane the frame this executor runs came on: its reply goes back there.
+    static REPLY_LANE: std::cell::Cell<Option<u8>> = const { std::cell::Cell::new(None) };
+}
+
+/// Write a reply to the frame this thread executes: on the lane the frame came on, else on
+/// the session's connection.
+fn send_reply(session: &Session, header: Header, archive: &[u8], bulk: &[&[u8]]) -> std::io::Result<()> {
+    match (REPLY_LANE.get(), &session.lanes) {
+        (Some(lane), Some(lanes)) => lanes.send(lane, header, archive, bulk),
+        _ => session.writer.send(header, archive, bulk),
+    }
+}
 
 fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<Batch> {
     let (tx, rx) = mpsc::channel::<Batch>();
@@ -465,7 +537,8 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
         .spawn(move || {
             session.backend.thread_init();
             while let Ok(frames) = rx.recv() {
-                for (n, frame) in frames {
+                for (n, frame, lane) in frames {
+                    REPLY_LANE.set(lane);
                     turn.wait(n);
                     let early = only_waits(&frame);
                     if early {
@@ -499,11 +572,46 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
 struct Buffer {
     words: Vec<u64>,
     len: usize,
+    /// Reused: holds bytes of an earlier call of this session until the library writes it.
+    stale: bool,
 }
+
+/// Outputs this large are taken from [`SPARE`] and go back there: a large read-back's
+/// buffer is neither faulted in nor zeroed again for every chunk.
+const SPARE_MIN: usize = 1 << 20;
+
+/// Large output buffers kept for reuse (a worker serves one session).
+static SPARE: Mutex<Vec<Vec<u64>>> = Mutex::new(Vec::new());
+
+/// Buffers [`SPARE`] keeps at most.
+const SPARE_KEPT: usize = 12;
 
 impl Buffer {
     fn zeroed(len: usize) -> Buffer {
-        Buffer { words: vec![0u64; len.div_ceil(8)], len }
+        Buffer { words: vec![0u64; len.div_ceil(8)], len, stale: false }
+    }
+
+    /// A buffer the library writes whole when it succeeds (a copy's destination): a large
+    /// one is reused, and zeroed only if the call fails ([`Buffer::settle`]).
+    fn output(len: usize) -> Buffer {
+        let words = len.div_ceil(8);
+        if len >= SPARE_MIN {
+            let mut spare = lock(&SPARE);
+            if let Some(at) = spare.iter().position(|w| w.capacity() >= words) {
+                let mut w = spare.swap_remove(at);
+                w.resize(words, 0);
+                return Buffer { words: w, len, stale: true };
+            }
+        }
+        Buffer::zeroed(len)
+    }
+
+    /// After the call: a reused buffer of a failed call holds no earlier bytes.
+    fn settle(&mut self, ok: bool) {
+        if self.stale && !ok {
+            self.words.fill(0);
+        }
+        self.stale = false;
     }
 
     fn from(bytes: &[u8]) -> Buffer {
@@ -524,6 +632,23 @@ impl Buffer {
 
     fn addr(&mut self) -> u64 {
         self.words.as_mut_ptr() as u64
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if self.words.capacity() * 8 >= SPARE_MIN {
+            let mut spare = lock(&SPARE);
+            if spare.len() < SPARE_KEPT {
+                spare.push(std::mem::take(&mut self.words));
+            }
+        }
+    }
+}
+
+impl AsRef<[u8]> for Buffer {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
     }
 }
 
@@ -857,6 +982,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         }
                         b
                     }
+                    // A device-to-host copy's destination, which the copy writes whole.
+                    (None, None) if dir == Dir::Out && desc.form == Some(Form::D2h) => Buffer::output(len as usize),
                     (None, None) => Buffer::zeroed(len as usize),
                     (None, Some(input)) => Buffer::from(input),
                 };
@@ -951,6 +1078,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     };
     let ok = desc.ret != Ret::Status || ret == desc.codes.success as u64;
+    for b in buffers.iter_mut().flatten() {
+        b.settle(ok);
+    }
     // A new handle reaches the client as its name: the client's own, or an id given now;
     // never the library's pointer. After a failure only a handle the client knows (the node
     // an instantiation failed at) goes back.
@@ -1078,13 +1208,27 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         };
     }
     let reply = Reply { ret, lens: out_lens, error: None };
+    send_output(session, header.thread)?;
+    let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
+    if let (Some(lane), Some(lanes)) = (REPLY_LANE.get(), &session.lanes) {
+        // The outputs move to the lane's writer as they are (a large copy's bytes are not
+        // copied again): the executor goes on with the next call while they are written.
+        let parts: Vec<crate::lanes::Part> = (0..n)
+            .filter(|&i| is_out[i])
+            .filter_map(|i| match translated[i].take() {
+                Some(bytes) => Some(Box::new(bytes) as crate::lanes::Part),
+                None => buffers[i].take().map(|b| Box::new(b) as crate::lanes::Part),
+            })
+            .collect();
+        return lanes
+            .send_owned(lane, h, &messages::encode(&reply), parts)
+            .map_err(|e| Fatal(format!("writing a reply: {e}")));
+    }
     let parts: Vec<&[u8]> = (0..n)
         .filter(|&i| is_out[i])
         .filter_map(|i| translated[i].as_deref().or_else(|| buffers[i].as_ref().map(|b| b.bytes())))
         .collect();
-    send_output(session, header.thread)?;
-    let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
-    session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
+    send_reply(session, h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
 
 /// What the GPU printed since the last reply goes first: the program prints it before the
@@ -1121,14 +1265,16 @@ fn reply_status(
 ) -> Result<(), Fatal> {
     let result = if desc.waits() {
         let reply = Reply { ret: status as u64, lens: vec![0; desc.params.len()], error: message };
-        session.writer.send(
+        send_reply(
+            session,
             Header::new(Kind::Reply, header.call, header.thread, header.seq),
             &messages::encode(&reply),
             &[],
         )
     } else {
         let err = AsyncError { status, message };
-        session.writer.send(
+        send_reply(
+            session,
             Header::new(Kind::AsyncError, header.call, header.thread, header.seq),
             &messages::encode(&err),
             &[],
@@ -1191,6 +1337,7 @@ impl Harness {
             memory: Mutex::new(Memory::new(memory_quota)),
             content: None,
             warned: Mutex::new(std::collections::HashSet::new()),
+            lanes: None,
         });
         Harness { session }
     }

@@ -1,0 +1,188 @@
+//! Bulk lanes on the worker's side: further connections of one session that carry the
+//! frames of large copies, so that a copy is bound by several TCP streams (and as many
+//! cores for TLS), not one.
+//!
+//! The client opens a lane like a reconnection ([`crate::resume`]): the supervisor passes
+//! it to the session's worker, whose acceptor checks it (TLS, token, the Welcome's lane
+//! secret) and attaches it here. On the session's connection a [`Kind::Lane`] frame stands
+//! in for a call, in the call order: the reader takes the lane's next frame in its place,
+//! so calls keep the order the client issued them in, whichever connection carried them.
+//! Each lane has a thread that reads its frames ahead and one that writes the replies to
+//! the calls it carried, so an executor never waits for a lane's socket.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, Read};
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use chidori_protocol::frame::{self, Frame, Header};
+
+use chidori_protocol::read::read_frame_reserving;
+
+use crate::io::{ReadError, Sink};
+
+/// Lanes a session may open (the client opens as many as it wants, up to this).
+pub const OFFERED: u8 = 8;
+
+/// Bulk bytes a lane's frame may have reserved before they arrive (a lane is
+/// authenticated; the largest copy chunk is 8 MiB).
+const RESERVE: usize = 16 << 20;
+
+/// Output bytes a reply owns.
+pub type Part = Box<dyn AsRef<[u8]> + Send>;
+
+/// A reply owned, for a lane's writer thread: the header and archive, then the bulk.
+struct Outgoing {
+    head: Vec<u8>,
+    bulk: Vec<Part>,
+}
+
+/// A session's lanes.
+#[derive(Default)]
+pub struct Lanes {
+    /// Frames each lane read, in its order (Err: why the lane ended).
+    incoming: Mutex<HashMap<u8, mpsc::Receiver<Result<Frame, String>>>>,
+    /// Replies to write on each lane.
+    outgoing: Mutex<HashMap<u8, mpsc::Sender<Outgoing>>>,
+    attached: Condvar,
+}
+
+impl Lanes {
+    /// Start reading and writing lane `lane` (a checked connection). A lane already
+    /// attached under that number is replaced.
+    pub fn attach(&self, lane: u8, mut reader: Box<dyn Read + Send>, mut sink: Sink, stall: Duration) {
+        // A few frames read ahead per lane (the socket holds back the rest).
+        let (frames_tx, frames_rx) = mpsc::sync_channel(4);
+        let (out_tx, out_rx) = mpsc::channel::<Outgoing>();
+        let read = move || {
+            loop {
+                let frame = match read_frame_reserving(&mut reader, stall, RESERVE) {
+                    Ok(f) => Ok(f),
+                    // An idle lane is fine: it carries only large copies.
+                    Err(ReadError::Timeout) => continue,
+                    Err(ReadError::Closed) => Err(format!("bulk lane {lane} was closed")),
+                    Err(e) => Err(format!("bulk lane {lane}: {e}")),
+                };
+                let end = frame.is_err();
+                if frames_tx.send(frame).is_err() || end {
+                    return;
+                }
+            }
+        };
+        let write = move || {
+            while let Ok(out) = out_rx.recv() {
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + out.bulk.len());
+                slices.push(IoSlice::new(&out.head));
+                slices.extend(out.bulk.iter().map(|b| IoSlice::new((**b).as_ref())));
+                if let Err(e) = sink.write_all_vectored(&mut slices) {
+                    // The client's reader of this lane sees the connection end and says so.
+                    tracing::warn!("writing to bulk lane {lane} failed: {e}");
+                    return;
+                }
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("chidori-lane{lane}-in"))
+            .spawn(read)
+            .and_then(|_| std::thread::Builder::new().name(format!("chidori-lane{lane}-out")).spawn(write));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the threads of bulk lane {lane}: {e}");
+            return;
+        }
+        lock(&self.incoming).insert(lane, frames_rx);
+        lock(&self.outgoing).insert(lane, out_tx);
+        self.attached.notify_all();
+    }
+
+    /// The next frame lane `lane` carried. Waits up to `stall` for the lane to be attached,
+    /// then for as long as the lane lives: its reader ends it when a frame stalls or the
+    /// connection closes.
+    pub fn next_frame(&self, lane: u8, stall: Duration) -> Result<Frame, String> {
+        let deadline = Instant::now() + stall;
+        let mut incoming = lock(&self.incoming);
+        loop {
+            if let Some(rx) = incoming.remove(&lane) {
+                // Waited for without the lock (another lane may attach meanwhile); only the
+                // session's reader takes frames.
+                drop(incoming);
+                let frame = rx.recv().unwrap_or_else(|_| Err(format!("bulk lane {lane} has ended")));
+                lock(&self.incoming).entry(lane).or_insert(rx);
+                return frame;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("a call was sent on bulk lane {lane}, which the client never opened"));
+            }
+            incoming = self.attached.wait_timeout(incoming, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Queue a reply for lane `lane`'s writer (its bytes are copied: the executor goes on).
+    pub fn send(&self, lane: u8, header: Header, archive: &[u8], bulk: &[&[u8]]) -> std::io::Result<()> {
+        self.send_owned(lane, header, archive, bulk.iter().map(|b| Box::new(b.to_vec()) as Part).collect())
+    }
+
+    /// Queue a reply whose output bytes it owns for lane `lane`'s writer.
+    pub fn send_owned(&self, lane: u8, header: Header, archive: &[u8], bulk: Vec<Part>) -> std::io::Result<()> {
+        let total: usize = bulk.iter().map(|b| (**b).as_ref().len()).sum();
+        let mut head = frame::assemble(header, archive, total).map_err(std::io::Error::other)?.to_vec();
+        head.extend_from_slice(archive);
+        let out = Outgoing { head, bulk };
+        let tx = lock(&self.outgoing).get(&lane).cloned();
+        match tx {
+            Some(tx) if tx.send(out).is_ok() => Ok(()),
+            _ => Err(std::io::Error::other(format!("bulk lane {lane} has ended"))),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chidori_protocol::frame::Kind;
+    use std::net::{TcpListener, TcpStream};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn a_lane_reads_its_frames_in_order_and_writes_replies() {
+        let lanes = Lanes::default();
+        let (client, served) = pair();
+        served.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        lanes.attach(1, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
+        for seq in 1..=3u64 {
+            let bytes = frame::to_vec(Header::new(Kind::Call, 7, 1, seq), &[], &[&[seq as u8; 1000]]).unwrap();
+            std::io::Write::write_all(&mut &client, &bytes).unwrap();
+        }
+        for seq in 1..=3u64 {
+            let f = lanes.next_frame(1, Duration::from_secs(2)).unwrap();
+            assert_eq!(f.header.seq, seq);
+            assert_eq!(f.bulk, vec![seq as u8; 1000]);
+        }
+        lanes.send(1, Header::new(Kind::Reply, 7, 1, 3), &[], &[b"abc"]).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let reply = crate::io::read_frame(&mut &client, Duration::from_secs(2)).unwrap();
+        assert_eq!((reply.header.kind, reply.header.seq, &reply.bulk[..]), (Kind::Reply, 3, &b"abc"[..]));
+        drop(client);
+        let end = lanes.next_frame(1, Duration::from_secs(2)).unwrap_err();
+        assert!(end.contains("closed"), "{end}");
+    }
+
+    #[test]
+    fn a_lane_never_opened_is_an_error_not_a_hang() {
+        let lanes = Lanes::default();
+        let e = lanes.next_frame(3, Duration::from_millis(100)).unwrap_err();
+        assert!(e.contains("never opened"), "{e}");
+        assert!(lanes.send(3, Header::new(Kind::Reply, 0, 0, 0), &[], &[]).is_err());
+    }
+}
