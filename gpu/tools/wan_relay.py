@@ -13,6 +13,10 @@ way's delay after it has left. Delivery times advance by exactly the bytes' seri
 time however late a thread wakes, so a late wake-up only delays bytes, it does not lose
 bandwidth. Each direction has a reader and a writer thread (socket calls release the GIL).
 
+The cap is the link's, shared by every connection through the relay in that direction (a
+client with several connections, such as bulk lanes, shares one link, as it would on a
+real WAN); each connection keeps its own queue and order.
+
 What is buffered is bounded: two bandwidth-delay products (at least 64 MiB) per
 direction; past that the reader stops reading and TCP pushes back on the sender, as a
 full network queue does.
@@ -30,16 +34,32 @@ import time
 PIECE = 1 << 20
 
 
-class Link:
-    """One direction: pieces of bytes with the time each is due at the far end."""
+class Wire:
+    """One direction of the modelled link: when it is next free, shared by connections."""
 
-    def __init__(self, delay_s: float, rate_bps: float, limit: int) -> None:
-        self.delay = delay_s
+    def __init__(self, rate_bps: float) -> None:
         self.rate = rate_bps  # bytes per second; 0 = unlimited
+        self.free_at = 0.0
+        self.lock = threading.Lock()
+
+    def send(self, now: float, size: int) -> float:
+        """Put `size` bytes that arrived at `now` on the link: when their last byte leaves."""
+        with self.lock:
+            start = max(now, self.free_at)
+            self.free_at = start + (size / self.rate if self.rate else 0.0)
+            return self.free_at
+
+
+class Link:
+    """One direction of one connection: pieces of bytes with the time each is due at the
+    far end."""
+
+    def __init__(self, delay_s: float, wire: Wire, limit: int) -> None:
+        self.delay = delay_s
+        self.wire = wire
         self.limit = limit
         self.pieces: collections.deque[tuple[float, bytes]] = collections.deque()
         self.held = 0
-        self.free_at = 0.0
         self.closed = False
         self.cond = threading.Condition()
 
@@ -48,10 +68,8 @@ class Link:
         with self.cond:
             while self.held >= self.limit and not self.closed:
                 self.cond.wait()
-            now = time.monotonic()
-            start = max(now, self.free_at)
-            self.free_at = start + (len(data) / self.rate if self.rate else 0.0)
-            self.pieces.append((self.free_at + self.delay, data))
+            left = self.wire.send(time.monotonic(), len(data))
+            self.pieces.append((left + self.delay, data))
             self.held += len(data)
             self.cond.notify_all()
 
@@ -105,7 +123,7 @@ def writer(dst: socket.socket, link: Link, other: socket.socket) -> None:
                 pass
 
 
-def relay(client: socket.socket, target: tuple[str, int], delay: float, rate: float, limit: int) -> None:
+def relay(client: socket.socket, target: tuple[str, int], delay: float, wires: tuple[Wire, Wire], limit: int) -> None:
     try:
         server = socket.create_connection(target)
     except OSError as e:
@@ -114,7 +132,7 @@ def relay(client: socket.socket, target: tuple[str, int], delay: float, rate: fl
         return
     for s in (client, server):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    up, down = Link(delay, rate, limit), Link(delay, rate, limit)
+    up, down = Link(delay, wires[0], limit), Link(delay, wires[1], limit)
     threads = [
         threading.Thread(target=reader, args=(client, up), daemon=True),
         threading.Thread(target=writer, args=(server, up, client), daemon=True),
@@ -135,6 +153,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], delay: float, rate: 
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(listen)
     ls.listen(64)
+    wires = (Wire(rate), Wire(rate))
 
     def accept() -> None:
         while True:
@@ -142,7 +161,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], delay: float, rate: 
                 c, _ = ls.accept()
             except OSError:
                 return
-            threading.Thread(target=relay, args=(c, target, delay, rate, limit), daemon=True).start()
+            threading.Thread(target=relay, args=(c, target, delay, wires, limit), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     return ls
