@@ -1024,7 +1024,7 @@ fn read_link(
                 };
                 pinged = 0;
                 *conn.last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-                if let Err(reason) = handle(conn, frame) {
+                if let Err(reason) = handle(conn, &frame) {
                     return Stop::Fatal(reason);
                 }
             }
@@ -1139,11 +1139,11 @@ fn install(
 }
 
 /// Deliver a frame a bulk lane read (a reply) as the I/O thread would.
-pub(crate) fn deliver(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
+pub(crate) fn deliver(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
     handle(conn, frame)
 }
 
-fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
+fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
     match frame.header.kind {
         Kind::Reply => {
             let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);

@@ -25,7 +25,7 @@ use std::time::Duration;
 use chidori_protocol::env;
 use chidori_protocol::frame::{self, Header, Kind};
 use chidori_protocol::messages::ResumeRequest;
-use chidori_protocol::read::read_frame_reserving;
+use chidori_protocol::read::read_frame_reusing;
 
 use crate::conn::{Conn, Retry, Tls};
 
@@ -161,16 +161,20 @@ fn start(
     let read = move || {
         let mut plain = &stream;
         let mut reader = reader;
+        // The last reply's buffer, read into again (its memory is in place).
+        let mut spare = Vec::new();
         loop {
             // The bulk of a reply (a chunk read back) is reserved at once: the lane's peer is
             // the session's server, past its TLS and secret.
             let frame = match reader.as_mut() {
-                Some(r) => read_frame_reserving(r, Duration::ZERO, RESERVE),
-                None => read_frame_reserving(&mut plain, Duration::ZERO, RESERVE),
+                Some(r) => read_frame_reusing(r, Duration::ZERO, RESERVE, std::mem::take(&mut spare)),
+                None => read_frame_reusing(&mut plain, Duration::ZERO, RESERVE, std::mem::take(&mut spare)),
             };
             let result = match frame {
                 Ok(frame) if frame.header.kind == Kind::Reply || frame.header.kind == Kind::AsyncError => {
-                    crate::conn::deliver(&me, frame)
+                    let delivered = crate::conn::deliver(&me, &frame);
+                    spare = frame.bulk;
+                    delivered
                 }
                 Ok(frame) => Err(format!("unexpected {:?} frame on bulk lane {lane}", frame.header.kind)),
                 Err(e) => Err(format!("bulk lane {lane} to Chidori server {} broke: {e}", me.server)),

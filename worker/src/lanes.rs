@@ -13,12 +13,12 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, Read};
 use std::sync::mpsc;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, Header};
 
-use chidori_protocol::read::read_frame_reserving;
+use chidori_protocol::read::read_frame_reusing;
 
 use crate::io::{ReadError, Sink};
 
@@ -46,7 +46,12 @@ pub struct Lanes {
     /// Replies to write on each lane.
     outgoing: Mutex<HashMap<u8, mpsc::Sender<Outgoing>>>,
     attached: Condvar,
+    /// Bulk buffers of executed lane frames, read into again (not faulted in anew).
+    spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
+
+/// Spare bulk buffers kept at most (each up to [`RESERVE`]).
+const SPARE_KEPT: usize = 16;
 
 impl Lanes {
     /// Start reading and writing lane `lane` (a checked connection). A lane already
@@ -55,9 +60,11 @@ impl Lanes {
         // A few frames read ahead per lane (the socket holds back the rest).
         let (frames_tx, frames_rx) = mpsc::sync_channel(4);
         let (out_tx, out_rx) = mpsc::channel::<Outgoing>();
+        let spare = self.spare.clone();
         let read = move || {
             loop {
-                let frame = match read_frame_reserving(&mut reader, stall, RESERVE) {
+                let reuse = lock(&spare).pop().unwrap_or_default();
+                let frame = match read_frame_reusing(&mut reader, stall, RESERVE, reuse) {
                     Ok(f) => Ok(f),
                     // An idle lane is fine: it carries only large copies.
                     Err(ReadError::Timeout) => continue,
@@ -115,6 +122,17 @@ impl Lanes {
                 return Err(format!("a call was sent on bulk lane {lane}, which the client never opened"));
             }
             incoming = self.attached.wait_timeout(incoming, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// The bulk buffer of a lane frame that was executed, for a lane's reader to fill again.
+    pub fn recycle(&self, mut bulk: Vec<u8>) {
+        if bulk.capacity() >= 1 << 20 && bulk.capacity() <= RESERVE {
+            let mut spare = lock(&self.spare);
+            if spare.len() < SPARE_KEPT {
+                bulk.clear();
+                spare.push(bulk);
+            }
         }
     }
 

@@ -537,7 +537,7 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
         .spawn(move || {
             session.backend.thread_init();
             while let Ok(frames) = rx.recv() {
-                for (n, frame, lane) in frames {
+                for (n, mut frame, lane) in frames {
                     REPLY_LANE.set(lane);
                     turn.wait(n);
                     let early = only_waits(&frame);
@@ -551,6 +551,11 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
                     };
                     if !early {
                         turn.release(n);
+                    }
+                    // A lane's copy chunk: its buffer is filled again by a lane's reader (the
+                    // call is done with it, as with any frame dropped here).
+                    if let (Some(_), Some(lanes)) = (lane, &session.lanes) {
+                        lanes.recycle(std::mem::take(&mut frame.bulk));
                     }
                     if let Err(Fatal(reason)) = result {
                         let _ = fatal.send(Fatal(reason.clone()));
