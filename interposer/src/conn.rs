@@ -1153,7 +1153,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                     conn.server, frame.header.seq
                 ));
             };
-            let reply = messages::access::<Reply>(&frame, "reply").map_err(|e| e.to_string())?;
+            let reply = messages::access::<Reply>(frame, "reply").map_err(|e| e.to_string())?;
             let lens: Vec<u64> = reply.lens.iter().map(|l| l.to_native()).collect();
             let parts = frame.split_bulk(lens.iter().copied()).map_err(|e| e.to_string())?;
             for out in &pending.outs {
@@ -1174,7 +1174,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             pending.slot.complete(Ok(reply.ret.to_native()));
         }
         Kind::AsyncError => {
-            let err: AsyncError = messages::decode(&frame, "async error").map_err(|e| e.to_string())?;
+            let err: AsyncError = messages::decode(frame, "async error").map_err(|e| e.to_string())?;
             let library =
                 chidori_cuda::calls::VARIANTS.get(frame.header.call as usize).map(|d| d.library).unwrap_or("cudart");
             // A call sent without waiting failed: its status reaches the program at the next
@@ -1193,12 +1193,12 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                     conn.server, frame.header.seq
                 ));
             };
-            let reply: ServiceReply = messages::decode(&frame, "service reply").map_err(|e| e.to_string())?;
+            let reply: ServiceReply = messages::decode(frame, "service reply").map_err(|e| e.to_string())?;
             *pending.slot.service.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
             pending.slot.complete(Ok(0));
         }
         Kind::Progress => {
-            let p: Progress = messages::decode(&frame, "progress").map_err(|e| e.to_string())?;
+            let p: Progress = messages::decode(frame, "progress").map_err(|e| e.to_string())?;
             let progress = conn.progress.lock().unwrap_or_else(|p| p.into_inner());
             let Some(tx) = progress.get(&frame.header.seq) else {
                 return Err(format!(
@@ -1217,13 +1217,13 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             }
         }
         Kind::HostCallback => {
-            let cb: HostCallback = messages::decode(&frame, "host callback").map_err(|e| e.to_string())?;
+            let cb: HostCallback = messages::decode(frame, "host callback").map_err(|e| e.to_string())?;
             let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
             queue.send((cb.id, cb.token, cb.status, cb.keep)).map_err(|_| "the callback thread is gone".to_owned())?;
         }
         Kind::Output => print_gpu_output(&frame.bulk),
         Kind::Goodbye => {
-            let bye: Goodbye = messages::decode(&frame, "goodbye").map_err(|e| e.to_string())?;
+            let bye: Goodbye = messages::decode(frame, "goodbye").map_err(|e| e.to_string())?;
             return Err(format!("Chidori server {} ended the session: {}", conn.server, bye.reason));
         }
         other => return Err(format!("unexpected {other:?} frame from the server")),
