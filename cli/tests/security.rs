@@ -428,3 +428,73 @@ fn hostile_calls_for_every_descriptor_crash_no_worker() {
     assert!(crashed.is_empty(), "workers died after: {crashed:?}");
     let _ = HEADER_LEN;
 }
+
+/// Read frames until a Goodbye: its reason (empty if the connection ends without one).
+fn goodbye_reason(s: &mut TcpStream) -> String {
+    while let Some(f) = read_frame(s) {
+        if f.header.kind == Kind::Goodbye {
+            return messages::decode::<Goodbye>(&f, "goodbye").unwrap().reason;
+        }
+    }
+    String::new()
+}
+
+/// Join session `session` as bulk lane `lane` with `secret`: the server's answer.
+fn join_lane(address: &str, session: u64, lane: u8, secret: &[u8]) -> Option<Frame> {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&Header::new(Kind::Resume, 0, 0, session).encode()).unwrap();
+    let request = messages::ResumeRequest { token: String::new(), secret: secret.to_vec(), received: 0, lane };
+    s.write_all(&frame::to_vec(Header::new(Kind::Resume, 0, 0, session), &messages::encode(&request), &[]).unwrap())
+        .unwrap();
+    read_frame(&mut s)
+}
+
+#[test]
+fn bulk_lanes_take_only_the_sessions_secret_and_calls_in_order() {
+    let server = Server::start(&["--heartbeat-secs", "1"], &[]);
+    let mut s = TcpStream::connect(&server.address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello()).unwrap();
+    let welcome: messages::Welcome = messages::decode(&read_frame(&mut s).unwrap(), "welcome").unwrap();
+    assert!(welcome.lanes > 0 && welcome.lane_secret.len() >= 16, "lanes are offered with a secret");
+
+    // A wrong secret, a lane past those offered, and the lane secret as a resume are refused.
+    let mut wrong = welcome.lane_secret.clone();
+    wrong[0] ^= 1;
+    for (lane, secret) in [(1, &wrong), (welcome.lanes + 1, &welcome.lane_secret), (0, &welcome.lane_secret)] {
+        let answer = join_lane(&server.address, welcome.session, lane, secret).map(|f| f.header.kind);
+        assert_eq!(answer, Some(Kind::Refuse), "lane {lane}");
+    }
+    // The right one joins.
+    let answer = join_lane(&server.address, welcome.session, 1, &welcome.lane_secret).map(|f| f.header.kind);
+    assert_eq!(answer, Some(Kind::Resumed));
+
+    // A call said to come on a lane that was never opened ends the session with a reason.
+    s.write_all(&frame::to_vec(Header::new(Kind::Lane, 5, 1, 1), &[], &[]).unwrap()).unwrap();
+    let reason = goodbye_reason(&mut s);
+    assert!(reason.contains("bulk lane 5") && reason.contains("never opened"), "{reason}");
+
+    // A lane frame that is not the call its marker names ends the session too.
+    let mut s = TcpStream::connect(&server.address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello()).unwrap();
+    let welcome: messages::Welcome = messages::decode(&read_frame(&mut s).unwrap(), "welcome").unwrap();
+    let mut lane = TcpStream::connect(&server.address).unwrap();
+    lane.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    lane.write_all(&Header::new(Kind::Resume, 0, 0, welcome.session).encode()).unwrap();
+    let request =
+        messages::ResumeRequest { token: String::new(), secret: welcome.lane_secret.clone(), received: 0, lane: 2 };
+    let head = Header::new(Kind::Resume, 0, 0, welcome.session);
+    lane.write_all(&frame::to_vec(head, &messages::encode(&request), &[]).unwrap()).unwrap();
+    assert_eq!(read_frame(&mut lane).map(|f| f.header.kind), Some(Kind::Resumed));
+    lane.write_all(&frame::to_vec(Header::new(Kind::Call, 0, 1, 8), &[], &[]).unwrap()).unwrap();
+    s.write_all(&frame::to_vec(Header::new(Kind::Lane, 2, 1, 7), &[], &[]).unwrap()).unwrap();
+    let reason = goodbye_reason(&mut s);
+    assert!(reason.contains("bulk lane 2 carried") && reason.contains("expected call 7"), "{reason}");
+
+    // The server still serves others.
+    let mut s = session(&server.address);
+    s.write_all(&frame::to_vec(Header::new(Kind::Ping, 0, 0, 9), &[], &[]).unwrap()).unwrap();
+    assert_eq!(read_frame(&mut s).map(|f| f.header.kind), Some(Kind::Pong));
+}
