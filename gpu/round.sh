@@ -561,6 +561,10 @@ if want wire; then
   timeout 120 "$B/wire" > "$LOGS/wire.txt" 2>&1
   while read -r line; do row "${line% *}" "${line##* } GB/s"; done < <(grep "GB/s" "$LOGS/wire.txt" | sed 's/ GB\/s$//')
   [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row "rtt" "BUILD FAILED"
+  # Bytes checked: large copies natively and through chidori's lanes (async, two threads).
+  nv gpu/bench/lane_copies.c -o "$B/lane_copies" -lpthread || row "lane copies" "BUILD FAILED"
+  row "lane copies native" "$(timeout 60 "$B/lane_copies" 2>&1 | tail -1)"
+  row "lane copies remote" "$(timeout 120 "$CHIDORI" run -s $SERVER -- "$B/lane_copies" 2>&1 | tail -1)"
   # Through chidori: on the session's connection only, then with its bulk lanes (the default).
   for lanes in 0 4 0 4; do
     CHIDORI_LANES=$lanes timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/wire-rtt-$lanes.json" 2> "$LOGS/wire-rtt-$lanes.err"

@@ -3008,64 +3008,12 @@ fn nvidias_runtime_runs_on_the_drivers_private_tables() {
 /// Large copies over bulk lanes: host-to-device and back, synchronous and on a stream, in
 /// order with small calls on the session's connection, from two threads at once, a failing
 /// chunk, and the same program with lanes off.
-const LANE_COPIES: &str = r#"
-#include <cuda_runtime_api.h>
-#include <pthread.h>
-#include <stdlib.h>
-#define N (40u << 20)
-static int fill_check(unsigned seed) {
-  unsigned char *in = malloc(N), *out = malloc(N);
-  for (unsigned i = 0; i < N; ++i) in[i] = (unsigned char)(i * 7 + seed);
-  void *d;
-  CHECK(cudaMalloc(&d, N));
-  CHECK(cudaMemcpy(d, in, N, cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(d, 0x5a, 4096));
-  memset(out, 0, N);
-  CHECK(cudaMemcpy(out, d, N, cudaMemcpyDeviceToHost));
-  for (unsigned i = 0; i < N; ++i) {
-    unsigned char want = i < 4096 ? 0x5a : (unsigned char)(i * 7 + seed);
-    if (out[i] != want) { printf("FAIL seed %u byte %u: %d, not %d\n", seed, i, out[i], want); return 1; }
-  }
-  cudaStream_t s;
-  CHECK(cudaStreamCreate(&s));
-  for (unsigned i = 0; i < N; ++i) in[i] = (unsigned char)(i * 3 + seed);
-  CHECK(cudaMemcpyAsync(d, in, N, cudaMemcpyHostToDevice, s));
-  memset(in, 0, N);
-  memset(out, 0, N);
-  CHECK(cudaMemcpyAsync(out, d, N, cudaMemcpyDeviceToHost, s));
-  CHECK(cudaStreamSynchronize(s));
-  for (unsigned i = 0; i < N; ++i) {
-    if (out[i] != (unsigned char)(i * 3 + seed)) { printf("FAIL async seed %u byte %u\n", seed, i); return 1; }
-  }
-  CHECK(cudaStreamDestroy(s));
-  CHECK(cudaFree(d));
-  free(in);
-  free(out);
-  return 0;
-}
-static void *thread(void *arg) { return (void *)(long)fill_check((unsigned)(long)arg); }
-int main(void) {
-  if (fill_check(1)) return 1;
-  pthread_t t[2];
-  for (long i = 0; i < 2; ++i) pthread_create(&t[i], NULL, thread, (void *)(i + 2));
-  for (int i = 0; i < 2; ++i) { void *r; pthread_join(t[i], &r); if (r) return 1; }
-  /* A copy that runs past its allocation fails with the copy's status, and the session goes on. */
-  void *small, *big = malloc(N);
-  CHECK(cudaMalloc(&small, 1 << 20));
-  EXPECT(cudaMemcpy(big, small, N, cudaMemcpyDeviceToHost) != cudaSuccess);
-  cudaGetLastError();
-  CHECK(cudaMemset(small, 1, 1 << 20));
-  CHECK(cudaMemcpy(big, small, 1 << 20, cudaMemcpyDeviceToHost));
-  EXPECT(((unsigned char *)big)[12345] == 1);
-  printf("OK\n");
-  return 0;
-}
-"#;
+const LANE_COPIES: &str = include_str!("../../gpu/bench/lane_copies.c");
 
 #[test]
 fn large_copies_travel_on_bulk_lanes_with_their_bytes_intact() {
     let server = server();
-    let exe = program_with("lane-copies", &format!("{CHECKS}{LANE_COPIES}"), &["-lpthread"]);
+    let exe = program_with("lane-copies", LANE_COPIES, &["-lpthread"]);
     for lanes in ["4", "0"] {
         let out = run_cmd(&server.address, &exe)
             .env("CHIDORI_LANES", lanes)

@@ -167,13 +167,15 @@ fn start(
             // The bulk of a reply (a chunk read back) is reserved at once: the lane's peer is
             // the session's server, past its TLS and secret.
             let frame = match reader.as_mut() {
-                Some(r) => read_frame_reusing(r, Duration::ZERO, RESERVE, std::mem::take(&mut spare)),
-                None => read_frame_reusing(&mut plain, Duration::ZERO, RESERVE, std::mem::take(&mut spare)),
+                Some(r) => read_frame_reusing(r, Duration::ZERO, RESERVE, &mut spare),
+                None => read_frame_reusing(&mut plain, Duration::ZERO, RESERVE, &mut spare),
             };
             let result = match frame {
                 Ok(frame) if frame.header.kind == Kind::Reply || frame.header.kind == Kind::AsyncError => {
                     let delivered = crate::conn::deliver(&me, &frame);
-                    spare = frame.bulk;
+                    if frame.bulk.capacity() > spare.capacity() {
+                        spare = frame.bulk;
+                    }
                     delivered
                 }
                 Ok(frame) => Err(format!("unexpected {:?} frame on bulk lane {lane}", frame.header.kind)),

@@ -61,16 +61,17 @@ pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError
 /// bulk lane): up to `reserve` bytes of the bulk are reserved at once, so a large copy's
 /// bytes are read into place without the buffer growing (and moving) as they arrive.
 pub fn read_frame_reserving(r: &mut impl Read, stall: Duration, reserve: usize) -> Result<Frame, ReadError> {
-    read_frame_reusing(r, stall, reserve, Vec::new())
+    read_frame_reusing(r, stall, reserve, &mut Vec::new())
 }
 
 /// [`read_frame_reserving`] into `spare`, an emptied bulk buffer of an earlier frame, where
-/// it is large enough (memory already in place is not faulted in again).
+/// the whole bulk fits in it (memory already in place is not faulted in again; a buffer
+/// that does not fit is left in `spare`, never grown or dropped).
 pub fn read_frame_reusing(
     r: &mut impl Read,
     stall: Duration,
     reserve: usize,
-    mut spare: Vec<u8>,
+    spare: &mut Vec<u8>,
 ) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
@@ -92,9 +93,13 @@ pub fn read_frame_reusing(
     let header = Header::decode(&head).map_err(ReadError::Frame)?;
     let mut archive = AlignedVec::new();
     read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
-    let wanted = (header.bulk_len as usize).min(reserve);
-    spare.clear();
-    let mut bulk = if spare.capacity() >= wanted { spare } else { Vec::with_capacity(wanted) };
+    let len = header.bulk_len as usize;
+    let mut bulk = if len > 0 && spare.capacity() >= len {
+        spare.clear();
+        std::mem::take(spare)
+    } else {
+        Vec::with_capacity(len.min(reserve))
+    };
     read_bulk(r, &mut bulk, header.bulk_len as usize, stall)?;
     Ok(Frame { header, archive, bulk })
 }

@@ -71,6 +71,19 @@ pub trait Backend: Send + Sync + 'static {
     fn map_host(&self, base: u64, len: u64) -> Result<(), String>;
     /// Undo [`Backend::map_host`] before the worker unmaps the memory.
     fn unmap_host(&self, base: u64);
+
+    /// Pin `len` bytes of this process at `base` (memory that lives as long as the process)
+    /// for the GPU's copies: a copy from it runs at the GPU's speed, not through a staging
+    /// buffer of the driver. False where the backend does not (the memory stays pageable).
+    fn pin_staging(&self, _base: u64, _len: u64) -> bool {
+        false
+    }
+
+    /// Wait until stream `stream` (a real handle) has finished its work: a copy from pinned
+    /// staging memory on it has read its bytes.
+    fn synchronize_stream(&self, _stream: u64) -> Result<(), i64> {
+        Ok(())
+    }
     /// Whether `[addr, addr + len)` is device memory this process may also read and write
     /// from the CPU, in one allocation: managed memory (a module's `__managed__` variable).
     /// The client's copy of such memory is mirrored by the memory itself.

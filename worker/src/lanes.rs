@@ -20,6 +20,7 @@ use chidori_protocol::frame::{self, Frame, Header};
 
 use chidori_protocol::read::read_frame_reusing;
 
+use crate::backend::Backend;
 use crate::io::{ReadError, Sink};
 
 /// Lanes a session may open (the client opens as many as it wants, up to this).
@@ -38,33 +39,92 @@ struct Outgoing {
     bulk: Vec<Part>,
 }
 
+/// Bulk buffers of lane frames: made once (pinned for the GPU's copies where the backend
+/// can), filled by the lanes' readers, given back when their call has run.
+struct Pool {
+    backend: Arc<dyn Backend>,
+    free: Vec<Vec<u8>>,
+    /// Buffers made so far (at most [`STAGING`]).
+    made: usize,
+    /// The pinned ones' addresses: never freed, always given back.
+    pinned: Vec<u64>,
+}
+
+/// Buffers the pool makes (8 MiB each; a lane's reader reads into memory of its own beyond
+/// that): four lanes' frames read ahead and the one running.
+const STAGING: usize = 12;
+
+/// Bytes of a pool buffer: the largest copy chunk a client sends.
+const POOL_BUFFER: usize = 8 << 20;
+
+impl Pool {
+    /// A buffer for a frame's bulk.
+    fn take(&mut self) -> Vec<u8> {
+        if let Some(b) = self.free.pop() {
+            return b;
+        }
+        if self.made >= STAGING {
+            return Vec::new();
+        }
+        self.made += 1;
+        let b: Vec<u8> = Vec::with_capacity(POOL_BUFFER);
+        if self.backend.pin_staging(b.as_ptr() as u64, POOL_BUFFER as u64) {
+            self.pinned.push(b.as_ptr() as u64);
+        }
+        b
+    }
+
+    fn give(&mut self, mut b: Vec<u8>) {
+        if b.capacity() == POOL_BUFFER && self.free.len() < STAGING {
+            b.clear();
+            self.free.push(b);
+        }
+    }
+}
+
 /// A session's lanes.
-#[derive(Default)]
 pub struct Lanes {
     /// Frames each lane read, in its order (Err: why the lane ended).
     incoming: Mutex<HashMap<u8, mpsc::Receiver<Result<Frame, String>>>>,
     /// Replies to write on each lane.
     outgoing: Mutex<HashMap<u8, mpsc::Sender<Outgoing>>>,
     attached: Condvar,
-    /// Bulk buffers of executed lane frames, read into again (not faulted in anew).
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Bulk buffers of lane frames, read into again (not faulted in anew).
+    pool: Arc<Mutex<Pool>>,
 }
 
-/// Spare bulk buffers kept at most (each up to [`RESERVE`]).
-const SPARE_KEPT: usize = 16;
-
 impl Lanes {
+    pub fn new(backend: Arc<dyn Backend>) -> Lanes {
+        Lanes {
+            incoming: Mutex::default(),
+            outgoing: Mutex::default(),
+            attached: Condvar::new(),
+            pool: Arc::new(Mutex::new(Pool { backend, free: Vec::new(), made: 0, pinned: Vec::new() })),
+        }
+    }
+
+    /// Whether `bulk` is a pinned staging buffer (a copy from it on a stream must be waited
+    /// for before the buffer is read into again).
+    pub fn is_pinned(&self, bulk: &[u8]) -> bool {
+        lock(&self.pool).pinned.contains(&(bulk.as_ptr() as u64))
+    }
+
     /// Start reading and writing lane `lane` (a checked connection). A lane already
     /// attached under that number is replaced.
     pub fn attach(&self, lane: u8, mut reader: Box<dyn Read + Send>, mut sink: Sink, stall: Duration) {
-        // A few frames read ahead per lane (the socket holds back the rest).
-        let (frames_tx, frames_rx) = mpsc::sync_channel(4);
+        // Two frames read ahead per lane (the socket holds back the rest).
+        let (frames_tx, frames_rx) = mpsc::sync_channel(2);
         let (out_tx, out_rx) = mpsc::channel::<Outgoing>();
-        let spare = self.spare.clone();
+        let pool = self.pool.clone();
         let read = move || {
             loop {
-                let reuse = lock(&spare).pop().unwrap_or_default();
-                let frame = match read_frame_reusing(&mut reader, stall, RESERVE, reuse) {
+                let mut spare = lock(&pool).take();
+                let frame = read_frame_reusing(&mut reader, stall, RESERVE, &mut spare);
+                // A buffer the frame did not take (a small or empty bulk) goes back.
+                if spare.capacity() > 0 {
+                    lock(&pool).give(spare);
+                }
+                let frame = match frame {
                     Ok(f) => Ok(f),
                     // An idle lane is fine: it carries only large copies.
                     Err(ReadError::Timeout) => continue,
@@ -126,14 +186,8 @@ impl Lanes {
     }
 
     /// The bulk buffer of a lane frame that was executed, for a lane's reader to fill again.
-    pub fn recycle(&self, mut bulk: Vec<u8>) {
-        if bulk.capacity() >= 1 << 20 && bulk.capacity() <= RESERVE {
-            let mut spare = lock(&self.spare);
-            if spare.len() < SPARE_KEPT {
-                bulk.clear();
-                spare.push(bulk);
-            }
-        }
+    pub fn recycle(&self, bulk: Vec<u8>) {
+        lock(&self.pool).give(bulk);
     }
 
     /// Queue a reply for lane `lane`'s writer (its bytes are copied: the executor goes on).
@@ -174,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_lane_reads_its_frames_in_order_and_writes_replies() {
-        let lanes = Lanes::default();
+        let lanes = Lanes::new(crate::fuzz::emulated_harness_backend());
         let (client, served) = pair();
         served.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         lanes.attach(1, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
@@ -198,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_lane_never_opened_is_an_error_not_a_hang() {
-        let lanes = Lanes::default();
+        let lanes = Lanes::new(crate::fuzz::emulated_harness_backend());
         let e = lanes.next_frame(3, Duration::from_millis(100)).unwrap_err();
         assert!(e.contains("never opened"), "{e}");
         assert!(lanes.send(3, Header::new(Kind::Reply, 0, 0, 0), &[], &[]).is_err());

@@ -172,6 +172,9 @@ impl LoopDevice for RealLoop<'_> {
 /// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it.
 const HOST_REGISTER_PORTABLE_MAPPED: u32 = 1 | 2;
 
+/// cudaHostRegisterPortable: pinned for every context.
+const HOST_REGISTER_PORTABLE: u32 = 1;
+
 /// CUlaunchConfig (56 bytes in every CUDA 12 and 13 release).
 #[repr(C)]
 struct LaunchConfig {
@@ -646,6 +649,25 @@ impl Backend for Real {
             ));
         }
         Ok(())
+    }
+
+    fn pin_staging(&self, base: u64, len: u64) -> bool {
+        let Ok(len) = usize::try_from(len) else { return false };
+        // SAFETY: the caller's memory of `len` bytes, alive as long as the process.
+        let rc = unsafe { (self.module_api.host_register)(base as *mut c_void, len, HOST_REGISTER_PORTABLE) };
+        if rc != 0 {
+            tracing::debug!("cudaHostRegister of a {len}-byte staging buffer failed ({rc}): it stays pageable");
+        }
+        rc == 0
+    }
+
+    fn synchronize_stream(&self, stream: u64) -> Result<(), i64> {
+        let f: unsafe extern "C" fn(u64) -> i32 = self.driver_fn("cuStreamSynchronize").map_err(|(code, _)| code)?;
+        // SAFETY: a stream of the session (or a special stream handle), which the copy just used.
+        match unsafe { f(stream) } {
+            0 => Ok(()),
+            rc => Err(i64::from(rc)),
+        }
     }
 
     fn unmap_host(&self, base: u64) {

@@ -205,7 +205,7 @@ pub fn run(
         _ => Vec::new(),
     };
     let lanes = match &options.resume {
-        Some(_) => Some((crate::auth::random_bytes(SECRET_LEN)?, Arc::new(Lanes::default()))),
+        Some(_) => Some((crate::auth::random_bytes(SECRET_LEN)?, Arc::new(Lanes::new(backend.clone())))),
         None => None,
     };
     // Content the client sent before: the store pins what it still has for this session.
@@ -1069,6 +1069,24 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // by the descriptor the generated trampoline was made from.
         unsafe { session.backend.invoke(desc, &raw) }
     };
+    // A copy on a stream from a lane's pinned staging buffer reads it when the GPU gets to
+    // it; the buffer is read into again once the call returns. From pageable memory the
+    // copy would have taken the bytes before returning (its stream synchronized first):
+    // wait for the stream, which keeps that behaviour.
+    if desc.form == Some(Form::H2d)
+        && desc.class == chidori_protocol::desc::Class::Async
+        && REPLY_LANE.get().is_some()
+        && session.lanes.as_ref().is_some_and(|lanes| lanes.is_pinned(&frame.bulk))
+        && let Some(stream) = desc.params.iter().zip(&raw).find_map(|(wire, &value)| {
+            matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st)
+                .then_some(value)
+        })
+        && let Err(status) = session.backend.synchronize_stream(stream)
+    {
+        // The copy's own status is what the program gets; a failed stream reports again at
+        // its next synchronization.
+        tracing::debug!("{}: waiting for the stream after a staged copy: status {status}", desc.name);
+    }
     if let (Some(timing), Some(started)) = (&session.timing, started) {
         let mut t = lock(timing);
         let e = t.entry(desc.name).or_default();
