@@ -662,6 +662,16 @@ impl Backend for Real {
     }
 
     fn synchronize_stream(&self, stream: u64) -> Result<(), i64> {
+        let capturing: unsafe extern "C" fn(u64, *mut u32) -> i32 =
+            self.driver_fn("cuStreamIsCapturing").map_err(|(code, _)| code)?;
+        let mut status = 0u32;
+        let none = chidori_cuda::consts::CUstreamCaptureStatus_enum::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a stream of the session and a local out-value. A capturing stream is not
+        // waited for (that would end its capture); natively a copy of pageable memory there
+        // fails, so no program depends on it.
+        if unsafe { capturing(stream, &mut status) } != 0 || status != none {
+            return Ok(());
+        }
         let f: unsafe extern "C" fn(u64) -> i32 = self.driver_fn("cuStreamSynchronize").map_err(|(code, _)| code)?;
         // SAFETY: a stream of the session (or a special stream handle), which the copy just used.
         match unsafe { f(stream) } {

@@ -579,36 +579,66 @@ struct Buffer {
     len: usize,
     /// Reused: holds bytes of an earlier call of this session until the library writes it.
     stale: bool,
+    /// From [`OUTPUTS`], and goes back there.
+    pooled: bool,
 }
 
-/// Outputs this large are taken from [`SPARE`] and go back there: a large read-back's
+/// Outputs this large are taken from [`OUTPUTS`] and go back there: a large read-back's
 /// buffer is neither faulted in nor zeroed again for every chunk.
 const SPARE_MIN: usize = 1 << 20;
 
-/// Large output buffers kept for reuse (a worker serves one session).
-static SPARE: Mutex<Vec<Vec<u64>>> = Mutex::new(Vec::new());
+/// Words of a pooled output buffer: the largest copy chunk a client sends (8 MiB).
+const POOLED_WORDS: usize = 1 << 20;
 
-/// Buffers [`SPARE`] keeps at most.
-const SPARE_KEPT: usize = 12;
+/// Large output buffers kept for reuse (a worker serves one session): made once, pinned
+/// for the GPU's copies where the backend can, never freed.
+struct Outputs {
+    free: Vec<Vec<u64>>,
+    made: usize,
+    pinned: Vec<u64>,
+}
+
+static OUTPUTS: Mutex<Outputs> = Mutex::new(Outputs { free: Vec::new(), made: 0, pinned: Vec::new() });
+
+/// Output buffers [`OUTPUTS`] makes at most (beyond: one of its own per call, freed after).
+const OUTPUTS_MADE: usize = 12;
 
 impl Buffer {
     fn zeroed(len: usize) -> Buffer {
-        Buffer { words: vec![0u64; len.div_ceil(8)], len, stale: false }
+        Buffer { words: vec![0u64; len.div_ceil(8)], len, stale: false, pooled: false }
     }
 
     /// A buffer the library writes whole when it succeeds (a copy's destination): a large
-    /// one is reused, and zeroed only if the call fails ([`Buffer::settle`]).
-    fn output(len: usize) -> Buffer {
+    /// one comes from [`OUTPUTS`], and is zeroed only if the call fails ([`Buffer::settle`]).
+    fn output(len: usize, backend: &dyn Backend) -> Buffer {
         let words = len.div_ceil(8);
-        if len >= SPARE_MIN {
-            let mut spare = lock(&SPARE);
-            if let Some(at) = spare.iter().position(|w| w.capacity() >= words) {
-                let mut w = spare.swap_remove(at);
+        if len >= SPARE_MIN && words <= POOLED_WORDS {
+            let mut outputs = lock(&OUTPUTS);
+            let reused = outputs.free.pop();
+            let made = reused.is_none() && outputs.made < OUTPUTS_MADE;
+            let w = match reused {
+                Some(w) => Some(w),
+                None if made => {
+                    outputs.made += 1;
+                    let w = vec![0u64; POOLED_WORDS];
+                    if backend.pin_staging(w.as_ptr() as u64, (POOLED_WORDS * 8) as u64) {
+                        outputs.pinned.push(w.as_ptr() as u64);
+                    }
+                    Some(w)
+                }
+                None => None,
+            };
+            if let Some(mut w) = w {
                 w.resize(words, 0);
-                return Buffer { words: w, len, stale: true };
+                return Buffer { words: w, len, stale: true, pooled: true };
             }
         }
         Buffer::zeroed(len)
+    }
+
+    /// Whether the buffer is pinned (a copy into it on a stream lands when the GPU gets to it).
+    fn is_pinned(&self) -> bool {
+        self.pooled && lock(&OUTPUTS).pinned.contains(&(self.words.as_ptr() as u64))
     }
 
     /// After the call: a reused buffer of a failed call holds no earlier bytes.
@@ -642,11 +672,8 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.words.capacity() * 8 >= SPARE_MIN {
-            let mut spare = lock(&SPARE);
-            if spare.len() < SPARE_KEPT {
-                spare.push(std::mem::take(&mut self.words));
-            }
+        if self.pooled {
+            lock(&OUTPUTS).free.push(std::mem::take(&mut self.words));
         }
     }
 }
@@ -988,7 +1015,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         b
                     }
                     // A device-to-host copy's destination, which the copy writes whole.
-                    (None, None) if dir == Dir::Out && desc.form == Some(Form::D2h) => Buffer::output(len as usize),
+                    // A lane's read-back chunk: a pooled (pinned) buffer the copy writes whole.
+                    (None, None) if dir == Dir::Out && desc.form == Some(Form::D2h) && REPLY_LANE.get().is_some() => {
+                        Buffer::output(len as usize, &*session.backend)
+                    }
                     (None, None) => Buffer::zeroed(len as usize),
                     (None, Some(input)) => Buffer::from(input),
                 };
@@ -1070,13 +1100,15 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         unsafe { session.backend.invoke(desc, &raw) }
     };
     // A copy on a stream from a lane's pinned staging buffer reads it when the GPU gets to
-    // it; the buffer is read into again once the call returns. From pageable memory the
-    // copy would have taken the bytes before returning (its stream synchronized first):
-    // wait for the stream, which keeps that behaviour.
-    if desc.form == Some(Form::H2d)
-        && desc.class == chidori_protocol::desc::Class::Async
-        && REPLY_LANE.get().is_some()
-        && session.lanes.as_ref().is_some_and(|lanes| lanes.is_pinned(&frame.bulk))
+    // it, and one into a pinned output buffer writes it then; the buffer is reused (or its
+    // bytes sent) once the call returns. With pageable memory the copy would have been done
+    // by then (its stream synchronized first): wait for the stream, which keeps that.
+    let pinned = match desc.form {
+        Some(Form::H2d) => session.lanes.as_ref().is_some_and(|lanes| lanes.is_pinned(&frame.bulk)),
+        Some(Form::D2h) => buffers.iter().flatten().any(Buffer::is_pinned),
+        _ => false,
+    };
+    if pinned
         && let Some(stream) = desc.params.iter().zip(&raw).find_map(|(wire, &value)| {
             matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st)
                 .then_some(value)
