@@ -542,6 +542,11 @@ impl Conn {
         self.resume.is_some()
     }
 
+    /// Whether the connection is TLS.
+    pub fn is_secure(&self) -> bool {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).secure.is_some()
+    }
+
     /// A bulk lane broke or the server sent it nonsense: a frame of the session may be
     /// lost, so the session ends (unless the program is exiting and said goodbye).
     pub(crate) fn lane_lost(&self, reason: String) {

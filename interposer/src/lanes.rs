@@ -29,8 +29,12 @@ use chidori_protocol::read::read_frame_reusing;
 
 use crate::conn::{Conn, Retry, Tls};
 
-/// Lanes opened when the program does not say (CHIDORI_LANES).
+/// Lanes opened when the program does not say (CHIDORI_LANES): four carry what four TCP
+/// streams carry on the H200's loopback (10–14 GB/s); over TLS each lane decrypts about
+/// 1.1 GB/s on the worker, and eight carried 6.4–9.8 GB/s where four carried 3.8–5.4
+/// (`bench/2026-12-04-h200-session18.md`, calls 6 and 7).
 const DEFAULT_LANES: u8 = 4;
+const DEFAULT_LANES_TLS: u8 = 8;
 
 /// Bulk bytes of a reply reserved before they arrive (the largest chunk is 8 MiB).
 const RESERVE: usize = 16 << 20;
@@ -79,13 +83,14 @@ pub fn for_batch(conn: &Conn, chunks: usize, bytes: u64) -> Option<&Lanes> {
     of(conn)
 }
 
-fn wanted(offered: u8) -> u8 {
-    let asked = std::env::var(env::LANES).ok().and_then(|v| v.trim().parse::<u8>().ok()).unwrap_or(DEFAULT_LANES);
+fn wanted(offered: u8, secure: bool) -> u8 {
+    let default = if secure { DEFAULT_LANES_TLS } else { DEFAULT_LANES };
+    let asked = std::env::var(env::LANES).ok().and_then(|v| v.trim().parse::<u8>().ok()).unwrap_or(default);
     asked.min(offered)
 }
 
 fn open(conn: &Conn) -> Option<Lanes> {
-    let count = wanted(conn.welcome.lanes);
+    let count = wanted(conn.welcome.lanes, conn.is_secure());
     if count == 0 {
         return None;
     }

@@ -78,8 +78,9 @@ pub const MEMORY_QUOTA_MB: &str = "CHIDORI_MEMORY_QUOTA_MB";
 pub const RESUME: &str = "CHIDORI_RESUME";
 
 /// Client: how many bulk lanes (further connections) large copies may travel on beside
-/// the session's connection; `0`: none. Default 4 (at most what the server offers), in a
-/// session that does not survive a dropped connection (lanes are not resumed).
+/// the session's connection; `0`: none. Default 4, 8 over TLS (at most what the server
+/// offers), in a session that does not survive a dropped connection (lanes are not
+/// resumed).
 pub const LANES: &str = "CHIDORI_LANES";
 
 /// Seconds a session whose connection broke waits for its client to reconnect (the client
