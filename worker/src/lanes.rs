@@ -75,7 +75,9 @@ impl Pool {
     }
 
     fn give(&mut self, mut b: Vec<u8>) {
-        if b.capacity() == POOL_BUFFER && self.free.len() < STAGING {
+        // A pinned buffer is always kept (it is never freed); another only while there is room.
+        let pinned = self.pinned.contains(&(b.as_ptr() as u64));
+        if pinned || (b.capacity() == POOL_BUFFER && self.free.len() < STAGING) {
             b.clear();
             self.free.push(b);
         }
