@@ -100,6 +100,7 @@ fn program(name: &str, source: &str) -> PathBuf {
         format!("-L{}", chidori_tests::shim_dir().display()),
         "-l:libcudart.so.13".to_owned(),
         "-l:libcuda.so.1".to_owned(),
+        "-lpthread".to_owned(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     chidori_tests::cc(&src, &exe, &flags);
@@ -153,6 +154,11 @@ fn tls_with_a_token_and_a_pinned_certificate() {
     assert!(ok && out.contains("OK made_up=1 handle=1 past_end=1"), "{out}\n{err}");
     let known = std::fs::read_to_string(client.join("chidori/known_servers")).unwrap();
     assert_eq!(known.trim(), format!("{} {fingerprint}", server.address));
+    // Large copies travel on bulk lanes, each with its own TLS, the token and the lane
+    // secret: their bytes arrive intact.
+    let lanes = program("tls-lane-copies", include_str!("../../gpu/bench/lane_copies.c"));
+    let (ok, out, err) = run(&server.address, &client, &["--token", &token], &lanes);
+    assert!(ok && out.contains("OK"), "{out}\n{err}");
     // The explicit fingerprint printed by the server works from a fresh client too.
     let (ok, out, err) =
         run(&server.address, &dir.join("client2"), &["--token", &token, "--fingerprint", &fingerprint], &exe);
