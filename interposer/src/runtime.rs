@@ -391,7 +391,12 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
         }
         received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
         let archive = messages::encode(&prepared.call);
-        sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
+        let bytes = archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
+        sent += bytes;
+        if !waits {
+            // Traced per chunk, as each call sent without waiting is.
+            crate::trace::record(desc, bytes as usize, 0, None);
+        }
         let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
         let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
         // SAFETY: `prepared` (and the caller's buffers it points at) lives until the drain.
@@ -413,7 +418,6 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
         return unavailable(desc);
     }
     if !waits {
-        crate::trace::record(desc, sent as usize, 0, None);
         return success(desc);
     }
     let mut first = success(desc);
