@@ -89,7 +89,7 @@ pub struct Lanes {
     /// Frames each lane read, in its order (Err: why the lane ended).
     incoming: Mutex<HashMap<u8, mpsc::Receiver<Result<Frame, String>>>>,
     /// Replies to write on each lane.
-    outgoing: Mutex<HashMap<u8, mpsc::Sender<Outgoing>>>,
+    outgoing: Mutex<HashMap<u8, mpsc::SyncSender<Outgoing>>>,
     attached: Condvar,
     /// Bulk buffers of lane frames, read into again (not faulted in anew).
     pool: Arc<Mutex<Pool>>,
@@ -116,7 +116,10 @@ impl Lanes {
     pub fn attach(&self, lane: u8, mut reader: Box<dyn Read + Send>, mut sink: Sink, stall: Duration) {
         // Two frames read ahead per lane (the socket holds back the rest).
         let (frames_tx, frames_rx) = mpsc::sync_channel(2);
-        let (out_tx, out_rx) = mpsc::channel::<Outgoing>();
+        // Two replies queued per lane: an executor that reads back faster than the lane
+        // carries waits, as it did writing to the socket itself (the worker's memory stays
+        // bounded on a slow link).
+        let (out_tx, out_rx) = mpsc::sync_channel::<Outgoing>(2);
         let pool = self.pool.clone();
         let read = move || {
             loop {
@@ -192,7 +195,7 @@ impl Lanes {
         lock(&self.pool).give(bulk);
     }
 
-    /// Queue a reply for lane `lane`'s writer (its bytes are copied: the executor goes on).
+    /// Queue a reply for lane `lane`'s writer, its bytes copied (waits while two are queued).
     pub fn send(&self, lane: u8, header: Header, archive: &[u8], bulk: &[&[u8]]) -> std::io::Result<()> {
         self.send_owned(lane, header, archive, bulk.iter().map(|b| Box::new(b.to_vec()) as Part).collect())
     }
