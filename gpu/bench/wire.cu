@@ -31,19 +31,21 @@ struct job {
     int fresh;  // receiver: a new buffer per chunk
 };
 
+/* Move `len` bytes of `buf` through `fd`, one direction (send or recv). */
+static void move_all(int fd, char *buf, size_t len, int sending) {
+    for (size_t off = 0; off < len;) {
+        ssize_t n = sending ? send(fd, buf + off, len - off, 0) : recv(fd, buf + off, len - off, 0);
+        if (n <= 0) { perror(sending ? "send" : "recv"); exit(1); }
+        off += n;
+    }
+}
+
 static void *sender(void *p) {
     struct job *j = (struct job *)p;
     char *buf = (char *)malloc(CHUNK);
     memset(buf, 7, CHUNK);
-    for (size_t done = 0; done < j->bytes;) {
-        size_t want = j->bytes - done < CHUNK ? j->bytes - done : CHUNK;
-        size_t off = 0;
-        while (off < want) {
-            ssize_t n = send(j->fd, buf + off, want - off, 0);
-            if (n <= 0) { perror("send"); exit(1); }
-            off += n;
-        }
-        done += want;
+    for (size_t done = 0; done < j->bytes; done += CHUNK) {
+        move_all(j->fd, buf, j->bytes - done < CHUNK ? j->bytes - done : CHUNK, 1);
     }
     free(buf);
     return NULL;
@@ -53,16 +55,9 @@ static void *receiver(void *p) {
     struct job *j = (struct job *)p;
     char *kept = (char *)malloc(CHUNK);
     memset(kept, 0, CHUNK);
-    for (size_t done = 0; done < j->bytes;) {
+    for (size_t done = 0; done < j->bytes; done += CHUNK) {
         char *buf = j->fresh ? (char *)malloc(CHUNK) : kept;
-        size_t want = j->bytes - done < CHUNK ? j->bytes - done : CHUNK;
-        size_t off = 0;
-        while (off < want) {
-            ssize_t n = recv(j->fd, buf + off, want - off, 0);
-            if (n <= 0) { perror("recv"); exit(1); }
-            off += n;
-        }
-        done += want;
+        move_all(j->fd, buf, j->bytes - done < CHUNK ? j->bytes - done : CHUNK, 0);
         if (j->fresh) free(buf);
     }
     free(kept);

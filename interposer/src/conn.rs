@@ -513,7 +513,7 @@ fn hostname() -> String {
 }
 
 /// One whole frame, read into memory as it arrives (a header may claim more than comes).
-pub(crate) fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
+fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
     chidori_tls::read_plain_frame(r)
 }
 

@@ -54,19 +54,15 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// Read one frame. A timeout before its first byte is [`ReadError::Timeout`]; once a frame
 /// has started, the rest must follow, each read making progress within `stall`.
 pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError> {
-    read_frame_reserving(r, stall, 0)
+    read_frame_reusing(r, stall, 0, &mut Vec::new())
 }
 
 /// [`read_frame`] from a peer trusted to send what its headers declare (an authenticated
-/// bulk lane): up to `reserve` bytes of the bulk are reserved at once, so a large copy's
-/// bytes are read into place without the buffer growing (and moving) as they arrive.
-pub fn read_frame_reserving(r: &mut impl Read, stall: Duration, reserve: usize) -> Result<Frame, ReadError> {
-    read_frame_reusing(r, stall, reserve, &mut Vec::new())
-}
-
-/// [`read_frame_reserving`] into `spare`, an emptied bulk buffer of an earlier frame, where
-/// the whole bulk fits in it (memory already in place is not faulted in again; a buffer
-/// that does not fit is left in `spare`, never grown or dropped).
+/// bulk lane): the bulk goes into `spare`, an emptied buffer of an earlier frame, where it
+/// fits whole (memory already in place is not faulted in again; a buffer that does not fit
+/// is left in `spare`, never grown or dropped), else up to `reserve` bytes of it are
+/// reserved at once, so a large copy's bytes are read into place without the buffer
+/// growing (and moving) as they arrive.
 pub fn read_frame_reusing(
     r: &mut impl Read,
     stall: Duration,

@@ -577,9 +577,8 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
 struct Buffer {
     words: Vec<u64>,
     len: usize,
-    /// Reused: holds bytes of an earlier call of this session until the library writes it.
-    stale: bool,
-    /// From [`OUTPUTS`], and goes back there.
+    /// From [`OUTPUTS`], and goes back there (until the library writes it, it holds bytes
+    /// of an earlier call of this session).
     pooled: bool,
 }
 
@@ -605,7 +604,7 @@ const OUTPUTS_MADE: usize = 12;
 
 impl Buffer {
     fn zeroed(len: usize) -> Buffer {
-        Buffer { words: vec![0u64; len.div_ceil(8)], len, stale: false, pooled: false }
+        Buffer { words: vec![0u64; len.div_ceil(8)], len, pooled: false }
     }
 
     /// A buffer the library writes whole when it succeeds (a copy's destination): a large
@@ -630,7 +629,7 @@ impl Buffer {
             };
             if let Some(mut w) = w {
                 w.resize(words, 0);
-                return Buffer { words: w, len, stale: true, pooled: true };
+                return Buffer { words: w, len, pooled: true };
             }
         }
         Buffer::zeroed(len)
@@ -643,10 +642,9 @@ impl Buffer {
 
     /// After the call: a reused buffer of a failed call holds no earlier bytes.
     fn settle(&mut self, ok: bool) {
-        if self.stale && !ok {
+        if self.pooled && !ok {
             self.words.fill(0);
         }
-        self.stale = false;
     }
 
     fn from(bytes: &[u8]) -> Buffer {
@@ -1103,11 +1101,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // it, and one into a pinned output buffer writes it then; the buffer is reused (or its
     // bytes sent) once the call returns. With pageable memory the copy would have been done
     // by then (its stream synchronized first): wait for the stream, which keeps that.
-    let pinned = match desc.form {
-        Some(Form::H2d) => session.lanes.as_ref().is_some_and(|lanes| lanes.is_pinned(&frame.bulk)),
-        Some(Form::D2h) => buffers.iter().flatten().any(Buffer::is_pinned),
-        _ => false,
-    };
+    // Only a lane's frames use the staging pools (no lock on other calls' way).
+    let pinned = REPLY_LANE.get().is_some()
+        && match desc.form {
+            Some(Form::H2d) => session.lanes.as_ref().is_some_and(|lanes| lanes.is_pinned(&frame.bulk)),
+            Some(Form::D2h) => buffers.iter().flatten().any(Buffer::is_pinned),
+            _ => false,
+        };
     if pinned
         && let Some(stream) = desc.params.iter().zip(&raw).find_map(|(wire, &value)| {
             matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st)
@@ -1133,8 +1133,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     };
     let ok = desc.ret != Ret::Status || ret == desc.codes.success as u64;
-    for b in buffers.iter_mut().flatten() {
-        b.settle(ok);
+    if !ok {
+        for b in buffers.iter_mut().flatten() {
+            b.settle(ok);
+        }
     }
     // A new handle reaches the client as its name: the client's own, or an id given now;
     // never the library's pointer. After a failure only a handle the client knows (the node
