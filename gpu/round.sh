@@ -56,6 +56,8 @@
 #   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
 #            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
 #            without and with bulk lanes (CHIDORI_LANES=0, 4), twice each
+#   hostile  every call descriptor with NULL pointers against the real libraries (the worker's
+#            hostile test binary, built by ./dev gpu); $HOSTILE_TIMEOUT, $HOSTILE_STUCK seconds
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -559,6 +561,7 @@ fi
 if want wire; then
   nv gpu/bench/wire.cu -o "$B/wire" -lpthread || row wire "BUILD FAILED"
   timeout 120 "$B/wire" > "$LOGS/wire.txt" 2>&1
+  row "kernel TLS" "$(timeout 20 python3 gpu/bench/ktls_probe.py 2>&1 | tail -1)"
   while read -r line; do row "${line% *}" "${line##* } GB/s"; done < <(grep "GB/s" "$LOGS/wire.txt" | sed 's/ GB\/s$//')
   [[ -x $B/rtt ]] || nv gpu/bench/rtt.cu -o "$B/rtt" || row "rtt" "BUILD FAILED"
   # Bytes checked: large copies natively and through chidori's lanes (async, two threads).
@@ -570,6 +573,20 @@ if want wire; then
     CHIDORI_LANES=$lanes timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/wire-rtt-$lanes.json" 2> "$LOGS/wire-rtt-$lanes.err"
     row "rtt+copy lanes=$lanes" "$(cat "$LOGS/wire-rtt-$lanes.json") $(tail -1 "$LOGS/wire-rtt-$lanes.err" | cut -c1-160)"
   done
+fi
+
+if want hostile; then
+  # Every descriptor with NULL pointers (counts 0, 1, 7) against the real libraries, each run
+  # in a child of worker/tests/hostile.rs that a signal may kill; the ones that did are named.
+  if [[ -x $DIST/bin/hostile ]]; then
+    CHIDORI_HOSTILE_REAL=$B/hostile-progress CHIDORI_HOSTILE_STUCK=${HOSTILE_STUCK:-20} timeout ${HOSTILE_TIMEOUT:-300} \
+      "$DIST/bin/hostile" real_libraries_survive_null_pointers --exact --nocapture > "$LOGS/hostile.txt" 2>&1
+    rc=$?
+    grep "died at" "$LOGS/hostile.txt" | head -20
+    row "hostile NULL run" "rc=$rc, last descriptor $(cat "$B/hostile-progress" 2>/dev/null), $(grep -c "died at" "$LOGS/hostile.txt") died; $(grep "descriptors run" "$LOGS/hostile.txt")"
+  else
+    row "hostile NULL run" "no target/dist/bin/hostile (./dev gpu builds it)"
+  fi
 fi
 
 if want opinfo; then
