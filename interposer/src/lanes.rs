@@ -30,9 +30,12 @@ use chidori_protocol::read::read_frame_reusing;
 use crate::conn::{Conn, Retry, Tls};
 
 /// Lanes opened when the program does not say (CHIDORI_LANES): four carry what four TCP
-/// streams carry on the H200's loopback (10–14 GB/s); over TLS each lane decrypts about
-/// 1.1 GB/s on the worker, and eight carried 6.4–9.8 GB/s where four carried 3.8–5.4
-/// (`bench/2026-12-04-h200-session18.md`, calls 6 and 7).
+/// streams carry on the H200's loopback (10–14 GB/s); over TLS, with rustls's buffered
+/// connection, each lane decrypted about 1.1 GB/s on the worker, and eight carried 6.4–9.8
+/// GB/s where four carried 3.8–5.4 (`bench/2026-12-04-h200-session18.md`, calls 6 and 7).
+/// `chidori_tls`'s own records carry 1.6–1.9× as much per connection
+/// (`bench/2026-12-04-tls-records-local.md`); eight stay the TLS default until the H200
+/// says fewer do as well.
 const DEFAULT_LANES: u8 = 4;
 const DEFAULT_LANES_TLS: u8 = 8;
 

@@ -1,10 +1,10 @@
 //! Transport security for Chidori, shared by the client (`libchidori.so`, `chidori run`)
 //! and the server (`chidori session`).
 //!
-//! * [`Secure`]: one TLS connection (rustls, the `ring` provider) used by a reader thread
-//!   and by writers at once. The TLS state sits behind a mutex that is never held while
-//!   waiting for the socket, so a reader and a writer blocked on a full network in
-//!   opposite directions cannot wait on each other.
+//! * [`Secure`]: one TLS 1.3 connection used by a reader thread and by writers at once.
+//!   rustls (the `ring` provider) runs the handshake; after it, [`records`] seals and opens
+//!   the records with the keys rustls agreed, sending and receiving independently, so a
+//!   reader and a writer never wait on each other and bulk bytes are copied once each way.
 //! * [`pin`]: the server's certificate is pinned by its SHA-256 fingerprint, given
 //!   explicitly or remembered on first use in a `known_servers` file (like SSH's
 //!   `known_hosts`).
@@ -16,222 +16,190 @@
 //! an answer and returns it as [`HandshakeError::Refused`].
 
 pub mod pin;
+pub mod records;
 pub mod token;
 
-use std::io::{IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::io::{IoSlice, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chidori_protocol::frame::{Frame, FrameError, MAGIC};
+use chidori_protocol::sock::send_all;
 pub use rustls;
-use rustls::Connection;
+use rustls::client::UnbufferedClientConnection;
+use rustls::server::UnbufferedServerConnection;
+use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
 
-/// Plaintext a writer encrypts before it pushes the records out: bounds rustls's send
-/// buffer (and so the memory of a large frame in flight).
-const SEND_BUFFER: usize = 1 << 20;
+use records::{Kernel, Keys, Opened, Sender, lock};
 
-/// Ciphertext the reader takes from the socket at once.
-const READ_CHUNK: usize = 256 << 10;
+/// Records a writer seals before it writes them out (and so the memory of a large frame
+/// in flight).
+const FLUSH_AT: usize = 256 << 10;
 
-/// The largest TLS record's plaintext: slices up to this size are sent as one record.
-const RECORD: usize = 16 << 10;
+/// Ciphertext the reader takes from the socket at once (a whole record always fits).
+const READ_BUFFER: usize = 512 << 10;
 
-/// How long a writer waits for a full socket to take bytes before giving up.
-const WRITE_STALL: Duration = Duration::from_secs(30);
+/// The most handshake bytes buffered before the handshake is given up.
+const HANDSHAKE_BUFFER: usize = 1 << 20;
 
 /// The crypto provider: rustls with `ring` (no OpenSSL, no C toolchain beyond ring's).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A TLS connection shared by one reader and any number of writers (writers are
-/// serialized by the caller, which already holds a lock per socket for frame order).
+/// The TLS versions both sides accept: 1.3 only (its record layer is [`records`]).
+pub static VERSIONS: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+/// A TLS connection after its handshake, shared by one reader and any number of writers
+/// (writers are serialized by the caller, which already holds a lock per socket for frame
+/// order).
 pub struct Secure {
-    conn: Mutex<Connection>,
+    /// What rustls keeps: the next keys of a key update, session tickets.
+    kernel: Mutex<Kernel>,
+    /// The peer asked for a key update of the sending direction.
+    update: AtomicBool,
+    send: Mutex<Sender>,
+    /// The receiving direction until [`Secure::reader`] takes it: its keys, ciphertext read
+    /// past the handshake, and application data rustls opened during it.
+    receive: Mutex<Option<Received>>,
 }
+
+/// The receiving direction as the handshake left it: keys, ciphertext past the handshake,
+/// plaintext rustls opened during it.
+type Received = (Keys, Vec<u8>, Vec<u8>);
 
 impl Secure {
-    /// Wrap a connection whose handshake is complete.
-    pub fn new(conn: impl Into<Connection>) -> Arc<Secure> {
-        let mut conn = conn.into();
-        conn.set_buffer_limit(Some(SEND_BUFFER));
-        Arc::new(Secure { conn: Mutex::new(conn) })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Encrypt `slices` and write them to `sock` (blocking or not: a full socket is waited
-    /// for with the TLS state unlocked). Callers serialize their writes.
+    /// Seal `slices` as records and write them to `sock` (blocking or not: a full socket
+    /// is waited for). Callers serialize their writes.
     pub fn send(&self, sock: &impl AsRawFd, slices: &[IoSlice<'_>]) -> std::io::Result<()> {
         let fd = sock.as_raw_fd();
-        let mut conn = self.lock();
-        // Small slices (a frame's header and archive) go out together, as one record.
-        let mut small = [0u8; RECORD];
-        let mut used = 0;
-        for slice in slices {
-            if used + slice.len() <= RECORD {
-                small[used..used + slice.len()].copy_from_slice(slice);
-                used += slice.len();
-                continue;
-            }
-            conn = self.encrypt(conn, fd, &small[..used])?;
-            used = 0;
-            conn = self.encrypt(conn, fd, slice)?;
+        let mut send = lock(&self.send);
+        let result = send.seal_all(&self.kernel, &self.update, slices, FLUSH_AT, &mut |bytes| {
+            send_all(fd, &mut [IoSlice::new(bytes)])
+        });
+        if result.is_err() {
+            // Records half written: the stream is broken; the next write fails too.
+            send.out.clear();
         }
-        conn = self.encrypt(conn, fd, &small[..used])?;
-        drop(self.push(conn, fd)?);
-        Ok(())
+        result
     }
 
-    /// Encrypt `bytes`, pushing records out whenever the send buffer is full.
-    fn encrypt<'a>(
-        &'a self,
-        mut conn: MutexGuard<'a, Connection>,
-        fd: RawFd,
-        mut bytes: &[u8],
-    ) -> std::io::Result<MutexGuard<'a, Connection>> {
-        while !bytes.is_empty() {
-            let n = conn.writer().write(bytes)?;
-            bytes = &bytes[n..];
-            if !bytes.is_empty() {
-                conn = self.push(conn, fd)?;
-            }
-        }
-        Ok(conn)
-    }
-
-    /// Send a TLS close_notify (best effort).
+    /// Say close_notify (best effort; the connection is closing).
     pub fn close(&self, sock: &impl AsRawFd) {
-        let mut conn = self.lock();
-        conn.send_close_notify();
-        drop(self.push(conn, sock.as_raw_fd()));
-    }
-
-    /// Write every queued record to `fd`, unlocking while the socket is full.
-    fn push<'a>(
-        &'a self,
-        mut conn: MutexGuard<'a, Connection>,
-        fd: RawFd,
-    ) -> std::io::Result<MutexGuard<'a, Connection>> {
-        while conn.wants_write() {
-            match conn.write_tls(&mut DontWait(fd)) {
-                Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    drop(conn);
-                    wait_writable(fd)?;
-                    conn = self.lock();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        let mut send = lock(&self.send);
+        if send.seal_close_notify().is_ok() {
+            let _ = send_all(sock.as_raw_fd(), &mut [IoSlice::new(&send.out)]);
         }
-        Ok(conn)
+        send.out.clear();
     }
 
-    /// The reading half over `sock` (a clone of the socket, blocking or not). One reader
-    /// per connection.
+    /// The reading half over `sock` (a clone of the connection's socket). There is one:
+    /// a second reader fails every read.
     pub fn reader<S: Read>(self: &Arc<Self>, sock: S) -> SecureReader<S> {
-        SecureReader { secure: self.clone(), sock, raw: vec![0; READ_CHUNK], raw_at: 0, raw_end: 0 }
-    }
-}
-
-/// Writes with `MSG_DONTWAIT`, so a blocking socket never blocks while the TLS state is
-/// locked.
-struct DontWait(RawFd);
-
-impl Write for DontWait {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
-        let iov = bufs.len().min(64);
-        // SAFETY: a zeroed msghdr is valid; it points at `bufs`, whose IoSlices are
-        // ABI-compatible with iovec and stay alive during the call.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov as _;
-            libc::sendmsg(self.0, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        let (keys, pending, early) = match lock(&self.receive).take() {
+            Some((keys, pending, early)) => (Some(Box::new(keys)), pending, early),
+            None => (None, Vec::new(), Vec::new()),
         };
-        if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn wait_writable(fd: RawFd) -> std::io::Result<()> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
-    loop {
-        // SAFETY: one valid pollfd; the timeout bounds the wait.
-        let rc = unsafe { libc::poll(&mut pfd, 1, WRITE_STALL.as_millis() as i32) };
-        match rc {
-            0 => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer accepts no data")),
-            n if n > 0 => return Ok(()),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
+        let mut buf = vec![0; READ_BUFFER.max(pending.len())];
+        buf[..pending.len()].copy_from_slice(&pending);
+        SecureReader {
+            secure: self.clone(),
+            sock,
+            keys,
+            buf,
+            start: 0,
+            end: pending.len(),
+            plain: 0..0,
+            early,
+            early_at: 0,
+            closed: false,
         }
     }
 }
 
-/// The reading half of a [`Secure`] connection: ciphertext is read from the socket with
-/// the TLS state unlocked, then decrypted under the lock straight into the caller's buffer.
+/// The reading half of a [`Secure`] connection: records are opened in place in one
+/// buffer and their plaintext copied out once. With a non-blocking socket a read that
+/// would block returns `WouldBlock` and keeps a partial record for the next read.
 pub struct SecureReader<S> {
     secure: Arc<Secure>,
     sock: S,
-    raw: Vec<u8>,
-    raw_at: usize,
-    raw_end: usize,
+    /// Boxed: a key schedule is large, and readers are moved around.
+    keys: Option<Box<Keys>>,
+    buf: Vec<u8>,
+    /// Ciphertext not yet opened: `buf[start..end]`.
+    start: usize,
+    end: usize,
+    /// Plaintext of the last record opened, not yet read.
+    plain: std::ops::Range<usize>,
+    /// Application data rustls opened during the handshake, read first.
+    early: Vec<u8>,
+    early_at: usize,
+    /// The peer said close_notify.
+    closed: bool,
 }
 
 impl<S: Read> Read for SecureReader<S> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if buf.is_empty() {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if out.is_empty() {
             return Ok(0);
         }
+        if self.early_at < self.early.len() {
+            let n = out.len().min(self.early.len() - self.early_at);
+            out[..n].copy_from_slice(&self.early[self.early_at..self.early_at + n]);
+            self.early_at += n;
+            return Ok(n);
+        }
         loop {
-            {
-                let mut conn = self.secure.lock();
-                loop {
-                    match conn.reader().read(buf) {
-                        // Ok(0): the peer's close_notify.
-                        Ok(n) => return Ok(n),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
-                    if self.raw_at == self.raw_end {
-                        break;
-                    }
-                    let mut pending = &self.raw[self.raw_at..self.raw_end];
-                    let n = conn.read_tls(&mut pending)?;
-                    self.raw_at += n;
-                    conn.process_new_packets().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-                }
+            if !self.plain.is_empty() {
+                let n = out.len().min(self.plain.len());
+                out[..n].copy_from_slice(&self.buf[self.plain.start..self.plain.start + n]);
+                self.plain.start += n;
+                return Ok(n);
             }
-            // Nothing decrypted is left: read ciphertext, unlocked. It may block, or report
-            // WouldBlock / TimedOut.
-            self.raw_at = 0;
-            self.raw_end = 0;
-            let n = self.sock.read(&mut self.raw)?;
-            if n == 0 {
+            if self.closed {
                 return Ok(0);
             }
-            self.raw_end = n;
+            let Some(keys) = self.keys.as_mut() else {
+                return Err(std::io::Error::other("this TLS connection has another reader"));
+            };
+            if let Some(len) = records::record_len(&self.buf[self.start..self.end])?
+                && self.end - self.start >= len
+            {
+                let at = self.start;
+                self.start += len;
+                match records::open(keys, &self.secure.kernel, &self.secure.update, &mut self.buf, at, len)? {
+                    Opened::Data(range) => self.plain = range,
+                    Opened::Nothing => {}
+                    Opened::Closed => self.closed = true,
+                }
+                continue;
+            }
+            // More ciphertext: a partial record moves to the front when a whole one might
+            // not fit after it.
+            if self.start == self.end {
+                (self.start, self.end) = (0, 0);
+            } else if self.buf.len() - self.start < records::HEADER + (32 << 10) {
+                self.buf.copy_within(self.start..self.end, 0);
+                (self.start, self.end) = (0, self.end - self.start);
+            }
+            let n = self.sock.read(&mut self.buf[self.end..])?;
+            if n == 0 {
+                if self.start == self.end {
+                    return Ok(0);
+                }
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the connection closed inside a TLS record",
+                ));
+            }
+            self.end += n;
         }
     }
 }
 
-/// Why a client's TLS handshake did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     /// The server answered in plain text before TLS (the supervisor refusing: busy, or a
@@ -250,21 +218,26 @@ pub enum HandshakeError {
 /// Run a client's handshake on a blocking socket (give it a read timeout): TLS with the
 /// server's certificate checked against `pins`. A plaintext answer from the supervisor
 /// comes back as [`HandshakeError::Refused`].
-pub fn client_handshake(
-    sock: &mut std::net::TcpStream,
-    server: &str,
-    pins: &pin::Pins,
-) -> Result<Arc<Secure>, HandshakeError> {
+pub fn client_handshake(sock: &mut TcpStream, server: &str, pins: &pin::Pins) -> Result<Arc<Secure>, HandshakeError> {
     let (config, verdict) = pins.client_config(server);
     let name = server.rsplit_once(':').map(|(h, _)| h).unwrap_or(server).trim_matches(['[', ']']).to_owned();
     let name = rustls::pki_types::ServerName::try_from(name)
         .unwrap_or_else(|_| rustls::pki_types::ServerName::try_from("chidori.invalid").expect("a valid name"));
-    let mut conn =
-        rustls::ClientConnection::new(config, name).map_err(|e| HandshakeError::Tls(std::io::Error::other(e)))?;
-    while conn.wants_write() {
-        conn.write_tls(sock).map_err(HandshakeError::Tls)?;
-    }
-    // The first bytes of the answer: a TLS record, or a plaintext Chidori frame.
+    let conn =
+        UnbufferedClientConnection::new(config, name).map_err(|e| HandshakeError::Tls(std::io::Error::other(e)))?;
+    let secure = drive(conn, sock, refused_in_plain_text).map_err(|e| match (e, verdict.mismatch()) {
+        (HandshakeError::Tls(_), Some(mismatch)) => {
+            HandshakeError::Pin(pin::Mismatch { server: server.to_owned(), ..mismatch })
+        }
+        (e, _) => e,
+    })?;
+    pins.confirm(server, &verdict).map_err(|e| HandshakeError::Tls(std::io::Error::other(e)))?;
+    Ok(secure)
+}
+
+/// Before the client reads the server's first TLS bytes: a supervisor that refuses
+/// answers in plain text, a frame that starts with Chidori's magic.
+fn refused_in_plain_text(sock: &mut TcpStream) -> Result<(), HandshakeError> {
     let mut first = [0u8; 4];
     loop {
         match sock.peek(&mut first) {
@@ -286,16 +259,7 @@ pub fn client_handshake(
             Err(e) => HandshakeError::Frame(e),
         });
     }
-    while conn.is_handshaking() {
-        if let Err(e) = conn.complete_io(sock) {
-            if let Some(mismatch) = verdict.mismatch() {
-                return Err(HandshakeError::Pin(pin::Mismatch { server: server.to_owned(), ..mismatch }));
-            }
-            return Err(HandshakeError::Tls(e));
-        }
-    }
-    pins.confirm(server, &verdict).map_err(|e| HandshakeError::Tls(std::io::Error::other(e)))?;
-    Ok(Secure::new(conn))
+    Ok(())
 }
 
 /// Read one whole frame from a blocking reader with the shared reader
@@ -312,30 +276,284 @@ pub fn read_plain_frame(r: &mut impl Read) -> Result<Frame, FrameError> {
 }
 
 /// Run a server's handshake on a blocking socket with a read timeout.
-pub fn server_handshake(
-    sock: &mut std::net::TcpStream,
-    config: Arc<rustls::ServerConfig>,
-) -> std::io::Result<Arc<Secure>> {
-    let mut conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
-    while conn.is_handshaking() {
-        conn.complete_io(sock)?;
+pub fn server_handshake(sock: &mut TcpStream, config: Arc<rustls::ServerConfig>) -> std::io::Result<Arc<Secure>> {
+    let conn = UnbufferedServerConnection::new(config).map_err(std::io::Error::other)?;
+    drive(conn, sock, |_| Ok(())).map_err(|e| match e {
+        HandshakeError::Tls(e) => e,
+        other => std::io::Error::other(other.to_string()),
+    })
+}
+
+/// Either side of an unbuffered rustls connection.
+trait Side {
+    type Data;
+    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data>;
+    fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error>;
+}
+
+impl Side for UnbufferedClientConnection {
+    type Data = rustls::client::ClientConnectionData;
+    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+        self.process_tls_records(incoming)
     }
-    Ok(Secure::new(conn))
+    fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error> {
+        self.dangerous_into_kernel_connection().map(|(s, k)| (s, Kernel::Client(k)))
+    }
+}
+
+impl Side for UnbufferedServerConnection {
+    type Data = rustls::server::ServerConnectionData;
+    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+        self.process_tls_records(incoming)
+    }
+    fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error> {
+        self.dangerous_into_kernel_connection().map(|(s, k)| (s, Kernel::Server(k)))
+    }
+}
+
+fn tls_error(e: impl std::fmt::Display) -> HandshakeError {
+    HandshakeError::Tls(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// Run the handshake of `conn` over `sock` to its end, then take the keys from rustls.
+/// `before_first_read` runs once, before the peer's first bytes are read.
+fn drive<C: Side>(
+    mut conn: C,
+    sock: &mut TcpStream,
+    mut before_first_read: impl FnMut(&mut TcpStream) -> Result<(), HandshakeError>,
+) -> Result<Arc<Secure>, HandshakeError> {
+    let mut incoming = vec![0u8; 32 << 10];
+    let mut filled = 0;
+    let mut outgoing = vec![0u8; 16 << 10];
+    let mut queued = 0;
+    let mut early = Vec::new();
+    let mut first_read = true;
+    loop {
+        let status = conn.process(&mut incoming[..filled]);
+        let mut discard = status.discard;
+        let (mut read_more, mut done) = (false, false);
+        match status.state.map_err(tls_error)? {
+            ConnectionState::EncodeTlsData(mut data) => loop {
+                match data.encode(&mut outgoing[queued..]) {
+                    Ok(n) => {
+                        queued += n;
+                        break;
+                    }
+                    Err(EncodeError::InsufficientSize(s)) => outgoing.resize(queued + s.required_size, 0),
+                    Err(e) => return Err(tls_error(e)),
+                }
+            },
+            ConnectionState::TransmitTlsData(data) => {
+                send_all(sock.as_raw_fd(), &mut [IoSlice::new(&outgoing[..queued])]).map_err(HandshakeError::Tls)?;
+                queued = 0;
+                data.done();
+            }
+            ConnectionState::BlockedHandshake => read_more = true,
+            // The peer's first application data came with its last flight.
+            ConnectionState::ReadTraffic(mut data) => {
+                while let Some(record) = data.next_record() {
+                    let record = record.map_err(tls_error)?;
+                    discard += record.discard;
+                    early.extend_from_slice(record.payload);
+                }
+            }
+            ConnectionState::WriteTraffic(_) => done = true,
+            other => return Err(tls_error(format!("the handshake ended in state {other:?}"))),
+        }
+        incoming.copy_within(discard..filled, 0);
+        filled -= discard;
+        if done {
+            break;
+        }
+        if read_more {
+            if std::mem::take(&mut first_read) {
+                before_first_read(sock)?;
+            }
+            if filled == incoming.len() {
+                if incoming.len() >= HANDSHAKE_BUFFER {
+                    return Err(tls_error("the peer's handshake messages are too large"));
+                }
+                incoming.resize(incoming.len() * 2, 0);
+            }
+            let n = sock.read(&mut incoming[filled..]).map_err(HandshakeError::Tls)?;
+            if n == 0 {
+                return Err(HandshakeError::Tls(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection during the TLS handshake",
+                )));
+            }
+            filled += n;
+        }
+    }
+    let (secrets, kernel) = conn.into_kernel().map_err(tls_error)?;
+    let limit = kernel.key_limit();
+    let send =
+        Sender { keys: Keys::new(secrets.tx.0, secrets.tx.1).map_err(HandshakeError::Tls)?, limit, out: Vec::new() };
+    let receive = Keys::new(secrets.rx.0, secrets.rx.1).map_err(HandshakeError::Tls)?;
+    Ok(Arc::new(Secure {
+        kernel: Mutex::new(kernel),
+        update: AtomicBool::new(false),
+        send: Mutex::new(send),
+        receive: Mutex::new(Some((receive, incoming[..filled].to_vec(), early))),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
+    use std::net::TcpListener;
+
+    fn server_config(tickets: usize) -> (Arc<rustls::ServerConfig>, String) {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = made.cert.der().clone();
+        let fingerprint = pin::fingerprint(&der);
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(VERSIONS)
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der], key)
+            .unwrap();
+        config.send_tls13_tickets = tickets;
+        config.enable_secret_extraction = true;
+        (Arc::new(config), fingerprint)
+    }
+
+    fn pins(fingerprint: &str) -> pin::Pins {
+        pin::Pins { explicit: Some(fingerprint.to_owned()), file: None }
+    }
+
+    /// A client and a server on loopback after their handshakes (the server in a thread).
+    fn pair() -> ((Arc<Secure>, TcpStream), (Arc<Secure>, TcpStream)) {
+        let (config, fingerprint) = server_config(0);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let secure = server_handshake(&mut s, config).unwrap();
+            (secure, s)
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let client = client_handshake(&mut c, &addr.to_string(), &pins(&fingerprint)).unwrap();
+        ((client, c), server.join().unwrap())
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
 
     #[test]
-    fn dont_wait_writes_and_reads_back() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut b, _) = listener.accept().unwrap();
-        let n = DontWait(a.as_raw_fd()).write_vectored(&[IoSlice::new(b"ab"), IoSlice::new(b"cd")]).unwrap();
-        assert_eq!(n, 4);
-        let mut got = [0u8; 4];
-        b.read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"abcd");
+    fn records_carry_bytes_both_ways_across_key_updates() {
+        let ((client, c), (server, s)) = pair();
+        // A key seals at most 7 records here: dozens of key updates each way.
+        lock(&client.send).limit = 7;
+        lock(&server.send).limit = 7;
+        let big = pattern(3 << 20, 1);
+        let back = pattern((1 << 20) + 12_345, 2);
+        let reader_c = client.reader(c.try_clone().unwrap());
+        let reader_s = server.reader(s.try_clone().unwrap());
+        let (big2, back2) = (big.clone(), back.clone());
+        let sending = std::thread::spawn(move || {
+            // Small slices and large ones, across record boundaries.
+            client.send(&c, &[IoSlice::new(b"head"), IoSlice::new(&big2[..100]), IoSlice::new(&big2[100..])]).unwrap();
+            client
+        });
+        let answering = std::thread::spawn(move || server.send(&s, &[IoSlice::new(&back2)]).unwrap());
+        let mut got = vec![0u8; 4 + big.len()];
+        let mut r = reader_s;
+        r.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert!(got[4..] == big[..], "client to server bytes differ");
+        let mut got = vec![0u8; back.len()];
+        let mut r = reader_c;
+        r.read_exact(&mut got).unwrap();
+        assert!(got == back, "server to client bytes differ");
+        let client = sending.join().unwrap();
+        answering.join().unwrap();
+        assert!(lock(&client.send).keys.seq < 7, "the key was updated");
+    }
+
+    #[test]
+    fn a_peer_on_rustls_reads_and_writes_these_records() {
+        // The server is rustls's own buffered connection (with session tickets), the client
+        // this crate's records: the bytes on the wire are standard TLS 1.3.
+        let (config, fingerprint) = server_config(2);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let data = pattern(2 << 20, 3);
+        let data2 = data.clone();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut tls = rustls::StreamOwned::new(rustls::ServerConnection::new(config).unwrap(), s);
+            let mut got = vec![0u8; data2.len()];
+            tls.read_exact(&mut got).unwrap();
+            assert!(got == data2, "rustls read other bytes");
+            // rustls updates its own key, then answers with what it got.
+            tls.conn.refresh_traffic_keys().unwrap();
+            tls.write_all(&got).unwrap();
+            tls.flush().unwrap();
+            tls.conn.send_close_notify();
+            tls.flush().unwrap();
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let client = client_handshake(&mut c, &addr.to_string(), &pins(&fingerprint)).unwrap();
+        lock(&client.send).limit = 5;
+        client.send(&c, &[IoSlice::new(&data)]).unwrap();
+        let mut reader = client.reader(c.try_clone().unwrap());
+        let mut got = vec![0u8; data.len()];
+        reader.read_exact(&mut got).unwrap();
+        assert!(got == data, "the answer differs");
+        // close_notify ends the stream.
+        assert_eq!(reader.read(&mut [0u8; 16]).unwrap(), 0);
+        server.join().unwrap();
+    }
+
+    /// A reader over a socket that flips one bit of the byte at `at`.
+    struct Flip<R> {
+        inner: R,
+        seen: usize,
+        at: usize,
+    }
+
+    impl<R: Read> Read for Flip<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            if (self.seen..self.seen + n).contains(&self.at) {
+                buf[self.at - self.seen] ^= 4;
+            }
+            self.seen += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_changed_byte_fails_authentication_and_a_second_reader_gets_nothing() {
+        let ((client, c), (server, s)) = pair();
+        client.send(&c, &[IoSlice::new(&pattern(50_000, 4))]).unwrap();
+        let mut reader = server.reader(Flip { inner: s.try_clone().unwrap(), seen: 0, at: 20_000 });
+        let mut got = vec![0u8; 50_000];
+        let e = reader.read_exact(&mut got).unwrap_err();
+        assert!(e.to_string().contains("bad_record_mac"), "{e}");
+        let e = server.reader(s).read(&mut got).unwrap_err();
+        assert!(e.to_string().contains("another reader"), "{e}");
+    }
+
+    #[test]
+    fn a_plaintext_refusal_comes_back_as_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let refusing = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let header = chidori_protocol::frame::Header::new(chidori_protocol::frame::Kind::Refuse, 0, 0, 0);
+            let bytes = chidori_protocol::frame::to_vec(header, b"", &[]).unwrap();
+            s.write_all(&bytes).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let e = client_handshake(&mut c, &addr.to_string(), &pins("sha256:00")).err().unwrap();
+        assert!(matches!(e, HandshakeError::Refused(_)), "{e}");
+        refusing.join().unwrap();
     }
 }

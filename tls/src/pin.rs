@@ -142,12 +142,14 @@ impl Pins {
         verdict.lock().expected = expected;
         let provider = crate::provider();
         let verifier = Arc::new(PinVerifier { verdict: verdict.clone(), provider: provider.clone() });
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("the ring provider supports TLS 1.2 and 1.3")
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(crate::VERSIONS)
+            .expect("the ring provider supports TLS 1.3")
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
+        // After the handshake the records are this crate's (`records`): it needs the keys.
+        config.enable_secret_extraction = true;
         (Arc::new(config), verdict)
     }
 

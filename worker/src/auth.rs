@@ -127,13 +127,15 @@ impl Security {
         let token = chidori_tls::token::read(&files.token).map_err(anyhow::Error::msg)?;
         let (chain, key) = load_identity(&files.cert, &files.key)?;
         let mut config = rustls::ServerConfig::builder_with_provider(chidori_tls::provider())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(chidori_tls::VERSIONS)
             .context("TLS protocol versions")?
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .context("the TLS certificate and key do not fit together")?;
         // One connection per session, never resumed: no tickets to send (or to answer).
         config.send_tls13_tickets = 0;
+        // After the handshake the records are chidori_tls's own: it needs the keys.
+        config.enable_secret_extraction = true;
         Ok(Security { tls: Arc::new(config), token, token_file: files.token.clone() })
     }
 }

@@ -1,0 +1,137 @@
+//! One connection's throughput over loopback, one direction, 1 GiB in 8 MiB writes: plain
+//! TCP, rustls's buffered connection at both ends (what `Secure` was), and `Secure` (rustls's
+//! handshake, then this crate's records). Sender and receiver are two threads of this
+//! process, so the numbers are what two cores carry; run with
+//! `cargo bench -p chidori-tls --bench one_connection`.
+
+use std::io::{IoSlice, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+const TOTAL: usize = 1 << 30;
+const CHUNK: usize = 8 << 20;
+
+fn server_config() -> (Arc<rustls::ServerConfig>, String) {
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("a certificate");
+    let der = made.cert.der().clone();
+    let fingerprint = chidori_tls::pin::fingerprint(&der);
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder_with_provider(chidori_tls::provider())
+        .with_protocol_versions(chidori_tls::VERSIONS)
+        .expect("TLS 1.3")
+        .with_no_client_auth()
+        .with_single_cert(vec![der], key)
+        .expect("the key fits");
+    config.send_tls13_tickets = 0;
+    config.enable_secret_extraction = true;
+    (Arc::new(config), fingerprint)
+}
+
+fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (b, _) = l.accept().expect("accept");
+    (a, b)
+}
+
+/// Receive TOTAL bytes from `r` in another thread while `send` writes them; GB/s.
+fn run(mut r: impl Read + Send + 'static, send: impl FnOnce(&[u8])) -> f64 {
+    let receiving = std::thread::spawn(move || {
+        let mut buf = vec![0u8; CHUNK];
+        let mut got = 0;
+        while got < TOTAL {
+            r.read_exact(&mut buf).expect("read");
+            got += buf.len();
+        }
+    });
+    let data = vec![7u8; CHUNK];
+    let t = Instant::now();
+    send(&data);
+    receiving.join().expect("receiver");
+    TOTAL as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    for round in 1..=3 {
+        let (a, b) = pair();
+        let plain = run(b, |data| {
+            let mut a = &a;
+            for _ in 0..TOTAL / CHUNK {
+                a.write_all(data).expect("write");
+            }
+        });
+
+        let (config, fingerprint) = server_config();
+        let pins = chidori_tls::pin::Pins { explicit: Some(fingerprint), file: None };
+        let (mut a, mut b) = pair();
+        let server = std::thread::spawn(move || {
+            let secure = chidori_tls::server_handshake(&mut b, config).expect("server handshake");
+            secure.reader(b)
+        });
+        let client = chidori_tls::client_handshake(&mut a, "localhost:1", &pins).expect("client handshake");
+        let records = run(server.join().expect("server"), |data| {
+            for _ in 0..TOTAL / CHUNK {
+                client.send(&a, &[IoSlice::new(data)]).expect("send");
+            }
+        });
+
+        let (config, _) = server_config();
+        let (a, b) = pair();
+        let client_config = rustls::ClientConfig::builder_with_provider(chidori_tls::provider())
+            .with_protocol_versions(chidori_tls::VERSIONS)
+            .expect("TLS 1.3")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+        let mut sender =
+            rustls::StreamOwned::new(rustls::ClientConnection::new(Arc::new(client_config), name).expect("client"), a);
+        let receiver = rustls::StreamOwned::new(rustls::ServerConnection::new(config).expect("server"), b);
+        let buffered = run(receiver, |data| {
+            for _ in 0..TOTAL / CHUNK {
+                sender.write_all(data).expect("write");
+            }
+            sender.flush().expect("flush");
+        });
+        println!(
+            "round {round}: plain TCP {plain:.2} GB/s, rustls buffered {buffered:.2} GB/s, chidori records {records:.2} GB/s"
+        );
+    }
+}
+
+/// The buffered pair's client accepts any certificate (a benchmark on loopback).
+#[derive(Debug)]
+struct AnyCertificate;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        chidori_tls::provider().signature_verification_algorithms.supported_schemes()
+    }
+}
