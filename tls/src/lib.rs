@@ -556,4 +556,86 @@ mod tests {
         assert!(matches!(e, HandshakeError::Refused(_)), "{e}");
         refusing.join().unwrap();
     }
+
+    /// A reader over bytes already in memory.
+    struct Bytes(std::io::Cursor<Vec<u8>>);
+
+    impl Read for Bytes {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    /// Keys made up for a test (the same for both ends, a new sequence each time).
+    fn test_keys() -> Keys {
+        let secrets = rustls::ConnectionTrafficSecrets::Aes256Gcm {
+            key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
+            iv: rustls::crypto::cipher::Iv::from([9u8; 12]),
+        };
+        Keys::new(0, secrets).unwrap()
+    }
+
+    /// Cases of the seeded random runs: `CHIDORI_FUZZ_CASES`, else `default`.
+    fn cases(default: u64) -> u64 {
+        std::env::var("CHIDORI_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    #[test]
+    fn malformed_records_from_a_peer_are_errors_not_panics() {
+        // What an authenticated peer could send after the handshake: records of every inner
+        // content type with random bodies (handshake messages, alerts, key updates, tickets
+        // to a server), sealed with the keys the reader holds; what anyone on the path could:
+        // random bytes, and sealed records with one byte changed. Each read ends in data,
+        // an error or the end; never a panic. `CHIDORI_FUZZ_CASES` sets the count.
+        let ((client, _c), (server, _s)) = pair();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut ended, mut data, mut refused) = (0u64, 0u64, 0u64);
+        for case in 0..cases(4_000) {
+            let mut wire: Vec<u8> = if case % 5 == 4 {
+                (0..(next() % 40_000) as usize).map(|_| next() as u8).collect()
+            } else {
+                let mut send = lock(&client.send);
+                send.keys = test_keys();
+                for _ in 0..1 + next() % 3 {
+                    let kind = [0u8, 20, 21, 22, 23, 23, 24, 255][(next() % 8) as usize];
+                    let mut body: Vec<u8> = (0..(next() % 64) as usize).map(|_| next() as u8).collect();
+                    if next() % 2 == 0 {
+                        // A handshake message header of a known type with a random length.
+                        body.splice(0..0, [[4u8, 24][(next() % 2) as usize], 0, 0, (next() % 4) as u8]);
+                    }
+                    send.seal_message(kind, &body).unwrap();
+                }
+                std::mem::take(&mut send.out)
+            };
+            if case % 5 == 3 && !wire.is_empty() {
+                let at = (next() as usize) % wire.len();
+                wire[at] ^= 1 << (next() % 8);
+            }
+            *lock(&server.receive) = Some((test_keys(), Vec::new(), Vec::new()));
+            let mut reader = server.reader(Bytes(std::io::Cursor::new(wire)));
+            let mut out = vec![0u8; 1 << 16];
+            loop {
+                match reader.read(&mut out) {
+                    Ok(0) => {
+                        ended += 1;
+                        break;
+                    }
+                    Ok(_) => data += 1,
+                    Err(_) => {
+                        refused += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        eprintln!("records: {ended} ended, {data} reads of data, {refused} refused");
+        let n = cases(4_000);
+        assert!(refused > n / 5 && data > n / 20, "ended {ended}, data {data}, refused {refused}");
+    }
 }
