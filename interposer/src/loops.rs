@@ -17,9 +17,9 @@
 //! before the loop, as on a stream.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chidori_protocol::messages::{GraphLoop, LoopCopy, Service, ServiceReply};
@@ -33,7 +33,7 @@ use crate::runtime;
 /// device was idle at its end).
 type Ended = (u32, u32, i64, bool);
 
-struct Running {
+pub struct Running {
     conn: Arc<Conn>,
     seq: u64,
     /// The connection's message count before the start, and the device current then.
@@ -48,7 +48,6 @@ struct Running {
     ended: Option<Ended>,
 }
 
-static LOOPS: Mutex<Option<HashMap<u64, Running>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 /// Loops started whose end has not been received (a loop being polled is out of the table).
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
@@ -135,7 +134,7 @@ pub extern "C" fn chidori_loop_start(
             steps: 0,
             ended: None,
         };
-        LOOPS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, running);
+        crate::state::CLIENT.loops.lock().get_or_insert_with(HashMap::new).insert(id, running);
         id
     })
 }
@@ -162,8 +161,7 @@ pub unsafe extern "C" fn chidori_loop_poll(
 ) -> i64 {
     crate::guard::ffi("chidori_loop_poll", -1, || {
         // Taken out of the table while this call waits, so other loops can be polled.
-        let Some(mut running) = LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|l| l.remove(&id))
-        else {
+        let Some(mut running) = crate::state::CLIENT.loops.lock().as_mut().and_then(|l| l.remove(&id)) else {
             return -1;
         };
         let n = poll(&mut running, buf, cap, timeout_ms);
@@ -175,7 +173,7 @@ pub unsafe extern "C" fn chidori_loop_poll(
             put(done, u32::from(finished.is_some()));
             put(status, finished.map_or(0, |e| e.2));
         }
-        LOOPS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, running);
+        crate::state::CLIENT.loops.lock().get_or_insert_with(HashMap::new).insert(id, running);
         n as i64
     })
 }
@@ -247,7 +245,7 @@ fn poll(running: &mut Running, buf: *mut u8, cap: u64, timeout_ms: u32) -> usize
 #[unsafe(no_mangle)]
 pub extern "C" fn chidori_loop_end(id: u64) {
     crate::guard::ffi("chidori_loop_end", (), || {
-        let removed = LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|l| l.remove(&id));
+        let removed = crate::state::CLIENT.loops.lock().as_mut().and_then(|l| l.remove(&id));
         if let Some(r) = removed
             && r.ended.is_none()
         {

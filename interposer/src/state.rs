@@ -60,6 +60,18 @@ pub struct Client {
     pub function_origins: Table<u64, ([u8; 32], Arc<str>)>,
     /// (function, CUfunction_attribute) this process set: not learned across sessions.
     pub attributes_set: Table<(u64, u32), ()>,
+    /// NVRTC programs, which live on the client (compiled by the server's NVRTC).
+    pub nvrtc_programs: Table<u64, crate::custom::nvrtc::Program>,
+    /// nvJitLink links, which live on the client (linked by the server's nvJitLink).
+    pub jit_links: Table<u64, crate::custom::nvjitlink::Link>,
+    /// The driver's link states (`cuLinkCreate` … `cuLinkComplete`), by handle.
+    pub link_states: Table<u64, crate::custom::link::LinkState>,
+    /// Graph loops started on the server, by id, while not being polled.
+    pub loops: Table<u64, crate::loops::Running>,
+    /// cuBLASLt descriptors and preferences the client named: what was set on each.
+    pub cublaslt_records: Table<u64, crate::custom::cublaslt::Record>,
+    /// cuDNN descriptors whose content was fingerprinted for size queries (None: unknown).
+    pub cudnn_fingerprints: Table<u64, Option<u64>>,
 }
 
 pub static CLIENT: Client = Client {
@@ -78,6 +90,12 @@ pub static CLIENT: Client = Client {
     modules: Table::new(),
     function_origins: Table::new(),
     attributes_set: Table::new(),
+    nvrtc_programs: Table::new(),
+    jit_links: Table::new(),
+    link_states: Table::new(),
+    loops: Table::new(),
+    cublaslt_records: Table::new(),
+    cudnn_fingerprints: Table::new(),
 };
 
 /// A table of values by key behind one lock.
@@ -85,15 +103,19 @@ pub struct Table<K, V> {
     map: Mutex<Option<HashMap<K, V>>>,
 }
 
-impl<K: Eq + Hash, V: Clone> Table<K, V> {
+impl<K, V> Table<K, V> {
     pub const fn new() -> Self {
         Table { map: Mutex::new(None) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<HashMap<K, V>>> {
+    /// The map itself, for callers that change entries in place or several at once (the
+    /// per-handle objects of NVRTC, nvJitLink, the driver's linker, graph loops).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Option<HashMap<K, V>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
+impl<K: Eq + Hash, V: Clone> Table<K, V> {
     pub fn get(&self, key: &K) -> Option<V> {
         self.lock().as_ref()?.get(key).cloned()
     }

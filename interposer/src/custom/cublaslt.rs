@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chidori_protocol::desc::{CallDesc, Ctx, Form, Wire};
 
@@ -43,20 +43,18 @@ enum DescKind {
 }
 
 /// What a descriptor says: how it was created and its attributes (last value wins).
-struct Record {
+pub struct Record {
     kind: DescKind,
     create: Vec<u64>,
     attrs: BTreeMap<u32, Vec<u8>>,
 }
-
-static RECORDS: Mutex<Option<HashMap<u64, Record>>> = Mutex::new(None);
 
 /// Heuristic answers by problem: (status, algorithms returned, result bytes).
 type Answer = (u32, i32, Vec<u8>);
 static HEURISTICS: Answers<Vec<u8>, Answer> = Answers::new(HEURISTIC_CACHE_LIMIT);
 
 fn records() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Record>>> {
-    RECORDS.lock().unwrap_or_else(|p| p.into_inner())
+    crate::state::CLIENT.cublaslt_records.lock()
 }
 
 /// Create a descriptor of `kind`: `args[0]` is the caller's handle pointer, which the

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use chidori_cuda::handles::{KINDS, kind};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
@@ -36,10 +36,8 @@ static ANSWERS: Answers<u64, Answer> = Answers::new(ANSWERS_MAX);
 /// What each legacy descriptor says: `Some(fingerprint)` of the Sets made on it since it was
 /// created, `None` once a call may have changed it in a way the client does not know (then
 /// until its destroy). A descriptor absent here is as created.
-static FINGERPRINTS: Mutex<Option<HashMap<u64, Option<u64>>>> = Mutex::new(None);
-
 fn fingerprints() -> MutexGuard<'static, Option<HashMap<u64, Option<u64>>>> {
-    FINGERPRINTS.lock().unwrap_or_else(|p| p.into_inner())
+    crate::state::CLIENT.cudnn_fingerprints.lock()
 }
 
 /// What the hook decided for a call about to be sent.

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::Mutex;
 
 use chidori_cuda::consts::CUjit_option_enum as jit;
 use chidori_cuda::consts::cudaError_enum as cu;
@@ -21,7 +20,7 @@ use crate::conn;
 /// A link in progress: its options, inputs, where the program wants logs and the wall time,
 /// and the image once linked (valid until the state is destroyed).
 #[derive(Default)]
-struct LinkState {
+pub struct LinkState {
     options: Vec<(u32, u64)>,
     inputs: Vec<(u32, String, Vec<u8>)>,
     /// (buffer, its size's slot in the program's option values) of the info and error logs.
@@ -32,10 +31,8 @@ struct LinkState {
     image: Vec<u8>,
 }
 
-static STATES: Mutex<Option<HashMap<u64, LinkState>>> = Mutex::new(None);
-
 fn with_state<T>(handle: u64, f: impl FnOnce(&mut LinkState) -> T) -> Option<T> {
-    let mut guard = STATES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = crate::state::CLIENT.link_states.lock();
     guard.get_or_insert_with(HashMap::new).get_mut(&handle).map(f)
 }
 
@@ -103,7 +100,7 @@ pub unsafe fn create(ctx: &Ctx, n: u32, keys: *mut c_void, values: *mut c_void, 
         // SAFETY: the program's option arrays of `n` elements.
         unsafe { read_options(&mut state, n, keys as *const u32, values as *mut *mut c_void) };
         let handle = crate::runtime::next_handle_name();
-        STATES.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(handle, state);
+        crate::state::CLIENT.link_states.lock().get_or_insert_with(HashMap::new).insert(handle, state);
         // SAFETY: the caller's CUlinkState*.
         unsafe { std::ptr::write_unaligned(out as *mut u64, handle) };
         Ok(0)
@@ -241,8 +238,7 @@ pub unsafe fn complete(ctx: &Ctx, state: *mut c_void, image_out: *mut c_void, si
 /// cuLinkDestroy: the state and its image go.
 pub unsafe fn destroy(ctx: &Ctx, state: *mut c_void) -> u32 {
     run(ctx, || {
-        let removed =
-            STATES.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).remove(&(state as u64));
+        let removed = crate::state::CLIENT.link_states.lock().get_or_insert_with(HashMap::new).remove(&(state as u64));
         if removed.is_some() { Ok(0) } else { Err(cu::CUDA_ERROR_INVALID_HANDLE) }
     })
 }

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use chidori_cuda::desc::Ctx;
@@ -26,16 +26,14 @@ use chidori_cuda::consts::nvJitLinkResult::{
 };
 
 #[derive(Default)]
-struct Link {
+pub struct Link {
     request: JitLinkRequest,
     /// The server's answer, once completed.
     done: Option<JitLinkResult>,
 }
 
-static LINKS: Mutex<Option<HashMap<u64, Link>>> = Mutex::new(None);
-
 fn links() -> MutexGuard<'static, Option<HashMap<u64, Link>>> {
-    LINKS.lock().unwrap_or_else(|p| p.into_inner())
+    crate::state::CLIENT.jit_links.lock()
 }
 
 fn with_link<T>(handle: *mut c_void, f: impl FnOnce(&mut Link) -> T) -> Option<T> {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{MutexGuard, OnceLock};
 use std::time::Instant;
 
 use chidori_cuda::calls::nvrtc as calls;
@@ -23,7 +23,7 @@ const NO_LOWERED_NAMES_BEFORE_COMPILATION: u32 =
 const NAME_EXPRESSION_NOT_VALID: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID;
 const INTERNAL_ERROR: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR;
 
-struct Program {
+pub struct Program {
     request: CompileRequest,
     /// The last compile's result, with the lowered names as C strings the caller may hold
     /// until the program is destroyed.
@@ -32,10 +32,8 @@ struct Program {
 
 /// Programs by handle (a client handle name: a value the application hands back is looked
 /// up, never dereferenced).
-static PROGRAMS: Mutex<Option<HashMap<u64, Program>>> = Mutex::new(None);
-
 fn programs() -> MutexGuard<'static, Option<HashMap<u64, Program>>> {
-    PROGRAMS.lock().unwrap_or_else(|p| p.into_inner())
+    crate::state::CLIENT.nvrtc_programs.lock()
 }
 
 fn local(name: &'static str, body: impl FnOnce() -> u32) -> u32 {
