@@ -51,7 +51,8 @@
 #   tls      a second server that requires TLS and its token (--secure, here on loopback)
 #            against the plain one, alternately: gpu/bench/escape.c (copies that must be
 #            refused: native, plain, TLS), the small-call round trip and 1 GiB copies (rtt,
-#            $TLS_TRIES times each), the training workload; then the torch suite over TLS
+#            $TLS_TRIES times each; over TLS once per lane count in $TLS_LANES, e.g. "8 4"),
+#            the training workload; then the torch suite over TLS
 #            ($TLS_SUITE=0: not; $TLS_SUITE_TIMEOUT)
 #   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
 #            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
@@ -539,8 +540,12 @@ if want tls; then
   for i in $(seq ${TLS_TRIES:-2}); do
     timeout 60 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/tls-rtt-plain-$i.json" 2> "$LOGS/tls-rtt-plain-$i.err"
     row "rtt plain $i" "$(cat "$LOGS/tls-rtt-plain-$i.json")"
-    timeout 60 "${over_tls[@]}" "$B/rtt" > "$LOGS/tls-rtt-tls-$i.json" 2> "$LOGS/tls-rtt-tls-$i.err"
-    row "rtt tls $i" "$(cat "$LOGS/tls-rtt-tls-$i.json") $(tail -1 "$LOGS/tls-rtt-tls-$i.err")"
+    # $TLS_LANES: lane counts to compare over TLS ("default": the client's own choice).
+    for lanes in ${TLS_LANES:-default}; do
+      lane_env=(); [[ $lanes == default ]] || lane_env=(CHIDORI_LANES=$lanes)
+      env "${lane_env[@]}" timeout 60 "${over_tls[@]}" "$B/rtt" > "$LOGS/tls-rtt-tls-$i-$lanes.json" 2> "$LOGS/tls-rtt-tls-$i-$lanes.err"
+      row "rtt tls $i lanes=$lanes" "$(cat "$LOGS/tls-rtt-tls-$i-$lanes.json") $(tail -1 "$LOGS/tls-rtt-tls-$i-$lanes.err")"
+    done
   done
   train=("$SHARED/workloads/train.py" --steps 60 --log-every 20)
   timeout 90 "$CHIDORI" run -s $SERVER -- python3 "${train[@]}" > "$LOGS/tls-train-plain.out" 2> "$LOGS/tls-train-plain.err"
