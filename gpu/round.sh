@@ -587,7 +587,7 @@ if want hostile; then
     CHIDORI_HOSTILE_REAL=$B/hostile-progress CHIDORI_HOSTILE_STUCK=${HOSTILE_STUCK:-20} timeout ${HOSTILE_TIMEOUT:-300} \
       "$DIST/bin/hostile" real_libraries_survive_null_pointers --exact --nocapture > "$LOGS/hostile.txt" 2>&1
     rc=$?
-    grep "died at" "$LOGS/hostile.txt" | head -20
+    grep -E "died at|broke the context" "$LOGS/hostile.txt" | head -30
     row "hostile NULL run" "rc=$rc, last descriptor $(cat "$B/hostile-progress" 2>/dev/null), $(grep -c "died at" "$LOGS/hostile.txt") died; $(grep "descriptors run" "$LOGS/hostile.txt")"
   else
     row "hostile NULL run" "no target/dist/bin/hostile (./dev gpu builds it)"
