@@ -2,8 +2,8 @@
 # One whole round on the GPU machine, in one device call. Binaries come from the developer
 # machine (there is no cargo on the GPU machine):
 #
-#   ./dev build && cargo xtask matrix --build-only --dir target/dist/matrix \
-#     && cp target/release/xtask target/dist/bin/
+#   ./dev gpu                  (GPU_XTASK=1 ./dev gpu for the `core` stage: xtask instead of
+#                               the hostile binary, to stay within the device's 64 MiB)
 #   run (device): bash gpu/round.sh [STAGE...]      carry: ["target/dist"]
 #
 # Stages (default: core kernels):
