@@ -81,8 +81,9 @@ impl Secure {
             send_all(fd, &mut [IoSlice::new(bytes)])
         });
         if result.is_err() {
-            // Records half written: the stream is broken; the next write fails too.
+            // Records half written: the peer would see a gap; later writes fail at once.
             send.out.clear();
+            send.broken = true;
         }
         result
     }
@@ -387,8 +388,12 @@ fn drive<C: Side>(
     }
     let (secrets, kernel) = conn.into_kernel().map_err(tls_error)?;
     let limit = kernel.key_limit();
-    let send =
-        Sender { keys: Keys::new(secrets.tx.0, secrets.tx.1).map_err(HandshakeError::Tls)?, limit, out: Vec::new() };
+    let send = Sender {
+        keys: Keys::new(secrets.tx.0, secrets.tx.1).map_err(HandshakeError::Tls)?,
+        limit,
+        out: Vec::new(),
+        broken: false,
+    };
     let receive = Keys::new(secrets.rx.0, secrets.rx.1).map_err(HandshakeError::Tls)?;
     Ok(Arc::new(Secure {
         kernel: Mutex::new(kernel),

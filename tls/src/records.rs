@@ -126,6 +126,9 @@ pub struct Sender {
     pub limit: u64,
     /// Records ready to be written.
     pub out: Vec<u8>,
+    /// A write failed part-way: the peer would see a gap in the records, so nothing more
+    /// is sent.
+    pub broken: bool,
 }
 
 impl Sender {
@@ -140,6 +143,12 @@ impl Sender {
         flush_at: usize,
         write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
+        if self.broken {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "an earlier write on this TLS connection failed part-way",
+            ));
+        }
         let mut pieces = slices.iter().map(|s| &s[..]).filter(|s| !s.is_empty());
         let mut current: &[u8] = &[];
         loop {
