@@ -3028,3 +3028,47 @@ fn large_copies_travel_on_bulk_lanes_with_their_bytes_intact() {
         assert_eq!(stderr.contains("4 bulk lanes open"), opens, "lanes {lanes}, resume {resume}: {stderr}");
     }
 }
+
+/// Cluster occupancy queries travel as a launch's configuration does (its attributes
+/// included) and are answered by the server's driver; what is not the session's is refused
+/// there, a NULL output or configuration here, and the session goes on.
+const CLUSTER_QUERIES: &str = r#"
+#include <stdio.h>
+#include <cuda.h>
+int main(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 2;
+    CUlaunchConfig config = {0};
+    config.gridDimX = 64; config.gridDimY = 1; config.gridDimZ = 1;
+    config.blockDimX = 128; config.blockDimY = 1; config.blockDimZ = 1;
+    CUlaunchAttribute cluster = {0};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = 2; cluster.value.clusterDim.y = 1; cluster.value.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int n = -1;
+    CUresult null_out = cuOccupancyMaxActiveClusters(NULL, (CUfunction)0x1234, &config);
+    CUresult made_up = cuOccupancyMaxActiveClusters(&n, (CUfunction)0x1234, &config);
+    CUresult null_config = cuOccupancyMaxPotentialClusterSize(&n, (CUfunction)0x1234, NULL);
+    CUresult potential = cuOccupancyMaxPotentialClusterSize(&n, (CUfunction)0x1234, &config);
+    CUdeviceptr p;
+    CUresult after = cuMemAlloc(&p, 64);
+    printf("null=%d made_up=%d null_config=%d potential=%d n=%d after=%d\n", null_out, made_up, null_config,
+           potential, n, after);
+    return 0;
+}
+"#;
+
+#[test]
+fn cluster_occupancy_queries_reach_the_server_with_their_configuration() {
+    let server = server();
+    let exe = program_with("cluster-queries", CLUSTER_QUERIES, &["-l:libcuda.so.1"]);
+    let output = run_cmd(&server.address, &exe).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    // 1: CUDA_ERROR_INVALID_VALUE (here); 400: CUDA_ERROR_INVALID_HANDLE (the server: no
+    // function of this session).
+    assert_eq!(stdout.trim(), "null=1 made_up=400 null_config=1 potential=400 n=-1 after=0", "{stderr}");
+}

@@ -7552,6 +7552,296 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultipr
         )
     }
 }
+///`cudaOccupancyMaxActiveClusters` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu118(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxActiveClusters` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu121(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxActiveClusters` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu126(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "12.6",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxActiveClusters` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu128(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxActiveClusters` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu130(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu118(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu121(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu126(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "12.6",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu128(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu130(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
 ///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaPeekAtLastError() -> u32 {

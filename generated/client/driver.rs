@@ -8172,6 +8172,126 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiproc
         ) as u32
     }
 }
+///`cuOccupancyMaxActiveClusters` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu118(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "11.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
+///`cuOccupancyMaxActiveClusters` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu121(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
+///`cuOccupancyMaxActiveClusters` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu126(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "12.6",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
+///`cuOccupancyMaxActiveClusters` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu128(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "12.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
+///`cuOccupancyMaxActiveClusters` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu130(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
 ///`cuOccupancyMaxPotentialBlockSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
@@ -8241,6 +8361,151 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFl
             dynamicSMemSize,
             blockSizeLimit,
             flags,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu118(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "11.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu121(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu126(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "12.6",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu128(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "12.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu130(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
         )
     }
 }

@@ -1367,6 +1367,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuOccupancyMaxActiveClusters" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxActiveClusters__cu130
+                    as *const c_void,
+            )
+        }
         "cuOccupancyMaxPotentialBlockSize" => {
             Some(
                 driver::__chidori_driver_cuOccupancyMaxPotentialBlockSize
@@ -1376,6 +1382,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuOccupancyMaxPotentialBlockSizeWithFlags" => {
             Some(
                 driver::__chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags
+                    as *const c_void,
+            )
+        }
+        "cuOccupancyMaxPotentialClusterSize" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxPotentialClusterSize__cu130
                     as *const c_void,
             )
         }

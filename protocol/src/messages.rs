@@ -263,6 +263,9 @@ pub enum Service {
     /// Link with the server's nvJitLink (the client keeps nvJitLink handles and sends a
     /// whole link at nvJitLinkComplete); answered by `JitLinked`.
     JitLink(JitLinkRequest),
+    /// cuOccupancyMaxActiveClusters (`potential`: cuOccupancyMaxPotentialClusterSize) of a
+    /// launch configuration, as a launch without parameters; answered by `Value`.
+    ClusterOccupancy { launch: Launch, potential: bool },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its
@@ -490,6 +493,8 @@ pub enum ServiceReply {
         address: u64,
     },
     JitLinked(JitLinkResult),
+    /// One number the library answered (a cluster count or size).
+    Value(i64),
 }
 
 /// Serialize a message into an archive.

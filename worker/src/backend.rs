@@ -100,6 +100,14 @@ pub trait Backend: Send + Sync + 'static {
         let _ = bytes;
         Err(format!("{addr:#x} is no memory the worker may write"))
     }
+    /// cuOccupancyMaxActiveClusters (`potential`: cuOccupancyMaxPotentialClusterSize) of
+    /// `launch` (its handles the backend's own, its function a CUfunction). Err: (driver
+    /// status, message).
+    fn cluster_occupancy(&self, launch: &Launch, potential: bool) -> Result<i32, (i64, String)> {
+        let _ = (launch, potential);
+        // CUDA_ERROR_NOT_SUPPORTED.
+        Err((801, format!("the {} backend has no functions to ask about clusters", self.name())))
+    }
     /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,
     /// message).
     fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)>;

@@ -53,6 +53,8 @@ struct ModuleApi {
     kernel_get_name: unsafe extern "C" fn(*mut *const i8, u64) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult,
     launch_kernel_ex: unsafe extern "C" fn(*const LaunchConfig, u64, *mut *mut c_void, *mut *mut c_void) -> CuResult,
+    max_active_clusters: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
+    max_potential_cluster_size: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
     rt_free: unsafe extern "C" fn(*mut c_void) -> u32,
     host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32,
     host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
@@ -194,6 +196,38 @@ struct LaunchAttribute {
     value: [u8; 64],
 }
 
+/// A launch's attributes as the driver takes them (a cooperative launch is one more).
+fn launch_attributes(launch: &Launch) -> Vec<LaunchAttribute> {
+    let mut attrs: Vec<LaunchAttribute> = launch
+        .attributes
+        .iter()
+        .map(|(id, v)| {
+            let mut value = [0u8; 64];
+            let n = v.len().min(64);
+            value[..n].copy_from_slice(&v[..n]);
+            LaunchAttribute { id: *id, pad: 0, value }
+        })
+        .collect();
+    if launch.cooperative {
+        let mut value = [0u8; 64];
+        value[..4].copy_from_slice(&1i32.to_le_bytes());
+        attrs.push(LaunchAttribute { id: ATTRIBUTE_COOPERATIVE, pad: 0, value });
+    }
+    attrs
+}
+
+/// The CUlaunchConfig of `launch`, pointing at `attrs` (which must outlive its use).
+fn launch_config(launch: &Launch, attrs: &mut [LaunchAttribute]) -> LaunchConfig {
+    LaunchConfig {
+        grid: launch.grid,
+        block: launch.block,
+        shared_mem: launch.shared_mem,
+        stream: launch.stream,
+        attrs: attrs.as_mut_ptr(),
+        num_attrs: attrs.len() as u32,
+    }
+}
+
 const _: () = {
     assert!(size_of::<LaunchConfig>() == 56);
     assert!(std::mem::offset_of!(LaunchConfig, stream) == 32);
@@ -286,6 +320,8 @@ impl Real {
             kernel_get_name: fn_ptr!(driver, "cuKernelGetName", _),
             func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
             launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
+            max_active_clusters: fn_ptr!(driver, "cuOccupancyMaxActiveClusters", _),
+            max_potential_cluster_size: fn_ptr!(driver, "cuOccupancyMaxPotentialClusterSize", _),
             rt_free: symbol_as(&cudart, "cudaFree")?,
             host_register: symbol_as(&cudart, "cudaHostRegister")?,
             host_unregister: symbol_as(&cudart, "cudaHostUnregister")?,
@@ -559,33 +595,30 @@ impl Backend for Real {
     unsafe fn launch(&self, launch: &Launch, params: &mut [u8], layout: &[(u32, u32)]) -> i64 {
         let mut pointers: Vec<*mut c_void> =
             layout.iter().map(|(offset, _)| params.as_mut_ptr().wrapping_add(*offset as usize).cast()).collect();
-        let mut attrs: Vec<LaunchAttribute> = launch
-            .attributes
-            .iter()
-            .map(|(id, v)| {
-                let mut value = [0u8; 64];
-                let n = v.len().min(64);
-                value[..n].copy_from_slice(&v[..n]);
-                LaunchAttribute { id: *id, pad: 0, value }
-            })
-            .collect();
-        if launch.cooperative {
-            let mut value = [0u8; 64];
-            value[..4].copy_from_slice(&1i32.to_le_bytes());
-            attrs.push(LaunchAttribute { id: ATTRIBUTE_COOPERATIVE, pad: 0, value });
-        }
-        let config = LaunchConfig {
-            grid: launch.grid,
-            block: launch.block,
-            shared_mem: launch.shared_mem,
-            stream: launch.stream,
-            attrs: attrs.as_mut_ptr(),
-            num_attrs: attrs.len() as u32,
-        };
+        let mut attrs = launch_attributes(launch);
+        let config = launch_config(launch, &mut attrs);
         // SAFETY: per the contract, the pointers address each parameter inside `params`.
         i64::from(unsafe {
             (self.module_api.launch_kernel_ex)(&config, launch.function, pointers.as_mut_ptr(), std::ptr::null_mut())
         })
+    }
+
+    fn cluster_occupancy(&self, launch: &Launch, potential: bool) -> Result<i32, (i64, String)> {
+        let mut attrs = launch_attributes(launch);
+        let config = launch_config(launch, &mut attrs);
+        let (query, name) = if potential {
+            (self.module_api.max_potential_cluster_size, "cuOccupancyMaxPotentialClusterSize")
+        } else {
+            (self.module_api.max_active_clusters, "cuOccupancyMaxActiveClusters")
+        };
+        let mut value = 0i32;
+        // SAFETY: an out-pointer to a local; the configuration and its attributes live
+        // through the call; the function is one of the session's.
+        let rc = unsafe { query(&mut value, launch.function, &config) };
+        if rc != 0 {
+            return Err((i64::from(rc), format!("{name} failed with status {rc}")));
+        }
+        Ok(value)
     }
 
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {

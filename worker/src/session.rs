@@ -1494,6 +1494,49 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
     Some(params)
 }
 
+/// The library's handles in place of the client's in `l`: the function (or kernel), the
+/// stream, and the events some launch attributes name. Err: (driver status, message).
+fn resolve_launch(session: &Session, l: &mut Launch) -> Result<(), (i64, String)> {
+    use chidori_cuda::handles::kind::{CUevent_st, CUfunc_st, CUkern_st, CUstream_st};
+    let handles = lock(&session.handles);
+    let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
+    else {
+        return Err((400, format!("launch of {:#x}, which is no function of this session", l.function)));
+    };
+    let Some(stream) = handles.resolve(CUstream_st, l.stream) else {
+        return Err((400, format!("launch on {:#x}, which is no stream of this session", l.stream)));
+    };
+    for (id, value) in l.attributes.iter_mut().filter(|(id, _)| EVENT_ATTRIBUTES.contains(id)) {
+        let Some(word) = value.first_chunk_mut::<8>() else { continue };
+        let event = u64::from_le_bytes(*word);
+        let Some(real) = handles.resolve(CUevent_st, event).filter(|&e| e != 0) else {
+            return Err((400, format!("launch attribute {id}: {event:#x} is no event of this session")));
+        };
+        *word = real.to_le_bytes();
+    }
+    (l.function, l.stream) = (function, stream);
+    Ok(())
+}
+
+/// A cluster occupancy query of a launch configuration: its handles resolved like a
+/// launch's, a CUkernel asked through its function in this context.
+fn cluster_occupancy(session: &Session, mut launch: Launch, potential: bool) -> ServiceReply {
+    let kernel = lock(&session.handles).owns(chidori_cuda::handles::kind::CUkern_st, launch.function);
+    if let Err((status, message)) = resolve_launch(session, &mut launch) {
+        return ServiceReply::Error { status, message };
+    }
+    if kernel {
+        match session.backend.kernel_function(launch.function) {
+            Ok(f) => launch.function = f,
+            Err((status, message)) => return ServiceReply::Error { status, message },
+        }
+    }
+    match session.backend.cluster_occupancy(&launch, potential) {
+        Ok(value) => ServiceReply::Value(i64::from(value)),
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
+}
+
 fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut l: Launch = messages::decode(frame, "launch").map_err(|e| Fatal(e.to_string()))?;
     let error_call = match l.api {
@@ -1509,27 +1552,8 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
         return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
     };
-    // The library's handles for the client's: the function (or kernel), the stream, and
-    // the events some launch attributes name.
-    {
-        use chidori_cuda::handles::kind::{CUevent_st, CUfunc_st, CUkern_st, CUstream_st};
-        let handles = lock(&session.handles);
-        let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
-        else {
-            return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
-        };
-        let Some(stream) = handles.resolve(CUstream_st, l.stream) else {
-            return fail(400, format!("launch on {:#x}, which is no stream of this session", l.stream));
-        };
-        for (id, value) in l.attributes.iter_mut().filter(|(id, _)| EVENT_ATTRIBUTES.contains(id)) {
-            let Some(word) = value.first_chunk_mut::<8>() else { continue };
-            let event = u64::from_le_bytes(*word);
-            let Some(real) = handles.resolve(CUevent_st, event).filter(|&e| e != 0) else {
-                return fail(400, format!("launch attribute {id}: {event:#x} is no event of this session"));
-            };
-            *word = real.to_le_bytes();
-        }
-        (l.function, l.stream) = (function, stream);
+    if let Err((status, message)) = resolve_launch(session, &mut l) {
+        return fail(status, message);
     }
     // The kernel reads every parameter the layout names: pad a short buffer with zeros.
     let needed = layout.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
@@ -1636,6 +1660,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
         Service::GraphList(query) => graph_list(session, query),
+        Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
         Service::GraphDot { graph, flags } => {
             let real = live(&lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
             match real.map(|g| session.backend.graph_dot(g, flags)) {

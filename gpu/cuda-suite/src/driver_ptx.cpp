@@ -144,6 +144,27 @@ int main() {
   size_t packed_size = offsetof(decltype(packed), n) + sizeof(int);
   void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &packed_size,
                    CU_LAUNCH_PARAM_END};
+  // Cluster occupancy of axpy's launch: the largest cluster, then 2-block clusters at once.
+  CUlaunchConfig occupancy = {};
+  occupancy.gridDimX = blocks;
+  occupancy.gridDimY = occupancy.gridDimZ = 1;
+  occupancy.blockDimX = 256;
+  occupancy.blockDimY = occupancy.blockDimZ = 1;
+  int cluster_size = 0, active_clusters = 0;
+  CU_CHECK(cuOccupancyMaxPotentialClusterSize(&cluster_size, axpy, &occupancy));
+  CUlaunchAttribute cluster = {};
+  cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  cluster.value.clusterDim.x = 2;
+  cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+  occupancy.attrs = &cluster;
+  occupancy.numAttrs = 1;
+  CU_CHECK(cuOccupancyMaxActiveClusters(&active_clusters, axpy, &occupancy));
+  if (cluster_size < 2 || active_clusters < 1) {
+    fprintf(stderr, "cluster occupancy: size %d, active %d\n", cluster_size, active_clusters);
+    return 1;
+  }
+  printf("clusters %d %d\n", cluster_size, active_clusters);
+
   CUstream stream;
   CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cuLaunchKernel(scale, blocks, 1, 1, 256, 1, 1, 0, stream, nullptr, extra));

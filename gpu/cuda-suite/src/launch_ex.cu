@@ -1,5 +1,6 @@
 // cudaLaunchKernelExC with launch attributes: a 2-block thread-block cluster chosen at launch time
-// (the kernel has no __cluster_dims__), and a stream priority through the C++ cudaLaunchKernelEx.
+// (the kernel has no __cluster_dims__), after the cluster occupancy queries of that configuration,
+// and a stream priority through the C++ cudaLaunchKernelEx.
 #include <cooperative_groups.h>
 #include "common.h"
 
@@ -59,6 +60,21 @@ int main() {
   config.stream = stream;
   config.attrs = &cluster_attr;
   config.numAttrs = 1;
+  // What the GPU fits of this configuration, asked as CUTLASS asks before a cluster launch:
+  // the largest cluster without the attribute, then how many 2-block clusters run at once.
+  Report report;
+  int potential = 0, active = 0;
+  config.numAttrs = 0;
+  CHECK(cudaOccupancyMaxPotentialClusterSize(&potential, (const void*)pair_sums, &config));
+  config.numAttrs = 1;
+  CHECK(cudaOccupancyMaxActiveClusters(&active, (const void*)pair_sums, &config));
+  if (potential < 2 || active < 1) {
+    fprintf(stderr, "cluster occupancy: potential size %d, active clusters %d\n", potential, active);
+    return 1;
+  }
+  report.line("cluster_size", (unsigned long long)potential);
+  report.line("active_clusters", (unsigned long long)active);
+
   void* args[] = {&d_in, &d_out};
   CHECK(cudaLaunchKernelExC(&config, (const void*)pair_sums, args));
 
@@ -85,7 +101,6 @@ int main() {
   CHECK(cudaFree(d_in));
   CHECK(cudaFree(d_out));
   CHECK(cudaStreamDestroy(stream));
-  Report report;
   report.line("pair_sums", checksum(got));
   report.done("launch_ex");
   return 0;

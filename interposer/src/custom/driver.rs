@@ -801,14 +801,18 @@ pub unsafe fn cuLaunchCooperativeKernel_ptsz(
     }
 }
 
-/// cuLaunchKernelEx: CUlaunchConfig is 56 bytes in every release (gridDimX..Z@0,
-/// blockDimX..Z@12, sharedMemBytes@24, hStream@32, attrs@40, numAttrs@48).
-fn launch_ex(config: *mut c_void, f: *mut c_void, params: *mut c_void, extra: *mut c_void) -> u32 {
-    if config.is_null() {
-        return INVALID_VALUE;
-    }
-    // SAFETY: the caller's CUlaunchConfig and its attribute array (72 bytes each).
-    let (grid, block, smem, stream, attributes) = unsafe {
+/// A CUlaunchConfig's fields: grid, block, shared memory, stream, attributes (id, 64-byte
+/// value).
+type LaunchConfigFields = ([u32; 3], [u32; 3], u32, *mut c_void, Vec<(u32, Vec<u8>)>);
+
+/// Read a CUlaunchConfig, 56 bytes in every release (gridDimX..Z@0, blockDimX..Z@12,
+/// sharedMemBytes@24, hStream@32, attrs@40, numAttrs@48), and its attributes (72 bytes each).
+///
+/// # Safety
+/// `config` must point at a CUlaunchConfig whose attribute array holds `numAttrs` entries.
+unsafe fn read_launch_config(config: *mut c_void) -> LaunchConfigFields {
+    // SAFETY: per the contract.
+    unsafe {
         let c = config as *const u8;
         let u = |at: usize| std::ptr::read_unaligned(c.add(at) as *const u32);
         let stream = std::ptr::read_unaligned(c.add(32) as *const *mut c_void);
@@ -823,8 +827,62 @@ fn launch_ex(config: *mut c_void, f: *mut c_void, params: *mut c_void, extra: *m
             out.push((std::ptr::read_unaligned(a as *const u32), std::slice::from_raw_parts(a.add(8), 64).to_vec()));
         }
         ([u(0), u(4), u(8)], [u(12), u(16), u(20)], u(24), stream, out)
-    };
+    }
+}
+
+/// cuLaunchKernelEx.
+fn launch_ex(config: *mut c_void, f: *mut c_void, params: *mut c_void, extra: *mut c_void) -> u32 {
+    if config.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's CUlaunchConfig.
+    let (grid, block, smem, stream, attributes) = unsafe { read_launch_config(config) };
     launch(f, grid, block, smem, stream, params, extra, attributes, false)
+}
+
+/// cuOccupancyMaxActiveClusters (`potential`: cuOccupancyMaxPotentialClusterSize): the
+/// configuration travels as a launch's does, and the server's driver answers.
+fn cluster_occupancy(ctx: &Ctx, out: *mut c_void, f: *mut c_void, config: *mut c_void, potential: bool) -> u32 {
+    driver(ctx.name, || {
+        if out.is_null() || config.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller's CUlaunchConfig.
+        let (grid, block, shared_mem, stream, attributes) = unsafe { read_launch_config(config) };
+        let launch = chidori_protocol::messages::Launch {
+            function: f as u64,
+            grid,
+            block,
+            shared_mem,
+            stream: stream as u64,
+            attributes,
+            cooperative: false,
+            api: Api::Driver,
+        };
+        let conn = connection()?;
+        let request = chidori_protocol::messages::Service::ClusterOccupancy { launch, potential };
+        match conn.service(&request, &[]).map_err(|_| NO_DEVICE)? {
+            chidori_protocol::messages::ServiceReply::Value(v) => {
+                // SAFETY: the caller's int, checked non-null.
+                unsafe { put(out, v as i32) }
+            }
+            chidori_protocol::messages::ServiceReply::Error { status, .. } => Err(status as u32),
+            _ => Err(INVALID_VALUE),
+        }
+    })
+}
+
+pub unsafe fn max_active_clusters(ctx: &Ctx, num_clusters: *mut c_void, f: *mut c_void, config: *mut c_void) -> u32 {
+    cluster_occupancy(ctx, num_clusters, f, config, false)
+}
+
+pub unsafe fn max_potential_cluster_size(
+    ctx: &Ctx,
+    cluster_size: *mut c_void,
+    f: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    cluster_occupancy(ctx, cluster_size, f, config, true)
 }
 
 macro_rules! launch_ex_variants {

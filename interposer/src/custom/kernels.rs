@@ -131,15 +131,19 @@ pub unsafe fn cudaLaunchCooperativeKernel(
     launch(kernel_of(func), gridDim, blockDim, args, sharedMem, stream, Vec::new(), true)
 }
 
-/// cudaLaunchKernelExC: `config` is a cudaLaunchConfig_t (56 bytes in every version:
-/// gridDim@0, blockDim@12, dynamicSmemBytes@24, stream@32, attrs@40, numAttrs@48), each
-/// attribute an id and a 64-byte value at 8 (72 bytes).
-fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void, per_thread: bool) -> u32 {
-    if config.is_null() {
-        return INVALID_VALUE;
-    }
-    // SAFETY: the caller's cudaLaunchConfig_t and its attribute array.
-    let (grid, block, smem, stream, attributes) = unsafe {
+/// A cudaLaunchConfig_t's fields: grid, block, dynamic shared memory, stream, attributes
+/// (id, 64-byte value).
+type LaunchConfigFields = (dim3, dim3, usize, *mut c_void, Vec<(u32, Vec<u8>)>);
+
+/// Read a cudaLaunchConfig_t (56 bytes in every version: gridDim@0, blockDim@12,
+/// dynamicSmemBytes@24, stream@32, attrs@40, numAttrs@48), each attribute an id and a
+/// 64-byte value at 8 (72 bytes).
+///
+/// # Safety
+/// `config` must point at a cudaLaunchConfig_t whose attribute array holds `numAttrs`.
+unsafe fn read_launch_config(config: *mut c_void) -> LaunchConfigFields {
+    // SAFETY: per the contract.
+    unsafe {
         let c = config as *const u8;
         let grid = std::ptr::read_unaligned(c as *const dim3);
         let block = std::ptr::read_unaligned(c.add(12) as *const dim3);
@@ -157,9 +161,67 @@ fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void, per_thre
             out.push((id, std::slice::from_raw_parts(a.add(8), 64).to_vec()));
         }
         (grid, block, smem, stream, out)
-    };
+    }
+}
+
+/// cudaLaunchKernelExC.
+fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void, per_thread: bool) -> u32 {
+    if config.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's cudaLaunchConfig_t and its attribute array.
+    let (grid, block, smem, stream, attributes) = unsafe { read_launch_config(config) };
     let stream = if per_thread { super::cudart::per_thread(stream) } else { stream };
     launch(kernel_of(func), grid, block, args, smem, stream, attributes, false)
+}
+
+/// cudaOccupancyMaxActiveClusters (`potential`: cudaOccupancyMaxPotentialClusterSize):
+/// asked of the server's driver with the kernel's function and the configuration as a
+/// launch carries it. The driver's codes for these answers are the runtime's.
+fn cluster_occupancy(ctx: &Ctx, out: *mut c_void, func: *mut c_void, config: *mut c_void, potential: bool) -> u32 {
+    runtime(ctx.name, || {
+        if out.is_null() || config.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let kernel = kernel_of_any(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        // SAFETY: the caller's cudaLaunchConfig_t.
+        let (grid, block, smem, stream, attributes) = unsafe { read_launch_config(config) };
+        let launch = chidori_protocol::messages::Launch {
+            function: f.handle,
+            grid: [grid.x, grid.y, grid.z],
+            block: [block.x, block.y, block.z],
+            shared_mem: u32::try_from(smem).map_err(|_| INVALID_VALUE)?,
+            stream: stream as u64,
+            attributes,
+            cooperative: false,
+            api: Api::Runtime,
+        };
+        let request = chidori_protocol::messages::Service::ClusterOccupancy { launch, potential };
+        match conn.service(&request, &[]).map_err(|_| NO_DEVICE)? {
+            chidori_protocol::messages::ServiceReply::Value(v) => {
+                // SAFETY: the caller's int, checked non-null.
+                unsafe { std::ptr::write_unaligned(out as *mut i32, v as i32) };
+                Ok(SUCCESS)
+            }
+            chidori_protocol::messages::ServiceReply::Error { status, .. } => Err(status as u32),
+            _ => Err(INVALID_VALUE),
+        }
+    })
+}
+
+pub unsafe fn max_active_clusters(ctx: &Ctx, num_clusters: *mut c_void, func: *mut c_void, config: *mut c_void) -> u32 {
+    cluster_occupancy(ctx, num_clusters, func, config, false)
+}
+
+pub unsafe fn max_potential_cluster_size(
+    ctx: &Ctx,
+    cluster_size: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    cluster_occupancy(ctx, cluster_size, func, config, true)
 }
 
 macro_rules! launch_ex_variants {
