@@ -562,6 +562,37 @@ mod tests {
         refusing.join().unwrap();
     }
 
+    #[test]
+    fn a_key_update_the_peer_asks_for_is_made_before_the_next_record() {
+        let ((client, c), (server, s)) = pair();
+        server.send(&s, &[IoSlice::new(b"under the first key")]).unwrap();
+        // The client updates its key and asks the server to update its own (update_requested).
+        {
+            let mut send = lock(&client.send);
+            send.seal_message(22, &[24, 0, 0, 1, 1]).unwrap();
+            let (seq, secrets) = lock(&client.kernel).update_tx().unwrap();
+            send.keys = Keys::new(seq, secrets).unwrap();
+            send_all(c.as_raw_fd(), &mut [IoSlice::new(&send.out)]).unwrap();
+            send.out.clear();
+        }
+        client.send(&c, &[IoSlice::new(b"after the client's update")]).unwrap();
+        let mut from_client = server.reader(s.try_clone().unwrap());
+        let mut got = [0u8; 25];
+        from_client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"after the client's update");
+        assert_eq!(lock(&server.send).keys.seq, 1, "one record under the first key");
+        server.send(&s, &[IoSlice::new(b"after the server's update")]).unwrap();
+        // A key update went first (the old key's second record): the data record is the first
+        // under the new key.
+        assert_eq!(lock(&server.send).keys.seq, 1);
+        let mut from_server = client.reader(c.try_clone().unwrap());
+        let mut first = [0u8; 19];
+        from_server.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"under the first key");
+        from_server.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"after the server's update");
+    }
+
     /// A reader over bytes already in memory.
     struct Bytes(std::io::Cursor<Vec<u8>>);
 

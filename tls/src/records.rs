@@ -90,7 +90,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    fn update_tx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
+    pub(crate) fn update_tx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
         match self {
             Kernel::Client(k) => k.update_tx_secret(),
             Kernel::Server(k) => k.update_tx_secret(),
