@@ -4555,7 +4555,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu118(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu118(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
@@ -4564,7 +4579,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu121(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu121(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
@@ -4573,7 +4603,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu126(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu126(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "12.6",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
@@ -4582,7 +4627,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu128(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu128(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4591,7 +4651,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu130(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu130(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC_ptsz` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
@@ -4600,7 +4675,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu118(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu118(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC_ptsz` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
@@ -4609,7 +4699,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu121(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu121(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC_ptsz` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
@@ -4618,7 +4723,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu126(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu126(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "12.6",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC_ptsz` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
@@ -4627,7 +4747,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu128(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu128(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernelExC_ptsz` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4636,7 +4771,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu130(
     func: *mut c_void,
     args: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu130(config, func, args) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
 }
 ///`cudaLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]

@@ -4030,7 +4030,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu118(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx__cu118(config, f, kernelParams, extra)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "11.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx` for CUDA 12.1 (custom).
@@ -4042,7 +4055,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu121(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx__cu121(config, f, kernelParams, extra)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx` for CUDA 12.6 (custom).
@@ -4054,7 +4080,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu126(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx__cu126(config, f, kernelParams, extra)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "12.6",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx` for CUDA 12.8 (custom).
@@ -4066,7 +4105,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu128(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx__cu128(config, f, kernelParams, extra)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "12.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx` for CUDA 13.0, 13.1 (custom).
@@ -4078,7 +4130,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu130(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx__cu130(config, f, kernelParams, extra)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx_ptsz` for CUDA 11.8 (custom).
@@ -4090,12 +4155,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu118(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx_ptsz__cu118(
-            config,
-            f,
-            kernelParams,
-            extra,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "11.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx_ptsz` for CUDA 12.1 (custom).
@@ -4107,12 +4180,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu121(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx_ptsz__cu121(
-            config,
-            f,
-            kernelParams,
-            extra,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx_ptsz` for CUDA 12.6 (custom).
@@ -4124,12 +4205,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu126(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx_ptsz__cu126(
-            config,
-            f,
-            kernelParams,
-            extra,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "12.6",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx_ptsz` for CUDA 12.8 (custom).
@@ -4141,12 +4230,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu128(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx_ptsz__cu128(
-            config,
-            f,
-            kernelParams,
-            extra,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "12.8",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernelEx_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -4158,12 +4255,20 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu130(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernelEx_ptsz__cu130(
-            config,
-            f,
-            kernelParams,
-            extra,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
 ///`cuLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

@@ -885,27 +885,17 @@ pub unsafe fn max_potential_cluster_size(
     cluster_occupancy(ctx, cluster_size, f, config, true)
 }
 
-macro_rules! launch_ex_variants {
-    ($($name:ident),*) => {$(
-        pub unsafe fn $name(config: *mut c_void, f: *mut c_void, kernelParams: *mut c_void, extra: *mut c_void) -> u32 {
-            launch_ex(config, f, kernelParams, extra)
-        }
-    )*};
+/// cuLaunchKernelEx and its per-thread variant, in every version: CUlaunchAttributeValue grew
+/// members inside its 64 bytes between releases, one ABI.
+pub unsafe fn launch_kernel_ex(
+    _ctx: &Ctx,
+    config: *mut c_void,
+    f: *mut c_void,
+    kernel_params: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    launch_ex(config, f, kernel_params, extra)
 }
-
-// CUlaunchAttributeValue grew members inside its 64 bytes between releases: one ABI.
-launch_ex_variants!(
-    cuLaunchKernelEx__cu118,
-    cuLaunchKernelEx__cu121,
-    cuLaunchKernelEx__cu126,
-    cuLaunchKernelEx__cu128,
-    cuLaunchKernelEx__cu130,
-    cuLaunchKernelEx_ptsz__cu118,
-    cuLaunchKernelEx_ptsz__cu121,
-    cuLaunchKernelEx_ptsz__cu126,
-    cuLaunchKernelEx_ptsz__cu128,
-    cuLaunchKernelEx_ptsz__cu130
-);
 pub use super::capture::*;
 pub use super::context::{
     cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,

@@ -224,29 +224,11 @@ pub unsafe fn max_potential_cluster_size(
     cluster_occupancy(ctx, cluster_size, func, config, true)
 }
 
-macro_rules! launch_ex_variants {
-    ($per_thread:literal: $($name:ident),*) => {$(
-        pub unsafe fn $name(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
-            launch_ex(config, func, args, $per_thread)
-        }
-    )*};
+/// cudaLaunchKernelExC and its per-thread variant, in every version: cudaLaunchAttributeValue
+/// grew members inside its 64 bytes between releases, one ABI.
+pub unsafe fn launch_kernel_ex(ctx: &Ctx, config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
+    launch_ex(config, func, args, ctx.name.ends_with("_ptsz"))
 }
-
-// cudaLaunchAttributeValue grew members between releases inside its 64 bytes: one ABI.
-launch_ex_variants!(false:
-    cudaLaunchKernelExC__cu118,
-    cudaLaunchKernelExC__cu121,
-    cudaLaunchKernelExC__cu126,
-    cudaLaunchKernelExC__cu128,
-    cudaLaunchKernelExC__cu130
-);
-launch_ex_variants!(true:
-    cudaLaunchKernelExC_ptsz__cu118,
-    cudaLaunchKernelExC_ptsz__cu121,
-    cudaLaunchKernelExC_ptsz__cu126,
-    cudaLaunchKernelExC_ptsz__cu128,
-    cudaLaunchKernelExC_ptsz__cu130
-);
 
 pub unsafe fn cudaGetKernel(kernelPtr: *mut c_void, entryFuncAddr: *mut c_void) -> u32 {
     // SAFETY: same contract.
