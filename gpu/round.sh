@@ -588,6 +588,7 @@ if want hostile; then
       "$DIST/bin/hostile" real_libraries_survive_null_pointers --exact --nocapture > "$LOGS/hostile.txt" 2>&1
     rc=$?
     grep -E "died at|broke the context" "$LOGS/hostile.txt" | head -30
+    ((rc == 0)) || grep -A4 "panicked" "$LOGS/hostile.txt" | head -12
     row "hostile NULL run" "rc=$rc, last descriptor $(cat "$B/hostile-progress" 2>/dev/null), $(grep -c "died at" "$LOGS/hostile.txt") died; $(grep "descriptors run" "$LOGS/hostile.txt")"
   else
     row "hostile NULL run" "no target/dist/bin/hostile (./dev gpu builds it)"

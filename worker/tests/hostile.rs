@@ -348,7 +348,9 @@ fn real_libraries_survive_null_pointers() {
             .args(["real_libraries_survive_null_pointers", "--exact", "--nocapture", "--test-threads", "1"])
             .env(FROM, from.to_string())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            // What a child says goes to a file beside the progress file (the reason a child
+            // that could not start gives, a library's own complaints).
+            .stderr(std::fs::File::create(progress.with_extension("stderr")).unwrap())
             .spawn()
             .unwrap();
         // A child that makes no progress for a while (CHIDORI_HOSTILE_STUCK seconds, a minute
@@ -383,7 +385,11 @@ fn real_libraries_survive_null_pointers() {
             from = index + 1;
             continue;
         }
-        let Ok(index) = at.parse::<usize>() else { panic!("the child ended ({status}) before its first call") };
+        let Ok(index) = at.parse::<usize>() else {
+            let said = std::fs::read_to_string(progress.with_extension("stderr")).unwrap_or_default();
+            let said: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).take(6).collect();
+            panic!("the child ended ({status}) before its first call:\n{}", said.join("\n"));
+        };
         let desc = VARIANTS[index];
         died.push(format!("{} ({}, form {:?}): {status}", desc.name, desc.library, desc.form));
         let _ = std::io::stderr().flush();
