@@ -76,17 +76,14 @@ fn main() {
             }
         });
 
-        let (config, _) = server_config();
+        // The same client configuration (the pinned certificate), on rustls's buffered API.
+        let (config, fingerprint) = server_config();
+        let pins = chidori_tls::pin::Pins { explicit: Some(fingerprint), file: None };
         let (a, b) = pair();
-        let client_config = rustls::ClientConfig::builder_with_provider(chidori_tls::provider())
-            .with_protocol_versions(chidori_tls::VERSIONS)
-            .expect("TLS 1.3")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
-            .with_no_client_auth();
+        let (client_config, _) = pins.client_config("localhost:1");
         let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
         let mut sender =
-            rustls::StreamOwned::new(rustls::ClientConnection::new(Arc::new(client_config), name).expect("client"), a);
+            rustls::StreamOwned::new(rustls::ClientConnection::new(client_config, name).expect("client"), a);
         let receiver = rustls::StreamOwned::new(rustls::ServerConnection::new(config).expect("server"), b);
         let buffered = run(receiver, |data| {
             for _ in 0..TOTAL / CHUNK {
@@ -97,41 +94,5 @@ fn main() {
         println!(
             "round {round}: plain TCP {plain:.2} GB/s, rustls buffered {buffered:.2} GB/s, chidori records {records:.2} GB/s"
         );
-    }
-}
-
-/// The buffered pair's client accepts any certificate (a benchmark on loopback).
-#[derive(Debug)]
-struct AnyCertificate;
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        chidori_tls::provider().signature_verification_algorithms.supported_schemes()
     }
 }

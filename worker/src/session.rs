@@ -640,9 +640,9 @@ impl Buffer {
         self.pooled && lock(&OUTPUTS).pinned.contains(&(self.words.as_ptr() as u64))
     }
 
-    /// After the call: a reused buffer of a failed call holds no earlier bytes.
-    fn settle(&mut self, ok: bool) {
-        if self.pooled && !ok {
+    /// After a failed call: a reused buffer holds no earlier bytes.
+    fn settle_failed(&mut self) {
+        if self.pooled {
             self.words.fill(0);
         }
     }
@@ -1134,9 +1134,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     };
     let ok = desc.ret != Ret::Status || ret == desc.codes.success as u64;
     if !ok {
-        for b in buffers.iter_mut().flatten() {
-            b.settle(ok);
-        }
+        buffers.iter_mut().flatten().for_each(Buffer::settle_failed);
     }
     // A new handle reaches the client as its name: the client's own, or an id given now;
     // never the library's pointer. After a failure only a handle the client knows (the node

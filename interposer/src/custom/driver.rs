@@ -860,16 +860,25 @@ fn cluster_occupancy(ctx: &Ctx, out: *mut c_void, f: *mut c_void, config: *mut c
             api: Api::Driver,
         };
         let conn = connection()?;
-        let request = chidori_protocol::messages::Service::ClusterOccupancy { launch, potential };
-        match conn.service(&request, &[]).map_err(|_| NO_DEVICE)? {
-            chidori_protocol::messages::ServiceReply::Value(v) => {
-                // SAFETY: the caller's int, checked non-null.
-                unsafe { put(out, v as i32) }
-            }
-            chidori_protocol::messages::ServiceReply::Error { status, .. } => Err(status as u32),
-            _ => Err(INVALID_VALUE),
-        }
+        let value = ask_cluster_occupancy(&conn, launch, potential)?;
+        // SAFETY: the caller's int, checked non-null.
+        unsafe { put(out, value) }
     })
+}
+
+/// Ask the server's driver about clusters for `launch` (the runtime's functions too: the
+/// statuses these answers carry have the same numbers in both APIs).
+pub(super) fn ask_cluster_occupancy(
+    conn: &Conn,
+    launch: chidori_protocol::messages::Launch,
+    potential: bool,
+) -> Result<i32, u32> {
+    use chidori_protocol::messages::{Service, ServiceReply};
+    match conn.service(&Service::ClusterOccupancy { launch, potential }, &[]).map_err(|_| NO_DEVICE)? {
+        ServiceReply::Value(v) => i32::try_from(v).map_err(|_| INVALID_VALUE),
+        ServiceReply::Error { status, .. } => Err(status as u32),
+        _ => Err(INVALID_VALUE),
+    }
 }
 
 pub unsafe fn max_active_clusters(ctx: &Ctx, num_clusters: *mut c_void, f: *mut c_void, config: *mut c_void) -> u32 {

@@ -198,16 +198,10 @@ fn cluster_occupancy(ctx: &Ctx, out: *mut c_void, func: *mut c_void, config: *mu
             cooperative: false,
             api: Api::Runtime,
         };
-        let request = chidori_protocol::messages::Service::ClusterOccupancy { launch, potential };
-        match conn.service(&request, &[]).map_err(|_| NO_DEVICE)? {
-            chidori_protocol::messages::ServiceReply::Value(v) => {
-                // SAFETY: the caller's int, checked non-null.
-                unsafe { std::ptr::write_unaligned(out as *mut i32, v as i32) };
-                Ok(SUCCESS)
-            }
-            chidori_protocol::messages::ServiceReply::Error { status, .. } => Err(status as u32),
-            _ => Err(INVALID_VALUE),
-        }
+        let value = super::driver::ask_cluster_occupancy(&conn, launch, potential)?;
+        // SAFETY: the caller's int, checked non-null.
+        unsafe { std::ptr::write_unaligned(out as *mut i32, value) };
+        Ok(SUCCESS)
     })
 }
 
