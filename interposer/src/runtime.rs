@@ -357,7 +357,14 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
     }
     let batch: Vec<(&'static CallDesc, &[u64])> = calls.iter().map(|a| (desc, a.as_slice())).collect();
     // SAFETY: forwarded contract.
-    let Some(rets) = (unsafe { call_all(conn, &batch, desc.name) }) else { return unavailable(desc) };
+    let rets = unsafe { call_all(conn, &batch, desc.name) };
+    first_status(conn, desc, rets)
+}
+
+/// The first failing status of a copy's chunks, else a deferred failure of an earlier call,
+/// else success; unavailable when the server could not be reached (`rets` None).
+fn first_status(conn: &Conn, desc: &'static CallDesc, rets: Option<Vec<u64>>) -> u64 {
+    let Some(rets) = rets else { return unavailable(desc) };
     let first = rets.into_iter().find(|&r| r != success(desc)).unwrap_or(success(desc));
     if first == success(desc)
         && let Some(status) = conn.take_deferred(desc.library)
@@ -365,6 +372,69 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
         return status as u64;
     }
     first
+}
+
+/// One call prepared and handed to `send` as a frame.
+struct Issued<'a> {
+    /// The call's encoding and the caller's buffers it points at: alive as long as this.
+    _prepared: Prepared<'a>,
+    /// The reply's slot, for a form that waits.
+    slot: Option<Arc<Slot>>,
+    /// Bytes sent, and bytes the reply will bring.
+    sent: u64,
+    received: u64,
+}
+
+/// Prepare `args` of `desc` and pass its frame to `send` (the session's connection, or a
+/// bulk lane); a frame that could not be sent is forgotten.
+///
+/// # Safety
+/// As [`prepare`].
+unsafe fn issue<'a>(
+    conn: &Conn,
+    desc: &'static CallDesc,
+    args: &[u64],
+    send: impl FnOnce(Header, &[u8], &[&[u8]]) -> Result<(), String>,
+) -> Result<Issued<'a>, String> {
+    mirror_devices(conn, desc, args);
+    if desc.library == "cudnn" {
+        crate::custom::cudnn_sizes::forget_passed(desc, args);
+    }
+    // SAFETY: forwarded contract.
+    let prepared = unsafe { prepare(desc, args) };
+    let seq = conn.next_seq();
+    let slot = desc.waits().then(|| conn.expect(seq, prepared.outs.clone()));
+    let received = prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
+    let archive = messages::encode(&prepared.call);
+    let sent = archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
+    let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
+    if let Err(e) = send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk) {
+        conn.forget(seq);
+        return Err(e);
+    }
+    Ok(Issued { _prepared: prepared, slot, sent, received })
+}
+
+/// Wait for the replies of calls sent together: their raw results (None: the server could
+/// not be reached); then what follows a wait (deferred copies land, mirrors are pulled) and
+/// the trace of one round trip of latency for all of them as `name`.
+fn finish(
+    conn: &Conn,
+    slots: Vec<Arc<Slot>>,
+    name: &'static str,
+    (sent, received): (u64, u64),
+    start: Instant,
+) -> Option<Vec<u64>> {
+    let calls = slots.len();
+    let mut rets = Vec::with_capacity(calls);
+    for slot in slots {
+        rets.push(slot.wait().ok()?);
+    }
+    crate::state::wait_deferred();
+    crate::mirror::pull(conn);
+    crate::trace::bytes(name, u64::from(calls > 0), sent, received, start.elapsed());
+    tracing::trace!(target: "chidori::waits", "{name} -> {calls} calls in one round trip");
+    Some(rets)
 }
 
 /// The chunks of one large copy (`calls` of `desc`, whose third argument is the byte
@@ -375,69 +445,46 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
 /// As [`prepare`], for every argument list; buffers stay valid until this returns.
 unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
     let start = Instant::now();
-    let waits = desc.waits();
     let mut slots = Vec::with_capacity(calls.len());
-    // Every chunk's encoding lives until the lanes wrote it.
-    let mut prepared_all = Vec::with_capacity(calls.len());
-    let (mut sent, mut received) = (0u64, 0u64);
+    // Every chunk's encoding (and the caller's memory it points at) lives until the drain.
+    let mut issued = Vec::with_capacity(calls.len());
+    let mut bytes = (0u64, 0u64);
     let mut failed = false;
     for args in calls {
-        mirror_devices(conn, desc, args);
-        // SAFETY: forwarded contract.
-        let prepared = unsafe { prepare(desc, args) };
-        let seq = conn.next_seq();
-        if waits {
-            slots.push(conn.expect(seq, prepared.outs.clone()));
+        // SAFETY: forwarded contract; `issued` keeps the preparation until the lanes wrote it.
+        let result =
+            unsafe { issue(conn, desc, args, |header, archive, bulk| lanes.send(conn, header, archive, bulk)) };
+        match result {
+            Ok(mut i) => {
+                if !desc.waits() {
+                    // Traced per chunk, as each call sent without waiting is.
+                    crate::trace::record(desc, i.sent as usize, 0, None);
+                }
+                bytes = (bytes.0 + i.sent, bytes.1 + i.received);
+                slots.extend(i.slot.take());
+                issued.push(i);
+            }
+            Err(reason) => {
+                // The server may wait for a frame that will not come: the session is over.
+                conn.lane_lost(reason);
+                failed = true;
+                break;
+            }
         }
-        received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
-        let archive = messages::encode(&prepared.call);
-        let bytes = archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
-        sent += bytes;
-        if !waits {
-            // Traced per chunk, as each call sent without waiting is.
-            crate::trace::record(desc, bytes as usize, 0, None);
-        }
-        let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
-        let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
-        // SAFETY: `prepared` (and the caller's buffers it points at) lives until the drain.
-        if let Err(reason) = unsafe { lanes.send(conn, header, &archive, &bulk) } {
-            // The server may wait for a frame that will not come: the session is over.
-            conn.forget(seq);
-            conn.lane_lost(reason);
-            failed = true;
-            break;
-        }
-        prepared_all.push(prepared);
     }
-    if let Err(reason) = lanes.drain() {
+    let drained = lanes.drain();
+    drop(issued);
+    if let Err(reason) = drained {
         conn.lane_lost(reason);
         return unavailable(desc);
     }
-    drop(prepared_all);
     if failed {
         return unavailable(desc);
     }
-    if !waits {
+    if !desc.waits() {
         return success(desc);
     }
-    let mut first = success(desc);
-    for slot in slots {
-        match slot.wait() {
-            Ok(r) if first == success(desc) && r != success(desc) => first = r,
-            Ok(_) => {}
-            Err(_) => return unavailable(desc),
-        }
-    }
-    crate::state::wait_deferred();
-    crate::mirror::pull(conn);
-    crate::trace::bytes(desc.name, 1, sent, received, start.elapsed());
-    tracing::trace!(target: "chidori::waits", "{} -> {} chunks on bulk lanes in one round trip", desc.name, calls.len());
-    if first == success(desc)
-        && let Some(status) = conn.take_deferred(desc.library)
-    {
-        return status as u64;
-    }
-    first
+    first_status(conn, desc, finish(conn, slots, desc.name, bytes, start))
 }
 
 /// Send waiting calls back to back, in order, then wait for every reply: one round trip of
@@ -450,36 +497,15 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
 pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name: &'static str) -> Option<Vec<u64>> {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(calls.len());
-    let (mut sent, mut received) = (0u64, 0u64);
+    let mut bytes = (0u64, 0u64);
     for &(desc, args) in calls {
         debug_assert!(desc.waits(), "{} is sent without waiting", desc.name);
-        mirror_devices(conn, desc, args);
-        if desc.library == "cudnn" {
-            crate::custom::cudnn_sizes::forget_passed(desc, args);
-        }
         // SAFETY: forwarded contract.
-        let prepared = unsafe { prepare(desc, args) };
-        let seq = conn.next_seq();
-        slots.push(conn.expect(seq, prepared.outs.clone()));
-        received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
-        let archive = messages::encode(&prepared.call);
-        sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
-        let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
-        if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
-            conn.forget(seq);
-            return None;
-        }
+        let i = unsafe { issue(conn, desc, args, |header, archive, bulk| conn.send(header, archive, bulk)) }.ok()?;
+        bytes = (bytes.0 + i.sent, bytes.1 + i.received);
+        slots.extend(i.slot);
     }
-    let mut rets = Vec::with_capacity(slots.len());
-    for slot in slots {
-        rets.push(slot.wait().ok()?);
-    }
-    crate::state::wait_deferred();
-    crate::mirror::pull(conn);
-    // The calls went out together: one round trip of latency, however many there were.
-    crate::trace::bytes(name, u64::from(!calls.is_empty()), sent, received, start.elapsed());
-    tracing::trace!(target: "chidori::waits", "{name} -> {} calls in one round trip", calls.len());
-    Some(rets)
+    finish(conn, slots, name, bytes, start)
 }
 
 /// [`call_all`] where the first call is the program's own and the others ride with it: the
