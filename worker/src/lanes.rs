@@ -39,50 +39,60 @@ struct Outgoing {
     bulk: Vec<Part>,
 }
 
-/// Bulk buffers of lane frames: made once (pinned for the GPU's copies where the backend
-/// can), filled by the lanes' readers, given back when their call has run.
-struct Pool {
-    backend: Arc<dyn Backend>,
-    free: Vec<Vec<u8>>,
-    /// Buffers made so far (at most [`STAGING`]).
-    made: usize,
-    /// The pinned ones' addresses: never freed, always given back.
-    pinned: Vec<u64>,
+/// Buffers of one length, made once (pinned for the GPU's copies where the backend can) and
+/// never freed: at most `limit` are made. With `adopt`, buffers of that length made
+/// elsewhere are kept too while there is room (a lane's reader allocates its own once the
+/// pool's are all out: eight lanes read ahead more than twelve frames).
+pub struct Reused<T> {
+    free: Vec<Vec<T>>,
+    /// Addresses of the buffers made, and whether each is pinned.
+    made: Vec<(u64, bool)>,
+    limit: usize,
+    len: usize,
+    adopt: bool,
 }
 
-/// Buffers the pool makes (8 MiB each; a lane's reader reads into memory of its own beyond
-/// that): four lanes' frames read ahead and the one running.
-const STAGING: usize = 12;
-
-/// Bytes of a pool buffer: the largest copy chunk a client sends.
-const POOL_BUFFER: usize = 8 << 20;
-
-impl Pool {
-    /// A buffer for a frame's bulk.
-    fn take(&mut self) -> Vec<u8> {
-        if let Some(b) = self.free.pop() {
-            return b;
-        }
-        if self.made >= STAGING {
-            return Vec::new();
-        }
-        self.made += 1;
-        let b: Vec<u8> = Vec::with_capacity(POOL_BUFFER);
-        if self.backend.pin_staging(b.as_ptr() as u64, POOL_BUFFER as u64) {
-            self.pinned.push(b.as_ptr() as u64);
-        }
-        b
+impl<T: Copy + Default> Reused<T> {
+    pub const fn new(limit: usize, len: usize, adopt: bool) -> Self {
+        Reused { free: Vec::new(), made: Vec::new(), limit, len, adopt }
     }
 
-    fn give(&mut self, mut b: Vec<u8>) {
-        // A pinned buffer is always kept (it is never freed); another only while there is room.
-        let pinned = self.pinned.contains(&(b.as_ptr() as u64));
-        if pinned || (b.capacity() == POOL_BUFFER && self.free.len() < STAGING) {
-            b.clear();
+    /// A buffer of at least `len` elements' capacity (it may hold an earlier user's bytes),
+    /// or None once `limit` are out.
+    pub fn take(&mut self, backend: &dyn Backend) -> Option<Vec<T>> {
+        if let Some(b) = self.free.pop() {
+            return Some(b);
+        }
+        if self.made.len() >= self.limit {
+            return None;
+        }
+        let b = vec![T::default(); self.len];
+        let pinned = backend.pin_staging(b.as_ptr() as u64, (self.len * size_of::<T>()) as u64);
+        self.made.push((b.as_ptr() as u64, pinned));
+        Some(b)
+    }
+
+    /// A buffer back: one this pool made always; another of its length while there is room,
+    /// where the pool adopts.
+    pub fn give(&mut self, b: Vec<T>) {
+        let ours = self.made.iter().any(|&(a, _)| a == b.as_ptr() as u64);
+        if ours || (self.adopt && b.capacity() == self.len && self.free.len() < self.limit) {
             self.free.push(b);
         }
     }
+
+    /// Whether the buffer at `addr` is one of the pinned ones.
+    pub fn is_pinned(&self, addr: u64) -> bool {
+        self.made.iter().any(|&(a, pinned)| pinned && a == addr)
+    }
 }
+
+/// Buffers the staging pool makes (8 MiB each; a lane's reader reads into memory of its own
+/// beyond that): four lanes' frames read ahead and the one running.
+const STAGING: usize = 12;
+
+/// Bytes of a staging buffer: the largest copy chunk a client sends.
+const POOL_BUFFER: usize = 8 << 20;
 
 /// A session's lanes.
 pub struct Lanes {
@@ -92,7 +102,8 @@ pub struct Lanes {
     outgoing: Mutex<HashMap<u8, mpsc::SyncSender<Outgoing>>>,
     attached: Condvar,
     /// Bulk buffers of lane frames, read into again (not faulted in anew).
-    pool: Arc<Mutex<Pool>>,
+    pool: Arc<Mutex<Reused<u8>>>,
+    backend: Arc<dyn Backend>,
 }
 
 impl Lanes {
@@ -101,14 +112,15 @@ impl Lanes {
             incoming: Mutex::default(),
             outgoing: Mutex::default(),
             attached: Condvar::new(),
-            pool: Arc::new(Mutex::new(Pool { backend, free: Vec::new(), made: 0, pinned: Vec::new() })),
+            pool: Arc::new(Mutex::new(Reused::new(STAGING, POOL_BUFFER, true))),
+            backend,
         }
     }
 
     /// Whether `bulk` is a pinned staging buffer (a copy from it on a stream must be waited
     /// for before the buffer is read into again).
     pub fn is_pinned(&self, bulk: &[u8]) -> bool {
-        lock(&self.pool).pinned.contains(&(bulk.as_ptr() as u64))
+        lock(&self.pool).is_pinned(bulk.as_ptr() as u64)
     }
 
     /// Start reading and writing lane `lane` (a checked connection). A lane already
@@ -120,10 +132,10 @@ impl Lanes {
         // carries waits, as it did writing to the socket itself (the worker's memory stays
         // bounded on a slow link).
         let (out_tx, out_rx) = mpsc::sync_channel::<Outgoing>(2);
-        let pool = self.pool.clone();
+        let (pool, backend) = (self.pool.clone(), self.backend.clone());
         let read = move || {
             loop {
-                let mut spare = lock(&pool).take();
+                let mut spare = lock(&pool).take(&*backend).unwrap_or_default();
                 let frame = read_frame_reusing(&mut reader, stall, RESERVE, &mut spare);
                 // A buffer the frame did not take (a small or empty bulk) goes back.
                 if spare.capacity() > 0 {
@@ -253,6 +265,26 @@ mod tests {
         drop(client);
         let end = lanes.next_frame(1, Duration::from_secs(2)).unwrap_err();
         assert!(end.contains("closed"), "{end}");
+    }
+
+    #[test]
+    fn reused_buffers_are_made_up_to_the_limit_and_kept() {
+        let backend = crate::fuzz::emulated_harness_backend();
+        let mut outputs: Reused<u64> = Reused::new(2, 16, false);
+        let (a, b) = (outputs.take(&*backend).unwrap(), outputs.take(&*backend).unwrap());
+        assert!(outputs.take(&*backend).is_none(), "no third past the limit");
+        let a_addr = a.as_ptr();
+        outputs.give(a);
+        outputs.give(vec![0u64; 16]);
+        let again = outputs.take(&*backend).unwrap();
+        assert_eq!(again.as_ptr(), a_addr, "its own buffer comes back");
+        assert!(outputs.take(&*backend).is_none(), "a buffer made elsewhere is not adopted");
+        drop((b, again));
+        let mut staging: Reused<u8> = Reused::new(1, 8, true);
+        staging.give(vec![0u8; 8]);
+        staging.give(vec![0u8; 4]);
+        assert_eq!(staging.take(&*backend).map(|b| b.len()), Some(8), "one of its length is adopted");
+        assert_eq!(staging.take(&*backend).map(|b| b.len()), Some(8), "then one is made");
     }
 
     #[test]

@@ -590,16 +590,11 @@ const SPARE_MIN: usize = 1 << 20;
 const POOLED_WORDS: usize = 1 << 20;
 
 /// Large output buffers kept for reuse (a worker serves one session): made once, pinned
-/// for the GPU's copies where the backend can, never freed.
-struct Outputs {
-    free: Vec<Vec<u64>>,
-    made: usize,
-    pinned: Vec<u64>,
-}
+/// for the GPU's copies where the backend can, never freed; at most [`OUTPUTS_MADE`] (beyond:
+/// one of its own per call, freed after).
+static OUTPUTS: Mutex<crate::lanes::Reused<u64>> =
+    Mutex::new(crate::lanes::Reused::new(OUTPUTS_MADE, POOLED_WORDS, false));
 
-static OUTPUTS: Mutex<Outputs> = Mutex::new(Outputs { free: Vec::new(), made: 0, pinned: Vec::new() });
-
-/// Output buffers [`OUTPUTS`] makes at most (beyond: one of its own per call, freed after).
 const OUTPUTS_MADE: usize = 12;
 
 impl Buffer {
@@ -611,33 +606,19 @@ impl Buffer {
     /// one comes from [`OUTPUTS`], and is zeroed only if the call fails ([`Buffer::settle`]).
     fn output(len: usize, backend: &dyn Backend) -> Buffer {
         let words = len.div_ceil(8);
-        if len >= SPARE_MIN && words <= POOLED_WORDS {
-            let mut outputs = lock(&OUTPUTS);
-            let reused = outputs.free.pop();
-            let made = reused.is_none() && outputs.made < OUTPUTS_MADE;
-            let w = match reused {
-                Some(w) => Some(w),
-                None if made => {
-                    outputs.made += 1;
-                    let w = vec![0u64; POOLED_WORDS];
-                    if backend.pin_staging(w.as_ptr() as u64, (POOLED_WORDS * 8) as u64) {
-                        outputs.pinned.push(w.as_ptr() as u64);
-                    }
-                    Some(w)
-                }
-                None => None,
-            };
-            if let Some(mut w) = w {
-                w.resize(words, 0);
-                return Buffer { words: w, len, pooled: true };
-            }
+        if len >= SPARE_MIN
+            && words <= POOLED_WORDS
+            && let Some(mut w) = lock(&OUTPUTS).take(backend)
+        {
+            w.resize(words, 0);
+            return Buffer { words: w, len, pooled: true };
         }
         Buffer::zeroed(len)
     }
 
     /// Whether the buffer is pinned (a copy into it on a stream lands when the GPU gets to it).
     fn is_pinned(&self) -> bool {
-        self.pooled && lock(&OUTPUTS).pinned.contains(&(self.words.as_ptr() as u64))
+        self.pooled && lock(&OUTPUTS).is_pinned(self.words.as_ptr() as u64)
     }
 
     /// After a failed call: a reused buffer holds no earlier bytes.
@@ -671,7 +652,7 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         if self.pooled {
-            lock(&OUTPUTS).free.push(std::mem::take(&mut self.words));
+            lock(&OUTPUTS).give(std::mem::take(&mut self.words));
         }
     }
 }
