@@ -162,6 +162,9 @@ pub struct Conn {
     last_heard: Mutex<Instant>,
     /// Further connections for large copies ([`crate::lanes`]), opened on first use.
     pub(crate) lanes: crate::lanes::Slot,
+    /// The token this session presented, for its further connections (a reconnection, a
+    /// bulk lane); None without TLS.
+    pub(crate) token: Option<String>,
 }
 
 /// The socket frames are written to, replaced when a resumable session reconnects.
@@ -177,7 +180,6 @@ struct Link {
 struct Resume {
     session: u64,
     secret: Vec<u8>,
-    token: Option<String>,
     grace: Duration,
     /// The stream offset the server acknowledged.
     peer_acked: AtomicU64,
@@ -381,7 +383,6 @@ fn connect() -> Result<Conn, String> {
     let resume = (!welcome.resume_secret.is_empty()).then(|| Resume {
         session: welcome.session,
         secret: welcome.resume_secret.clone(),
-        token: token.clone(),
         grace: chidori_protocol::resume::grace(),
         peer_acked: AtomicU64::new(0),
     });
@@ -427,6 +428,7 @@ fn connect() -> Result<Conn, String> {
         callback_queue: Mutex::new(tx),
         last_heard: Mutex::new(Instant::now()),
         lanes: Default::default(),
+        token,
     };
     start_callback_thread(rx);
     Ok(conn)
@@ -442,9 +444,10 @@ pub(crate) enum Retry {
 /// preamble naming the session, TLS where there is a token, the request with the secret
 /// and the bytes received. Returns the connection, its TLS, and the bytes the server
 /// received.
-fn reconnect_once(server: &str, resume: &Resume, received: u64) -> Result<(TcpStream, Option<Tls>, u64), Retry> {
+fn reconnect_once(conn: &Conn, resume: &Resume, received: u64) -> Result<(TcpStream, Option<Tls>, u64), Retry> {
+    let server = &conn.server;
     let request = ResumeRequest {
-        token: resume.token.clone().unwrap_or_default(),
+        token: conn.token.clone().unwrap_or_default(),
         secret: resume.secret.clone(),
         received,
         lane: 0,
@@ -1068,7 +1071,7 @@ fn reconnect(
             ));
         }
         tries += 1;
-        match reconnect_once(&conn.server, resume, received) {
+        match reconnect_once(conn, resume, received) {
             Ok((stream, tls, server_received)) => {
                 let reader_sock = stream.try_clone().map_err(|e| e.to_string())?;
                 let (secure, tls_reader) = match tls {

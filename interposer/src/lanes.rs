@@ -118,7 +118,7 @@ fn open(conn: &Conn) -> Option<Lanes> {
 
 fn open_one(conn: &Conn, lane: u8) -> Result<(TcpStream, Option<Tls>), String> {
     let request = ResumeRequest {
-        token: chidori_tls::token::from_env().ok().flatten().unwrap_or_default(),
+        token: conn.token.clone().unwrap_or_default(),
         secret: conn.welcome.lane_secret.clone(),
         received: 0,
         lane,
