@@ -216,6 +216,29 @@ const OUTBOX_FRAME_MAX: usize = 64 << 10;
 /// Queued bytes beyond which a posting thread writes the outbox itself.
 const OUTBOX_LIMIT: usize = 8 << 20;
 
+thread_local! {
+    // A const Cell has no destructor, so it stays readable while the process exits
+    // (library destructors, such as torch's handle pools, still make calls then).
+    static THREAD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+fn next_thread_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The calling thread's id on the wire (the server runs its calls on one executor).
+pub fn thread_id() -> u32 {
+    THREAD
+        .try_with(|t| {
+            if t.get() == 0 {
+                t.set(next_thread_id());
+            }
+            t.get()
+        })
+        .unwrap_or_else(|_| next_thread_id())
+}
+
 static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
 
 /// Forks this process has been through: bumped in the child, so a connection compares a
@@ -759,7 +782,7 @@ impl Conn {
     pub fn service(&self, request: &Service, bulk: &[&[u8]]) -> Result<ServiceReply, String> {
         let seq = self.next_seq();
         let slot = self.expect(seq, Vec::new());
-        let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+        let header = Header::new(Kind::Service, 0, thread_id(), seq);
         if let Err(e) = self.send(header, &messages::encode(request), bulk) {
             self.forget(seq);
             return Err(e);
@@ -776,7 +799,7 @@ impl Conn {
         for (request, bulk) in requests {
             let seq = self.next_seq();
             let slot = self.expect(seq, Vec::new());
-            let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+            let header = Header::new(Kind::Service, 0, thread_id(), seq);
             match self.send(header, &messages::encode(request), &[bulk]) {
                 Ok(()) => slots.push(Ok(slot)),
                 Err(e) => {
@@ -802,7 +825,7 @@ impl Conn {
         let seq = self.next_seq();
         let slot = self.expect(seq, Vec::new());
         self.progress.lock().unwrap_or_else(|p| p.into_inner()).insert(seq, progress);
-        let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+        let header = Header::new(Kind::Service, 0, thread_id(), seq);
         if let Err(e) = self.send(header, &messages::encode(request), &[]) {
             self.forget(seq);
             self.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
@@ -823,7 +846,7 @@ impl Conn {
     /// Send a kernel launch (fire-and-forget; a failure comes back as a deferred status).
     pub fn launch(&self, launch: &messages::Launch, params: &[u8]) -> Result<(), String> {
         let seq = self.next_seq();
-        let header = Header::new(Kind::Launch, 0, crate::runtime::thread_id(), seq);
+        let header = Header::new(Kind::Launch, 0, thread_id(), seq);
         self.post(header, &messages::encode(launch), &[params])
     }
 
@@ -873,6 +896,22 @@ impl Conn {
     }
 }
 
+/// Work that runs when the program exits while its connection still stands, by name, in the
+/// order registered: registered by the layers above the connection (the checks of answers
+/// given from earlier sessions, what a process learned for the next ones).
+static AT_EXIT: Mutex<Vec<(&'static str, ExitWork)>> = Mutex::new(Vec::new());
+
+type ExitWork = fn();
+
+/// Run `work` at the program's exit, after the queued frames went out and before the
+/// goodbye; a name registered again is kept once.
+pub fn at_exit(name: &'static str, work: ExitWork) {
+    let mut w = AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
+    if !w.iter().any(|(n, _)| *n == name) {
+        w.push((name, work));
+    }
+}
+
 /// Frames still queued when the program exits go out (the flusher may not run again).
 fn register_exit_flush() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -882,9 +921,11 @@ fn register_exit_flush() {
             // parent's outbox and socket, which it must not write.
             if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
-                // Answers given from earlier sessions are checked before the session ends.
-                crate::learned::settle(Duration::from_secs(10));
-                crate::custom::cudnn::save_patterns();
+                let work: Vec<ExitWork> =
+                    AT_EXIT.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|w| w.1).collect();
+                for w in work {
+                    w();
+                }
                 conn.goodbye();
                 crate::content::save();
             }
@@ -1176,8 +1217,11 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                 crate::log::once_owned(message.as_str(), || tracing::warn!("server: {message}"));
             }
             // Before the caller wakes: a failure may have invalidated a capture.
-            if let Some(desc) = chidori_cuda::calls::VARIANTS.get(frame.header.call as usize) {
-                crate::custom::capture::note_status(desc, reply.ret.to_native());
+            if let Some(desc) = chidori_cuda::calls::VARIANTS.get(frame.header.call as usize)
+                && desc.ret == chidori_protocol::desc::Ret::Status
+                && reply.ret.to_native() != desc.codes.success as u64
+            {
+                crate::state::CLIENT.captures.failed();
             }
             pending.slot.complete(Ok(reply.ret.to_native()));
         }
@@ -1191,7 +1235,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                 crate::log::once_owned(m, || tracing::warn!("server, for a call sent without waiting: {m}"));
             }
             conn.defer_error(library, err.status);
-            crate::custom::capture::changed();
+            crate::state::CLIENT.captures.failed();
         }
         Kind::ServiceReply => {
             let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);

@@ -14,7 +14,6 @@ pub mod guard;
 pub mod lanes;
 pub mod learned;
 pub mod log;
-pub mod loops;
 pub mod mirror;
 pub mod modules;
 pub mod origin;

@@ -10,7 +10,7 @@
 //! [`Tracker`] is the bookkeeping (chunk hashes, what to send), free of connections and
 //! FFI; the functions below it use it on the live connection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -211,7 +211,7 @@ fn push(conn: &Conn, base: u64, len: u64) {
     let request = Service::MirrorWrite { base, len, runs: update.runs };
     // Sent without waiting, in order before the call that needs it; a failure comes back
     // as the status of the next runtime call.
-    let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), conn.next_seq());
+    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
     let _ = conn.post(header, &messages::encode(&request), &parts);
     crate::trace::local("(pinned memory mirrored)");
 }
@@ -255,9 +255,45 @@ pub fn forget(base: u64) {
         return;
     }
     if let Ok(conn) = crate::conn::get() {
-        let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), conn.next_seq());
+        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
         let _ = conn.post(header, &messages::encode(&Service::MirrorDrop { base }), &[]);
     }
+}
+
+/// Pages this process mapped for `__managed__` variables (variables of one module share
+/// pages).
+static VARIABLE_PAGES: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+
+/// A module's `__managed__` variable of `len` bytes at the device address `base`: the
+/// program's copy lives at the same address here (kernels and the host share pointers to
+/// it, as natively), as managed memory the server mirrors by the variable itself. Err: the
+/// address is taken in this process.
+pub fn managed_variable(base: u64, len: u64) -> Result<(), String> {
+    if state::find(base).is_some_and(|r| r.base == base && r.len == len && matches!(r.memory, Memory::Managed)) {
+        return Ok(());
+    }
+    let page = chidori_protocol::mirror::PAGE;
+    let end = base.checked_add(len.max(1)).ok_or("a variable past the address space")?;
+    let mut pages = VARIABLE_PAGES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut at = base / page * page;
+    while at < end {
+        if !pages.contains(&at) {
+            let mapped = chidori_protocol::mirror::reserve(at, page)
+                // SAFETY: the page was just reserved by this process and holds nothing.
+                && unsafe { chidori_protocol::mirror::commit(at, page) };
+            if !mapped {
+                return Err(format!(
+                    "the variable lives at {base:#x} on the server, where this process has memory of its own"
+                ));
+            }
+            pages.insert(at);
+        }
+        at += page;
+    }
+    drop(pages);
+    state::add(base, len, Memory::Managed);
+    note_outside_arena();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -448,7 +448,7 @@ pub fn init_managed(module: *const registry::Module) -> Result<(), u32> {
     let conn = crate::conn::get().map_err(|_| NO_DEVICE)?;
     for &(host_pointer, var) in &variables {
         let address = variable_address(&conn, var)?;
-        if let Err(why) = crate::custom::memory::managed_variable(address, var.size as u64) {
+        if let Err(why) = crate::mirror::managed_variable(address, var.size as u64) {
             let message = format!("__managed__ variable {}: {why}", var.name.to_string_lossy());
             crate::log::once_owned(&message, || tracing::warn!("{message}"));
             return Err(NO_DEVICE);

@@ -30,8 +30,8 @@ pub struct Client {
     pub scalar_modes: Table<u64, chidori_protocol::codec::ScalarMode>,
     /// cuBLAS math mode per handle, as last set.
     pub math_modes: Table<u64, u32>,
-    /// Streams being captured, in the order their captures began.
-    pub capturing: Mutex<Vec<u64>>,
+    /// Streams being captured, and what the worker said of their captures.
+    pub captures: crate::ahead::capture::Captures,
     /// Primary context flags per device, once known active (dropped by calls that change it).
     pub primary: Table<i32, u32>,
     /// cuDNN: the type of each backend descriptor the client named, until destroyed.
@@ -67,7 +67,7 @@ pub struct Client {
     /// The driver's link states (`cuLinkCreate` … `cuLinkComplete`), by handle.
     pub link_states: Table<u64, crate::custom::link::LinkState>,
     /// Graph loops started on the server, by id, while not being polled.
-    pub loops: Table<u64, crate::loops::Running>,
+    pub loops: Table<u64, crate::custom::loops::Running>,
     /// cuBLASLt descriptors and preferences the client named: what was set on each.
     pub cublaslt_records: Table<u64, crate::custom::cublaslt::Record>,
     /// cuDNN descriptors whose content was fingerprinted for size queries (None: unknown).
@@ -77,7 +77,7 @@ pub struct Client {
 pub static CLIENT: Client = Client {
     scalar_modes: Table::new(),
     math_modes: Table::new(),
-    capturing: Mutex::new(Vec::new()),
+    captures: crate::ahead::capture::Captures::new(),
     primary: Table::new(),
     cudnn_types: Table::new(),
     cudnn_set_values: Table::new(),

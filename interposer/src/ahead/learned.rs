@@ -23,7 +23,7 @@ pub enum Space {
     /// cublasLtMatmulAlgoGetHeuristic: (status, count, results) by the problem's descriptors.
     LtHeuristic = 1,
     /// cuDNN's legacy size queries: (status, outputs) by the call and its descriptors'
-    /// fingerprints (`crate::custom::cudnn_sizes`).
+    /// fingerprints (`crate::runtime::cudnn_sizes`).
     CudnnSize = 2,
     /// A function attribute as a process first sees it (before it sets it): its value, by
     /// the module's content, the function's name and the attribute (`crate::custom::kernels`).

@@ -10,9 +10,12 @@
 //!   how many to make in one round trip.
 //! * [`cudnn`]: what torch's cuDNN frontend asks after a graph, heuristics or plan
 //!   finalize, learned per descriptor type, made ahead in that finalize's round trip.
+//! * [`capture`]: which streams capture, and their capture status as the worker said it
+//!   until something may change it.
 //! * [`idle`]: streams and devices known idle (a read-back copy or a synchronize drained
 //!   them, nothing sent since): their synchronizes return at once.
 
+pub mod capture;
 pub mod cudnn;
 pub mod idle;
 pub mod learned;

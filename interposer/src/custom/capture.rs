@@ -13,97 +13,35 @@
 //! change them: a capture begun or ended, a stream waiting on an event (it may join a
 //! capture), capture dependencies updated, or any call failing (an illegal call invalidates
 //! the capture it ran in). A question about the frontier (the dependency nodes) is always
-//! the worker's: every captured call moves it.
+//! the worker's: every captured call moves it. What is followed lives in
+//! [`crate::ahead::capture`]; this module answers the program from it.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::GraphList;
 
+use crate::ahead::capture::{Answer, Captures, StreamKey};
 use crate::conn;
 
-/// Streams whose capture this process began and has not ended (0 legacy, 2 per-thread).
-fn capturing() -> std::sync::MutexGuard<'static, Vec<u64>> {
-    crate::state::CLIENT.capturing.lock().unwrap_or_else(|p| p.into_inner())
+fn captures() -> &'static Captures {
+    &crate::state::CLIENT.captures
 }
-
-/// How many captures this process began and has not ended: [`capturing`]'s length, kept
-/// where every call can read it without a lock (each forwarded call asks).
-static CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether any capture may be active in this process.
 pub fn any_active() -> bool {
-    CAPTURES.load(Ordering::Acquire) > 0
+    captures().any_active()
 }
-
-/// Bumped by anything that may change a stream's capture state (module doc): answers
-/// learned before are not used after.
-static EPOCH: AtomicU64 = AtomicU64::new(0);
-
-/// A stream's capture status, id and graph, as the worker said them.
-type Answer = (u32, u64, u64);
-
-/// A stream, and for the per-thread default stream the thread whose it is.
-type StreamKey = (u64, u32);
-
-/// (the epoch they were learned in, stream → its answer).
-static LEARNED: Mutex<Option<(u64, HashMap<StreamKey, Answer>)>> = Mutex::new(None);
 
 /// The key of a stream's answer: the per-thread default stream (2) is each thread's own.
 fn key(stream: u64) -> StreamKey {
     (stream, if stream == 2 { crate::runtime::thread_id() } else { 0 })
 }
 
-/// Something may have changed which streams capture, or how.
-pub fn changed() {
-    EPOCH.fetch_add(1, Ordering::SeqCst);
-}
-
-/// A call is being sent: one that may make a stream join a capture or move its
-/// dependencies ends what was learned.
-pub fn note_sent(desc: &CallDesc) {
-    if !any_active() {
-        return;
-    }
-    let name = desc.name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
-    if name.starts_with("cudaStreamWaitEvent")
-        || name.starts_with("cuStreamWaitEvent")
-        || name.contains("UpdateCaptureDependencies")
-    {
-        changed();
-    }
-}
-
-/// A call's status came back: a failure while a capture is active may have invalidated it.
-pub fn note_status(desc: &CallDesc, ret: u64) {
-    if desc.ret == chidori_protocol::desc::Ret::Status && ret != desc.codes.success as u64 && any_active() {
-        changed();
-    }
-}
-
 fn learned_answer(stream: u64) -> Option<Answer> {
-    let epoch = EPOCH.load(Ordering::SeqCst);
-    let learned = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
-    learned.as_ref().filter(|(e, _)| *e == epoch).and_then(|(_, m)| m.get(&key(stream)).copied())
-}
-
-/// Keep the worker's answer about `stream`, asked in `epoch`, unless something changed since.
-fn learn(stream: u64, epoch: u64, answer: Answer) {
-    let mut learned = LEARNED.lock().unwrap_or_else(|p| p.into_inner());
-    if EPOCH.load(Ordering::SeqCst) != epoch {
-        return;
-    }
-    let (e, map) = learned.get_or_insert_with(|| (epoch, HashMap::new()));
-    if *e != epoch {
-        *e = epoch;
-        map.clear();
-    }
-    map.insert(key(stream), answer);
+    captures().answer(key(stream))
 }
 
 const ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusActive;
@@ -128,11 +66,10 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
     guarded(name, runtime, || {
         let status = call(desc, args, no_device(runtime))?;
         if status == 0 {
-            let mut c = capturing();
-            c.push(per_thread(args[0], ptsz));
-            CAPTURES.store(c.len(), Ordering::Release);
+            captures().began(per_thread(args[0], ptsz));
+        } else {
+            captures().changed();
         }
-        changed();
         Ok(status)
     })
 }
@@ -141,14 +78,7 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
     guarded(name, runtime, || {
         let status = call(desc, args, no_device(runtime))?;
         // Ended, successfully or invalidated; a stream that was not capturing is no change.
-        let stream = per_thread(args[0], ptsz);
-        let mut c = capturing();
-        if let Some(i) = c.iter().position(|s| *s == stream) {
-            c.swap_remove(i);
-        }
-        CAPTURES.store(c.len(), Ordering::Release);
-        drop(c);
-        changed();
+        captures().ended(per_thread(args[0], ptsz));
         Ok(status)
     })
 }
@@ -285,11 +215,11 @@ fn frontier(stream: u64, out: [*mut c_void; 6], no_device: u32) -> Result<u32, u
         unsafe { std::ptr::write_unaligned(out[0] as *mut u32, status) };
         return Ok(SUCCESS);
     }
-    let epoch = EPOCH.load(Ordering::SeqCst);
+    let epoch = captures().epoch();
     let conn = conn::get().map_err(|_| no_device)?;
     let listed = crate::custom::graphs::list(&conn, GraphList::Capture { stream })?;
     if let Some(answer) = listed.capture {
-        learn(stream, epoch, answer);
+        captures().learn(key(stream), epoch, answer);
     }
     let (status, id, graph) = listed.capture.unwrap_or((NONE, 0, 0));
     let n = listed.nodes.len();

@@ -491,6 +491,7 @@ fn replay<T>(f: impl FnOnce(&mut Replay) -> T) -> T {
     f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| {
         // What earlier processes learned to ask on this server: the first graph build of
         // this one rides like a later one (the answers are still this session's).
+        crate::conn::at_exit("cuDNN patterns saved", save_patterns);
         let mut r = Replay::default();
         if let Some(path) = patterns_file()
             && let Ok(bytes) = std::fs::read(&path)

@@ -938,7 +938,7 @@ fn record_device(dptr: *mut c_void, len: u64) {
 
 /// cuLibraryGetManaged: a `__managed__` variable, which the program (a runtime linked into
 /// it) then reads and writes at the address given: the client's copy lives there
-/// ([`memory::managed_variable`]), with the variable's contents.
+/// ([`crate::mirror::managed_variable`]), with the variable's contents.
 pub unsafe fn library_get_managed(
     ctx: &Ctx,
     dptr: *mut c_void,
@@ -960,7 +960,7 @@ pub unsafe fn library_get_managed(
         // SAFETY: the server just wrote the address and size there.
         let (base, len) =
             unsafe { (std::ptr::read_unaligned(dptr as *const u64), std::ptr::read_unaligned(size_out as *const u64)) };
-        if let Err(why) = memory::managed_variable(base, len) {
+        if let Err(why) = crate::mirror::managed_variable(base, len) {
             // SAFETY: the caller's C string, read for the message only.
             let name =
                 if name.is_null() { "?".into() } else { unsafe { CStr::from_ptr(name.cast()) }.to_string_lossy() };

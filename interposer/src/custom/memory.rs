@@ -54,43 +54,6 @@ fn client_alloc(size: usize, memory: Memory) -> Option<*mut c_void> {
     Some(p)
 }
 
-/// Pages this process mapped for `__managed__` variables (variables of one module share
-/// pages).
-static VARIABLE_PAGES: std::sync::Mutex<std::collections::BTreeSet<u64>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
-
-/// A module's `__managed__` variable of `len` bytes at the device address `base`: the
-/// program's copy lives at the same address here (kernels and the host share pointers to
-/// it, as natively), as managed memory the server mirrors by the variable itself. Err: the
-/// address is taken in this process.
-pub fn managed_variable(base: u64, len: u64) -> Result<(), String> {
-    if state::find(base).is_some_and(|r| r.base == base && r.len == len && matches!(r.memory, Memory::Managed)) {
-        return Ok(());
-    }
-    let page = chidori_protocol::mirror::PAGE;
-    let end = base.checked_add(len.max(1)).ok_or("a variable past the address space")?;
-    let mut pages = VARIABLE_PAGES.lock().unwrap_or_else(|p| p.into_inner());
-    let mut at = base / page * page;
-    while at < end {
-        if !pages.contains(&at) {
-            let mapped = chidori_protocol::mirror::reserve(at, page)
-                // SAFETY: the page was just reserved by this process and holds nothing.
-                && unsafe { chidori_protocol::mirror::commit(at, page) };
-            if !mapped {
-                return Err(format!(
-                    "the variable lives at {base:#x} on the server, where this process has memory of its own"
-                ));
-            }
-            pages.insert(at);
-        }
-        at += page;
-    }
-    drop(pages);
-    state::add(base, len, Memory::Managed);
-    crate::mirror::note_outside_arena();
-    Ok(())
-}
-
 /// Free memory from [`host_alloc`]. False if `p` is not such memory (then nothing is
 /// touched: `p` is only looked up in the interval map).
 pub fn host_free(p: *mut c_void) -> bool {

@@ -18,7 +18,7 @@ static IDLE: Idle = Idle::new();
 /// Whether what the client knows of idle scopes holds: no capture (a synchronize of a
 /// capturing stream fails) and no graph loop (the server replays without messages).
 fn trusted() -> bool {
-    !super::capture::any_active() && !crate::loops::any_running()
+    !super::capture::any_active() && !crate::custom::loops::any_running()
 }
 
 /// The key of `stream` as a call names it (`ptsz`: from a per-thread entry point, where

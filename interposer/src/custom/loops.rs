@@ -224,7 +224,7 @@ fn poll(running: &mut Running, buf: *mut u8, cap: u64, timeout_ms: u32) -> usize
         ACTIVE.fetch_sub(1, Ordering::AcqRel);
         if let Some((_, _, 0, true)) = running.ended {
             // Idle at the loop's end and, if nothing was sent since its start, so it is now.
-            crate::custom::sync::drained_by_loop(&running.conn, running.device, running.sent_before);
+            super::sync::drained_by_loop(&running.conn, running.device, running.sent_before);
         }
     }
     let n = (cap as usize).min(running.buffered.len());

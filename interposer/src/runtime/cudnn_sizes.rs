@@ -22,9 +22,9 @@ use std::sync::MutexGuard;
 use chidori_cuda::handles::{KINDS, kind};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
+use super::Prepared;
 use crate::ahead::Answers;
 use crate::ahead::learned::Space;
-use crate::runtime::Prepared;
 
 /// Answers kept (distinct questions; torch asks a few per layer shape).
 const ANSWERS_MAX: usize = 4096;

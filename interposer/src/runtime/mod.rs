@@ -6,6 +6,8 @@
 //! lands. Calls of class `async` do not wait: a failure comes back as a deferred status that
 //! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
+mod cudnn_sizes;
+
 use std::borrow::Cow;
 use std::ffi::{CStr, c_char};
 use std::sync::Arc;
@@ -34,28 +36,7 @@ pub fn success(desc: &CallDesc) -> u64 {
     }
 }
 
-thread_local! {
-    // A const Cell has no destructor, so it stays readable while the process exits
-    // (library destructors, such as torch's handle pools, still make calls then).
-    static THREAD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-fn next_thread_id() -> u32 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// The calling thread's id on the wire (the server runs its calls on one executor).
-pub fn thread_id() -> u32 {
-    THREAD
-        .try_with(|t| {
-            if t.get() == 0 {
-                t.set(next_thread_id());
-            }
-            t.get()
-        })
-        .unwrap_or_else(|_| next_thread_id())
-}
+pub use crate::conn::thread_id;
 
 /// A call ready to send: the archive, the input bytes, and where outputs go.
 pub(crate) struct Prepared<'a> {
@@ -91,7 +72,7 @@ impl codec::Client for ThisClient {
 /// Pointer arguments must be valid for the lengths the descriptor computes from the other
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
-    crate::custom::capture::note_sent(desc);
+    crate::state::CLIENT.captures.sending(desc.name);
     let encoded = codec::encode(desc, args, &mut ThisClient);
     for &(at, name) in &encoded.names {
         // SAFETY: the caller's non-null pointer to a handle.
@@ -221,10 +202,10 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let prepared = unsafe { prepare(desc, args) };
     // cuDNN's legacy size queries about descriptors set as before are answered here.
     let learn = match desc.library {
-        "cudnn" => match crate::custom::cudnn_sizes::before(desc, args, &prepared) {
-            crate::custom::cudnn_sizes::Action::Answered(ret) => return ret,
-            crate::custom::cudnn_sizes::Action::Learn(key) => Some(key),
-            crate::custom::cudnn_sizes::Action::Send => None,
+        "cudnn" => match cudnn_sizes::before(desc, args, &prepared) {
+            cudnn_sizes::Action::Answered(ret) => return ret,
+            cudnn_sizes::Action::Learn(key) => Some(key),
+            cudnn_sizes::Action::Send => None,
         },
         _ => None,
     };
@@ -251,7 +232,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Err(_) => return unavailable(desc),
     };
     if let Some(key) = learn {
-        crate::custom::cudnn_sizes::learn(key, ret, desc, &prepared);
+        cudnn_sizes::learn(key, ret, desc, &prepared);
     }
     // Bytes of earlier asynchronous copies into pinned memory have landed before any
     // waiting call returns, and so have the GPU's writes into mirrored pinned memory.
@@ -398,7 +379,7 @@ unsafe fn issue<'a>(
 ) -> Result<Issued<'a>, String> {
     mirror_devices(conn, desc, args);
     if desc.library == "cudnn" {
-        crate::custom::cudnn_sizes::forget_passed(desc, args);
+        cudnn_sizes::forget_passed(desc, args);
     }
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(desc, args) };
