@@ -1221,7 +1221,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                 && desc.ret == chidori_protocol::desc::Ret::Status
                 && reply.ret.to_native() != desc.codes.success as u64
             {
-                crate::state::CLIENT.captures.failed();
+                crate::state::CLIENT.ahead.captures.failed();
             }
             pending.slot.complete(Ok(reply.ret.to_native()));
         }
@@ -1235,7 +1235,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
                 crate::log::once_owned(m, || tracing::warn!("server, for a call sent without waiting: {m}"));
             }
             conn.defer_error(library, err.status);
-            crate::state::CLIENT.captures.failed();
+            crate::state::CLIENT.ahead.captures.failed();
         }
         Kind::ServiceReply => {
             let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);

@@ -11,18 +11,26 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 
 use chidori_cuda::structs::{FieldMap, StructMap};
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{PropValue, Welcome};
 
+use crate::ahead::capture::Captures;
+use crate::ahead::cudnn::Replay;
+use crate::ahead::idle::Idle;
+use crate::ahead::{Answers, Pool};
 use crate::conn::Slot;
 
 /// What the program set that the client answers from or acts on later: one owner for the
-/// small tables hand-written functions keep (each table has its own lock). The engines of
-/// `crate::ahead`, the registry of nvcc's registrations and the pinned-memory mirrors keep
-/// their own state.
+/// tables hand-written functions keep (each table has its own lock) and for what the
+/// engines of answers made ahead learned ([`Ahead`]). State that one module alone reaches,
+/// through functions of its own, stays private to it: the connection, the registry of
+/// nvcc's registrations, the pinned-memory mirrors and the arena's free extents, the
+/// interval map of allocations below, the store of earlier sessions' answers, the content
+/// session, the records of modules each server holds and each command loaded.
 pub struct Client {
     /// How the scalars of calls on a handle travel, for handles not in the default (host
     /// values of the parameter's widest size): cuBLAS and cuSPARSE handles and cuBLASLt
@@ -30,8 +38,6 @@ pub struct Client {
     pub scalar_modes: Table<u64, chidori_protocol::codec::ScalarMode>,
     /// cuBLAS math mode per handle, as last set.
     pub math_modes: Table<u64, u32>,
-    /// Streams being captured, and what the worker said of their captures.
-    pub captures: crate::ahead::capture::Captures,
     /// Primary context flags per device, once known active (dropped by calls that change it).
     pub primary: Table<i32, u32>,
     /// cuDNN: the type of each backend descriptor the client named, until destroyed.
@@ -72,12 +78,48 @@ pub struct Client {
     pub cublaslt_records: Table<u64, crate::custom::cublaslt::Record>,
     /// cuDNN descriptors whose content was fingerprinted for size queries (None: unknown).
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
+    /// What the engines of `crate::ahead` learned in this process.
+    pub ahead: Ahead,
+}
+
+/// The state of the engines of answers made ahead (`crate::ahead`, `docs/ahead.md`), one
+/// instance each for the process.
+pub struct Ahead {
+    /// Streams being captured, and what the worker said of their captures.
+    pub captures: Captures,
+    /// cuBLASLt heuristics by problem (`crate::custom::cublaslt`).
+    pub heuristics: Answers<Vec<u8>, crate::custom::cublaslt::Answer>,
+    /// cuDNN's legacy size queries by content (`crate::runtime::cudnn_sizes`).
+    pub cudnn_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    /// Function attributes fetched: (function handle, CUfunction_attribute) → value. They
+    /// change only through cu/cudaFuncSetAttribute, which record the value they set.
+    pub function_attributes: Answers<(u64, u32), i32>,
+    /// The program set an attribute of a CUkernel, which also sets it for the kernel's
+    /// functions (whose handles the client cannot tell apart): settable attributes are no
+    /// longer learned or answered from what was learned.
+    pub kernel_attributes_set: AtomicBool,
+    /// Occupancy: (function, block size, dynamic shared memory, flags) → active blocks per SM.
+    pub occupancy: Answers<crate::custom::kernels::OccupancyKey, i32>,
+    /// Streams made ahead, by (context, flags, priority), not yet given out; misses are
+    /// counted by (device, flags, priority).
+    pub streams: Pool<(u64, u32, i32), (i32, u32, i32)>,
+    /// The scope last found idle, and the copies in since (`crate::custom::sync`).
+    pub idle: Idle,
+    /// cuDNN backend descriptors: what is asked after finalizes and fills, and the fills made
+    /// ahead (`crate::custom::cudnn`).
+    pub cudnn: Mutex<Option<Replay>>,
+    /// The last `cudnnGetRNNWeightParams` the server answered, by its arguments (the output
+    /// pointers only as null or not): the addresses it wrote, trusted while the connection
+    /// has sent nothing since.
+    pub rnn_weight_params: Answers<[u64; 9], (u64, u64)>,
+    /// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
+    /// asked in its round trip, trusted while the connection has sent nothing since.
+    pub rnn_filled_tensors: Answers<u64, crate::custom::cudnn::TensorNd>,
 }
 
 pub static CLIENT: Client = Client {
     scalar_modes: Table::new(),
     math_modes: Table::new(),
-    captures: crate::ahead::capture::Captures::new(),
     primary: Table::new(),
     cudnn_types: Table::new(),
     cudnn_set_values: Table::new(),
@@ -96,6 +138,19 @@ pub static CLIENT: Client = Client {
     loops: Table::new(),
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
+    ahead: Ahead {
+        captures: Captures::new(),
+        heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),
+        cudnn_sizes: Answers::new(crate::runtime::cudnn_sizes::ANSWERS_MAX),
+        function_attributes: Answers::new(1 << 16),
+        kernel_attributes_set: AtomicBool::new(false),
+        occupancy: Answers::new(1 << 16),
+        streams: Pool::new(),
+        idle: Idle::new(),
+        cudnn: Mutex::new(None),
+        rnn_weight_params: Answers::new(1),
+        rnn_filled_tensors: Answers::new(2),
+    },
 };
 
 /// A table of values by key behind one lock.
@@ -447,7 +502,7 @@ fn reserve(base: u64, len: u64) -> bool {
 /// Replies that land in the background (asynchronous device-to-host copies into pinned
 /// memory). Synchronizing calls wait for them.
 static DEFERRED: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
-static HAS_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static HAS_DEFERRED: AtomicBool = AtomicBool::new(false);
 
 pub fn defer(_desc: &CallDesc, slot: Arc<Slot>) {
     DEFERRED.lock().unwrap_or_else(|p| p.into_inner()).push(slot);

@@ -27,7 +27,7 @@ use crate::ahead::capture::{Answer, Captures, StreamKey};
 use crate::conn;
 
 fn captures() -> &'static Captures {
-    &crate::state::CLIENT.captures
+    &crate::state::CLIENT.ahead.captures
 }
 
 /// Whether any capture may be active in this process.

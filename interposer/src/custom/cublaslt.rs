@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use chidori_protocol::desc::{CallDesc, Ctx, Form, Wire};
 
-use crate::ahead::Answers;
 use crate::ahead::learned::{Learned, Space};
 use crate::conn::Conn;
+use crate::state::CLIENT;
 
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
@@ -33,7 +33,7 @@ const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
 /// the workspace size (8), the state (4) and the waves count (4).
 const RESULT_MEANINGFUL: usize = 80;
 /// Heuristic answers kept (distinct problems; torch has a few dozen per model).
-const HEURISTIC_CACHE_LIMIT: usize = 4096;
+pub(crate) const HEURISTIC_CACHE_LIMIT: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum DescKind {
@@ -50,11 +50,10 @@ pub struct Record {
 }
 
 /// Heuristic answers by problem: (status, algorithms returned, result bytes).
-type Answer = (u32, i32, Vec<u8>);
-static HEURISTICS: Answers<Vec<u8>, Answer> = Answers::new(HEURISTIC_CACHE_LIMIT);
+pub(crate) type Answer = (u32, i32, Vec<u8>);
 
 fn records() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Record>>> {
-    crate::state::CLIENT.cublaslt_records.lock()
+    CLIENT.cublaslt_records.lock()
 }
 
 /// Create a descriptor of `kind`: `args[0]` is the caller's handle pointer, which the
@@ -189,7 +188,7 @@ fn heuristic(
             }
             *status
         };
-        if let Some(answer) = key.as_ref().and_then(|k| HEURISTICS.get(k)) {
+        if let Some(answer) = key.as_ref().and_then(|k| CLIENT.ahead.heuristics.get(k)) {
             return give(&answer);
         }
         let len = elem * (requested as usize);
@@ -208,7 +207,7 @@ fn heuristic(
             // SAFETY: `check` holds `requested` results and one int, and lives until the
             // reply has landed (the checking thread owns it).
             if let Some(slot) = unsafe { crate::runtime::send_checked(&conn, desc, &all) } {
-                HEURISTICS.learn(key.clone(), answer.clone());
+                CLIENT.ahead.heuristics.learn(key.clone(), answer.clone());
                 verify(conn, slot, check, answer.clone(), elem);
                 return give(&answer);
             }
@@ -237,7 +236,7 @@ fn heuristic(
             if let Ok(conn) = crate::conn::get() {
                 learned(&conn, |l| l.learn(Space::LtHeuristic, &key, &encode_answer(&answer)));
             }
-            HEURISTICS.learn(key, answer);
+            CLIENT.ahead.heuristics.learn(key, answer);
         }
         s
     })

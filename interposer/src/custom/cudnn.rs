@@ -17,13 +17,12 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
-use crate::ahead::Answers;
 use crate::ahead::cudnn::{Answer, FillQuery, PLAN_MAX, Plan, Query, Replay, Twin, UNWRITTEN, filled_by, slot};
 use crate::state::CLIENT;
 
@@ -485,10 +484,8 @@ fn forget_answers(f: &'static Forms, descriptor: u64) {
     }
 }
 
-static REPLAY: Mutex<Option<Replay>> = Mutex::new(None);
-
 fn replay<T>(f: impl FnOnce(&mut Replay) -> T) -> T {
-    f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| {
+    f(CLIENT.ahead.cudnn.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| {
         // What earlier processes learned to ask on this server: the first graph build of
         // this one rides like a later one (the answers are still this session's).
         crate::conn::at_exit("cuDNN patterns saved", save_patterns);
@@ -511,7 +508,7 @@ fn patterns_file() -> Option<std::path::PathBuf> {
 
 /// Keep what this process learned to ask (at exit), for the next one.
 pub fn save_patterns() {
-    let guard = REPLAY.lock().unwrap_or_else(|p| p.into_inner());
+    let guard = CLIENT.ahead.cudnn.lock().unwrap_or_else(|p| p.into_inner());
     let Some(bytes) = guard.as_ref().map(Replay::patterns).filter(|b| !b.is_empty()) else { return };
     drop(guard);
     let Some(path) = patterns_file() else { return };
@@ -877,21 +874,13 @@ pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
     })
 }
 
-/// The last `cudnnGetRNNWeightParams` the server answered, by its arguments (the output pointers only as null or
-/// not): the addresses it wrote, trusted while the connection has sent nothing since.
-static LAST_WEIGHT_PARAMS: Answers<[u64; 9], (u64, u64)> = Answers::new(1);
-
 /// A tensor descriptor as `cudnnGetTensorNdDescriptor` reported it (all its dimensions).
 #[derive(Clone, PartialEq, Eq, Debug)]
-struct TensorNd {
+pub struct TensorNd {
     data_type: u32,
     dims: Vec<i32>,
     strides: Vec<i32>,
 }
-
-/// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
-/// asked in its round trip, trusted while the connection has sent nothing since.
-static FILLED_TENSORS: Answers<u64, TensorNd> = Answers::new(2);
 
 /// CUDNN_DIM_MAX: no tensor descriptor has more dimensions.
 const DIM_MAX: usize = 8;
@@ -916,7 +905,7 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         key[..7].copy_from_slice(&args[..7]);
         key[7] = args[8];
         key[8] = u64::from(m_addr != 0) | u64::from(b_addr != 0) << 1;
-        if let Some((m, b)) = LAST_WEIGHT_PARAMS.get_at(&key, conn.sent_so_far()) {
+        if let Some((m, b)) = CLIENT.ahead.rnn_weight_params.get_at(&key, conn.sent_so_far()) {
             crate::trace::local("cudnnGetRNNWeightParams");
             for (out, value) in [(m_addr, m), (b_addr, b)] {
                 if out != 0 {
@@ -959,12 +948,12 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         // Kept only when these calls were the only messages sent meanwhile: nothing else can
         // have changed the descriptors after them.
         let alone = status == 0 && sent == before + calls.len() as u64;
-        LAST_WEIGHT_PARAMS.clear();
-        FILLED_TENSORS.clear();
+        CLIENT.ahead.rnn_weight_params.clear();
+        CLIENT.ahead.rnn_filled_tensors.clear();
         if alone {
             // SAFETY: written by the reply where non-null.
             let read = |p: u64| if p == 0 { 0 } else { unsafe { std::ptr::read_unaligned(p as *const u64) } };
-            LAST_WEIGHT_PARAMS.learn_at(key, (read(m_addr), read(b_addr)), sent);
+            CLIENT.ahead.rnn_weight_params.learn_at(key, (read(m_addr), read(b_addr)), sent);
             for (i, &t) in targets.iter().enumerate() {
                 let n = counts[i];
                 if statuses[i + 1] == 0 && (0..=DIM_MAX as i32).contains(&n) {
@@ -974,7 +963,7 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
                         dims: dims[i][..n].to_vec(),
                         strides: strides[i][..n].to_vec(),
                     };
-                    FILLED_TENSORS.learn_at(t, nd, sent);
+                    CLIENT.ahead.rnn_filled_tensors.learn_at(t, nd, sent);
                 }
             }
         }
@@ -992,7 +981,7 @@ unsafe fn get_tensor_nd(desc: &'static CallDesc, args: [u64; 6]) -> u32 {
     crate::guard::ffi("cudnnGetTensorNdDescriptor", unavailable, || {
         let Ok(conn) = crate::conn::get() else { return unavailable };
         let requested = args[1] as u32 as i32;
-        let known = FILLED_TENSORS.get_at(&args[0], conn.sent_so_far());
+        let known = CLIENT.ahead.rnn_filled_tensors.get_at(&args[0], conn.sent_so_far());
         let outputs_given = args[2] != 0 && args[3] != 0 && args[4] != 0 && args[5] != 0;
         if let Some(t) = known.filter(|t| outputs_given && requested >= t.dims.len() as i32) {
             crate::trace::local("cudnnGetTensorNdDescriptor");

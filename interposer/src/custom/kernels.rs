@@ -15,7 +15,6 @@ use chidori_cuda::desc::Ctx;
 use chidori_cuda::types::dim3;
 use chidori_protocol::messages::{Api, PropValue};
 
-use crate::ahead::Answers;
 use crate::ahead::learned::Space;
 use crate::conn::{self, Conn};
 use crate::custom::memory::{self, CopyForms};
@@ -29,6 +28,7 @@ const INVALID_DEVICE_FUNCTION: u32 = chidori_cuda::consts::cudaError::cudaErrorI
 const INVALID_SYMBOL: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidSymbol;
 const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
 const INVALID_MEMCPY_DIRECTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection;
+use crate::state::CLIENT;
 use chidori_cuda::consts::cudaMemcpyKind as memcpy_kind;
 
 fn connection() -> Result<Arc<Conn>, u32> {
@@ -255,10 +255,6 @@ const FUNC_ATTRIBUTES: &[(&str, u32)] = &[
 const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
 const MAX_DYNAMIC_SHARED: u32 = chidori_cuda::consts::cudaFuncAttribute::cudaFuncAttributeMaxDynamicSharedMemorySize;
 
-/// Function attributes already fetched: (function handle, CUfunction_attribute) → value.
-/// They change only through cu/cudaFuncSetAttribute, which record the value they set.
-static FUNC_ATTRS: Answers<(u64, u32), i32> = Answers::new(1 << 16);
-
 /// CUfunction_attribute values no call changes (cuFuncSetAttribute and cuKernelSetAttribute
 /// set the others).
 const FIXED_ATTRIBUTES: &[u32] = {
@@ -276,23 +272,18 @@ const FIXED_ATTRIBUTES: &[u32] = {
     ]
 };
 
-/// The program set an attribute of a CUkernel, which also sets it for the kernel's
-/// functions (whose handles the client cannot tell apart): settable attributes are no longer
-/// learned or answered from what was learned.
-static KERNEL_ATTRIBUTES_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// The key of an attribute of a function the client knows the origin of, while this
 /// process has not set it: its value then is what any process of the same program sees
 /// first, for one module image on one server GPU and driver.
 fn learned_key(function: u64, id: u32) -> Option<Vec<u8>> {
     let settable = !FIXED_ATTRIBUTES.contains(&id);
     if settable
-        && (state::CLIENT.attributes_set.contains(&(function, id))
-            || KERNEL_ATTRIBUTES_SET.load(std::sync::atomic::Ordering::Relaxed))
+        && (CLIENT.attributes_set.contains(&(function, id))
+            || CLIENT.ahead.kernel_attributes_set.load(std::sync::atomic::Ordering::Relaxed))
     {
         return None;
     }
-    let (hash, name) = state::CLIENT.function_origins.get(&function)?;
+    let (hash, name) = CLIENT.function_origins.get(&function)?;
     Some([&hash[..], name.as_bytes(), &[0], &id.to_le_bytes()].concat())
 }
 
@@ -300,7 +291,8 @@ fn learned_key(function: u64, id: u32) -> Option<Vec<u8>> {
 /// session (given now, checked when the server's answer comes), else fetched in one round
 /// trip. Err: the server's status.
 pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
-    let cached: Option<Vec<i32>> = ids.iter().map(|id| FUNC_ATTRS.get(&(function, *id))).collect();
+    let cached: Option<Vec<i32>> =
+        ids.iter().map(|id| CLIENT.ahead.function_attributes.get(&(function, *id))).collect();
     if let Some(v) = cached {
         return Ok(v);
     }
@@ -316,7 +308,7 @@ pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Res
         return Err(s);
     }
     for (id, v) in ids.iter().zip(&values) {
-        FUNC_ATTRS.learn((function, *id), *v);
+        CLIENT.ahead.function_attributes.learn((function, *id), *v);
         if let Some(key) = learned_key(function, *id) {
             crate::learned::with(conn, |l| l.learn(Space::FuncAttribute, &key, &v.to_le_bytes()));
         }
@@ -344,7 +336,7 @@ fn learned_attributes(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Option<Ve
             _ if **got != value => Some(format!("attribute {id}: {}, not {value}", **got)),
             _ => None,
         });
-        FUNC_ATTRS.learn((function, id), value);
+        CLIENT.ahead.function_attributes.learn((function, id), value);
     }
     crate::trace::local("cuFuncGetAttribute");
     Some(values)
@@ -356,7 +348,7 @@ pub unsafe fn func_get_attribute(ctx: &Ctx, pi: *mut c_void, attrib: u32, hfunc:
         if pi.is_null() {
             return ctx.codes.invalid_value as u32;
         }
-        if FUNC_ATTRS.get(&(hfunc as u64, attrib)).is_some() {
+        if CLIENT.ahead.function_attributes.get(&(hfunc as u64, attrib)).is_some() {
             crate::trace::local(ctx.name);
         }
         let Ok(conn) = conn::get() else { return ctx.codes.unavailable as u32 };
@@ -414,8 +406,8 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
         crate::runtime::call_on(conn, &dcalls::cuFuncSetAttribute__call, &[function, u64::from(attr), value as u64])
     } as u32;
     if s == SUCCESS {
-        FUNC_ATTRS.learn((function, attr), value);
-        state::CLIENT.attributes_set.insert((function, attr), ());
+        CLIENT.ahead.function_attributes.learn((function, attr), value);
+        CLIENT.attributes_set.insert((function, attr), ());
     }
     s
 }
@@ -439,8 +431,8 @@ pub unsafe fn kernel_set_attribute(ctx: &Ctx, attrib: u32, val: i32, kernel: *mu
         // SAFETY: value arguments only.
         let s = unsafe { crate::runtime::call(ctx.form(chidori_cuda::desc::Form::Call), &args) } as u32;
         if s == SUCCESS {
-            FUNC_ATTRS.learn((kernel as u64, attrib), val);
-            KERNEL_ATTRIBUTES_SET.store(true, std::sync::atomic::Ordering::Relaxed);
+            CLIENT.ahead.function_attributes.learn((kernel as u64, attrib), val);
+            CLIENT.ahead.kernel_attributes_set.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         s
     })
@@ -471,9 +463,7 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32
 
 /// Occupancy answers, per (function, block size, shared memory, flags): they never change.
 /// (function, block size, dynamic shared memory, flags) → active blocks per SM.
-type OccupancyKey = (u64, i32, usize, u32);
-
-static OCCUPANCY: Answers<OccupancyKey, i32> = Answers::new(1 << 16);
+pub(crate) type OccupancyKey = (u64, i32, usize, u32);
 
 fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: usize, flags: u32) -> u32 {
     runtime("cudaOccupancyMaxActiveBlocksPerMultiprocessor", || {
@@ -484,7 +474,7 @@ fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: 
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
         let key = (f.handle, block_size, smem, flags);
-        let cached = OCCUPANCY.get(&key);
+        let cached = CLIENT.ahead.occupancy.get(&key);
         let n = match cached {
             Some(n) => n,
             None => {
@@ -497,7 +487,7 @@ fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: 
                 if s != SUCCESS {
                     return Err(INVALID_VALUE);
                 }
-                OCCUPANCY.learn(key, n);
+                CLIENT.ahead.occupancy.learn(key, n);
                 n
             }
         };

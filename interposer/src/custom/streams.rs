@@ -15,15 +15,11 @@ use std::ffi::c_void;
 
 use chidori_cuda::calls::cudart;
 
-use crate::ahead::Pool;
-
-/// Streams made ahead, by (context, flags, priority), not yet given out; misses are counted
-/// by (device, flags, priority).
-static MADE: Pool<(u64, u32, i32), (i32, u32, i32)> = Pool::new();
+use crate::state::CLIENT;
 
 /// A context was reset or destroyed: its streams are gone, and so are those made ahead.
 pub fn forget() {
-    MADE.clear();
+    CLIENT.ahead.streams.clear();
 }
 
 pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
@@ -38,14 +34,14 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
         let device = crate::state::current_device();
         let context = crate::custom::context::cached_current();
         if let Some(ctx) = context
-            && let Some(stream) = MADE.take(&(ctx, flags, priority))
+            && let Some(stream) = CLIENT.ahead.streams.take(&(ctx, flags, priority))
         {
             crate::trace::local("cudaStreamCreateWithPriority");
             // SAFETY: the caller's cudaStream_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(pStream as *mut u64, stream) };
             return 0;
         }
-        let wanted = MADE.missed((device, flags, priority));
+        let wanted = CLIENT.ahead.streams.missed((device, flags, priority));
         // Ahead only where the context is known: the streams go to creates in the same one.
         let n = match context.or_else(|| (wanted > 1).then(crate::custom::context::current).flatten()) {
             Some(_) => wanted,
@@ -71,7 +67,7 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
             && let Some(ctx) = crate::custom::context::cached_current()
         {
             let made = statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h);
-            MADE.add((ctx, flags, priority), made);
+            CLIENT.ahead.streams.add((ctx, flags, priority), made);
         }
         status
     })

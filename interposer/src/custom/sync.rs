@@ -10,10 +10,9 @@ use std::ffi::c_void;
 use chidori_cuda::desc::{Ctx, Form};
 use chidori_protocol::desc::CallDesc;
 
-use crate::ahead::idle::{self, Answer, Idle, Scope};
+use crate::ahead::idle::{self, Answer, Scope};
 use crate::conn::Conn;
-
-static IDLE: Idle = Idle::new();
+use crate::state::CLIENT;
 
 /// Whether what the client knows of idle scopes holds: no capture (a synchronize of a
 /// capturing stream fails) and no graph loop (the server replays without messages).
@@ -61,7 +60,7 @@ pub unsafe fn read_back(conn: &Conn, desc: &'static CallDesc, stream: Option<u64
         && trusted()
     {
         let key = stream_key(stream, desc.name.ends_with("_ptsz"));
-        IDLE.learn(key, before, calls.len() as u64, conn.sent_so_far());
+        CLIENT.ahead.idle.learn(key, before, calls.len() as u64, conn.sent_so_far());
     }
     ret
 }
@@ -97,7 +96,7 @@ pub unsafe fn copy_in(
         let small = calls.len() == 1 && src != 0 && count <= idle::WRITE_RECORDED_MAX as u64;
         // SAFETY: the copy's host source of `count` bytes (the caller's contract), just sent.
         let bytes = small.then(|| unsafe { std::slice::from_raw_parts(src as *const u8, count as usize) });
-        IDLE.copied_in(key, (before, calls.len() as u64, conn.sent_so_far()), dst, count, bytes);
+        CLIENT.ahead.idle.copied_in(key, (before, calls.len() as u64, conn.sent_so_far()), dst, count, bytes);
     }
     ret
 }
@@ -117,7 +116,7 @@ pub extern "C" fn chidori_read_is_local(src: u64, count: u64) -> i32 {
 /// The bytes at `[src, src + count)` of device memory where the client copied them in
 /// itself while the device was idle, and nothing was sent since (one GPU: no peer wrote).
 fn local_read(conn: &Conn, src: u64, count: u64) -> Option<Vec<u8>> {
-    (trusted() && conn.profile.devices.len() == 1).then(|| IDLE.read(src, count, conn.sent_so_far()))?
+    (trusted() && conn.profile.devices.len() == 1).then(|| CLIENT.ahead.idle.read(src, count, conn.sent_so_far()))?
 }
 
 /// Whether `[dst, dst + count)` lies in one device allocation the client knows.
@@ -133,7 +132,7 @@ fn allocated(dst: u64, count: u64) -> bool {
 /// on its loop thread, which is the program's only where the session has one GPU.
 pub fn drained_by_loop(conn: &Conn, device: i32, before: u64) {
     if trusted() && conn.profile.devices.len() == 1 {
-        IDLE.learn(Scope::Device(device, super::context::cached_current()), before, 1, conn.sent_so_far());
+        CLIENT.ahead.idle.learn(Scope::Device(device, super::context::cached_current()), before, 1, conn.sent_so_far());
     }
 }
 
@@ -143,7 +142,7 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
     crate::guard::ffi(name, crate::runtime::unavailable(desc) as u32, || {
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(desc) as u32 };
         let scope = scope.filter(|_| trusted());
-        match scope.and_then(|s| Some((s, IDLE.answer(s, conn.sent_so_far())?))) {
+        match scope.and_then(|s| Some((s, CLIENT.ahead.idle.answer(s, conn.sent_so_far())?))) {
             Some((_, Answer::Idle)) => {
                 crate::trace::local(name);
                 return crate::runtime::success(desc) as u32;
@@ -153,7 +152,7 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
                 // SAFETY: handles by value only.
                 let ret = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Async), args) };
                 if ret == crate::runtime::success(desc) {
-                    IDLE.forwarded(scope, before, conn.sent_so_far());
+                    CLIENT.ahead.idle.forwarded(scope, before, conn.sent_so_far());
                 }
                 return ret as u32;
             }
@@ -166,7 +165,7 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
         if let Some(scope) = scope
             && ret == crate::runtime::success(desc)
         {
-            IDLE.learn(scope, before, 1, conn.sent_so_far());
+            CLIENT.ahead.idle.learn(scope, before, 1, conn.sent_so_far());
         }
         ret as u32
     })

@@ -23,21 +23,20 @@ use chidori_cuda::handles::{KINDS, kind};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use crate::ahead::Answers;
 use crate::ahead::learned::Space;
+use crate::state::CLIENT;
 
 /// Answers kept (distinct questions; torch asks a few per layer shape).
-const ANSWERS_MAX: usize = 4096;
+pub(crate) const ANSWERS_MAX: usize = 4096;
 
 /// The outputs of a size query: (parameter, bytes) each, and the status.
-type Answer = (u64, Vec<(usize, Vec<u8>)>);
+pub(crate) type Answer = (u64, Vec<(usize, Vec<u8>)>);
 
-static ANSWERS: Answers<u64, Answer> = Answers::new(ANSWERS_MAX);
 /// What each legacy descriptor says: `Some(fingerprint)` of the Sets made on it since it was
 /// created, `None` once a call may have changed it in a way the client does not know (then
 /// until its destroy). A descriptor absent here is as created.
 fn fingerprints() -> MutexGuard<'static, Option<HashMap<u64, Option<u64>>>> {
-    crate::state::CLIENT.cudnn_fingerprints.lock()
+    CLIENT.cudnn_fingerprints.lock()
 }
 
 /// What the hook decided for a call about to be sent.
@@ -104,7 +103,7 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
     if is_query(name) && desc.waits() {
         let outputs_only_bufs = desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
         let Some(key) = content(desc, args, prepared, None).filter(|_| outputs_only_bufs) else { return Action::Send };
-        if let Some(answer) = ANSWERS.get(&key) {
+        if let Some(answer) = CLIENT.ahead.cudnn_sizes.get(&key) {
             return match give(&answer, prepared) {
                 true => {
                     crate::trace::local(name);
@@ -133,7 +132,7 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             // keeps until the reply has landed.
             if let Some(slot) = unsafe { crate::runtime::send_checked(&conn, desc, &check_args) } {
                 give(&answer, prepared);
-                ANSWERS.learn(key, answer.clone());
+                CLIENT.ahead.cudnn_sizes.learn(key, answer.clone());
                 let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
                 crate::learned::check(conn, name, slot, scratch, move |outcome, scratch| {
                     let got: Vec<(usize, Vec<u8>)> =
@@ -215,7 +214,7 @@ pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared)
     if let Ok(conn) = crate::conn::get() {
         crate::learned::with(&conn, |l| l.learn(Space::CudnnSize, &stored(desc, key), &encode(&answer)));
     }
-    ANSWERS.learn(key, answer);
+    CLIENT.ahead.cudnn_sizes.learn(key, answer);
 }
 
 /// Whether `answer` has the outputs this call asks for (the same parameters and lengths).

@@ -6,7 +6,7 @@
 //! lands. Calls of class `async` do not wait: a failure comes back as a deferred status that
 //! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
-mod cudnn_sizes;
+pub(crate) mod cudnn_sizes;
 
 use std::borrow::Cow;
 use std::ffi::{CStr, c_char};
@@ -72,7 +72,7 @@ impl codec::Client for ThisClient {
 /// Pointer arguments must be valid for the lengths the descriptor computes from the other
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
-    crate::state::CLIENT.captures.sending(desc.name);
+    crate::state::CLIENT.ahead.captures.sending(desc.name);
     let encoded = codec::encode(desc, args, &mut ThisClient);
     for &(at, name) in &encoded.names {
         // SAFETY: the caller's non-null pointer to a handle.
