@@ -1616,7 +1616,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu118(
     flags: u64,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint__cu118(symbol, funcPtr, flags)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_3(&CTX, symbol, funcPtr, flags)
     }
 }
 ///`cudaGetDriverEntryPoint` for CUDA 12.1, 12.6, 12.8 (local).
@@ -1628,7 +1641,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu121(
     driverStatus: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint__cu121(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_4(
+            &CTX,
             symbol,
             funcPtr,
             flags,
@@ -1645,7 +1672,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu130(
     driverStatus: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint__cu130(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_4(
+            &CTX,
             symbol,
             funcPtr,
             flags,
@@ -1699,11 +1740,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu118(
     flags: u64,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu118(
-            symbol,
-            funcPtr,
-            flags,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint_ptsz",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_3(&CTX, symbol, funcPtr, flags)
     }
 }
 ///`cudaGetDriverEntryPoint_ptsz` for CUDA 12.1, 12.6, 12.8 (local).
@@ -1715,7 +1765,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu121(
     driverStatus: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu121(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_4(
+            &CTX,
             symbol,
             funcPtr,
             flags,
@@ -1732,7 +1796,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130(
     driverStatus: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu130(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDriverEntryPoint_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::entry::cudart::entry_point_4(
+            &CTX,
             symbol,
             funcPtr,
             flags,
@@ -7005,7 +7083,27 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyFromSymbol(dst, symbol, count, offset, kind)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_from_symbol(
+            &CTX,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
     }
 }
 ///`cudaMemcpyFromSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7019,7 +7117,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyFromSymbolAsync(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromSymbolAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_from_symbol_async(
+            &CTX,
             dst,
             symbol,
             count,
@@ -7040,7 +7152,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyFromSymbolAsync_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromSymbolAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_from_symbol_async(
+            &CTX,
             dst,
             symbol,
             count,
@@ -7060,7 +7186,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyFromSymbol_ptds(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromSymbol_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_from_symbol(
+            &CTX,
             dst,
             symbol,
             count,
@@ -7281,7 +7421,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyToSymbol(symbol, src, count, offset, kind)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_to_symbol(&CTX, symbol, src, count, offset, kind)
     }
 }
 ///`cudaMemcpyToSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7295,7 +7448,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyToSymbolAsync(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToSymbolAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_to_symbol_async(
+            &CTX,
             symbol,
             src,
             count,
@@ -7316,7 +7483,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyToSymbolAsync_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToSymbolAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_to_symbol_async(
+            &CTX,
             symbol,
             src,
             count,
@@ -7336,7 +7517,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpyToSymbol_ptds(symbol, src, count, offset, kind)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToSymbol_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_to_symbol(&CTX, symbol, src, count, offset, kind)
     }
 }
 ///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -8058,21 +8252,66 @@ pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStop() -> u32 {
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu118(
     runtimeVersion: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu118(runtimeVersion) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaRuntimeGetVersion",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::runtime_get_version(&CTX, runtimeVersion)
+    }
 }
 ///`cudaRuntimeGetVersion` for CUDA 12.1, 12.6, 12.8 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu121(
     runtimeVersion: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu121(runtimeVersion) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaRuntimeGetVersion",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::runtime_get_version(&CTX, runtimeVersion)
+    }
 }
 ///`cudaRuntimeGetVersion` for CUDA 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
     runtimeVersion: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu130(runtimeVersion) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaRuntimeGetVersion",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::runtime_get_version(&CTX, runtimeVersion)
+    }
 }
 ///`cudaSetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]

@@ -983,7 +983,22 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid(
     uuid: *mut c_void,
     dev: i32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuDeviceGetUuid(uuid, dev) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDeviceGetUuid",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::device_uuid(&CTX, uuid, dev)
+    }
 }
 ///`cuDeviceGetUuid_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -991,7 +1006,22 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid_v2(
     uuid: *mut c_void,
     dev: i32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuDeviceGetUuid_v2(uuid, dev) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDeviceGetUuid_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::device_uuid(&CTX, uuid, dev)
+    }
 }
 ///`cuDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1035,12 +1065,42 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease_v2(dev: i32)
 ///`cuDevicePrimaryCtxReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset(dev: i32) -> u32 {
-    unsafe { crate::custom::driver::cuDevicePrimaryCtxReset(dev) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDevicePrimaryCtxReset",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxReset__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::context::primary_reset(&CTX, dev)
+    }
 }
 ///`cuDevicePrimaryCtxReset_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
-    unsafe { crate::custom::driver::cuDevicePrimaryCtxReset_v2(dev) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDevicePrimaryCtxReset_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxReset_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::context::primary_reset(&CTX, dev)
+    }
 }
 ///`cuDevicePrimaryCtxRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1061,7 +1121,22 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
     dev: i32,
     flags: u32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags(dev, flags) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDevicePrimaryCtxSetFlags",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::context::primary_set_flags(&CTX, dev, flags)
+    }
 }
 ///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -1069,7 +1144,22 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     dev: i32,
     flags: u32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags_v2(dev, flags) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuDevicePrimaryCtxSetFlags_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::context::primary_set_flags(&CTX, dev, flags)
+    }
 }
 ///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3979,7 +4069,22 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc(
     r#fn: *mut c_void,
     userData: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuLaunchHostFunc(hStream, r#fn, userData) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchHostFunc",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_host_function(&CTX, hStream, r#fn, userData)
+    }
 }
 ///`cuLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -3988,7 +4093,22 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
     r#fn: *mut c_void,
     userData: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuLaunchHostFunc_ptsz(hStream, r#fn, userData) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchHostFunc_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_host_function(&CTX, hStream, r#fn, userData)
+    }
 }
 ///`cuLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -6935,7 +7055,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
     srcDevice: u64,
     ByteCount: usize,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyDtoH_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_dtoh(&CTX, dstHost, srcDevice, ByteCount)
+    }
 }
 ///`cuMemcpyDtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -6944,7 +7079,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
     srcDevice: u64,
     ByteCount: usize,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuMemcpyDtoH_v2_ptds(dstHost, srcDevice, ByteCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyDtoH_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2_ptds__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_dtoh(&CTX, dstHost, srcDevice, ByteCount)
+    }
 }
 ///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
@@ -7081,7 +7231,21 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuMemcpyHtoDAsync_v2(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyHtoDAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_htod_async(
+            &CTX,
             dstDevice,
             srcHost,
             ByteCount,
@@ -7098,7 +7262,21 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuMemcpyHtoDAsync_v2_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyHtoDAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_htod_async(
+            &CTX,
             dstDevice,
             srcHost,
             ByteCount,
@@ -7113,7 +7291,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
     srcHost: *mut c_void,
     ByteCount: usize,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyHtoD_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_htod(&CTX, dstDevice, srcHost, ByteCount)
+    }
 }
 ///`cuMemcpyHtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -7122,7 +7315,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
     srcHost: *mut c_void,
     ByteCount: usize,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuMemcpyHtoD_v2_ptds(dstDevice, srcHost, ByteCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyHtoD_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2_ptds__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::memcpy_htod(&CTX, dstDevice, srcHost, ByteCount)
+    }
 }
 ///`cuMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

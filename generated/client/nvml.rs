@@ -441,14 +441,44 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCoolerInfo(
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
     deviceCount: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvml::nvmlDeviceGetCount(deviceCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvmlDeviceGetCount",
+            version: "13.1",
+            library: "nvml",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3i64,
+                unavailable: 9i64,
+                invalid_handle: 2i64,
+                invalid_value: 2i64,
+            },
+        };
+        crate::custom::nvml::device_count(&CTX, deviceCount)
+    }
 }
 ///`nvmlDeviceGetCount_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
     deviceCount: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvml::nvmlDeviceGetCount_v2(deviceCount) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvmlDeviceGetCount_v2",
+            version: "13.1",
+            library: "nvml",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3i64,
+                unavailable: 9i64,
+                invalid_handle: 2i64,
+                invalid_value: 2i64,
+            },
+        };
+        crate::custom::nvml::device_count(&CTX, deviceCount)
+    }
 }
 ///`nvmlDeviceGetCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3052,7 +3082,22 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState(
 ///`nvmlInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit() -> u32 {
-    unsafe { crate::custom::nvml::nvmlInit() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvmlInit",
+            version: "13.1",
+            library: "nvml",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3i64,
+                unavailable: 9i64,
+                invalid_handle: 2i64,
+                invalid_value: 2i64,
+            },
+        };
+        crate::custom::nvml::init_library(&CTX)
+    }
 }
 ///`nvmlInitWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -3062,7 +3107,22 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInitWithFlags(flags: u32) -> u32 {
 ///`nvmlInit_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
-    unsafe { crate::custom::nvml::nvmlInit_v2() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvmlInit_v2",
+            version: "13.1",
+            library: "nvml",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3i64,
+                unavailable: 9i64,
+                invalid_handle: 2i64,
+                invalid_value: 2i64,
+            },
+        };
+        crate::custom::nvml::init_library(&CTX)
+    }
 }
 ///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]

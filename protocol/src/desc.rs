@@ -400,6 +400,11 @@ impl Ctx {
             .unwrap_or_else(|| panic!("{} has no wire form {form:?} (specs and custom code disagree)", self.name))
     }
 
+    /// The export's name without its per-thread suffix: what logs and traces call it.
+    pub fn base_name(&self) -> &'static str {
+        self.name.trim_end_matches("_ptsz").trim_end_matches("_ptds")
+    }
+
     /// Whether the export is a per-thread-default-stream entry point (`_ptsz`, `_ptds`).
     pub fn per_thread(&self) -> bool {
         self.name.ends_with("_ptsz") || self.name.ends_with("_ptds")

@@ -125,31 +125,26 @@ fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32,
     })
 }
 
-/// The export's name without its per-thread suffix: what logs and traces call it.
-fn base_name(ctx: &Ctx) -> &'static str {
-    ctx.name.trim_end_matches("_ptsz").trim_end_matches("_ptds")
-}
-
 /// cudaStreamBeginCapture, cuStreamBeginCapture_v2 and their `_ptsz` forms.
 pub unsafe fn begin_capture(ctx: &Ctx, stream: *mut c_void, mode: u32) -> u32 {
     let args = [stream as u64, u64::from(mode)];
-    begin(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
+    begin(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cuStreamBeginCapture (no mode: global) and its `_ptsz` form.
 pub unsafe fn begin_capture_without_mode(ctx: &Ctx, stream: *mut c_void) -> u32 {
-    begin(base_name(ctx), ctx.form(Form::Call), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
+    begin(ctx.base_name(), ctx.form(Form::Call), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms.
 pub unsafe fn end_capture(ctx: &Ctx, stream: *mut c_void, graph: *mut c_void) -> u32 {
     let args = [stream as u64, graph as u64];
-    end(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
+    end(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamIsCapturing, cuStreamIsCapturing and their `_ptsz` forms.
 pub unsafe fn stream_is_capturing(ctx: &Ctx, stream: *mut c_void, status: *mut c_void) -> u32 {
-    is_capturing(base_name(ctx), ctx.form(Form::Call), stream as u64, status, ctx.library == "cudart")
+    is_capturing(ctx.base_name(), ctx.form(Form::Call), stream as u64, status, ctx.library == "cudart")
 }
 
 /// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else
@@ -284,7 +279,7 @@ pub unsafe fn cu_capture_info_v3(
 ) -> u32 {
     let runtime = ctx.library == "cudart";
     let no_device = if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE };
-    guarded(base_name(ctx), runtime, || {
+    guarded(ctx.base_name(), runtime, || {
         if status.is_null() {
             return Err(INVALID_VALUE);
         }
@@ -316,7 +311,7 @@ pub unsafe fn begin_capture_to_graph(
     mode: u32,
 ) -> u32 {
     let args = [stream as u64, graph as u64, deps as u64, data as u64, count as u64, u64::from(mode)];
-    begin(base_name(ctx), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
+    begin(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo__cu118(

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chidori_cuda::calls::{cudart, driver};
-use chidori_protocol::desc::CallDesc;
+use chidori_protocol::desc::{CallDesc, Ctx, Form};
 
 use crate::state::CLIENT;
 
@@ -67,26 +67,16 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
     })
 }
 
-pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> u32 {
+/// cuDevicePrimaryCtxReset and its `_v2`: the server's streams of that device go.
+pub unsafe fn primary_reset(ctx: &Ctx, dev: i32) -> u32 {
     crate::custom::streams::forget();
     crate::custom::export::context_ends(None, Some(dev));
-    changing("cuDevicePrimaryCtxReset", &driver::cuDevicePrimaryCtxReset__call, &[dev as u32 as u64], false)
+    changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64], false)
 }
 
-pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
-    crate::custom::streams::forget();
-    crate::custom::export::context_ends(None, Some(dev));
-    changing("cuDevicePrimaryCtxReset_v2", &driver::cuDevicePrimaryCtxReset_v2__call, &[dev as u32 as u64], false)
-}
-
-pub unsafe fn cuDevicePrimaryCtxSetFlags(dev: i32, flags: u32) -> u32 {
-    let args = [dev as u32 as u64, u64::from(flags)];
-    changing("cuDevicePrimaryCtxSetFlags", &driver::cuDevicePrimaryCtxSetFlags__call, &args, false)
-}
-
-pub unsafe fn cuDevicePrimaryCtxSetFlags_v2(dev: i32, flags: u32) -> u32 {
-    let args = [dev as u32 as u64, u64::from(flags)];
-    changing("cuDevicePrimaryCtxSetFlags_v2", &driver::cuDevicePrimaryCtxSetFlags_v2__call, &args, false)
+/// cuDevicePrimaryCtxSetFlags and its `_v2`.
+pub unsafe fn primary_set_flags(ctx: &Ctx, dev: i32, flags: u32) -> u32 {
+    changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64, u64::from(flags)], false)
 }
 
 pub unsafe fn cudaDeviceReset() -> u32 {

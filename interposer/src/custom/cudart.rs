@@ -329,21 +329,11 @@ pub unsafe fn cudaDriverGetVersion(driverVersion: *mut c_void) -> u32 {
     })
 }
 
-fn runtime_version(version: i32, out: *mut c_void) -> u32 {
+/// cudaRuntimeGetVersion: the version of the runtime the caller was built against.
+pub unsafe fn runtime_get_version(ctx: &Ctx, out: *mut c_void) -> u32 {
+    let version = runtime_version(ctx) as i32;
     // SAFETY: the caller's int.
     runtime("cudaRuntimeGetVersion", || unsafe { put(out, version) }.map(|_| SUCCESS))
-}
-
-pub unsafe fn cudaRuntimeGetVersion__cu118(runtimeVersion: *mut c_void) -> u32 {
-    runtime_version(11080, runtimeVersion)
-}
-
-pub unsafe fn cudaRuntimeGetVersion__cu121(runtimeVersion: *mut c_void) -> u32 {
-    runtime_version(12080, runtimeVersion)
-}
-
-pub unsafe fn cudaRuntimeGetVersion__cu130(runtimeVersion: *mut c_void) -> u32 {
-    runtime_version(13000, runtimeVersion)
 }
 
 pub unsafe fn cudaGetLastError() -> u32 {

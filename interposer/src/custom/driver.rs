@@ -135,7 +135,11 @@ pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut c_void, dev: i32) -> u32 {
     })
 }
 
-fn uuid(out: *mut c_void, dev: i32) -> u32 {
+/// Write device `dev`'s UUID (from the handshake's profile) to `out`.
+///
+/// # Safety
+/// `out` is NULL or valid for 16 bytes of writes (put checks NULL).
+pub(super) unsafe fn uuid(out: *mut c_void, dev: i32) -> u32 {
     driver("cuDeviceGetUuid", || {
         let conn = connection()?;
         let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
@@ -144,12 +148,10 @@ fn uuid(out: *mut c_void, dev: i32) -> u32 {
     })
 }
 
-pub unsafe fn cuDeviceGetUuid(uuid_out: *mut c_void, dev: i32) -> u32 {
-    uuid(uuid_out, dev)
-}
-
-pub unsafe fn cuDeviceGetUuid_v2(uuid_out: *mut c_void, dev: i32) -> u32 {
-    uuid(uuid_out, dev)
+/// cuDeviceGetUuid and its `_v2`: the device's UUID from the handshake's profile.
+pub unsafe fn device_uuid(_: &Ctx, out: *mut c_void, dev: i32) -> u32 {
+    // SAFETY: the caller's CUuuid, as CUDA's contract says.
+    unsafe { uuid(out, dev) }
 }
 
 pub unsafe fn cuDriverGetVersion(driverVersion: *mut c_void) -> u32 {
@@ -363,52 +365,19 @@ fn copy(
     })
 }
 
-pub unsafe fn cuMemcpyHtoD_v2(dstDevice: u64, srcHost: *mut c_void, ByteCount: usize) -> u32 {
-    copy("cuMemcpyHtoD_v2", &calls::cuMemcpyHtoD_v2__call, dstDevice, srcHost as u64, ByteCount as u64, &[])
+/// cuMemcpyHtoD_v2 and its per-thread form.
+pub unsafe fn memcpy_htod(ctx: &Ctx, dst: u64, src: *mut c_void, n: usize) -> u32 {
+    copy(ctx.base_name(), ctx.form(Form::Call), dst, src as u64, n as u64, &[])
 }
 
-pub unsafe fn cuMemcpyHtoD_v2_ptds(dstDevice: u64, srcHost: *mut c_void, ByteCount: usize) -> u32 {
-    copy("cuMemcpyHtoD_v2", &calls::cuMemcpyHtoD_v2_ptds__call, dstDevice, srcHost as u64, ByteCount as u64, &[])
+/// cuMemcpyDtoH_v2 and its per-thread form.
+pub unsafe fn memcpy_dtoh(ctx: &Ctx, dst: *mut c_void, src: u64, n: usize) -> u32 {
+    copy(ctx.base_name(), ctx.form(Form::Call), dst as u64, src, n as u64, &[])
 }
 
-pub unsafe fn cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: u64, ByteCount: usize) -> u32 {
-    copy("cuMemcpyDtoH_v2", &calls::cuMemcpyDtoH_v2__call, dstHost as u64, srcDevice, ByteCount as u64, &[])
-}
-
-pub unsafe fn cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: u64, ByteCount: usize) -> u32 {
-    copy("cuMemcpyDtoH_v2", &calls::cuMemcpyDtoH_v2_ptds__call, dstHost as u64, srcDevice, ByteCount as u64, &[])
-}
-
-pub unsafe fn cuMemcpyHtoDAsync_v2(
-    dstDevice: u64,
-    srcHost: *mut c_void,
-    ByteCount: usize,
-    hStream: *mut c_void,
-) -> u32 {
-    copy(
-        "cuMemcpyHtoDAsync_v2",
-        &calls::cuMemcpyHtoDAsync_v2__call,
-        dstDevice,
-        srcHost as u64,
-        ByteCount as u64,
-        &[hStream as u64],
-    )
-}
-
-pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
-    dstDevice: u64,
-    srcHost: *mut c_void,
-    ByteCount: usize,
-    hStream: *mut c_void,
-) -> u32 {
-    copy(
-        "cuMemcpyHtoDAsync_v2",
-        &calls::cuMemcpyHtoDAsync_v2_ptsz__call,
-        dstDevice,
-        srcHost as u64,
-        ByteCount as u64,
-        &[hStream as u64],
-    )
+/// cuMemcpyHtoDAsync_v2 and its per-thread form.
+pub unsafe fn memcpy_htod_async(ctx: &Ctx, dst: u64, src: *mut c_void, n: usize, stream: *mut c_void) -> u32 {
+    copy(ctx.base_name(), ctx.form(Form::Call), dst, src as u64, n as u64, &[stream as u64])
 }
 
 /// cuMemcpy, cuMemcpyAsync and their per-thread forms: on unified addresses, each side is
@@ -512,12 +481,9 @@ fn launch_host_func(
     })
 }
 
-pub unsafe fn cuLaunchHostFunc(hStream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
-    launch_host_func(&calls::cuLaunchHostFunc__host, hStream, r#fn, userData)
-}
-
-pub unsafe fn cuLaunchHostFunc_ptsz(hStream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
-    launch_host_func(&calls::cuLaunchHostFunc_ptsz__host, hStream, r#fn, userData)
+/// cuLaunchHostFunc and its per-thread form.
+pub unsafe fn launch_host_function(ctx: &Ctx, stream: *mut c_void, f: *mut c_void, data: *mut c_void) -> u32 {
+    launch_host_func(ctx.form(Form::Host), stream, f, data)
 }
 
 // ---- Modules and launches ----
@@ -908,8 +874,7 @@ pub unsafe fn launch_kernel_ex(
 pub use super::capture::*;
 pub use super::context::{
     cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,
-    cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags,
-    cuDevicePrimaryCtxSetFlags_v2,
+    cuDevicePrimaryCtxGetState,
 };
 pub use super::entry::driver::*;
 pub use super::kernels::cuFuncSetAttribute;

@@ -209,6 +209,8 @@ pub mod cudart {
     #![allow(non_snake_case, clippy::missing_safety_doc)]
     use std::ffi::c_void;
 
+    use chidori_cuda::desc::Ctx;
+
     use super::{NOT_FOUND, SUCCESS, get_proc, per_thread};
 
     fn entry(symbol: *mut c_void, f: *mut c_void, version: u32, flags: u64, status: *mut c_void, ptsz: bool) -> u32 {
@@ -221,48 +223,30 @@ pub mod cudart {
         s
     }
 
-    pub unsafe fn cudaGetDriverEntryPoint__cu118(symbol: *mut c_void, funcPtr: *mut c_void, flags: u64) -> u32 {
-        entry(symbol, funcPtr, 11080, flags, std::ptr::null_mut(), false)
+    /// The version of the runtime a caller of `ctx`'s export was built against: the newest
+    /// its soname stands for (11.8 and 12.8; 13.0 for libcudart.so.13).
+    pub fn runtime_version(ctx: &Ctx) -> u32 {
+        match ctx.version.split('.').next() {
+            Some("11") => 11080,
+            Some("12") => 12080,
+            _ => 13000,
+        }
     }
 
-    pub unsafe fn cudaGetDriverEntryPoint_ptsz__cu118(symbol: *mut c_void, funcPtr: *mut c_void, flags: u64) -> u32 {
-        entry(symbol, funcPtr, 11080, flags, std::ptr::null_mut(), true)
+    /// cudaGetDriverEntryPoint of 11.8 and its `_ptsz` form (no driver status).
+    pub unsafe fn entry_point_3(ctx: &Ctx, symbol: *mut c_void, f: *mut c_void, flags: u64) -> u32 {
+        entry(symbol, f, runtime_version(ctx), flags, std::ptr::null_mut(), ctx.per_thread())
     }
 
-    pub unsafe fn cudaGetDriverEntryPoint__cu121(
+    /// cudaGetDriverEntryPoint of 12.x and 13.x and its `_ptsz` form.
+    pub unsafe fn entry_point_4(
+        ctx: &Ctx,
         symbol: *mut c_void,
-        funcPtr: *mut c_void,
+        f: *mut c_void,
         flags: u64,
-        driverStatus: *mut c_void,
+        status: *mut c_void,
     ) -> u32 {
-        entry(symbol, funcPtr, 12080, flags, driverStatus, false)
-    }
-
-    pub unsafe fn cudaGetDriverEntryPoint_ptsz__cu121(
-        symbol: *mut c_void,
-        funcPtr: *mut c_void,
-        flags: u64,
-        driverStatus: *mut c_void,
-    ) -> u32 {
-        entry(symbol, funcPtr, 12080, flags, driverStatus, true)
-    }
-
-    pub unsafe fn cudaGetDriverEntryPoint__cu130(
-        symbol: *mut c_void,
-        funcPtr: *mut c_void,
-        flags: u64,
-        driverStatus: *mut c_void,
-    ) -> u32 {
-        entry(symbol, funcPtr, 13000, flags, driverStatus, false)
-    }
-
-    pub unsafe fn cudaGetDriverEntryPoint_ptsz__cu130(
-        symbol: *mut c_void,
-        funcPtr: *mut c_void,
-        flags: u64,
-        driverStatus: *mut c_void,
-    ) -> u32 {
-        entry(symbol, funcPtr, 13000, flags, driverStatus, true)
+        entry(symbol, f, runtime_version(ctx), flags, status, ctx.per_thread())
     }
 
     pub unsafe fn cudaGetDriverEntryPointByVersion(

@@ -396,7 +396,7 @@ impl Facts {
                     attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID),
                 );
                 // SAFETY: a 16-byte local.
-                unsafe { d::cuDeviceGetUuid(uuid.as_mut_ptr().cast(), dev) };
+                unsafe { d::uuid(uuid.as_mut_ptr().cast(), dev) };
                 (uuid, domain, bus, device)
             })
             .collect();

@@ -20,7 +20,7 @@ use crate::conn::{self, Conn};
 use crate::custom::memory::{self, CopyForms};
 use crate::modules::{self, LaunchShape};
 use crate::registry;
-use crate::state;
+use crate::state::{self, CLIENT};
 
 const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
@@ -28,7 +28,6 @@ const INVALID_DEVICE_FUNCTION: u32 = chidori_cuda::consts::cudaError::cudaErrorI
 const INVALID_SYMBOL: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidSymbol;
 const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
 const INVALID_MEMCPY_DIRECTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection;
-use crate::state::CLIENT;
 use chidori_cuda::consts::cudaMemcpyKind as memcpy_kind;
 
 fn connection() -> Result<Arc<Conn>, u32> {
@@ -613,82 +612,53 @@ fn from_symbol(
     })
 }
 
-pub unsafe fn cudaMemcpyToSymbol(symbol: *mut c_void, src: *mut c_void, count: usize, offset: usize, kind: u32) -> u32 {
-    to_symbol(symbol, src, count, offset, kind, None)
+/// The stream an asynchronous symbol copy names: from a `_ptsz` entry point, NULL is the
+/// per-thread stream.
+fn symbol_stream(ctx: &Ctx, stream: *mut c_void) -> *mut c_void {
+    if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream }
 }
 
-pub unsafe fn cudaMemcpyToSymbol_ptds(
+/// cudaMemcpyToSymbol and its per-thread form.
+pub unsafe fn memcpy_to_symbol(_: &Ctx, symbol: *mut c_void, src: *mut c_void, n: usize, at: usize, kind: u32) -> u32 {
+    to_symbol(symbol, src, n, at, kind, None)
+}
+
+/// cudaMemcpyFromSymbol and its per-thread form.
+pub unsafe fn memcpy_from_symbol(
+    _: &Ctx,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    n: usize,
+    at: usize,
+    kind: u32,
+) -> u32 {
+    from_symbol(dst, symbol, n, at, kind, None)
+}
+
+/// cudaMemcpyToSymbolAsync and its per-thread form.
+pub unsafe fn memcpy_to_symbol_async(
+    ctx: &Ctx,
     symbol: *mut c_void,
     src: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    to_symbol(symbol, src, count, offset, kind, None)
-}
-
-pub unsafe fn cudaMemcpyToSymbolAsync(
-    symbol: *mut c_void,
-    src: *mut c_void,
-    count: usize,
-    offset: usize,
+    n: usize,
+    at: usize,
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    to_symbol(symbol, src, count, offset, kind, Some(stream))
+    to_symbol(symbol, src, n, at, kind, Some(symbol_stream(ctx, stream)))
 }
 
-pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(
+/// cudaMemcpyFromSymbolAsync and its per-thread form.
+pub unsafe fn memcpy_from_symbol_async(
+    ctx: &Ctx,
+    dst: *mut c_void,
     symbol: *mut c_void,
-    src: *mut c_void,
-    count: usize,
-    offset: usize,
+    n: usize,
+    at: usize,
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    to_symbol(symbol, src, count, offset, kind, Some(super::cudart::per_thread(stream)))
-}
-
-pub unsafe fn cudaMemcpyFromSymbol(
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    from_symbol(dst, symbol, count, offset, kind, None)
-}
-
-pub unsafe fn cudaMemcpyFromSymbol_ptds(
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    from_symbol(dst, symbol, count, offset, kind, None)
-}
-
-pub unsafe fn cudaMemcpyFromSymbolAsync(
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    from_symbol(dst, symbol, count, offset, kind, Some(stream))
-}
-
-pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    from_symbol(dst, symbol, count, offset, kind, Some(super::cudart::per_thread(stream)))
+    from_symbol(dst, symbol, n, at, kind, Some(symbol_stream(ctx, stream)))
 }
 
 pub unsafe fn cudaGetSymbolAddress(devPtr: *mut c_void, symbol: *mut c_void) -> u32 {

@@ -5,6 +5,8 @@
 
 use std::ffi::c_void;
 
+use chidori_cuda::desc::Ctx;
+
 const SUCCESS: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_SUCCESS;
 const INVALID_ARGUMENT: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_INVALID_ARGUMENT;
 const DRIVER_NOT_LOADED: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_DRIVER_NOT_LOADED;
@@ -32,12 +34,9 @@ fn count(name: &'static str, out: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn nvmlInit() -> u32 {
-    init("nvmlInit")
-}
-
-pub unsafe fn nvmlInit_v2() -> u32 {
-    init("nvmlInit_v2")
+/// nvmlInit and nvmlInit_v2.
+pub unsafe fn init_library(ctx: &Ctx) -> u32 {
+    init(ctx.name)
 }
 
 pub unsafe fn nvmlInitWithFlags(_flags: u32) -> u32 {
@@ -52,10 +51,7 @@ pub unsafe fn nvmlShutdown() -> u32 {
     })
 }
 
-pub unsafe fn nvmlDeviceGetCount(deviceCount: *mut c_void) -> u32 {
-    count("nvmlDeviceGetCount", deviceCount)
-}
-
-pub unsafe fn nvmlDeviceGetCount_v2(deviceCount: *mut c_void) -> u32 {
-    count("nvmlDeviceGetCount_v2", deviceCount)
+/// nvmlDeviceGetCount and its `_v2`.
+pub unsafe fn device_count(ctx: &Ctx, out: *mut c_void) -> u32 {
+    count(ctx.name, out)
 }
