@@ -47,7 +47,8 @@
 #   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
 #   libs     JAX, CuPy, pynvml, numba-cuda and cuda-python (gpu/libs/*_smoke.py; $LIBS narrows): native and loopback
-#            values equal; without $LIBS also nvidia-smi's GPU facts (name, UUID, bus, memory, driver)
+#            values equal; without $LIBS also nvidia-smi's GPU facts (name, UUID, bus, memory, driver),
+#            the server's nvidia-smi run by the session
 #   tls      a second server that requires TLS and its token (--secure, here on loopback)
 #            against the plain one, alternately: gpu/bench/escape.c (copies that must be
 #            refused: native, plain, TLS), the small-call round trip and 1 GiB copies (rtt,
@@ -504,8 +505,9 @@ if want libs; then
         "$LOGS/$name-remote.out" | head -4 | tr '\n' ' ') $(tail -2 "$LOGS/$name-remote.err" | tr '\n' ' ' | cut -c1-300)"
     fi
   done
-  # nvidia-smi through Chidori (NVML, its version check included): the fixed facts of the
-  # GPU must be the native ones; the whole default screen is kept in the logs.
+  # nvidia-smi through Chidori (the server's, run by the session's worker; a program's own
+  # through the PATH chidori run gives it): the fixed facts of the GPU must be the native
+  # ones; the whole default screen is kept in the logs.
   if [[ -z ${LIBS:-} ]] && command -v nvidia-smi >/dev/null; then
     query=(--query-gpu=name,uuid,pci.bus_id,memory.total,driver_version,compute_cap --format=csv,noheader)
     timeout 60 nvidia-smi "${query[@]}" > "$LOGS/nvidia-smi-native.out" 2>&1

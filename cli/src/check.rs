@@ -68,6 +68,47 @@ fn refused(addr: &str, frame: &Frame) -> anyhow::Error {
 /// Handshake with `server`, then say goodbye (the program opens its own session). Returns
 /// the server's welcome and, with TLS, the fingerprint of the certificate it presented.
 pub fn check(server: &str, auth: &ClientAuth) -> Result<(Welcome, Option<String>)> {
+    let mut session = open(server, auth, "preflight")?;
+    session.close("preflight done");
+    Ok((session.welcome, session.fingerprint))
+}
+
+/// A session of the `chidori` binary itself (the preflight, the server's nvidia-smi).
+pub struct Session {
+    pub addr: String,
+    link: Link,
+    pub welcome: Welcome,
+    /// With TLS, the fingerprint of the certificate the server presented.
+    pub fingerprint: Option<String>,
+}
+
+impl Session {
+    /// Send one frame.
+    pub fn send(&mut self, header: Header, archive: &[u8]) -> Result<()> {
+        self.link.send(&frame::to_vec(header, archive, &[])?)?;
+        Ok(())
+    }
+
+    /// The next frame the server sends.
+    pub fn read(&mut self) -> Result<Frame> {
+        self.link.read().map_err(|e| anyhow::anyhow!("the Chidori server at {} stopped answering: {e}", self.addr))
+    }
+
+    /// Say goodbye and close the connection.
+    pub fn close(&mut self, reason: &str) {
+        let bye = Goodbye { reason: reason.into() };
+        if let Ok(bytes) = frame::to_vec(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]) {
+            let _ = self.link.send(&bytes);
+        }
+        if let Link::Tls { sock, secure, .. } = &self.link {
+            secure.close(sock);
+        }
+    }
+}
+
+/// Connect to `server` and shake hands as `program`: a session, or an error that says what
+/// to do.
+pub fn open(server: &str, auth: &ClientAuth, program: &str) -> Result<Session> {
     let addr = address(server);
     let target = addr
         .to_socket_addrs()
@@ -105,7 +146,7 @@ pub fn check(server: &str, auth: &ClientAuth) -> Result<(Welcome, Option<String>
         client_version: env!("CARGO_PKG_VERSION").to_owned(),
         pid: std::process::id(),
         host: "chidori run".to_owned(),
-        program: "preflight".to_owned(),
+        program: program.to_owned(),
         token: auth.token.clone().unwrap_or_default(),
         resume: false,
         content: None,
@@ -125,15 +166,12 @@ pub fn check(server: &str, auth: &ClientAuth) -> Result<(Welcome, Option<String>
     match frame.header.kind {
         Kind::Welcome => {
             let welcome: Welcome = messages::decode(&frame, "welcome")?;
-            let bye = Goodbye { reason: "preflight done".into() };
-            let _ = link.send(&frame::to_vec(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[])?);
-            if let Link::Tls { sock, secure, .. } = &link {
-                secure.close(sock);
+            let mut session = Session { addr, link, welcome, fingerprint };
+            if session.welcome.devices.is_empty() {
+                session.close("no GPU");
+                bail!("the Chidori server at {} has no GPU", session.addr);
             }
-            if welcome.devices.is_empty() {
-                bail!("the Chidori server at {addr} has no GPU");
-            }
-            Ok((welcome, fingerprint))
+            Ok(session)
         }
         Kind::Refuse => Err(refused(&addr, &frame)),
         other => bail!("the Chidori server at {addr} answered {other:?} to the handshake"),

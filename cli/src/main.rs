@@ -4,6 +4,7 @@ mod check;
 mod install;
 mod run;
 mod serve;
+mod smi;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -41,6 +42,18 @@ pub fn init_logging() {
 }
 
 fn main() -> std::process::ExitCode {
+    // Started as `nvidia-smi` from the PATH `chidori run` gave a program: the server's.
+    let mut argv = std::env::args_os();
+    if argv.next().is_some_and(|a0| smi::is_smi(&a0)) {
+        let args: Vec<std::ffi::OsString> = argv.collect();
+        return match smi::as_program(&args) {
+            Ok(code) => std::process::ExitCode::from(code),
+            Err(e) => {
+                eprintln!("chidori: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(args) => run::run(args),

@@ -119,6 +119,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         let (_, seen) = crate::check::check(&args.server, &auth)?;
         fingerprint = fingerprint.or(seen);
     }
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    if crate::smi::is_smi(program) {
+        // The server's nvidia-smi: a local one cannot use Chidori's NVML.
+        let code = crate::smi::relay(&args.server, &auth, rest)?;
+        std::process::exit(i32::from(code));
+    }
     let dir = lib_dir(args.lib_dir)?;
     let shims = shims(&dir)?;
     let mut preload = OsString::new();
@@ -132,7 +138,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         preload.push(":");
         preload.push(existing);
     }
-    let (program, rest) = args.command.split_first().context("no command given")?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(rest).env("LD_PRELOAD", &preload).env(env::SERVER, &args.server);
     // The program's own connection presents the same token and accepts only the
@@ -143,6 +148,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     if let Some(fingerprint) = &fingerprint {
         cmd.env(env::FINGERPRINT, fingerprint);
+    }
+    // A program that starts nvidia-smi gets the server's (see `crate::smi`).
+    if let Some(tools) = crate::smi::tools_dir() {
+        let mut path = OsString::from(tools);
+        if let Some(existing) = std::env::var_os("PATH").filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(existing);
+        }
+        cmd.env("PATH", path);
     }
     // Triton links its launchers with -lcuda and dlopens libcuda.so.1 from here.
     cmd.env("TRITON_LIBCUDA_PATH", &dir);

@@ -192,12 +192,6 @@ fn is_loopback(bind: &str, port: u16) -> bool {
     }
 }
 
-/// The GPUs of this machine as the NVIDIA driver lists them (None: no driver's list).
-fn physical_gpus() -> Option<u32> {
-    let n = std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.count();
-    (n > 0).then_some(n as u32)
-}
-
 /// The session's backend, showing the GPUs the program's `CUDA_VISIBLE_DEVICES` (`visible`)
 /// selects among the server's.
 fn backend(args: &SessionArgs, visible: Option<&str>) -> Result<(Arc<dyn Backend>, Option<u32>), String> {
@@ -214,7 +208,7 @@ fn backend(args: &SessionArgs, visible: Option<&str>) -> Result<(Arc<dyn Backend
                 let server = std::env::var("CUDA_VISIBLE_DEVICES").ok();
                 exposed = match &server {
                     Some(s) => Some(chidori_worker::visible::parse(s).len() as u32),
-                    None => physical_gpus(),
+                    None => chidori_worker::visible::physical_gpus(),
                 };
                 let composed = chidori_worker::visible::compose(list, server.as_deref());
                 if composed.is_empty() {

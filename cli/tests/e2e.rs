@@ -3072,3 +3072,49 @@ fn cluster_occupancy_queries_reach_the_server_with_their_configuration() {
     // function of this session).
     assert_eq!(stdout.trim(), "null=1 made_up=400 null_config=1 potential=400 n=-1 after=0", "{stderr}");
 }
+
+/// `nvidia-smi` under `chidori run` is the server's (here a stand-in that prints its
+/// arguments): run directly, and from a program through the PATH `chidori run` gives it;
+/// what would change a GPU or write a file on the server is refused before anything runs.
+#[test]
+fn nvidia_smi_runs_on_the_server_for_queries_only() {
+    let dir = chidori_tests::scratch("nvidia_smi");
+    let fake = dir.join("server-nvidia-smi");
+    std::fs::write(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\necho note >&2\nexit 0\n").unwrap();
+    let mut perms = std::fs::metadata(&fake).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&fake, perms).unwrap();
+    let fake = fake.to_str().unwrap();
+    let server = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_NVIDIA_SMI", fake)])
+        .expect("starting an emulated server");
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--");
+        cmd.env("XDG_CACHE_HOME", dir.join("cache"));
+        cmd.args(args).output().unwrap()
+    };
+    let out = run(&["nvidia-smi", "-q", "-d", "MEMORY"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "server nvidia-smi: -q --display=MEMORY\n");
+    assert_eq!(stderr, "note\n");
+
+    // A program's own nvidia-smi, found on its PATH.
+    let out = run(&["sh", "-c", "nvidia-smi --query-gpu=name --format=csv"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout, "server nvidia-smi: --query-gpu=name --format=csv\n");
+
+    // The session sees one GPU of one: `-i 0` is it, `-i 1` none.
+    let out = run(&["nvidia-smi", "-L", "-i", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such GPU in this session"));
+
+    for refused in [&["nvidia-smi", "-pm", "1"][..], &["nvidia-smi", "-q", "-f", "/tmp/x"], &["nvidia-smi", "dmon"]] {
+        let out = run(refused);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{refused:?}: {stderr}");
+        assert!(stderr.contains("not run"), "{refused:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{refused:?}");
+    }
+}

@@ -266,6 +266,10 @@ pub enum Service {
     /// cuOccupancyMaxActiveClusters (`potential`: cuOccupancyMaxPotentialClusterSize) of a
     /// launch configuration, as a launch without parameters; answered by `Value`.
     ClusterOccupancy { launch: Launch, potential: bool },
+    /// Run the server's `nvidia-smi` with these arguments, for the session's GPUs: queries
+    /// only (the worker refuses what would change a GPU or write a file on the server);
+    /// answered by `Tool`.
+    NvidiaSmi { args: Vec<String> },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its
@@ -495,6 +499,12 @@ pub enum ServiceReply {
     JitLinked(JitLinkResult),
     /// One number the library answered (a cluster count or size).
     Value(i64),
+    /// A tool's run on the server: its exit status, standard output and standard error.
+    Tool {
+        code: i32,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    },
 }
 
 /// Serialize a message into an archive.

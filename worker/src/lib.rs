@@ -36,5 +36,6 @@ pub mod real;
 pub mod records;
 pub mod resume;
 pub mod session;
+pub mod smi;
 pub mod supervisor;
 pub mod visible;

@@ -1640,6 +1640,13 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
         Service::GraphList(query) => graph_list(session, query),
         Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
+        Service::NvidiaSmi { args } => {
+            let visible: Vec<String> =
+                session.backend.devices().iter().map(|d| crate::visible::uuid_text(&d.uuid)).collect();
+            // Without the driver's list (no NVIDIA driver) there is nothing to hide.
+            let all = crate::visible::physical_gpus().is_none_or(|n| n as usize <= visible.len());
+            crate::smi::run(&args, &visible, all)
+        }
         Service::GraphDot { graph, flags } => {
             let real = live(&lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
             match real.map(|g| session.backend.graph_dot(g, flags)) {

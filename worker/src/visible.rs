@@ -13,6 +13,12 @@ pub fn uuid_text(uuid: &[u8; 16]) -> String {
     format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
+/// The GPUs of this machine as the NVIDIA driver lists them (None: no driver's list).
+pub fn physical_gpus() -> Option<u32> {
+    let n = std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.count();
+    (n > 0).then_some(n as u32)
+}
+
 /// One entry of a device list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
