@@ -8828,11 +8828,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
     pId: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamGetCaptureInfo__cu118(
-            stream,
-            pCaptureStatus,
-            pId,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo",
+            version: "11.8",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::get_capture_info_3(&CTX, stream, pCaptureStatus, pId)
     }
 }
 ///`cudaStreamGetCaptureInfo` for CUDA 13.0, 13.1 (custom).
@@ -8847,7 +8858,23 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu130(
     numDependencies_out: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamGetCaptureInfo__cu130(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo__cu130__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::get_capture_info_7(
+            &CTX,
             stream,
             captureStatus_out,
             id_out,
@@ -8866,11 +8893,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu118(
     pId: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamGetCaptureInfo_ptsz__cu118(
-            stream,
-            pCaptureStatus,
-            pId,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_ptsz",
+            version: "11.8",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo_ptsz__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::get_capture_info_3(&CTX, stream, pCaptureStatus, pId)
     }
 }
 ///`cudaStreamGetCaptureInfo_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -8885,7 +8923,23 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
     numDependencies_out: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamGetCaptureInfo_ptsz__cu130(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamGetCaptureInfo_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::get_capture_info_7(
+            &CTX,
             stream,
             captureStatus_out,
             id_out,

@@ -314,52 +314,24 @@ pub unsafe fn begin_capture_to_graph(
     begin(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
-pub unsafe fn cudaStreamGetCaptureInfo__cu118(
-    stream: *mut c_void,
-    pCaptureStatus: *mut c_void,
-    pId: *mut c_void,
-) -> u32 {
+/// cudaStreamGetCaptureInfo of 11.8 and 12.x (status and id) and its `_ptsz` form.
+pub unsafe fn get_capture_info_3(ctx: &Ctx, stream: *mut c_void, status: *mut c_void, id: *mut c_void) -> u32 {
     let n = std::ptr::null_mut();
-    let desc = &cudart::cudaStreamGetCaptureInfo__cu118__call;
-    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n)
+    capture_info(ctx.form(Form::Call), stream as u64, status, id, n, n, n, n)
 }
 
-pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu118(
-    stream: *mut c_void,
-    pCaptureStatus: *mut c_void,
-    pId: *mut c_void,
-) -> u32 {
-    let n = std::ptr::null_mut();
-    let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu118__call;
-    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n)
-}
-
+/// cudaStreamGetCaptureInfo of 13.x (with the graph, dependencies and edge data) and its
+/// `_ptsz` form.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn cudaStreamGetCaptureInfo__cu130(
+pub unsafe fn get_capture_info_7(
+    ctx: &Ctx,
     stream: *mut c_void,
-    captureStatus_out: *mut c_void,
-    id_out: *mut c_void,
-    graph_out: *mut c_void,
-    dependencies_out: *mut c_void,
-    edgeData_out: *mut c_void,
-    numDependencies_out: *mut c_void,
+    status: *mut c_void,
+    id: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
 ) -> u32 {
-    let desc = &cudart::cudaStreamGetCaptureInfo__cu130__call;
-    let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
-    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu130(
-    stream: *mut c_void,
-    captureStatus_out: *mut c_void,
-    id_out: *mut c_void,
-    graph_out: *mut c_void,
-    dependencies_out: *mut c_void,
-    edgeData_out: *mut c_void,
-    numDependencies_out: *mut c_void,
-) -> u32 {
-    let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call;
-    let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
-    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out)
+    capture_info(ctx.form(Form::Call), stream as u64, status, id, graph, deps, edges, count)
 }
