@@ -3073,6 +3073,18 @@ fn cluster_occupancy_queries_reach_the_server_with_their_configuration() {
     assert_eq!(stdout.trim(), "null=1 made_up=400 null_config=1 potential=400 n=-1 after=0", "{stderr}");
 }
 
+const NVML_TABLE: &str = r#"
+#include <stdio.h>
+extern int nvmlInternalGetExportTable(const void **table, const void *id);
+int main(void) {
+  static const unsigned char id[16] = {0xc4, 0xfe, 0x3e, 0x6c};
+  const void *table = (const void *)1;
+  int s = nvmlInternalGetExportTable(&table, id);
+  printf("%d %s\n", s, table ? "set" : "null");
+  return 0;
+}
+"#;
+
 /// `nvidia-smi` under `chidori run` is the server's (here a stand-in that prints its
 /// arguments): run directly, and from a program through the PATH `chidori run` gives it;
 /// what would change a GPU or write a file on the server is refused before anything runs.
@@ -3109,6 +3121,14 @@ fn nvidia_smi_runs_on_the_server_for_queries_only() {
     let out = run(&["nvidia-smi", "-L", "-i", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such GPU in this session"));
+
+    // A local nvidia-smi's first question to NVML: not answered, and the log says where the
+    // server's is.
+    let exe = program_with("nvml_table", NVML_TABLE, &["-l:libnvidia-ml.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout, "3 null\n", "{stderr}");
+    assert!(stderr.contains("the `nvidia-smi` found on PATH is the server's"), "{stderr}");
 
     for refused in [&["nvidia-smi", "-pm", "1"][..], &["nvidia-smi", "-q", "-f", "/tmp/x"], &["nvidia-smi", "dmon"]] {
         let out = run(refused);

@@ -3124,6 +3124,16 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
         crate::custom::nvml::init_library(&CTX)
     }
 }
+///`nvmlInternalGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlInternalGetExportTable(
+    ppExportTable: *mut c_void,
+    pExportTableId: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::nvml::nvmlInternalGetExportTable(ppExportTable, pExportTableId)
+    }
+}
 ///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlShutdown() -> u32 {

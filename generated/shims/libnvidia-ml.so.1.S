@@ -2023,6 +2023,11 @@ nvmlInitWithFlags:
 nvmlInit_v2:
     jmp __chidori_nvml_nvmlInit_v2@PLT
     .size nvmlInit_v2, .-nvmlInit_v2
+    .globl nvmlInternalGetExportTable
+    .type nvmlInternalGetExportTable, @function
+nvmlInternalGetExportTable:
+    jmp __chidori_nvml_nvmlInternalGetExportTable@PLT
+    .size nvmlInternalGetExportTable, .-nvmlInternalGetExportTable
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:

@@ -129,7 +129,7 @@ pub static LIBRARIES: &[Library] = &[
                 soname: "libnvidia-ml.so.1",
                 node: None,
                 versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-                exports: 407usize,
+                exports: 408usize,
             },
         ],
     },
