@@ -19,6 +19,10 @@
 #            70 ms arguments (CHIDORI_LOG trace), on loopback
 #   calls    decode with the dynamic cache, 100 and 200 tokens, native and through a server
 #            that logs the time it spent in each library function (chidori::calls=debug)
+#   learned  cuDNN finalizes answered from an earlier session (CHIDORI_LEARNED_CUDNN=1): the
+#            torch suite's cuDNN cases ($LEARNED_CASES) at 70 ms, then decode with the dynamic
+#            cache (4 layers, 8 tokens), each twice with one fresh client cache: values against
+#            native both times, round trips of the first and the second run
 #   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
 #            function and in order
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
@@ -261,6 +265,33 @@ if want waits; then
       | sed -E 's/descriptor 0x[0-9a-f]+ /descriptor /; s/requested [1-9][0-9]*/requested N/; s/[0-9]+ elements/N elements/; s/-> .*//' | sort | uniq -c | sort -rn | head -40
     row "waits $name" "$(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips (waits-$name.err)"
   done
+fi
+
+if want learned; then
+  # The first run learns, the second answers cuDNN's finalizes from it (every call still
+  # made on the server and its answer checked): same values, fewer round trips.
+  lcache=$(mktemp -d)
+  trips() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=[l for run in r.get('runs', []) if run.get('label','').startswith('wan') for l in run.get('stderr_tail', []) if l.startswith('TOTAL')]; print(t[-1].split()[2] if t else '?')" "$1" 2>/dev/null; }
+  for run in first second; do
+    CHIDORI_LEARNED_CUDNN=1 CHIDORI_TRACE=- XDG_CACHE_HOME=$lcache timeout ${LEARNED_TIMEOUT:-240} python3 gpu/torch-suite/compare.py \
+      --chidori "$CHIDORI" --server $SERVER --wan-server 127.0.0.1:$WAN_PORT --wan-only \
+      --only "${LEARNED_CASES:-conv_cudnn,cnn_training,lstm,sdpa_backends}" --json "$LOGS/learned-$run.json" \
+      > "$LOGS/learned-$run.txt" 2>&1
+    rc=$?
+    tail -8 "$LOGS/learned-$run.txt"
+    row "learned cuDNN cases, $run run" "rc=$rc, round trips $(trips "$LOGS/learned-$run.json") (learned-$run.txt)"
+  done
+  args=("$SHARED/workloads/decode.py" --cache dynamic --layers 4 --new-tokens 8)
+  timeout ${RUN_TIMEOUT:-150} python3 "${args[@]}" > "$LOGS/learned-decode-native.out" 2>&1
+  for run in first second; do
+    CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$lcache timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s 127.0.0.1:$WAN_PORT -- \
+      python3 "${args[@]}" > "$LOGS/learned-decode-$run.out" 2> "$LOGS/learned-decode-$run.err"
+    same=$(cmp -s <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-native.out") \
+      <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-$run.out") && echo "native's tokens" || echo "TOKENS DIFFER")
+    row "learned decode dynamic, $run run" "$same, $(grep TOTAL "$LOGS/learned-decode-$run.err" | awk '{print $3}') round trips, \
+$(grep -c 'answered differently' "$LOGS/learned-decode-$run.err") mismatches"
+  done
+  rm -rf "$lcache"
 fi
 
 if want casetrace; then

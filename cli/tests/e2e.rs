@@ -1140,6 +1140,42 @@ fn cudnn_questions_learned_by_one_process_ride_with_the_next_ones_first_build() 
     assert_eq!(second_trips, 3, "every build rides with its finalize: {stderr}");
 }
 
+/// Issue 19 item 1: a cuDNN finalize that steers its caller, and everything that rode with
+/// it, answered as before when the descriptor holds what it held then
+/// (`CHIDORI_LEARNED_CUDNN=1`): a later build of the same graph, in this process or the
+/// next, waits for nothing, still makes every call on the server, and a server whose
+/// library answers otherwise ends the session saying so.
+#[test]
+fn cudnn_finalizes_learned_answer_later_builds_of_the_same_graph() {
+    let server = server();
+    let exe = cudnn_program("cudnn-finalizes", CUDNN_HEURISTICS);
+    let cache = chidori_tests::scratch("cudnn-finalizes-cache");
+    let on = [("CHIDORI_LEARNED_CUDNN", "1")];
+    let run = |server: &EmulatedServer| {
+        let (stdout, stderr) = run_learning(server, &exe, &cache, &on);
+        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
+        (stdout, total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr)
+    };
+    let (first, trips, stderr) = run(&server);
+    assert_eq!(first.lines().count(), 3, "{stderr}");
+    // As without it (12), but the third build is the second's graph with the same calls
+    // made ahead: answered without waiting.
+    assert_eq!(trips, 11, "{stderr}");
+    let (second, trips, stderr) = run(&server);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trips, 0, "every build answered as before: {stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
+
+    // A server whose library answers otherwise (same GPU, same versions).
+    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
+        .expect("starting an emulated server");
+    let (_, _, stderr) = run(&other);
+    assert!(stderr.contains("cudnnBackendFinalize: the server answered differently"), "{stderr}");
+    let (_, trips, stderr) = run(&other);
+    assert!(trips > 0, "what was learned was dropped: {stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
+}
+
 /// torch's `get_parameters` asks each RNN matrix's address 100 times in a row; an LSTM of two
 /// layers asks 3,200 times per forward. A repeat with nothing sent in between is answered by
 /// the client; anything sent in between sends the next one to the server. The dimensions of

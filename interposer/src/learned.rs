@@ -38,6 +38,17 @@ pub fn check<K: Send + 'static>(
     keep: K,
     differs: impl FnOnce(&Outcome, &K) -> Option<String> + Send + 'static,
 ) {
+    check_all(conn, call, vec![slot], keep, move |outcomes, keep| differs(&outcomes[0], keep));
+}
+
+/// [`check`] of several calls answered together: `differs` gets every outcome, in order.
+pub fn check_all<K: Send + 'static>(
+    conn: Arc<Conn>,
+    call: &'static str,
+    slots: Vec<Arc<Slot>>,
+    keep: K,
+    differs: impl FnOnce(&[Outcome], &K) -> Option<String> + Send + 'static,
+) {
     // Answers given from earlier sessions are checked before the session ends.
     crate::conn::at_exit("learned answers checked", || settle(Duration::from_secs(10)));
     *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
@@ -47,10 +58,10 @@ pub fn check<K: Send + 'static>(
         CHECKING.1.notify_all();
     };
     let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
-        let outcome = slot.wait();
+        let outcomes: Vec<Outcome> = slots.iter().map(|s| s.wait()).collect();
         // A session that ended meanwhile says so itself.
-        if outcome.is_ok()
-            && let Some(how) = differs(&outcome, &keep)
+        if outcomes.iter().all(Result::is_ok)
+            && let Some(how) = differs(&outcomes, &keep)
         {
             with(&conn, Learned::forget_all);
             conn.end_session(format!(

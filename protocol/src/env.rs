@@ -103,6 +103,10 @@ pub const MODULES_AHEAD: &str = "CHIDORI_MODULES_AHEAD";
 /// `0` turns off answers learned in earlier sessions (interposer, `docs/ahead.md`).
 pub const LEARNED: &str = "CHIDORI_LEARNED";
 
+/// `1` turns on cuDNN finalizes answered from earlier sessions (interposer,
+/// `docs/ahead.md`): off by default until the H200 has run torch's suite with it.
+pub const LEARNED_CUDNN: &str = "CHIDORI_LEARNED_CUDNN";
+
 /// The emulated backend's answers that depend on the library (cuBLASLt heuristics) change
 /// with this value: a test's way to make a server answer differently than before.
 pub const EMULATED_SALT: &str = "CHIDORI_EMULATED_SALT";

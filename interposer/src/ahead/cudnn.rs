@@ -137,6 +137,156 @@ pub struct Replay {
     /// Shadows alive, and the sources fills were made ahead for, oldest first.
     pub shadows_live: usize,
     pub sources: std::collections::VecDeque<u64>,
+    /// What each client-named descriptor holds, as a hash of how it was made ([`Contents`]).
+    pub contents: Contents,
+}
+
+/// What descriptors hold, as hashes of how they were made: a descriptor created is its
+/// type; each Set adds the attribute, its type, the count and the elements (a descriptor
+/// element as what *it* holds, a cuDNN handle as "a handle"); a finalize marks it; a
+/// descriptor the library filled is what its source holds and which fill, slot, put it
+/// there. A descriptor changed in a way the client cannot follow (a Set of device
+/// pointers, a descriptor element whose content is unknown) has none. Two descriptors with
+/// the same hash were made the same way, so the library answers the same about them: that
+/// is what a finalize's answer learned in an earlier session is keyed by. The hashes are
+/// this release's (`DefaultHasher`): keys kept on disk carry the release.
+#[derive(Default)]
+pub struct Contents {
+    of: HashMap<u64, u64>,
+}
+
+impl Contents {
+    fn hash(parts: impl std::hash::Hash) -> u64 {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        parts.hash(&mut h);
+        h.finish()
+    }
+
+    pub fn of(&self, d: u64) -> Option<u64> {
+        self.of.get(&d).copied()
+    }
+
+    pub fn created(&mut self, d: u64, ty: u32) {
+        self.of.insert(d, Self::hash(("created", ty)));
+    }
+
+    /// A Set on `d`: `elements` its elements as they bear on content (None: unknown).
+    pub fn set(&mut self, d: u64, attribute: (u32, u32, i64), elements: Option<&[u8]>) {
+        match (self.of.get(&d), elements) {
+            (Some(&was), Some(e)) => _ = self.of.insert(d, Self::hash((was, "set", attribute, e))),
+            _ => _ = self.of.remove(&d),
+        }
+    }
+
+    pub fn finalized(&mut self, d: u64) {
+        if let Some(was) = self.of.get(&d).copied() {
+            self.of.insert(d, Self::hash((was, "finalized")));
+        }
+    }
+
+    /// The library filled `targets` (the first `filled` of them) from `source` with the
+    /// fill `query`; the rest hold nothing known.
+    pub fn filled(&mut self, source: u64, query: FillQuery, targets: &[u64], filled: usize) {
+        let from = self.of(source);
+        for (i, &t) in targets.iter().enumerate() {
+            match from.filter(|_| i < filled) {
+                Some(from) => _ = self.of.insert(t, Self::hash((from, "filled", query, i))),
+                None => _ = self.of.remove(&t),
+            }
+        }
+    }
+
+    /// The bytes a descriptor element of a Set stands for: what it holds (None: unknown).
+    pub fn element(&self, d: u64) -> Option<[u8; 8]> {
+        self.of(d).map(u64::to_le_bytes)
+    }
+
+    pub fn forget(&mut self, d: u64) {
+        self.of.remove(&d);
+    }
+}
+
+/// A finalize's answer with the answers to the calls that rode with it, as kept for later
+/// sessions: what the server answered to each, in the plan's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalized {
+    pub status: u32,
+    pub riders: Vec<Rider>,
+}
+
+/// The answer to one call that rode with a finalize: a question (status, `*elementCount`,
+/// the array) or a fill into shadows (status, `*elementCount`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rider {
+    Query { status: u32, count: i64, bytes: Vec<u8> },
+    Fill { status: u32, count: i64 },
+}
+
+impl Finalized {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.status.to_le_bytes().to_vec();
+        v.extend_from_slice(&(self.riders.len() as u32).to_le_bytes());
+        for r in &self.riders {
+            let (kind, status, count, bytes) = match r {
+                Rider::Query { status, count, bytes } => (1u8, status, count, bytes.as_slice()),
+                Rider::Fill { status, count } => (2u8, status, count, &[][..]),
+            };
+            v.push(kind);
+            v.extend_from_slice(&status.to_le_bytes());
+            v.extend_from_slice(&count.to_le_bytes());
+            v.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            v.extend_from_slice(bytes);
+        }
+        v
+    }
+
+    /// What [`Finalized::encode`] wrote; None for anything else (a record of another layout).
+    pub fn decode(mut b: &[u8]) -> Option<Finalized> {
+        fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+            let (head, rest) = b.split_first_chunk::<N>()?;
+            *b = rest;
+            Some(*head)
+        }
+        let status = u32::from_le_bytes(take(&mut b)?);
+        let n = u32::from_le_bytes(take(&mut b)?) as usize;
+        let mut riders = Vec::with_capacity(n.min(PLAN_MAX));
+        for _ in 0..n {
+            let [kind] = take::<1>(&mut b)?;
+            let status = u32::from_le_bytes(take(&mut b)?);
+            let count = i64::from_le_bytes(take(&mut b)?);
+            let len = u32::from_le_bytes(take(&mut b)?) as usize;
+            let bytes = b.get(..len)?.to_vec();
+            b = &b[len..];
+            riders.push(match kind {
+                1 => Rider::Query { status, count, bytes },
+                2 if len == 0 => Rider::Fill { status, count },
+                _ => return None,
+            });
+        }
+        b.is_empty().then_some(Finalized { status, riders })
+    }
+}
+
+impl Plan {
+    /// A hash of the calls this plan makes, in order: a finalize's learned answer holds for
+    /// the same calls only.
+    pub fn signature(&self) -> u64 {
+        fn walk(p: &Plan, out: &mut Vec<u64>) {
+            for q in &p.queries {
+                out.push(Contents::hash(("q", q)));
+            }
+            for (q, n, nested) in &p.fills {
+                out.push(Contents::hash(("f", q, n, nested.len())));
+                for p in nested {
+                    walk(p, out);
+                }
+            }
+        }
+        let mut parts = Vec::new();
+        walk(self, &mut parts);
+        Contents::hash(parts)
+    }
 }
 
 /// A fill learned per source descriptor type and slot: (fill, descriptors it filled last
@@ -317,6 +467,76 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptors_made_the_same_way_hold_the_same() {
+        let mut c = Contents::default();
+        let (graph, a, b) = (1, 2, 3);
+        c.created(graph, 1);
+        for d in [a, b] {
+            c.created(d, 9);
+            c.set(d, (100, 15, 1), c.element(graph).as_ref().map(|e| &e[..]));
+            c.set(d, (101, 3, 1), Some(&7i64.to_le_bytes()));
+        }
+        assert_eq!(c.of(a), c.of(b));
+        c.finalized(a);
+        assert_ne!(c.of(a), c.of(b), "a finalized descriptor is another");
+        c.finalized(b);
+        assert_eq!(c.of(a), c.of(b));
+        // Another value, or an element nobody knows, makes another (or no) content.
+        let d = 4;
+        c.created(d, 9);
+        c.set(d, (100, 15, 1), c.element(graph).as_ref().map(|e| &e[..]));
+        c.set(d, (101, 3, 1), Some(&8i64.to_le_bytes()));
+        assert_ne!(c.of(d), c.of(b));
+        c.set(d, (102, 15, 1), c.element(99).as_ref().map(|e| &e[..]));
+        assert_eq!(c.of(d), None);
+        c.set(d, (101, 3, 1), Some(&8i64.to_le_bytes()));
+        assert_eq!(c.of(d), None, "unknown stays unknown");
+        // What a fill put in its targets follows its source, the fill and the slot.
+        c.filled(a, (202, 4, 3), &[10, 11, 12], 2);
+        c.filled(b, (202, 4, 3), &[20, 21, 22], 2);
+        assert_eq!((c.of(10), c.of(11)), (c.of(20), c.of(21)));
+        assert_ne!(c.of(10), c.of(11));
+        assert_eq!((c.of(12), c.of(22)), (None, None), "not filled");
+        c.filled(d, (202, 4, 3), &[30], 1);
+        assert_eq!(c.of(30), None, "from a source nobody knows");
+    }
+
+    #[test]
+    fn finalize_records_survive_a_round_trip_and_refuse_junk() {
+        let f = Finalized {
+            status: 0,
+            riders: vec![
+                Rider::Query { status: 0, count: 2, bytes: vec![1, 2, 3, 4] },
+                Rider::Fill { status: 0, count: UNWRITTEN },
+                Rider::Query { status: 3000, count: 0, bytes: vec![] },
+            ],
+        };
+        let bytes = f.encode();
+        assert_eq!(Finalized::decode(&bytes), Some(f.clone()));
+        assert_eq!(Finalized::decode(&bytes[..bytes.len() - 1]), None, "cut short");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(Finalized::decode(&longer), None, "trailing bytes");
+        assert_eq!(Finalized::decode(&[0, 0, 0, 0, 255, 255, 255, 255]), None, "more riders than bytes");
+        let failed = Finalized { status: 3000, riders: vec![] };
+        assert_eq!(Finalized::decode(&failed.encode()), Some(failed));
+    }
+
+    #[test]
+    fn a_plan_signature_changes_with_its_calls() {
+        let one = Plan { queries: vec![(1, 3, 1, true)], fills: vec![] };
+        let two = Plan { queries: vec![(1, 3, 1, true), (2, 3, 1, true)], fills: vec![] };
+        let filled = Plan { queries: vec![(1, 3, 1, true)], fills: vec![((202, 4, 3), 2, vec![])] };
+        let sigs = [Plan::default().signature(), one.signature(), two.signature(), filled.signature()];
+        for i in 0..sigs.len() {
+            for j in i + 1..sigs.len() {
+                assert_ne!(sigs[i], sigs[j], "{i} {j}");
+            }
+        }
+        assert_eq!(one.signature(), Plan { queries: vec![(1, 3, 1, true)], fills: vec![] }.signature());
+    }
 
     #[test]
     fn learned_patterns_survive_a_round_trip_and_a_cut() {

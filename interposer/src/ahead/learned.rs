@@ -28,6 +28,10 @@ pub enum Space {
     /// A function attribute as a process first sees it (before it sets it): its value, by
     /// the module's content, the function's name and the attribute (`crate::custom::kernels`).
     FuncAttribute = 3,
+    /// A cuDNN backend finalize that steers its caller, with the answers of the calls that
+    /// rode with it (`crate::ahead::cudnn::Finalized`), by what the descriptor holds and the
+    /// calls made ahead (`crate::custom::cudnn`).
+    CudnnFinalize = 4,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

@@ -17,13 +17,16 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
-use crate::ahead::cudnn::{Answer, FillQuery, PLAN_MAX, Plan, Query, Replay, Twin, UNWRITTEN, filled_by, slot};
+use crate::ahead::cudnn::{
+    Answer, FillQuery, Finalized, PLAN_MAX, Plan, Query, Replay, Rider, Twin, UNWRITTEN, filled_by, slot,
+};
+use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
@@ -143,6 +146,33 @@ fn forms(ctx: &Ctx) -> &'static Forms {
     if ctx.codes.invalid_value == i64::from(BAD_PARAM_V8) { &V8 } else { &V9 }
 }
 
+/// What a Set's elements say of the descriptor's content ([`crate::ahead::cudnn::Contents`]):
+/// descriptors as what they hold, handles as "a handle", values as their bytes; None where
+/// the client cannot say (pointers, a descriptor whose content is unknown, an array it
+/// cannot size).
+fn content_of_set(f: &Forms, d: u64, (name, ty, count): (u32, u32, i64), elements: *mut c_void) -> Option<Vec<u8>> {
+    if elements.is_null() || count <= 0 {
+        return Some(Vec::new());
+    }
+    let len = usize::try_from(count).ok()?;
+    match ty {
+        TYPE_BACKEND_DESCRIPTOR => {
+            // SAFETY: `count` descriptors at `elements` (the API contract).
+            let values = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
+            replay(|r| values.iter().map(|&v| r.contents.element(v)).collect::<Option<Vec<_>>>()).map(|e| e.concat())
+        }
+        TYPE_HANDLE => Some(b"handle".to_vec()),
+        TYPE_VOID_PTR => None,
+        _ => {
+            let head = [d, u64::from(name), u64::from(ty), count as u64];
+            let bytes = elements_len(f.set, &head, 4)?;
+            // SAFETY: the caller's array of `count` elements of the attribute type, which is
+            // what the Set's wire form reads.
+            Some(unsafe { std::slice::from_raw_parts(elements as *const u8, bytes) }.to_vec())
+        }
+    }
+}
+
 fn set_attribute(
     f: &'static Forms,
     descriptor: *mut c_void,
@@ -158,7 +188,11 @@ fn set_attribute(
             type_of(descriptor as u64)
         );
         forget_answers(f, descriptor as u64);
-        replay(|r| r.fresh.remove(&(descriptor as u64)));
+        let held = content_of_set(f, descriptor as u64, (name, ty, count), elements);
+        replay(|r| {
+            r.fresh.remove(&(descriptor as u64));
+            r.contents.set(descriptor as u64, (name, ty, count), held.as_deref());
+        });
         let forward = |elements: u64| {
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements];
             // SAFETY: `elements` holds `count` elements of the attribute type (the caller's
@@ -243,7 +277,10 @@ fn create_descriptor(f: &'static Forms, ty: u32, out: *mut c_void) -> u32 {
             // SAFETY: written by the call above (the caller's descriptor pointer, non-null).
             let name = unsafe { std::ptr::read_unaligned(out as *const u64) };
             CLIENT.cudnn_types.insert(name, ty);
-            replay(|r| r.fresh.insert(name));
+            replay(|r| {
+                r.fresh.insert(name);
+                r.contents.created(name, ty);
+            });
         }
         s
     })
@@ -260,7 +297,12 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
     crate::guard::ffi("cudnnBackendFinalize", f.bad_param, || {
         let d = descriptor as u64;
         forget_answers(f, d);
-        replay(|r| r.fresh.remove(&d));
+        let held = replay(|r| {
+            r.fresh.remove(&d);
+            let held = r.contents.of(d);
+            r.contents.finalized(d);
+            held
+        });
         let ty = type_of(d);
         let waits = ty.is_none_or(finalize_waits);
         tracing::trace!("finalize: descriptor type {ty:?}, waits: {waits}");
@@ -272,14 +314,135 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.finalize) as u32 };
         let mut budget = PLAN_MAX;
         let plan = replay(|r| r.plan(ty, None, 0, &mut budget));
+        let key = held.filter(|_| finalizes_learned()).map(|h| finalize_key(h, &plan));
+        let learned = key.as_deref().and_then(|k| {
+            crate::learned::with(&conn, |l| l.get(Space::CudnnFinalize, k).and_then(Finalized::decode)).flatten()
+        });
+        if let Some(record) = learned.as_ref().filter(|r| r.status != 0) {
+            // It failed before: it fails again (checked), and nothing rides with it.
+            return answer_failed(f, &conn, d, record.status);
+        }
         let mut ahead = Vec::new();
         materialize(&plan, f, &conn, d, &mut ahead);
-        let status = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", |s| s == 0);
+        let status = match learned.filter(|r| fits(r, &ahead)) {
+            Some(record) => answer_learned(f, &conn, d, ahead, record),
+            None => batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", key.as_deref()),
+        };
         if status == 0 {
             replay(|r| _ = r.known.entry(d).or_default());
         }
         status
     })
+}
+
+/// Whether finalizes are answered from earlier sessions (`CHIDORI_LEARNED_CUDNN=1`).
+fn finalizes_learned() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(chidori_protocol::env::LEARNED_CUDNN).is_ok_and(|v| v == "1"))
+}
+
+/// The key of a finalize's learned answer: this release, what the descriptor holds, and
+/// the calls that ride with it.
+fn finalize_key(held: u64, plan: &Plan) -> Vec<u8> {
+    format!("{}|cudnnBackendFinalize|{held:016x}|{:016x}", env!("CARGO_PKG_VERSION"), plan.signature()).into_bytes()
+}
+
+/// Whether `record` answers the calls made ahead: the same kinds, arrays of the same lengths.
+fn fits(record: &Finalized, ahead: &[Ahead]) -> bool {
+    record.riders.len() == ahead.len()
+        && record.riders.iter().zip(ahead).all(|(r, a)| match (r, a) {
+            (Rider::Query { bytes, .. }, Ahead::Query(asked)) => bytes.len() == asked.bytes.len(),
+            (Rider::Fill { .. }, Ahead::Fill { .. }) => true,
+            _ => false,
+        })
+}
+
+/// A finalize that failed in an earlier session: sent without waiting, its status compared
+/// when it comes.
+fn answer_failed(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, status: u32) -> u32 {
+    // SAFETY: a value.
+    let Some(slot) = (unsafe { crate::runtime::send_checked(conn, f.finalize, &[d]) }) else {
+        return crate::runtime::unavailable(f.finalize) as u32;
+    };
+    crate::learned::check(conn.clone(), "cudnnBackendFinalize", slot, (), move |outcome, _| match outcome {
+        Ok(s) if *s as u32 != status => Some(format!("status {s}, not {status}")),
+        _ => None,
+    });
+    crate::trace::local("cudnnBackendFinalize");
+    status
+}
+
+/// A finalize answered as in an earlier session: it and the calls made ahead go without
+/// waiting, what they answered then is known now (as if their replies had come), and one
+/// check compares every reply when it comes.
+fn answer_learned(
+    f: &'static Forms,
+    conn: &Arc<crate::conn::Conn>,
+    d: u64,
+    mut ahead: Vec<Ahead>,
+    record: Finalized,
+) -> u32 {
+    let mut slots = Vec::with_capacity(ahead.len() + 1);
+    // SAFETY: a value.
+    slots.extend(unsafe { crate::runtime::send_checked(conn, f.finalize, &[d]) });
+    for a in &mut ahead {
+        let args = a.args();
+        // SAFETY: our buffers, kept by the check until every reply has landed.
+        slots.extend(unsafe { crate::runtime::send_checked(conn, a.desc(f), &args) });
+    }
+    if slots.len() != ahead.len() + 1 {
+        // The connection is gone; the next call says so.
+        return crate::runtime::unavailable(f.finalize) as u32;
+    }
+    let mut dropped = Vec::new();
+    replay(|r| {
+        for (a, rider) in ahead.iter().zip(&record.riders) {
+            match (a, rider) {
+                (Ahead::Query(asked), Rider::Query { status: 0, count, bytes }) => {
+                    let answer = Answer { status: 0, count: *count, bytes: bytes.clone() };
+                    r.known.entry(asked.descriptor).or_default().answers.push((asked.query, answer));
+                }
+                (Ahead::Fill { source, query, shadows, .. }, Rider::Fill { status, count }) => {
+                    let twin = Twin { query: *query, status: *status, count: *count, shadows: shadows.clone() };
+                    r.known.entry(*source).or_default().twins.push(twin);
+                    r.made_ahead_for(*source, shadows.len(), &mut dropped);
+                }
+                _ => {}
+            }
+        }
+    });
+    destroy_all(f, conn, &dropped);
+    crate::trace::local("cudnnBackendFinalize");
+    let status = record.status;
+    crate::learned::check_all(
+        conn.clone(),
+        "cudnnBackendFinalize",
+        slots,
+        (ahead, record),
+        |outcomes, (ahead, record)| {
+            let ret = |i: usize| outcomes.get(i).and_then(|o| o.as_ref().ok()).map(|&s| s as u32);
+            if ret(0) != Some(record.status) {
+                return Some(format!("status {:?}, not {}", ret(0), record.status));
+            }
+            for (i, (a, rider)) in ahead.iter().zip(&record.riders).enumerate() {
+                let same = match (a, rider) {
+                    (Ahead::Query(asked), Rider::Query { status, count, bytes }) => {
+                        ret(i + 1) == Some(*status)
+                            && (*status != 0 || (*asked.count == *count && asked.bytes == *bytes))
+                    }
+                    (Ahead::Fill { count: got, .. }, Rider::Fill { status, count }) => {
+                        ret(i + 1) == Some(*status) && (*status != 0 || **got == *count)
+                    }
+                    _ => false,
+                };
+                if !same {
+                    return Some(format!("the answer to call {} made with it", i + 1));
+                }
+            }
+            None
+        },
+    );
+    status
 }
 
 pub unsafe fn backend_finalize(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
@@ -293,6 +456,7 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         replay(|r| r.fresh.remove(&d));
         CLIENT.cudnn_types.remove(&d);
         CLIENT.cudnn_set_values.remove(&d);
+        replay(|r| r.contents.forget(d));
         // SAFETY: a value.
         unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
@@ -408,8 +572,9 @@ fn destroy_all(f: &Forms, conn: &crate::conn::Conn, descriptors: &[u64]) {
 }
 
 /// Send the program's waiting call `primary` (the args of `desc`) with the calls made ahead,
-/// in one round trip; keep what they answered (when `keep` accepts the primary's status).
-/// Returns the primary's status, or a deferred failure of an earlier call.
+/// in one round trip; keep what they answered when the primary succeeded, and with `learn`,
+/// keep the whole answer for later sessions under that key. Returns the primary's status,
+/// or a deferred failure of an earlier call.
 fn batch(
     f: &'static Forms,
     conn: &crate::conn::Conn,
@@ -417,7 +582,7 @@ fn batch(
     primary: &[u64],
     mut ahead: Vec<Ahead>,
     name: &'static str,
-    keep: impl FnOnce(u32) -> bool,
+    learn: Option<&[u8]>,
 ) -> u32 {
     let mut args: Vec<[u64; 6]> = ahead.iter_mut().map(Ahead::args).collect();
     let mut calls: Vec<(&'static CallDesc, &[u64])> = vec![(desc, primary)];
@@ -433,7 +598,26 @@ fn batch(
         return crate::runtime::unavailable(desc) as u32;
     };
     let status = status as u32;
-    if !keep(rets[0] as u32) {
+    // What it answered, for later sessions (not a status an earlier call left behind).
+    if let Some(key) = learn.filter(|_| status == rets[0] as u32) {
+        let riders = if status == 0 {
+            ahead
+                .iter()
+                .zip(&rets[1..])
+                .map(|(a, &ret)| match a {
+                    Ahead::Query(asked) => {
+                        Rider::Query { status: ret as u32, count: *asked.count, bytes: asked.bytes.clone() }
+                    }
+                    Ahead::Fill { count, .. } => Rider::Fill { status: ret as u32, count: **count },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let record = Finalized { status, riders };
+        crate::learned::with(conn, |l| l.learn(Space::CudnnFinalize, key, &record.encode()));
+    }
+    if rets[0] != 0 {
         let shadows: Vec<u64> = ahead
             .iter()
             .flat_map(|a| if let Ahead::Fill { shadows, .. } = a { shadows.clone() } else { vec![] })
@@ -670,6 +854,7 @@ fn fill(
         for &target in &targets {
             r.fresh.remove(&target);
         }
+        r.contents.filled(source, (name, requested, u), &targets, filled);
         for (i, (&shadow, &target)) in twin.shadows.iter().zip(&targets).enumerate().take(filled) {
             let mut k = r.known.remove(&shadow).unwrap_or_default();
             k.slot = slot(i);
@@ -755,10 +940,11 @@ fn fill(
         &mut count as *mut i64 as u64,
         elements as u64,
     ];
-    let status = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute", |s| s == 0);
+    let status = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute", None);
     let filled = filled_by(status, count, len);
     tracing::trace!("fill: attribute {name}, {requested} of type {same_type:?}: count {count}, status {status}");
     replay(|r| {
+        r.contents.filled(source, (name, requested, same_type.unwrap_or(0)), &targets, filled);
         // Only what was filled is known; questions asked of the rest are dropped.
         let mut stale = Vec::new();
         for &t in &targets[filled..] {
@@ -781,8 +967,14 @@ fn fill(
 
 /// Bytes of the attribute array for these arguments, by the wire form's length expression.
 fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
+    elements_len(desc, head, 5)
+}
+
+/// Bytes of the array parameter `at` of `desc` for the arguments `head` (the descriptor,
+/// attribute name, type and count), by the wire form's length expression.
+fn elements_len(desc: &CallDesc, head: &[u64; 4], at: usize) -> Option<usize> {
     let args = [head[0], head[1], head[2], head[3], 0, 0];
-    match desc.params.get(5)? {
+    match desc.params.get(at)? {
         chidori_protocol::desc::Wire::Buf { len: Some(len), elem, .. } => {
             usize::try_from(len.eval(&args)?.checked_mul(u64::from(*elem))?).ok()
         }
