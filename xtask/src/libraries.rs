@@ -50,6 +50,9 @@ pub struct Library {
     /// for libraries whose calls name client-side resources, such as cuFile's files).
     #[serde(default = "yes")]
     pub forward_by_default: bool,
+    /// Why a function such a library's spec does not list is not forwarded (what
+    /// `cargo xtask coverage` and the log say).
+    pub unlisted_reason: Option<String>,
     /// Parse `cudaTypedefs.h` for the `cuGetProcAddress` table.
     #[serde(default)]
     pub proc_table: bool,

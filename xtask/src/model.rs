@@ -868,7 +868,8 @@ fn classify_call(
         return Ok(Disposition::Unsupported { reason: "variadic".into() });
     }
     if !explicit && !lib.forward_by_default && class.is_none() && params.is_empty() {
-        return Ok(Disposition::Unsupported { reason: "this library forwards only what its spec lists".into() });
+        let reason = lib.unlisted_reason.as_deref().unwrap_or("this library forwards only what its spec lists");
+        return Ok(Disposition::Unsupported { reason: reason.into() });
     }
     let ret = if ret_is_status {
         RetWire::Status
