@@ -6,6 +6,9 @@
 //! * Every hand-written `unsafe` block has a `// SAFETY:` comment just before it (or on a
 //!   comment line that covers a group: at most [`SAFETY_REACH`] lines above).
 //! * Every path dependency of `[workspace.dependencies]` exists.
+//! * The interposer's layers depend one way ([`layers`]): `custom/` (hand-written functions)
+//!   on `runtime/` on `conn.rs`, with `state.rs` and `ahead/` below; `ahead/` is plain data
+//!   and decisions (no connection, no call path, no hand-written function).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +34,13 @@ pub fn run(root: &Path) -> Result<()> {
         findings.extend(source(&file.display().to_string(), &text));
     }
     findings.extend(workspace_dependencies(root)?);
+    for file in rust_files(root)? {
+        let name = file.display().to_string();
+        if let Some(module) = name.strip_prefix("interposer/src/") {
+            let text = std::fs::read_to_string(root.join(&file))?;
+            findings.extend(layers(module, &text));
+        }
+    }
     if findings.is_empty() {
         eprintln!("tidy: all conventions hold");
         return Ok(());
@@ -115,6 +125,35 @@ pub fn source(place: &str, text: &str) -> Vec<Finding> {
     out
 }
 
+/// The interposer's layering, for one file of `interposer/src` (`module`: its path there):
+/// what its code (not its comments) may not name. Only the crate root and the generated
+/// exports sit above `custom/`; `state.rs` names types of `custom/` for the tables it owns.
+pub fn layers(module: &str, text: &str) -> Vec<Finding> {
+    let forbidden: &[&str] = if module.starts_with("ahead/") {
+        &["crate::custom", "crate::runtime", "crate::conn", "crate::state", "crate::learned"]
+    } else if module.starts_with("custom/") || module == "lib.rs" || module == "state.rs" {
+        &[]
+    } else if module.starts_with("runtime/") {
+        &["crate::custom"]
+    } else {
+        // The connection and what it uses (lanes, mirrors, modules, the registry, …).
+        &["crate::custom", "crate::runtime"]
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        for f in forbidden {
+            if code.contains(f) {
+                out.push(Finding {
+                    place: format!("interposer/src/{module}:{}", i + 1),
+                    what: format!("names `{f}`: the interposer's layers depend one way (custom -> runtime -> conn)"),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Whether a line (without its comment) opens an `unsafe { ... }` block (not an `unsafe fn`,
 /// `unsafe impl`, `unsafe extern` or `#[unsafe(...)]` attribute).
 fn is_unsafe_block(code: &str) -> bool {
@@ -170,6 +209,22 @@ mod tests {
         // Inside a quote! template the code is generated, not this file's.
         let template = "//! Doc.\nfn f() {\n    quote! {\n        fn g() {\n            unsafe { #body }\n        }\n    };\n    unsafe { h() };\n}\n";
         assert_eq!(whats("a.rs", template), ["a.rs:8 `unsafe` block without `// SAFETY:`"]);
+    }
+
+    #[test]
+    fn the_interposers_layers_depend_one_way() {
+        let names = |module: &str, text: &str| layers(module, text).len();
+        assert_eq!(names("conn.rs", "crate::custom::capture::changed();\n"), 1);
+        assert_eq!(names("conn.rs", "let t = crate::runtime::thread_id();\n"), 1);
+        assert_eq!(
+            names("conn.rs", "// see crate::custom::cudnn\ncrate::state::CLIENT;\n"),
+            0,
+            "comments name anything"
+        );
+        assert_eq!(names("runtime/mod.rs", "crate::custom::x();\ncrate::runtime::y();\n"), 1);
+        assert_eq!(names("ahead/idle.rs", "crate::conn::get();\n"), 1);
+        assert_eq!(names("custom/cudnn.rs", "crate::runtime::call();\ncrate::conn::get();\n"), 0);
+        assert_eq!(names("state.rs", "pub x: Table<u64, crate::custom::graphs::NodeRecord>,\n"), 0);
     }
 
     #[test]
