@@ -1174,7 +1174,36 @@ fn cudnn_finalizes_learned_answer_later_builds_of_the_same_graph() {
     let (_, trips, stderr) = run(&other);
     assert!(trips > 0, "what was learned was dropped: {stderr}");
     assert!(!stderr.contains("answered differently"), "{stderr}");
+
+    // A finalize that failed fails again at once (the emulated library refuses a second
+    // finalize), and nothing rides with it.
+    // (A cache of its own: the salted server above taught this server identity its answers.)
+    let exe = cudnn_program("cudnn-finalize-twice", CUDNN_FINALIZE_TWICE);
+    let cache = chidori_tests::scratch("cudnn-finalize-twice-cache");
+    let runs: Vec<(String, String)> = (0..2).map(|_| run_learning(&server, &exe, &cache, &on)).collect();
+    let trips = |stderr: &str| {
+        stderr.lines().find(|l| l.starts_with("TOTAL")).map(|l| l.split_whitespace().nth(2).unwrap_or("?").to_owned())
+    };
+    assert_eq!(runs[0].0, "0 2000\n", "{}", runs[0].1);
+    assert_eq!(runs[1].0, runs[0].0, "{}", runs[1].1);
+    assert_eq!(trips(&runs[0].1).as_deref(), Some("2"), "{}", runs[0].1);
+    assert_eq!(trips(&runs[1].1).as_deref(), Some("0"), "{}", runs[1].1);
 }
+
+const CUDNN_FINALIZE_TWICE: &str = r#"
+#include <stdio.h>
+typedef void *desc_t;
+int cudnnBackendCreateDescriptor(int type, desc_t *d);
+int cudnnBackendFinalize(desc_t d);
+int main(void) {
+  desc_t heur = 0;
+  if (cudnnBackendCreateDescriptor(4, &heur)) return 10;
+  int a = cudnnBackendFinalize(heur);
+  int b = cudnnBackendFinalize(heur);
+  printf("%d %d\n", a, b);
+  return 0;
+}
+"#;
 
 /// torch's `get_parameters` asks each RNN matrix's address 100 times in a row; an LSTM of two
 /// layers asks 3,200 times per forward. A repeat with nothing sent in between is answered by
