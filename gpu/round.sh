@@ -20,9 +20,9 @@
 #   calls    decode with the dynamic cache, 100 and 200 tokens, native and through a server
 #            that logs the time it spent in each library function (chidori::calls=debug)
 #   learned  cuDNN finalizes answered from an earlier session (CHIDORI_LEARNED_CUDNN=1): the
-#            torch suite's cuDNN cases ($LEARNED_CASES) at 70 ms, then decode with the dynamic
-#            cache (4 layers, 8 tokens), each twice with one fresh client cache: values against
-#            native both times, round trips of the first and the second run
+#            torch suite's cuDNN cases ($LEARNED_CASES) at 70 ms, twice with one fresh client
+#            cache, then decode with the dynamic cache (4 layers) learning 32 tokens, and again
+#            with 8 and 32: values against native, round trips, per token once running
 #   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
 #            function and in order
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
@@ -281,16 +281,23 @@ if want learned; then
     tail -8 "$LOGS/learned-$run.txt"
     row "learned cuDNN cases, $run run" "rc=$rc, round trips $(trips "$LOGS/learned-$run.json") (learned-$run.txt)"
   done
-  args=("$SHARED/workloads/decode.py" --cache dynamic --layers 4 --new-tokens 8)
-  timeout ${RUN_TIMEOUT:-150} python3 "${args[@]}" > "$LOGS/learned-decode-native.out" 2>&1
-  for run in first second; do
+  # Decode: the first run learns 32 tokens' graphs; the second runs 8 and 32 tokens, whose
+  # difference is the round trips of 24 tokens once running (target: 1.05 per token).
+  base=("$SHARED/workloads/decode.py" --cache dynamic --layers 4)
+  declare -A rts
+  for run in first:32 second:8 second:32; do
+    label=${run%%:*}; n=${run#*:}
+    timeout ${RUN_TIMEOUT:-150} python3 "${base[@]}" --new-tokens $n > "$LOGS/learned-decode-native-$n.out" 2>&1
     CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$lcache timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s 127.0.0.1:$WAN_PORT -- \
-      python3 "${args[@]}" > "$LOGS/learned-decode-$run.out" 2> "$LOGS/learned-decode-$run.err"
-    same=$(cmp -s <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-native.out") \
-      <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-$run.out") && echo "native's tokens" || echo "TOKENS DIFFER")
-    row "learned decode dynamic, $run run" "$same, $(grep TOTAL "$LOGS/learned-decode-$run.err" | awk '{print $3}') round trips, \
-$(grep -c 'answered differently' "$LOGS/learned-decode-$run.err") mismatches"
+      python3 "${base[@]}" --new-tokens $n > "$LOGS/learned-decode-$label-$n.out" 2> "$LOGS/learned-decode-$label-$n.err"
+    same=$(cmp -s <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-native-$n.out") \
+      <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-$label-$n.out") && echo "native's tokens" || echo "TOKENS DIFFER")
+    rts[$label-$n]=$(grep TOTAL "$LOGS/learned-decode-$label-$n.err" | awk '{print $3}')
+    row "learned decode dynamic, $label run, $n tokens" "$same, ${rts[$label-$n]} round trips, \
+$(grep -c 'answered differently' "$LOGS/learned-decode-$label-$n.err") mismatches"
   done
+  row "learned decode dynamic, round trips per token once running" \
+    "$(awk -v a="${rts[second-32]:-0}" -v b="${rts[second-8]:-0}" 'BEGIN {printf "%.2f", (a - b) / 24}')"
   rm -rf "$lcache"
 fi
 
