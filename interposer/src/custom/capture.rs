@@ -147,47 +147,6 @@ pub unsafe fn stream_is_capturing(ctx: &Ctx, stream: *mut c_void, status: *mut c
     is_capturing(ctx.base_name(), ctx.form(Form::Call), stream as u64, status, ctx.library == "cudart")
 }
 
-/// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else
-/// asked of the worker ([`frontier`]), whose answer fills the outputs the caller gave
-/// (each but the status may be NULL).
-#[allow(clippy::too_many_arguments)]
-fn capture_info(
-    desc: &'static CallDesc,
-    stream: u64,
-    status: *mut c_void,
-    id: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    guarded("cudaStreamGetCaptureInfo", true, || {
-        if status.is_null() {
-            return Err(INVALID_VALUE);
-        }
-        if !any_active() {
-            // SAFETY: the caller's out-pointers, each checked non-null.
-            unsafe {
-                std::ptr::write_unaligned(status as *mut u32, NONE);
-                if !deps.is_null() {
-                    std::ptr::write_unaligned(deps as *mut usize, 0);
-                }
-                if !edges.is_null() {
-                    std::ptr::write_unaligned(edges as *mut usize, 0);
-                }
-                if !count.is_null() {
-                    std::ptr::write_unaligned(count as *mut usize, 0);
-                }
-            }
-            return Ok(SUCCESS);
-        }
-        let stream = per_thread(stream, desc.name.ends_with("_ptsz"));
-        // Every output is optional but the status: the worker's answer is written here, so
-        // a NULL graph or id is never handed to the worker as an output handle to fill.
-        frontier(stream, [status, id, graph, deps, edges, count], 100)
-    })
-}
-
 thread_local! {
     /// The last capture frontier this thread was handed (nodes, edge data): CUDA's arrays
     /// stay valid until the next call that captures into or asks about the stream.
@@ -317,7 +276,8 @@ pub unsafe fn begin_capture_to_graph(
 /// cudaStreamGetCaptureInfo of 11.8 and 12.x (status and id) and its `_ptsz` form.
 pub unsafe fn get_capture_info_3(ctx: &Ctx, stream: *mut c_void, status: *mut c_void, id: *mut c_void) -> u32 {
     let n = std::ptr::null_mut();
-    capture_info(ctx.form(Form::Call), stream as u64, status, id, n, n, n, n)
+    // SAFETY: the same contract, without the graph, dependencies and edge data.
+    unsafe { cu_capture_info_v3(ctx, stream, status, id, n, n, n, n) }
 }
 
 /// cudaStreamGetCaptureInfo of 13.x (with the graph, dependencies and edge data) and its
@@ -333,5 +293,6 @@ pub unsafe fn get_capture_info_7(
     edges: *mut c_void,
     count: *mut c_void,
 ) -> u32 {
-    capture_info(ctx.form(Form::Call), stream as u64, status, id, graph, deps, edges, count)
+    // SAFETY: the same contract: 13.x's form is _v3's.
+    unsafe { cu_capture_info_v3(ctx, stream, status, id, graph, deps, edges, count) }
 }
