@@ -1813,7 +1813,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_add_host_node(
+        crate::custom::graphs::add_host_node(
             &CTX,
             phGraphNode,
             hGraph,
@@ -1912,7 +1912,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu118(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_add_mem_alloc_node(
+        crate::custom::graphs::add_mem_alloc_node(
             &CTX,
             phGraphNode,
             hGraph,
@@ -1945,7 +1945,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu126(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_add_mem_alloc_node(
+        crate::custom::graphs::add_mem_alloc_node(
             &CTX,
             phGraphNode,
             hGraph,
@@ -2048,7 +2048,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_add_node_without_edges(
+        crate::custom::graphs::add_node_5(
             &CTX,
             phGraphNode,
             hGraph,
@@ -2082,7 +2082,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_add_node(
+        crate::custom::graphs::add_node_6(
             &CTX,
             phGraphNode,
             hGraph,
@@ -2363,7 +2363,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_exec_host_node_set_params(
+        crate::custom::graphs::exec_host_node_set_params(
             &CTX,
             hGraphExec,
             hNode,
@@ -2490,12 +2490,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_exec_node_set_params(
-            &CTX,
-            hGraphExec,
-            hNode,
-            nodeParams,
-        )
+        crate::custom::graphs::exec_node_set_params(&CTX, hGraphExec, hNode, nodeParams)
     }
 }
 ///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2584,7 +2579,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_get_edges(&CTX, hGraph, from, to, edgeData, numEdges)
+        crate::custom::graphs::get_edges_5(&CTX, hGraph, from, to, edgeData, numEdges)
     }
 }
 ///`cuGraphGetId` for CUDA 13.1 (sync).
@@ -2621,7 +2616,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_get_nodes(&CTX, hGraph, nodes, numNodes)
+        crate::custom::graphs::get_nodes(&CTX, hGraph, nodes, numNodes)
     }
 }
 ///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2645,7 +2640,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_get_root_nodes(&CTX, hGraph, rootNodes, numRootNodes)
+        crate::custom::graphs::get_root_nodes(&CTX, hGraph, rootNodes, numRootNodes)
     }
 }
 ///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2668,7 +2663,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_host_node_get_params(&CTX, hNode, nodeParams)
+        crate::custom::graphs::host_node_get_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2691,7 +2686,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_host_node_set_params(&CTX, hNode, nodeParams)
+        crate::custom::graphs::host_node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3079,7 +3074,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu118(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, hNode, params_out)
     }
 }
 ///`cuGraphMemAllocNodeGetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3102,7 +3097,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu126(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, hNode, params_out)
     }
 }
 ///`cuGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3252,7 +3247,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_node_get_dependencies(
+        crate::custom::graphs::node_get_dependencies_4(
             &CTX,
             hNode,
             dependencies,
@@ -3312,7 +3307,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_node_get_dependent_nodes(
+        crate::custom::graphs::node_get_dependent_nodes_4(
             &CTX,
             hNode,
             dependentNodes,
@@ -3412,7 +3407,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
                 invalid_value: 1i64,
             },
         };
-        crate::custom::graphs::cu_node_set_params(&CTX, hNode, nodeParams)
+        crate::custom::graphs::node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -532,32 +532,6 @@ pub unsafe fn host_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_voi
     host_get(ctx, node as u64, out)
 }
 
-pub unsafe fn cu_add_host_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    // SAFETY: the caller's record.
-    unsafe { add_host_node(ctx, out, graph, deps, count, p) }
-}
-
-pub unsafe fn cu_host_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: the caller's record.
-    unsafe { host_node_set_params(ctx, node, p) }
-}
-
-pub unsafe fn cu_exec_host_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: the caller's record.
-    unsafe { exec_host_node_set_params(ctx, exec, node, p) }
-}
-
-pub unsafe fn cu_host_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
-    host_get(ctx, node as u64, out)
-}
-
 // ---- Memory allocation nodes ----
 
 /// cudaMemAllocNodeParams / CUDA_MEM_ALLOC_NODE_PARAMS (120 bytes): the pool properties
@@ -635,21 +609,6 @@ pub unsafe fn add_mem_alloc_node(
 }
 
 pub unsafe fn mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
-    mem_alloc_get(ctx, node as u64, out)
-}
-
-pub unsafe fn cu_add_mem_alloc_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    mem_alloc_node(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
-}
-
-pub unsafe fn cu_mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
     mem_alloc_get(ctx, node as u64, out)
 }
 
@@ -1161,37 +1120,6 @@ pub unsafe fn exec_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_vo
     node_params(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p)
 }
 
-pub unsafe fn cu_add_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges }, p)
-}
-
-pub unsafe fn cu_add_node_without_edges(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
-}
-
-pub unsafe fn cu_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    node_params(ctx, Target::Set { node: node as u64 }, p)
-}
-
-pub unsafe fn cu_exec_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    node_params(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p)
-}
-
 // ---- Node arrays ----
 
 /// The worker's answer to a node list query.
@@ -1342,48 +1270,4 @@ pub unsafe fn node_get_dependent_nodes_4(
         let s = fill(ctx, &listed, [deps, edges, none()], count)?;
         Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
     })
-}
-
-pub unsafe fn cu_get_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
-    // SAFETY: same contract.
-    unsafe { get_nodes(ctx, graph, nodes, count) }
-}
-
-pub unsafe fn cu_get_root_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
-    // SAFETY: same contract.
-    unsafe { get_root_nodes(ctx, graph, nodes, count) }
-}
-
-pub unsafe fn cu_get_edges(
-    ctx: &Ctx,
-    graph: *mut c_void,
-    from: *mut c_void,
-    to: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    // SAFETY: same contract.
-    unsafe { get_edges_5(ctx, graph, from, to, edges, count) }
-}
-
-pub unsafe fn cu_node_get_dependencies(
-    ctx: &Ctx,
-    node: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    // SAFETY: same contract.
-    unsafe { node_get_dependencies_4(ctx, node, deps, edges, count) }
-}
-
-pub unsafe fn cu_node_get_dependent_nodes(
-    ctx: &Ctx,
-    node: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    // SAFETY: same contract.
-    unsafe { node_get_dependent_nodes_4(ctx, node, deps, edges, count) }
 }
