@@ -3976,7 +3976,21 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel(
     kernelParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchCooperativeKernel(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchCooperativeKernel",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_cooperative_kernel(
+            &CTX,
             f,
             gridDimX,
             gridDimY,
@@ -4005,7 +4019,21 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel_ptsz(
     kernelParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchCooperativeKernel_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchCooperativeKernel_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_cooperative_kernel(
+            &CTX,
             f,
             gridDimX,
             gridDimY,
@@ -4121,7 +4149,21 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernel(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernel",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel(
+            &CTX,
             f,
             gridDimX,
             gridDimY,
@@ -4402,7 +4444,21 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel_ptsz(
     extra: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::driver::cuLaunchKernel_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernel_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel(
+            &CTX,
             f,
             gridDimX,
             gridDimY,

@@ -652,119 +652,44 @@ fn launch(
     })
 }
 
+/// cuLaunchKernel and its `_ptsz` form (where NULL is the thread's own stream).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchKernel(
+pub unsafe fn launch_kernel(
+    ctx: &Ctx,
     f: *mut c_void,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: *mut c_void,
-    kernelParams: *mut c_void,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared: u32,
+    stream: *mut c_void,
+    params: *mut c_void,
     extra: *mut c_void,
 ) -> u32 {
-    launch(
-        f,
-        [gridDimX, gridDimY, gridDimZ],
-        [blockDimX, blockDimY, blockDimZ],
-        sharedMemBytes,
-        hStream,
-        kernelParams,
-        extra,
-        Vec::new(),
-        false,
-    )
+    let stream = stream_arg(ctx, stream) as *mut c_void;
+    launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], shared, stream, params, extra, Vec::new(), false)
 }
 
+/// cuLaunchCooperativeKernel and its `_ptsz` form.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchKernel_ptsz(
+pub unsafe fn launch_cooperative_kernel(
+    ctx: &Ctx,
     f: *mut c_void,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: *mut c_void,
-    kernelParams: *mut c_void,
-    extra: *mut c_void,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared: u32,
+    stream: *mut c_void,
+    params: *mut c_void,
 ) -> u32 {
-    // SAFETY: same contract.
-    unsafe {
-        cuLaunchKernel(
-            f,
-            gridDimX,
-            gridDimY,
-            gridDimZ,
-            blockDimX,
-            blockDimY,
-            blockDimZ,
-            sharedMemBytes,
-            hStream,
-            kernelParams,
-            extra,
-        )
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchCooperativeKernel(
-    f: *mut c_void,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: *mut c_void,
-    kernelParams: *mut c_void,
-) -> u32 {
-    launch(
-        f,
-        [gridDimX, gridDimY, gridDimZ],
-        [blockDimX, blockDimY, blockDimZ],
-        sharedMemBytes,
-        hStream,
-        kernelParams,
-        std::ptr::null_mut(),
-        Vec::new(),
-        true,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchCooperativeKernel_ptsz(
-    f: *mut c_void,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: *mut c_void,
-    kernelParams: *mut c_void,
-) -> u32 {
-    // SAFETY: same contract.
-    unsafe {
-        cuLaunchCooperativeKernel(
-            f,
-            gridDimX,
-            gridDimY,
-            gridDimZ,
-            blockDimX,
-            blockDimY,
-            blockDimZ,
-            sharedMemBytes,
-            hStream,
-            kernelParams,
-        )
-    }
+    let stream = stream_arg(ctx, stream) as *mut c_void;
+    let null = std::ptr::null_mut();
+    launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], shared, stream, params, null, Vec::new(), true)
 }
 
 /// A CUlaunchConfig's fields: grid, block, shared memory, stream, attributes (id, 64-byte
