@@ -164,6 +164,29 @@ fn tls_with_a_token_and_a_pinned_certificate() {
         run(&server.address, &dir.join("client2"), &["--token", &token, "--fingerprint", &fingerprint], &exe);
     assert!(ok && out.contains("OK"), "{out}\n{err}");
 
+    // nvidia-smi is the server's over TLS too: run directly, and from a program, whose
+    // Chidori nvidia-smi presents the session's token and pin from its environment.
+    let fake = dir.join("server-nvidia-smi");
+    std::fs::write(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\n").unwrap();
+    let mut perms = std::fs::metadata(&fake).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&fake, perms).unwrap();
+    let smi_config = dir.join("smi-server");
+    let smi_server = Server::start(
+        &["--secure"],
+        &[("XDG_CONFIG_HOME", smi_config.to_str().unwrap()), ("CHIDORI_NVIDIA_SMI", fake.to_str().unwrap())],
+    );
+    let smi_token = smi_server.printed("--token");
+    let (ok, out, err) = run(&smi_server.address, &client, &["--token", &smi_token], Path::new("nvidia-smi"));
+    assert!(ok && out == "server nvidia-smi: \n", "{out}\n{err}");
+    let script = dir.join("calls-nvidia-smi.sh");
+    std::fs::write(&script, "#!/bin/sh\nexec nvidia-smi -L\n").unwrap();
+    let mut perms = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).unwrap();
+    let (ok, out, err) = run(&smi_server.address, &client, &["--token", &smi_token], &script);
+    assert!(ok && out == "server nvidia-smi: -L\n", "{out}\n{err}");
+
     // A changed certificate (here: a changed pin) is refused, saying what to do.
     let other = format!("sha256:{}", "ab".repeat(32));
     std::fs::write(client.join("chidori/known_servers"), format!("{} {other}\n", server.address)).unwrap();
