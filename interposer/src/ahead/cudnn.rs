@@ -525,6 +525,33 @@ mod tests {
     }
 
     #[test]
+    fn finalize_records_of_random_bytes_are_refused_or_read_never_a_panic() {
+        // A store file is the user's own, but it may be cut, mixed or of another release.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let good =
+            Finalized { status: 0, riders: vec![Rider::Query { status: 0, count: 1, bytes: vec![7; 8] }] }.encode();
+        for _ in 0..20_000 {
+            let mut bytes = if next() % 2 == 0 { good.clone() } else { vec![0; (next() % 64) as usize] };
+            for _ in 0..(next() % 4) {
+                let at = (next() as usize) % bytes.len().max(1);
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = next() as u8;
+                }
+            }
+            bytes.truncate((next() as usize) % (bytes.len() + 1));
+            if let Some(f) = Finalized::decode(&bytes) {
+                assert_eq!(f.encode(), bytes, "what is read is what was written");
+            }
+        }
+    }
+
+    #[test]
     fn a_plan_signature_changes_with_its_calls() {
         let one = Plan { queries: vec![(1, 3, 1, true)], fills: vec![] };
         let two = Plan { queries: vec![(1, 3, 1, true), (2, 3, 1, true)], fills: vec![] };
