@@ -3203,3 +3203,48 @@ fn nvidia_smi_runs_on_the_server_for_queries_only() {
         assert!(out.stdout.is_empty(), "{refused:?}");
     }
 }
+
+/// Token ids to the GPU and back (int64 below 32,000: 4 of every 8 bytes are zero).
+const TOKEN_IDS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  size_t n = 1 << 20, bytes = n * 8;
+  long long *ids = malloc(bytes), *back = malloc(bytes);
+  unsigned long long x = 88172645463325252ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    ids[i] = (long long)(x % 32000);
+  }
+  void *d;
+  if (cudaMalloc(&d, bytes) || cudaMemcpy(d, ids, bytes, cudaMemcpyHostToDevice)) return 2;
+  if (cudaMemcpy(back, d, bytes, cudaMemcpyDeviceToHost)) return 3;
+  printf("%s\n", memcmp(ids, back, bytes) ? "DIFFER" : "OK");
+  return 0;
+}
+"#;
+
+/// Issue 19 item 3: large inputs travel zstd-compressed where that makes them at least 10%
+/// smaller (`CHIDORI_COMPRESS=1` here; by default on a WAN), expanded by the worker.
+#[test]
+fn large_inputs_travel_compressed_where_that_pays() {
+    let server = server();
+    let exe = program("token_ids", TOKEN_IDS);
+    let sent = |compress: &str| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir());
+        cmd.arg("--").arg(&exe).env("CHIDORI_LEARNED", "0").env("CHIDORI_COMPRESS", compress);
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(stdout, "OK\n", "{stderr}");
+        // The trace row: calls, round trips, bytes sent, ...
+        let row = stderr.lines().find(|l| l.starts_with("cudaMemcpy ")).unwrap_or_else(|| panic!("{stderr}"));
+        row.split_whitespace().nth(3).and_then(|b| b.parse::<u64>().ok()).unwrap_or_else(|| panic!("{row}"))
+    };
+    let plain = sent("0");
+    let packed = sent("1");
+    assert!(plain >= 8 << 20, "{plain}");
+    assert!(packed * 3 < plain, "8 MiB of token ids sent as {packed} bytes (plain: {plain})");
+}

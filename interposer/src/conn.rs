@@ -160,6 +160,10 @@ pub struct Conn {
     ran: Condvar,
     callback_queue: Mutex<std::sync::mpsc::Sender<CallbackRun>>,
     last_heard: Mutex<Instant>,
+    /// When the probe of the round trip was sent, and the round trip it measured (µs; 0:
+    /// not yet known).
+    probe_sent: Mutex<Option<Instant>>,
+    rtt_us: AtomicU64,
     /// Further connections for large copies ([`crate::lanes`]), opened on first use.
     pub(crate) lanes: crate::lanes::Slot,
     /// The token this session presented, for its further connections (a reconnection, a
@@ -275,6 +279,7 @@ pub fn get() -> Result<Arc<Conn>, String> {
     if let Ok(c) = &made {
         start_io_thread(c.clone());
         start_flusher(c.clone());
+        c.probe_round_trip();
         register_exit_flush();
         crate::trace::register_exit_report();
     }
@@ -450,6 +455,8 @@ fn connect() -> Result<Conn, String> {
         ran: Condvar::new(),
         callback_queue: Mutex::new(tx),
         last_heard: Mutex::new(Instant::now()),
+        probe_sent: Mutex::new(None),
+        rtt_us: AtomicU64::new(0),
         lanes: Default::default(),
         token,
     };
@@ -585,6 +592,18 @@ impl Conn {
     /// later call fails with `reason`, which is logged once.
     pub fn end_session(&self, reason: String) {
         self.fail(reason);
+    }
+
+    /// Measure the round trip once: a ping whose answer the I/O thread times.
+    fn probe_round_trip(&self) {
+        *self.probe_sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.send_control(Header::new(Kind::Ping, 0, 0, RTT_PROBE));
+    }
+
+    /// The round trip the probe measured, once its answer came.
+    pub fn round_trip(&self) -> Option<Duration> {
+        let us = self.rtt_us.load(Ordering::Relaxed);
+        (us > 0).then(|| Duration::from_micros(us))
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -895,6 +914,9 @@ impl Conn {
         }
     }
 }
+
+/// The sequence number of the ping that measures the round trip (the server echoes it).
+const RTT_PROBE: u64 = u64::MAX - 1;
 
 /// Work that runs when the program exits while its connection still stands, by name, in the
 /// order registered: registered by the layers above the connection (the checks of answers
@@ -1262,6 +1284,12 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             let _ = tx.send((p.steps, frame.bulk.to_vec()));
         }
         Kind::Ping => conn.send_control(Header::new(Kind::Pong, 0, 0, frame.header.seq)),
+        Kind::Pong if frame.header.seq == RTT_PROBE => {
+            if let Some(sent) = conn.probe_sent.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX).max(1);
+                conn.rtt_us.store(us, Ordering::Relaxed);
+            }
+        }
         Kind::Pong => {}
         Kind::Ack => {
             if let Some(resume) = &conn.resume {

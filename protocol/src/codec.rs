@@ -27,7 +27,7 @@
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
 
 use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire};
-use crate::messages::{CONTENT_FLAG, Call, NULL_LEN};
+use crate::messages::{COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
 
 /// Largest host buffer one call may move (a frame's bulk section is no larger).
 pub const MAX_BUFFER: u64 = crate::frame::MAX_BULK;
@@ -245,6 +245,9 @@ pub enum BufArg<'f> {
     /// `len` input bytes sent by content ([`CONTENT_FLAG`]): the SHA-256 of bytes the
     /// server keeps for the session.
     Content { len: u64, hash: [u8; 32] },
+    /// `len` input bytes sent compressed ([`COMPRESSED_FLAG`]): a zstd frame of fewer bytes
+    /// that the worker expands (to exactly `len` bytes, or it refuses the call).
+    Compressed { len: u64, frame: &'f [u8] },
 }
 
 /// Why the decoder refused a call's arguments.
@@ -274,6 +277,8 @@ pub enum DecodeError {
     Device { param: usize, why: String },
     #[error("parameter {param}: sent by content, which only a plain input buffer may be")]
     Content { param: usize },
+    #[error("parameter {param}: sent compressed, which only a plain input buffer may be, in fewer bytes")]
+    Compressed { param: usize },
 }
 
 /// How the worker answers a [`DecodeError`].
@@ -299,7 +304,8 @@ impl DecodeError {
             | DecodeError::Leftover(_)
             | DecodeError::Length { .. }
             | DecodeError::Unterminated { .. }
-            | DecodeError::Content { .. } => Refusal::Fatal,
+            | DecodeError::Content { .. }
+            | DecodeError::Compressed { .. } => Refusal::Fatal,
             DecodeError::NoLength { .. } | DecodeError::TooLarge { .. } | DecodeError::Device { .. } => {
                 Refusal::InvalidValue
             }
@@ -482,6 +488,24 @@ pub fn decode<'f>(
                     let mut hash = [0u8; 32];
                     hash.copy_from_slice(bulk.take(i, 32)?);
                     out.push(Arg::Buf(BufArg::Content { len, hash }));
+                    continue;
+                }
+                if len != NULL_LEN && len & COMPRESSED_FLAG != 0 {
+                    let len = len & !COMPRESSED_FLAG;
+                    if dir != Dir::In || record.is_some() || len & CONTENT_FLAG != 0 {
+                        return Err(DecodeError::Compressed { param: i });
+                    }
+                    let expected = expected.ok_or(DecodeError::TooLarge { param: i, count, elem })?;
+                    if expected != len {
+                        return Err(DecodeError::Length { param: i, got: len, expected });
+                    }
+                    let mut n = [0u8; 8];
+                    n.copy_from_slice(bulk.take(i, 8)?);
+                    let n = u64::from_le_bytes(n);
+                    if n >= len {
+                        return Err(DecodeError::Compressed { param: i });
+                    }
+                    out.push(Arg::Buf(BufArg::Compressed { len, frame: bulk.take(i, n)? }));
                     continue;
                 }
                 if len == NULL_LEN {

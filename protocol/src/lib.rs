@@ -23,6 +23,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (17: the server's `nvidia-smi`,
-/// `Service::NvidiaSmi`).
-pub const PROTOCOL_VERSION: u16 = 17;
+/// Bumped on any incompatible change to frames or messages (18: input buffers sent
+/// compressed, `messages::COMPRESSED_FLAG`).
+pub const PROTOCOL_VERSION: u16 = 18;

@@ -140,6 +140,15 @@ pub const NULL_LEN: u64 = u64::MAX;
 /// Welcome's `content_kept`) instead of the bytes; the other bits are the buffer's length.
 pub const CONTENT_FLAG: u64 = 1 << 62;
 
+/// Set in a `lens` entry of an input buffer sent compressed: the bulk section holds the
+/// byte count of a zstd frame (8 bytes, little-endian) and the frame, which expands to the
+/// buffer's bytes; the other bits are the buffer's length.
+pub const COMPRESSED_FLAG: u64 = 1 << 61;
+
+/// Input buffers of at least this many bytes may be sent compressed (smaller ones save too
+/// little for the time it takes).
+pub const COMPRESS_MIN: u64 = 256 << 10;
+
 /// Input buffers of at least this many bytes are sent by content, and kept by a server
 /// that keeps content (smaller ones cost more to hash and name than they save).
 pub const CONTENT_MIN: u64 = 1 << 20;

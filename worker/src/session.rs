@@ -938,6 +938,22 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 };
                 keep(&mut raw[i], Buffer::from(&bytes));
             }
+            Arg::Buf(BufArg::Compressed { len, frame }) => {
+                // Never more than the buffer's declared length is made, whatever the frame says.
+                let bytes = match zstd::bulk::decompress(frame, len as usize) {
+                    Ok(b) if b.len() as u64 == len => b,
+                    Ok(b) => {
+                        return invalid(format!("argument {i}: compressed bytes expand to {}, not {len}", b.len()));
+                    }
+                    Err(e) => return invalid(format!("argument {i}: compressed bytes do not expand: {e}")),
+                };
+                if len >= CONTENT_MIN
+                    && let Some(content) = &session.content
+                {
+                    keep_content(content, &bytes);
+                }
+                keep(&mut raw[i], Buffer::from(&bytes));
+            }
             Arg::Buf(BufArg::Present { len, input }) => {
                 let Wire::Buf { dir, elem, record, .. } = *wire else { continue };
                 let t = translation(session, desc, record);

@@ -544,3 +544,31 @@ fn an_input_sent_by_content_is_its_hash_and_only_plain_inputs_may_be() {
         assert_eq!(e.refusal(), Refusal::Fatal, "{e}");
     }
 }
+
+#[test]
+fn an_input_sent_compressed_is_its_frame_and_only_plain_inputs_may_be() {
+    let count = Wire::Val { bytes: 8, float: false };
+    let buf = |dir, record| Wire::Buf { dir, elem: 1, len: Some(&COUNT), record, optional: false };
+    let desc = desc(vec![count, buf(Dir::In, None)]);
+    let frame = [9u8; 10];
+    let mut bulk = 10u64.to_le_bytes().to_vec();
+    bulk.extend_from_slice(&frame);
+    let args = decode(desc, &[64, 0x1000], &[0, 64 | COMPRESSED_FLAG], &bulk, &mut FakeTables::default())
+        .expect("a compressed input");
+    assert_eq!(args[1], Arg::Buf(BufArg::Compressed { len: 64, frame: &frame[..] }));
+    // Anywhere else it breaks the protocol: an output, a record, a wrong length, a frame no
+    // smaller than the buffer, a frame past the bulk, sent by content too.
+    let mut whole = 64u64.to_le_bytes().to_vec();
+    whole.extend_from_slice(&[0u8; 64]);
+    for (params, lens, bulk) in [
+        (vec![count, buf(Dir::Out, None)], [0, 64 | COMPRESSED_FLAG], &bulk[..]),
+        (vec![count, buf(Dir::In, Some("cudaMemcpy3DParms"))], [0, 64 | COMPRESSED_FLAG], &bulk[..]),
+        (vec![count, buf(Dir::In, None)], [0, 65 | COMPRESSED_FLAG], &bulk[..]),
+        (vec![count, buf(Dir::In, None)], [0, 64 | COMPRESSED_FLAG], &whole[..]),
+        (vec![count, buf(Dir::In, None)], [0, 64 | COMPRESSED_FLAG], &bulk[..12]),
+        (vec![count, buf(Dir::In, None)], [0, 64 | COMPRESSED_FLAG | CONTENT_FLAG], &bulk[..]),
+    ] {
+        let e = refused(params, &[64, 0x1000], &lens, bulk);
+        assert_eq!(e.refusal(), Refusal::Fatal, "{e}");
+    }
+}
