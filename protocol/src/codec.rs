@@ -27,7 +27,7 @@
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
 
 use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire};
-use crate::messages::{COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
+use crate::messages::{COMPRESS_MAX, COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
 
 /// Largest host buffer one call may move (a frame's bulk section is no larger).
 pub const MAX_BUFFER: u64 = crate::frame::MAX_BULK;
@@ -277,7 +277,9 @@ pub enum DecodeError {
     Device { param: usize, why: String },
     #[error("parameter {param}: sent by content, which only a plain input buffer may be")]
     Content { param: usize },
-    #[error("parameter {param}: sent compressed, which only a plain input buffer may be, in fewer bytes")]
+    #[error(
+        "parameter {param}: sent compressed, which only a plain input buffer of at most 64 MiB may be, in fewer bytes"
+    )]
     Compressed { param: usize },
 }
 
@@ -492,7 +494,7 @@ pub fn decode<'f>(
                 }
                 if len != NULL_LEN && len & COMPRESSED_FLAG != 0 {
                     let len = len & !COMPRESSED_FLAG;
-                    if dir != Dir::In || record.is_some() || len & CONTENT_FLAG != 0 {
+                    if dir != Dir::In || record.is_some() || len & CONTENT_FLAG != 0 || len > COMPRESS_MAX {
                         return Err(DecodeError::Compressed { param: i });
                     }
                     let expected = expected.ok_or(DecodeError::TooLarge { param: i, count, elem })?;

@@ -149,6 +149,10 @@ pub const COMPRESSED_FLAG: u64 = 1 << 61;
 /// little for the time it takes).
 pub const COMPRESS_MIN: u64 = 256 << 10;
 
+/// The most bytes a compressed input may expand to: a few bytes of a frame can stand for
+/// many megabytes of zeros, which the worker must hold (copies travel in 8 MiB chunks).
+pub const COMPRESS_MAX: u64 = 64 << 20;
+
 /// Input buffers of at least this many bytes are sent by content, and kept by a server
 /// that keeps content (smaller ones cost more to hash and name than they save).
 pub const CONTENT_MIN: u64 = 1 << 20;

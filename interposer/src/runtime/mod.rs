@@ -17,7 +17,7 @@ use chidori_cuda::status;
 use chidori_protocol::codec;
 use chidori_protocol::desc::{CLIENT_NAME_TAG as NAME_TAG, CallDesc, Dir, HANDLE_TAG_MASK, Ret, Wire};
 use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
+use chidori_protocol::messages::{self, COMPRESS_MAX, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
 
 use crate::conn::{self, Conn, OutTarget, Slot};
 
@@ -143,6 +143,9 @@ const COMPRESS_RTT: std::time::Duration = std::time::Duration::from_millis(2);
 /// (most dense floats gain under 10%: `interposer/benches/zstd_tensors.rs`).
 pub(crate) fn compressed(bytes: &[u8]) -> Option<Vec<u8>> {
     const SAMPLE: usize = 64 << 10;
+    if bytes.len() as u64 > COMPRESS_MAX {
+        return None;
+    }
     let worth = |packed: usize, of: usize| packed * 10 <= of * 9;
     if bytes.len() > SAMPLE {
         let sample = &bytes[..SAMPLE];

@@ -571,4 +571,8 @@ fn an_input_sent_compressed_is_its_frame_and_only_plain_inputs_may_be() {
         let e = refused(params, &[64, 0x1000], &lens, bulk);
         assert_eq!(e.refusal(), Refusal::Fatal, "{e}");
     }
+    // A few bytes may not stand for more than the worker holds for one input.
+    let big = COMPRESS_MAX + 1;
+    let e = refused(vec![count, buf(Dir::In, None)], &[big, 0x1000], &[0, big | COMPRESSED_FLAG], &bulk);
+    assert_eq!(e, DecodeError::Compressed { param: 1 });
 }
