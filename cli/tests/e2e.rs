@@ -3157,10 +3157,7 @@ int main(void) {
 fn nvidia_smi_runs_on_the_server_for_queries_only() {
     let dir = chidori_tests::scratch("nvidia_smi");
     let fake = dir.join("server-nvidia-smi");
-    std::fs::write(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\necho note >&2\nexit 0\n").unwrap();
-    let mut perms = std::fs::metadata(&fake).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&fake, perms).unwrap();
+    chidori_tests::script(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\necho note >&2\nexit 0\n");
     let fake = fake.to_str().unwrap();
     let server = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_NVIDIA_SMI", fake)])
         .expect("starting an emulated server");

@@ -167,10 +167,7 @@ fn tls_with_a_token_and_a_pinned_certificate() {
     // nvidia-smi is the server's over TLS too: run directly, and from a program, whose
     // Chidori nvidia-smi presents the session's token and pin from its environment.
     let fake = dir.join("server-nvidia-smi");
-    std::fs::write(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\n").unwrap();
-    let mut perms = std::fs::metadata(&fake).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&fake, perms).unwrap();
+    chidori_tests::script(&fake, "#!/bin/sh\necho \"server nvidia-smi: $*\"\n");
     let smi_config = dir.join("smi-server");
     let smi_server = Server::start(
         &["--secure"],
@@ -180,10 +177,7 @@ fn tls_with_a_token_and_a_pinned_certificate() {
     let (ok, out, err) = run(&smi_server.address, &client, &["--token", &smi_token], Path::new("nvidia-smi"));
     assert!(ok && out == "server nvidia-smi: \n", "{out}\n{err}");
     let script = dir.join("calls-nvidia-smi.sh");
-    std::fs::write(&script, "#!/bin/sh\nexec nvidia-smi -L\n").unwrap();
-    let mut perms = std::fs::metadata(&script).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&script, perms).unwrap();
+    chidori_tests::script(&script, "#!/bin/sh\nexec nvidia-smi -L\n");
     let (ok, out, err) = run(&smi_server.address, &client, &["--token", &smi_token], &script);
     assert!(ok && out == "server nvidia-smi: -L\n", "{out}\n{err}");
 

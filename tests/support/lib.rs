@@ -15,6 +15,13 @@ pub fn build_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target dir layout").to_path_buf()
 }
 
+/// Write `text` to `path` as an executable script (a stand-in for a tool).
+pub fn script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("writing a script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("making a script executable");
+}
+
 /// A fresh scratch directory under target/, unique to this process and `name`.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = build_dir().join("chidori-test-scratch").join(format!("{name}-{}", std::process::id()));
