@@ -50,7 +50,8 @@ pub fn check_all<K: Send + 'static>(
     differs: impl FnOnce(&[Outcome], &K) -> Option<String> + Send + 'static,
 ) {
     // Answers given from earlier sessions are checked before the session ends.
-    crate::conn::at_exit("learned answers checked", || settle(Duration::from_secs(10)));
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| crate::conn::at_exit("learned answers checked", || settle(Duration::from_secs(10))));
     *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     let done = || {
         let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());

@@ -72,7 +72,6 @@ impl codec::Client for ThisClient {
 /// Pointer arguments must be valid for the lengths the descriptor computes from the other
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(conn: &Conn, desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
-    let compress = compressing(conn);
     crate::state::CLIENT.ahead.captures.sending(desc.name);
     let encoded = codec::encode(desc, args, &mut ThisClient);
     for &(at, name) in &encoded.names {
@@ -95,7 +94,7 @@ unsafe fn prepare<'a>(conn: &Conn, desc: &CallDesc, args: &[u64]) -> Prepared<'a
                         call.lens[s.param] |= CONTENT_FLAG;
                         Cow::Owned(hash.to_vec())
                     }
-                    crate::content::Plan::Bytes(_) => match if compress { compressed(bytes) } else { None } {
+                    crate::content::Plan::Bytes(_) => match if compressing(conn) { compressed(bytes) } else { None } {
                         Some(packed) => {
                             call.lens[s.param] |= COMPRESSED_FLAG;
                             Cow::Owned(packed)
@@ -104,7 +103,9 @@ unsafe fn prepare<'a>(conn: &Conn, desc: &CallDesc, args: &[u64]) -> Prepared<'a
                     },
                 }
             }
-            Some(&Wire::Buf { dir: Dir::In, record: None, .. }) if compress && s.len as u64 >= COMPRESS_MIN => {
+            Some(&Wire::Buf { dir: Dir::In, record: None, .. })
+                if s.len as u64 >= COMPRESS_MIN && compressing(conn) =>
+            {
                 // SAFETY: as below.
                 let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len) };
                 match compressed(bytes) {
