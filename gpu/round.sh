@@ -44,7 +44,8 @@
 #            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
 #            relay behind the cutting one)
 #   copies   bulk copies at 70 ms and $COPY_MBIT (1000) Mbit/s through gpu/tools/wan_relay.py:
-#            what the relay carries alone, then 1 GiB each way, as fractions of the cap
+#            what the relay carries alone, then 1 GiB each way, as fractions of the cap, of
+#            each $COPY_DATA (random: incompressible; relu: half-zero activations)
 #   content  a 2 GB checkpoint (safetensors and torch.save) loaded natively, then twice
 #            through a server with a fresh content store at 70 ms and $CONTENT_MBIT Mbit/s:
 #            the second run should send hashes, not bytes (bytes sent from the trace)
@@ -468,9 +469,14 @@ if want copies; then
     --max-seconds 400 > "$LOGS/wan-copies.log" 2>&1 &
   K_PID=$!
   sleep 1
-  timeout ${COPY_TIMEOUT:-240} "$CHIDORI" run -s 127.0.0.1:$KPORT -- "$B/rtt" 20 1 1 > "$LOGS/copies-wan.json" 2> "$LOGS/copies-wan.err"
+  # random: the link's own speed (nothing compresses); relu: half-zero float32 activations,
+  # which travel compressed both ways at this round trip.
+  for data in ${COPY_DATA:-random relu}; do
+    timeout ${COPY_TIMEOUT:-240} "$CHIDORI" run -s 127.0.0.1:$KPORT -- "$B/rtt" 20 1 1 $data \
+      > "$LOGS/copies-wan-$data.json" 2> "$LOGS/copies-wan-$data.err"
+    row "1 GiB $data 70ms ${mbit}M" "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); cap=float(sys.argv[2])/8e3; print(", ".join(f"{k[:-5]} {v:.3f} GB/s ({v/cap:.2f} of cap)" for k,v in r.items() if k.endswith("_gbps")))' "$LOGS/copies-wan-$data.json" $mbit 2>&1 | tail -1)"
+  done
   kill $K_PID 2>/dev/null
-  row "1 GiB copies 70ms ${mbit}M" "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); cap=float(sys.argv[2])/8e3; print(", ".join(f"{k[:-5]} {v:.3f} GB/s ({v/cap:.2f} of cap)" for k,v in r.items() if k.endswith("_gbps")))' "$LOGS/copies-wan.json" $mbit 2>&1 | tail -1)"
 fi
 
 if want content; then
