@@ -3223,25 +3223,34 @@ int main(void) {
 }
 "#;
 
-/// Issue 19 item 3: large inputs travel zstd-compressed where that makes them at least 10%
-/// smaller (`CHIDORI_COMPRESS=1` here; by default on a WAN), expanded by the worker.
+/// Issue 19 item 3: large inputs and outputs travel zstd-compressed where that makes them
+/// at least 10% smaller (`CHIDORI_COMPRESS=1` here; by default on a WAN), expanded by the
+/// worker and by the client; the program gets its bytes back exactly.
 #[test]
-fn large_inputs_travel_compressed_where_that_pays() {
+fn large_copies_travel_compressed_where_that_pays() {
     let server = server();
     let exe = program("token_ids", TOKEN_IDS);
-    let sent = |compress: &str| {
+    // Bytes sent and received by cudaMemcpy (one copy each way), from the trace.
+    let wire = |compress: &str| {
         let mut cmd = Command::new(chidori());
         cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir());
         cmd.arg("--").arg(&exe).env("CHIDORI_LEARNED", "0").env("CHIDORI_COMPRESS", compress);
         let out = cmd.output().unwrap();
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert_eq!(stdout, "OK\n", "{stderr}");
-        // The trace row: calls, round trips, bytes sent, ...
+        // The trace row: calls, round trips, bytes sent, bytes received, ...
         let row = stderr.lines().find(|l| l.starts_with("cudaMemcpy ")).unwrap_or_else(|| panic!("{stderr}"));
-        row.split_whitespace().nth(3).and_then(|b| b.parse::<u64>().ok()).unwrap_or_else(|| panic!("{row}"))
+        let column = |n: usize| {
+            row.split_whitespace().nth(n).and_then(|b| b.parse::<u64>().ok()).unwrap_or_else(|| panic!("{row}"))
+        };
+        (column(3), column(4))
     };
-    let plain = sent("0");
-    let packed = sent("1");
-    assert!(plain >= 8 << 20, "{plain}");
-    assert!(packed * 3 < plain, "8 MiB of token ids sent as {packed} bytes (plain: {plain})");
+    let (plain_sent, plain_received) = wire("0");
+    let (packed_sent, packed_received) = wire("1");
+    assert!(plain_sent >= 8 << 20 && plain_received >= 8 << 20, "{plain_sent} {plain_received}");
+    assert!(packed_sent * 3 < plain_sent, "8 MiB of token ids sent as {packed_sent} bytes (plain: {plain_sent})");
+    assert!(
+        packed_received * 3 < plain_received,
+        "8 MiB of token ids received as {packed_received} bytes (plain: {plain_received})"
+    );
 }

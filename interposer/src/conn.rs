@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, AsyncError, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, ResumeRequest, Service, ServiceReply,
-    Welcome,
+    self, AsyncError, COMPRESSED_FLAG, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, ResumeRequest, Service,
+    ServiceReply, Welcome,
 };
 use chidori_protocol::read::Incremental;
 use chidori_protocol::resume::{ACK_EVERY, Replay};
@@ -51,11 +51,23 @@ pub struct Slot {
     ready: Condvar,
     /// The answer to a service request.
     service: Mutex<Option<ServiceReply>>,
+    /// Bytes the reply's bulk section carried (compressed outputs as they crossed the wire).
+    received: AtomicU64,
 }
 
 impl Slot {
     fn new() -> Arc<Slot> {
-        Arc::new(Slot { done: Mutex::new(None), ready: Condvar::new(), service: Mutex::new(None) })
+        Arc::new(Slot {
+            done: Mutex::new(None),
+            ready: Condvar::new(),
+            service: Mutex::new(None),
+            received: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes the reply's bulk section carried, once it came.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 
     fn complete(&self, outcome: Outcome) {
@@ -1226,9 +1238,21 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             };
             let reply = messages::access::<Reply>(frame, "reply").map_err(|e| e.to_string())?;
             let lens: Vec<u64> = reply.lens.iter().map(|l| l.to_native()).collect();
-            let parts = frame.split_bulk(lens.iter().copied()).map_err(|e| e.to_string())?;
+            // A compressed output's entry is its frame's byte count with the flag.
+            let packed = |l: u64| l != messages::NULL_LEN && l & COMPRESSED_FLAG != 0;
+            let parts = frame
+                .split_bulk(lens.iter().map(|&l| if packed(l) { l & !COMPRESSED_FLAG } else { l }))
+                .map_err(|e| e.to_string())?;
             for out in &pending.outs {
                 let Some(bytes) = parts.get(out.param) else { continue };
+                if lens.get(out.param).is_some_and(|&l| packed(l)) {
+                    // SAFETY: as below; the frame expands into exactly these `len` bytes.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr as *mut u8, out.len) };
+                    chidori_protocol::pack::expand_into(bytes, dst).map_err(|e| {
+                        format!("Chidori server {} sent a compressed output that is not valid: {e}", conn.server)
+                    })?;
+                    continue;
+                }
                 let n = bytes.len().min(out.len);
                 // SAFETY: `ptr` is the caller's output buffer of `len` bytes; the caller is
                 // blocked waiting for this reply (or, for deferred copies, promised not to
@@ -1245,6 +1269,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             {
                 crate::state::CLIENT.ahead.captures.failed();
             }
+            pending.slot.received.store(frame.bulk.len() as u64, Ordering::Relaxed);
             pending.slot.complete(Ok(reply.ret.to_native()));
         }
         Kind::AsyncError => {

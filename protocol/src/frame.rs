@@ -103,6 +103,7 @@ impl Kind {
 pub struct Header {
     pub version: u16,
     pub kind: Kind,
+    /// Bits of [`OUTPUTS_COMPRESSED`]; others are zero.
     pub flags: u8,
     /// Wire id of the call descriptor (Call, Reply, AsyncError), else 0.
     pub call: u32,
@@ -113,6 +114,10 @@ pub struct Header {
     pub archive_len: u32,
     pub bulk_len: u32,
 }
+
+/// Header flag of a Call: its large outputs may come back compressed (a Reply `lens` entry
+/// with [`crate::messages::COMPRESSED_FLAG`]); the client asks where the link is slow.
+pub const OUTPUTS_COMPRESSED: u8 = 1;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {

@@ -16,6 +16,7 @@ pub mod frame;
 pub mod fuzz;
 pub mod messages;
 pub mod mirror;
+pub mod pack;
 pub mod read;
 pub mod resume;
 pub mod sock;
@@ -23,6 +24,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (18: input buffers sent
-/// compressed, `messages::COMPRESSED_FLAG`).
-pub const PROTOCOL_VERSION: u16 = 18;
+/// Bumped on any incompatible change to frames or messages (19: outputs sent compressed
+/// where the call asks, `frame::OUTPUTS_COMPRESSED`).
+pub const PROTOCOL_VERSION: u16 = 19;

@@ -140,16 +140,19 @@ pub const NULL_LEN: u64 = u64::MAX;
 /// Welcome's `content_kept`) instead of the bytes; the other bits are the buffer's length.
 pub const CONTENT_FLAG: u64 = 1 << 62;
 
-/// Set in a `lens` entry of an input buffer sent compressed: the bulk section holds the
-/// byte count of a zstd frame (8 bytes, little-endian) and the frame, which expands to the
-/// buffer's bytes; the other bits are the buffer's length.
+/// Set in a `lens` entry of a buffer sent compressed ([`crate::pack`]). In a Call (an input
+/// buffer): the bulk section holds the byte count of a zstd frame (8 bytes, little-endian)
+/// and the frame, which expands to the buffer's bytes; the other bits are the buffer's
+/// length. In a Reply (an output, where the call's header has
+/// [`crate::frame::OUTPUTS_COMPRESSED`]): the other bits are the frame's byte count in the
+/// bulk section, and the frame expands to exactly the output's length the client asked for.
 pub const COMPRESSED_FLAG: u64 = 1 << 61;
 
-/// Input buffers of at least this many bytes may be sent compressed (smaller ones save too
+/// Buffers of at least this many bytes may be sent compressed (smaller ones save too
 /// little for the time it takes).
 pub const COMPRESS_MIN: u64 = 256 << 10;
 
-/// The most bytes a compressed input may expand to: a few bytes of a frame can stand for
+/// The most bytes a compressed buffer may expand to: a few bytes of a frame can stand for
 /// many megabytes of zeros, which the worker must hold (copies travel in 8 MiB chunks).
 pub const COMPRESS_MAX: u64 = 64 << 20;
 

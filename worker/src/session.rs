@@ -20,11 +20,11 @@ use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::codec::{self, Arg, BufArg, DecodeError, Refusal};
 use chidori_protocol::desc::{CallDesc, Dir, Form, HandleKind, RecordRefused, Ret, Wire};
-use chidori_protocol::frame::{Frame, Header, Kind};
+use chidori_protocol::frame::{self, Frame, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello, HostCallback,
-    HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse, RefuseReason, Reply,
-    Service, ServiceReply, Welcome,
+    self, Api, AsyncError, COMPRESSED_FLAG, CONTENT_MIN, Call, Goodbye, GraphList, GraphLoop, GraphNode, Hello,
+    HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, NodeParams, NodeTarget, Progress, Refuse,
+    RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 use chidori_protocol::resume::SECRET_LEN;
 
@@ -390,7 +390,7 @@ const READ_BUFFER: usize = 256 << 10;
 /// Whether `buffered` starts with a whole frame (or with bytes that are no frame header:
 /// reading them reports the error without blocking).
 fn whole_frame(buffered: &[u8]) -> bool {
-    match chidori_protocol::frame::buffered_len(buffered) {
+    match frame::buffered_len(buffered) {
         Ok(Some(total)) => buffered.len() >= total,
         Ok(None) => false,
         Err(_) => true,
@@ -940,12 +940,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
             Arg::Buf(BufArg::Compressed { len, frame }) => {
                 // Never more than the buffer's declared length is made, whatever the frame says.
-                let bytes = match zstd::bulk::decompress(frame, len as usize) {
-                    Ok(b) if b.len() as u64 == len => b,
-                    Ok(b) => {
-                        return invalid(format!("argument {i}: compressed bytes expand to {}, not {len}", b.len()));
-                    }
-                    Err(e) => return invalid(format!("argument {i}: compressed bytes do not expand: {e}")),
+                let bytes = match chidori_protocol::pack::expand(frame, len as usize) {
+                    Ok(b) => b,
+                    Err(e) => return invalid(format!("argument {i}: {e}")),
                 };
                 if len >= CONTENT_MIN
                     && let Some(content) = &session.content
@@ -1258,6 +1255,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
             None => b.bytes().len() as u64,
         };
+        // A large output travels compressed where the call asked and that pays.
+        if header.flags & frame::OUTPUTS_COMPRESSED != 0 {
+            let bytes = translated[i].as_deref().unwrap_or(b.bytes());
+            if let Some(packed) = chidori_protocol::pack::compress(bytes) {
+                out_lens[i] = packed.len() as u64 | COMPRESSED_FLAG;
+                translated[i] = Some(packed);
+            }
+        }
     }
     let reply = Reply { ret, lens: out_lens, error: None };
     send_output(session, header.thread)?;
@@ -1971,19 +1976,15 @@ mod tests {
 
     #[test]
     fn batches_end_where_the_buffer_holds_no_whole_frame() {
-        let frame =
-            chidori_protocol::frame::to_vec(Header::new(Kind::Call, 3, 1, 7), &[0u8; 16], &[&[1u8; 5]]).unwrap();
+        let frame = frame::to_vec(Header::new(Kind::Call, 3, 1, 7), &[0u8; 16], &[&[1u8; 5]]).unwrap();
         assert!(whole_frame(&frame));
         assert!(!whole_frame(&frame[..frame.len() - 1]), "the bulk is still missing a byte");
-        assert!(!whole_frame(&frame[..chidori_protocol::frame::HEADER_LEN - 1]), "half a header");
+        assert!(!whole_frame(&frame[..frame::HEADER_LEN - 1]), "half a header");
         assert!(!whole_frame(&[]));
         let mut two = frame.clone();
         two.extend_from_slice(&frame[..10]);
         assert!(whole_frame(&two), "a whole frame first, then a partial one");
-        assert!(
-            whole_frame(&[0xffu8; chidori_protocol::frame::HEADER_LEN]),
-            "garbage is read (and refused) at once, not waited on"
-        );
+        assert!(whole_frame(&[0xffu8; frame::HEADER_LEN]), "garbage is read (and refused) at once, not waited on");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Instant;
 use chidori_cuda::status;
 use chidori_protocol::codec;
 use chidori_protocol::desc::{CLIENT_NAME_TAG as NAME_TAG, CallDesc, Dir, HANDLE_TAG_MASK, Ret, Wire};
-use chidori_protocol::frame::{Header, Kind};
+use chidori_protocol::frame::{self, Header, Kind};
 use chidori_protocol::messages::{self, COMPRESS_MAX, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
 
 use crate::conn::{self, Conn, OutTarget, Slot};
@@ -43,6 +43,16 @@ pub(crate) struct Prepared<'a> {
     pub(crate) call: Call,
     pub(crate) bulk: Vec<Cow<'a, [u8]>>,
     pub(crate) outs: Vec<OutTarget>,
+    /// The call's header flags: [`frame::OUTPUTS_COMPRESSED`] where a large output may
+    /// come back compressed (a slow link).
+    pub(crate) flags: u8,
+}
+
+impl Prepared<'_> {
+    /// The header of the call's frame.
+    pub(crate) fn header(&self, desc: &CallDesc, seq: u64) -> Header {
+        Header { flags: self.flags, ..Header::new(Kind::Call, desc.wire, thread_id(), seq) }
+    }
 }
 
 /// What the encoder asks of this client: string lengths in the program's memory, the
@@ -121,8 +131,11 @@ unsafe fn prepare<'a>(conn: &Conn, desc: &CallDesc, args: &[u64]) -> Prepared<'a
             _ => Cow::Borrowed(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len) }),
         })
         .collect();
-    let outs = encoded.outputs.iter().map(|s| OutTarget { param: s.param, ptr: s.addr as usize, len: s.len }).collect();
-    Prepared { call, bulk, outs }
+    let outs: Vec<OutTarget> =
+        encoded.outputs.iter().map(|s| OutTarget { param: s.param, ptr: s.addr as usize, len: s.len }).collect();
+    let large_output = outs.iter().any(|o| (COMPRESS_MIN..=COMPRESS_MAX).contains(&(o.len as u64)));
+    let flags = if large_output && compressing(conn) { frame::OUTPUTS_COMPRESSED } else { 0 };
+    Prepared { call, bulk, outs, flags }
 }
 
 /// Whether this connection's large inputs go compressed ([`chidori_protocol::env::COMPRESS`]).
@@ -139,25 +152,10 @@ fn compressing(conn: &Conn) -> bool {
 /// The round trip from which inputs go compressed unless the program says otherwise.
 const COMPRESS_RTT: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// `bytes` as they travel compressed (the frame's byte count, then a zstd frame at level 1),
-/// where that is at least 10% smaller; None where it is not, judged first on a 64 KiB sample
-/// (most dense floats gain under 10%: `interposer/benches/zstd_tensors.rs`).
+/// `bytes` as an input travels compressed: the frame's byte count, then a zstd frame
+/// ([`chidori_protocol::pack::compress`]); None where that does not pay.
 pub(crate) fn compressed(bytes: &[u8]) -> Option<Vec<u8>> {
-    const SAMPLE: usize = 64 << 10;
-    if bytes.len() as u64 > COMPRESS_MAX {
-        return None;
-    }
-    let worth = |packed: usize, of: usize| packed * 10 <= of * 9;
-    if bytes.len() > SAMPLE {
-        let sample = &bytes[..SAMPLE];
-        if !worth(zstd::bulk::compress(sample, 1).ok()?.len(), SAMPLE) {
-            return None;
-        }
-    }
-    let packed = zstd::bulk::compress(bytes, 1).ok()?;
-    if !worth(packed.len(), bytes.len()) {
-        return None;
-    }
+    let packed = chidori_protocol::pack::compress(bytes)?;
     let mut out = Vec::with_capacity(8 + packed.len());
     out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
     out.extend_from_slice(&packed);
@@ -271,7 +269,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let waits = desc.waits();
     let slot = waits.then(|| conn.expect(seq, prepared.outs.clone()));
     let archive = messages::encode(&prepared.call);
-    let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
+    let header = prepared.header(desc, seq);
     let sent_bytes: usize = prepared.bulk.iter().map(|b| b.len()).sum::<usize>() + archive.len();
     let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
     // Only a waiting call's time is traced (and read: the clock is not free on a hot path).
@@ -296,8 +294,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     // waiting call returns, and so have the GPU's writes into mirrored pinned memory.
     crate::state::wait_deferred();
     crate::mirror::pull(conn);
-    let received: usize = prepared.outs.iter().map(|o| o.len).sum();
-    crate::trace::record(desc, sent_bytes, received, start);
+    crate::trace::record(desc, sent_bytes, slot.received() as usize, start);
     // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
     tracing::trace!(target: "chidori::waits", "{} -> {ret}", desc.name);
     // A deferred failure of an earlier asynchronous call surfaces here.
@@ -336,7 +333,7 @@ pub unsafe fn send_checked(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -
     let slot = conn.expect(seq, prepared.outs.clone());
     let archive = messages::encode(&prepared.call);
     let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
-    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
+    if conn.post(prepared.header(desc, seq), &archive, &bulk).is_err() {
         conn.forget(seq);
         return None;
     }
@@ -419,9 +416,8 @@ struct Issued<'a> {
     _prepared: Prepared<'a>,
     /// The reply's slot, for a form that waits.
     slot: Option<Arc<Slot>>,
-    /// Bytes sent, and bytes the reply will bring.
+    /// Bytes sent.
     sent: u64,
-    received: u64,
 }
 
 /// Prepare `args` of `desc` and pass its frame to `send` (the session's connection, or a
@@ -443,31 +439,27 @@ unsafe fn issue<'a>(
     let prepared = unsafe { prepare(conn, desc, args) };
     let seq = conn.next_seq();
     let slot = desc.waits().then(|| conn.expect(seq, prepared.outs.clone()));
-    let received = prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
     let archive = messages::encode(&prepared.call);
     let sent = archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
     let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
-    if let Err(e) = send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk) {
+    if let Err(e) = send(prepared.header(desc, seq), &archive, &bulk) {
         conn.forget(seq);
         return Err(e);
     }
-    Ok(Issued { _prepared: prepared, slot, sent, received })
+    Ok(Issued { _prepared: prepared, slot, sent })
 }
 
 /// Wait for the replies of calls sent together: their raw results (None: the server could
 /// not be reached); then what follows a wait (deferred copies land, mirrors are pulled) and
-/// the trace of one round trip of latency for all of them as `name`.
-fn finish(
-    conn: &Conn,
-    slots: Vec<Arc<Slot>>,
-    name: &'static str,
-    (sent, received): (u64, u64),
-    start: Instant,
-) -> Option<Vec<u64>> {
+/// the trace of one round trip of latency for all of them as `name` (`sent` bytes, and
+/// what their replies carried).
+fn finish(conn: &Conn, slots: Vec<Arc<Slot>>, name: &'static str, sent: u64, start: Instant) -> Option<Vec<u64>> {
     let calls = slots.len();
     let mut rets = Vec::with_capacity(calls);
+    let mut received = 0;
     for slot in slots {
         rets.push(slot.wait().ok()?);
+        received += slot.received();
     }
     crate::state::wait_deferred();
     crate::mirror::pull(conn);
@@ -487,7 +479,7 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
     let mut slots = Vec::with_capacity(calls.len());
     // Every chunk's encoding (and the caller's memory it points at) lives until the drain.
     let mut issued = Vec::with_capacity(calls.len());
-    let mut bytes = (0u64, 0u64);
+    let mut sent = 0u64;
     let mut failed = false;
     for args in calls {
         // SAFETY: forwarded contract; `issued` keeps the preparation until the lanes wrote it.
@@ -499,7 +491,7 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
                     // Traced per chunk, as each call sent without waiting is.
                     crate::trace::record(desc, i.sent as usize, 0, None);
                 }
-                bytes = (bytes.0 + i.sent, bytes.1 + i.received);
+                sent += i.sent;
                 slots.extend(i.slot.take());
                 issued.push(i);
             }
@@ -523,7 +515,7 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
     if !desc.waits() {
         return success(desc);
     }
-    first_status(conn, desc, finish(conn, slots, desc.name, bytes, start))
+    first_status(conn, desc, finish(conn, slots, desc.name, sent, start))
 }
 
 /// Send waiting calls back to back, in order, then wait for every reply: one round trip of
@@ -536,15 +528,15 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
 pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name: &'static str) -> Option<Vec<u64>> {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(calls.len());
-    let mut bytes = (0u64, 0u64);
+    let mut sent = 0u64;
     for &(desc, args) in calls {
         debug_assert!(desc.waits(), "{} is sent without waiting", desc.name);
         // SAFETY: forwarded contract.
         let i = unsafe { issue(conn, desc, args, |header, archive, bulk| conn.send(header, archive, bulk)) }.ok()?;
-        bytes = (bytes.0 + i.sent, bytes.1 + i.received);
+        sent += i.sent;
         slots.extend(i.slot);
     }
-    finish(conn, slots, name, bytes, start)
+    finish(conn, slots, name, sent, start)
 }
 
 /// [`call_all`] where the first call is the program's own and the others ride with it: the
