@@ -33,6 +33,16 @@ pub trait Backend: Send + Sync + 'static {
     /// `args` must match `desc`: every host-buffer argument points at live worker memory of
     /// the size the descriptor implies.
     unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String>;
+    /// The variant of `desc`'s function that this backend's library declares: `desc` itself
+    /// where its CUDA version's headers declare it alike; another where the parameters
+    /// differ ([`crate::adapt`] rewrites the call); None where the version is not known.
+    fn server_variant(&self, desc: &'static CallDesc) -> Option<&'static CallDesc> {
+        let version = self.layout_version(desc.library)?;
+        if desc.versions.contains(&version.as_str()) {
+            return Some(desc);
+        }
+        crate::adapt::variant_of(desc, &version)
+    }
     /// Enqueue `host` on `stream` (cudaLaunchHostFunc semantics). Returns the status of the
     /// enqueueing call in the library of `desc`.
     fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String>;

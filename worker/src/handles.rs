@@ -41,7 +41,8 @@ impl Handles {
     /// for some handles, an error it reports for others) and the stream sentinels
     /// cudaStreamLegacy (1) and cudaStreamPerThread (2).
     fn is_literal(&self, kind: HandleKind, value: u64) -> bool {
-        value == 0 || (Some(kind) == self.stream_kind && (value == 1 || value == 2))
+        (value == 0 && !chidori_cuda::handles::NEVER_NULL.contains(&kind))
+            || (Some(kind) == self.stream_kind && (value == 1 || value == 2))
     }
 
     /// Whether `value` may be passed as a handle of `kind`.

@@ -16,6 +16,7 @@
 //! * [`output`]: the worker's standard output (what kernels `printf`), sent to the client
 //!   before each reply.
 
+pub mod adapt;
 pub mod auth;
 pub mod backend;
 pub mod cache;

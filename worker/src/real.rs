@@ -23,6 +23,8 @@ pub struct Real {
     cudart: Library,
     libraries: Mutex<HashMap<String, Arc<Result<Library, String>>>>,
     symbols: Vec<OnceLock<Option<usize>>>,
+    /// By wire id: the variant of the call's function the server's library has.
+    server_variants: Vec<OnceLock<Option<&'static CallDesc>>>,
     layout: String,
     driver_version: i32,
     devices: Vec<Device>,
@@ -384,6 +386,7 @@ impl Real {
                 cudart,
                 libraries: Mutex::new(HashMap::new()),
                 symbols: (0..VARIANTS.len()).map(|_| OnceLock::new()).collect(),
+                server_variants: (0..VARIANTS.len()).map(|_| OnceLock::new()).collect(),
                 layout,
                 driver_version,
                 devices,
@@ -723,9 +726,39 @@ impl Backend for Real {
 
     unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String> {
         let f = self.symbol(desc)?;
-        // SAFETY: `f` is the real function named by the descriptor and `args` match it.
-        unsafe { chidori_worker_gen::invoke(desc.call, f, args) }
-            .ok_or_else(|| format!("no trampoline for {}", desc.name))
+        // The trampoline of the variant's own C signature (crate::adapt hands this backend
+        // the variant its library declares).
+        let called = match chidori_worker_gen::signature(desc.wire) {
+            // SAFETY: `f` is the real function named by the descriptor, of its signature, and
+            // `args` are laid out for it.
+            0 => unsafe { chidori_worker_gen::invoke(desc.call, f, args) },
+            // SAFETY: as above.
+            _ => unsafe { chidori_worker_gen::invoke_older(desc.wire, f, args) },
+        };
+        called.ok_or_else(|| format!("no trampoline for {} with {} arguments", desc.name, args.len()))
+    }
+
+    fn server_variant(&self, desc: &'static CallDesc) -> Option<&'static CallDesc> {
+        let slot = self.server_variants.get(desc.wire as usize)?;
+        *slot.get_or_init(|| {
+            let version = match desc.library {
+                "cudart" | "driver" => self.layout.clone(),
+                other => {
+                    // The CUDA versions whose headers the loaded soname serves; the newest.
+                    let lib = self.library(other);
+                    let file = lib.as_ref().as_ref().ok().and_then(|l| {
+                        std::path::Path::new(&l.path).file_name().map(|f| f.to_string_lossy().into_owned())
+                    })?;
+                    let shims = chidori_cuda::libraries::LIBRARIES.iter().find(|l| l.name == other)?.shims;
+                    let shim = shims.iter().find(|s| file.starts_with(s.soname))?;
+                    (*shim.versions.last()?).to_owned()
+                }
+            };
+            if desc.versions.contains(&version.as_str()) {
+                return Some(desc);
+            }
+            crate::adapt::variant_of(desc, &version)
+        })
     }
 
     fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)> {

@@ -242,13 +242,51 @@ fn nvml_versions_naming_larger_records_are_refused() {
     let desc = newest("nvmlDeviceGetGpuFabricInfoV", None);
     let Some(Wire::Buf { record: Some(record), .. }) = desc.params.get(1) else { panic!("{desc:?}") };
     let size = chidori_cuda::structs::get(desc.versions.last().unwrap(), record).unwrap().size;
+    // A device of the session (the emulated backend has no NVML to ask for one).
+    let device = harness.adopt_handle(chidori_cuda::handles::kind::nvmlDevice_st, 0x5000);
+    // The status, and the reason the worker gave.
     let call = |version: u32| {
         let mut bytes = vec![0u8; size as usize];
         bytes[..4].copy_from_slice(&version.to_le_bytes());
-        ret_of(&harness, desc, vec![0, 0], vec![0, u64::from(size)], &bytes)
+        harness.run(&frame_of(desc, vec![device, 0], vec![0, u64::from(size)], &bytes)).unwrap();
+        let reply: Reply = messages::decode(&harness.last_reply().expect("a reply"), "reply").unwrap();
+        (reply.ret as i64, reply.error.unwrap_or_default())
     };
-    assert_eq!(call((size + 4) | (3 << 24)), desc.codes.invalid_value, "a version naming a larger struct");
-    assert_ne!(call(size | (3 << 24)), desc.codes.invalid_value, "the version of the struct sent passes");
+    let (ret, why) = call((size + 4) | (3 << 24));
+    assert_eq!(ret, desc.codes.invalid_value, "a version naming a larger struct: {why}");
+    assert!(why.contains("larger than"), "{why}");
+    let (_, why) = call(size | (3 << 24));
+    assert!(!why.contains("larger than"), "the version of the struct sent passes: {why}");
+}
+
+/// NULL is never a library context or a descriptor marked `never_null`: refused with the
+/// library's code before the library (which would dereference it) sees it; NULL streams
+/// (the default stream) still pass.
+#[test]
+fn null_contexts_are_refused_before_the_library() {
+    let harness = fuzz::emulated_harness();
+    for name in ["cusolverDnSetStream", "cusparseDestroy", "nvmlDeviceGetUtilizationRates", "cublasSetStream_v2"] {
+        let desc = newest(name, None);
+        let lens = desc.params.iter().map(|w| if matches!(w, Wire::Handle { .. }) { 0 } else { NULL_LEN }).collect();
+        harness.run(&frame_of(desc, vec![0; desc.params.len()], lens, &[])).unwrap();
+        // A call sent without waiting fails as an asynchronous error.
+        let frame = harness.last_reply().expect("a reply");
+        let (status, why) = match frame.header.kind {
+            Kind::Reply => {
+                let reply: Reply = messages::decode(&frame, "reply").unwrap();
+                (reply.ret as i64, reply.error)
+            }
+            _ => {
+                let error: messages::AsyncError = messages::decode(&frame, "async error").unwrap();
+                (error.status, error.message)
+            }
+        };
+        let why = why.unwrap_or_default();
+        assert_eq!(status, desc.codes.invalid_handle, "{name}: {why}");
+        assert!(why.contains("0x0 is not a"), "{name}: {why}");
+    }
+    let sync = newest("cudaStreamQuery", None);
+    assert_eq!(ret_of(&harness, sync, vec![0], vec![0], &[]), sync.codes.success, "the default stream");
 }
 
 #[test]
@@ -394,6 +432,11 @@ fn real_libraries_survive_null_pointers() {
         died.push(format!("{} ({}, form {:?}): {status}", desc.name, desc.library, desc.form));
         let _ = std::io::stderr().flush();
         eprintln!("died at {index}: {}", died.last().unwrap());
+        // A panic of the worker's own code says where (a library's signal says nothing).
+        let said = std::fs::read_to_string(progress.with_extension("stderr")).unwrap_or_default();
+        if let Some(at) = said.lines().position(|l| l.contains("panicked at")) {
+            eprintln!("  {}", said.lines().skip(at).take(2).collect::<Vec<_>>().join("\n  "));
+        }
         from = index + 1;
     }
     eprintln!(

@@ -286,11 +286,15 @@ impl<'a> Emitter<'a> {
 
     fn handles(&self) -> Result<String> {
         let mut accepts = Vec::new();
+        let mut never_null = Vec::new();
         for lib in &self.model.libraries {
             for (kind, h) in &lib.spec.handle {
                 let Some(&k) = self.handles.get(kind) else {
                     bail!("specs/{}.toml: [handle.{kind}]: no forwarded function passes a {kind}", lib.lib.name);
                 };
+                if h.never_null {
+                    never_null.push(k);
+                }
                 for other in &h.accepts {
                     let Some(&o) = self.handles.get(other) else {
                         bail!("specs/{}.toml: [handle.{kind}] accepts {other}: not a handle kind", lib.lib.name);
@@ -312,6 +316,8 @@ impl<'a> Emitter<'a> {
                 pub static KINDS: &[&str] = &[#(#names),*];
                 /// (kind, other): a parameter of `kind` also takes a live handle of `other`.
                 pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[#(#accepts),*];
+                /// Kinds of which NULL is never a handle (`never_null` in the specs).
+                pub static NEVER_NULL: &[HandleKind] = &[#(#never_null),*];
                 pub mod kind {
                     use super::HandleKind;
                     #(#consts)*
@@ -1157,6 +1163,11 @@ impl<'a> Emitter<'a> {
 
     fn worker(&self) -> Result<String> {
         let mut arms = Vec::new();
+        // Variants whose C signature differs from their function's newest (CUDA 13 added
+        // edge data to 12.x's graph calls): their own trampolines, by wire id, and which of
+        // the function's signatures each has (0: the newest).
+        let mut older_arms = Vec::new();
+        let mut signatures = Vec::new();
         for lib in &self.model.libraries {
             for f in lib.functions.values() {
                 // The newest variant that travels defines the real function's signature.
@@ -1169,45 +1180,46 @@ impl<'a> Emitter<'a> {
                     continue;
                 };
                 let id = self.ids[&(lib.lib.name.clone(), f.name.clone())];
-                let tys: Vec<_> = v.params.iter().map(lowered_tokens).collect();
-                let ret = lowered_tokens(&v.ret);
-                let ret_sig = if v.ret == Lowered::Unit { quote!() } else { quote!(-> #ret) };
-                let args = v.params.iter().enumerate().map(|(i, l)| arg_from_u64(l, i));
-                let call = quote!(f(#(#args),*));
-                let result = match &v.ret {
-                    Lowered::Unit => quote!({ #call; 0 }),
-                    Lowered::Record(_) => quote!({
-                        // A status record: its first eight bytes are the raw value.
-                        let record = #call;
-                        let mut raw = 0u64;
-                        let n = core::mem::size_of_val(&record).min(8);
-                        core::ptr::copy_nonoverlapping(&record as *const _ as *const u8, &mut raw as *mut u64 as *mut u8, n);
-                        raw
-                    }),
-                    l => arg_to_u64(l, &quote!(#call)),
-                };
-                arms.push(quote! {
-                    #id => {
-                        let f: unsafe extern "C" fn(#(#tys),*) #ret_sig = unsafe { core::mem::transmute(f) };
-                        unsafe { #result }
+                arms.push(trampoline(quote!(#id), v));
+                let mut seen = vec![(&v.params, &v.ret)];
+                for (wire, d) in self.descs.iter().enumerate() {
+                    if d.library != lib.lib.name || d.function != f.name {
+                        continue;
                     }
-                });
+                    let variant = &f.variants[d.variant];
+                    let sig = (&variant.params, &variant.ret);
+                    let number = match seen.iter().position(|s| *s == sig) {
+                        Some(n) => n,
+                        None => {
+                            seen.push(sig);
+                            seen.len() - 1
+                        }
+                    };
+                    if number != 0 {
+                        let wire = wire as u32;
+                        let number = number as u8;
+                        older_arms.push(trampoline(quote!(#wire), variant));
+                        signatures.push(quote!(#wire => #number,));
+                    }
+                }
             }
         }
         rust_file(
             PREAMBLE_ALL,
             "Typed trampolines: call a real library function with a forwarded call's raw arguments.",
             quote! {
-                #![allow(clippy::missing_safety_doc, clippy::type_complexity, clippy::unnecessary_cast, clippy::useless_conversion, unused_unsafe)]
+                #![allow(clippy::missing_safety_doc, clippy::type_complexity, clippy::unnecessary_cast, clippy::useless_conversion, clippy::len_zero, unused_unsafe)]
                 use core::ffi::c_void;
                 use chidori_cuda::types;
-                /// Call `f` (the real function for call `call`) with raw arguments: integers
-                /// and addresses as u64, floats as their bits, records by value as the address
-                /// of a copy. Returns the raw return value, or None for an unknown call id.
+                /// Call `f` (the real function for call `call`, of its newest C signature) with
+                /// raw arguments: integers and addresses as u64, floats as their bits, records
+                /// by value as the address of a copy. Returns the raw return value, or None
+                /// for an unknown call id or another number of arguments.
                 ///
                 /// # Safety
-                /// `f` must be the real function of `call`, and `a` must hold one valid raw value
-                /// per parameter, pointing at live memory where the function dereferences it.
+                /// `f` must be the real function of `call` with the newest signature, and `a`
+                /// must hold one valid raw value per parameter, pointing at live memory where
+                /// the function dereferences it.
                 pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     let _ = a;
                     Some(match call {
@@ -1215,8 +1227,61 @@ impl<'a> Emitter<'a> {
                         _ => return None,
                     })
                 }
+                /// [`invoke`] for a variant whose C signature is not its function's newest,
+                /// by the variant's wire id (None for the others).
+                ///
+                /// # Safety
+                /// As [`invoke`], with `f` of the variant's signature.
+                pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
+                    let _ = a;
+                    Some(match wire {
+                        #(#older_arms)*
+                        _ => return None,
+                    })
+                }
+                /// Which of its function's C signatures the variant of wire id `wire` has:
+                /// 0 for the newest, 1, 2, … for older ones. Variants of a function with equal
+                /// numbers take the same arguments.
+                pub fn signature(wire: u32) -> u8 {
+                    match wire {
+                        #(#signatures)*
+                        _ => 0,
+                    }
+                }
             },
         )
+    }
+}
+
+/// A trampoline's match arm: the raw arguments, as many as the variant has, passed to `f`
+/// typed by the variant's C signature.
+fn trampoline(key: TokenStream, v: &Variant) -> TokenStream {
+    let tys: Vec<_> = v.params.iter().map(lowered_tokens).collect();
+    let n = v.params.len();
+    let ret = lowered_tokens(&v.ret);
+    let ret_sig = if v.ret == Lowered::Unit { quote!() } else { quote!(-> #ret) };
+    let args = v.params.iter().enumerate().map(|(i, l)| arg_from_u64(l, i));
+    let call = quote!(f(#(#args),*));
+    let result = match &v.ret {
+        Lowered::Unit => quote!({ #call; 0 }),
+        Lowered::Record(_) => quote!({
+            // A status record: its first eight bytes are the raw value.
+            let record = #call;
+            let mut raw = 0u64;
+            let n = core::mem::size_of_val(&record).min(8);
+            core::ptr::copy_nonoverlapping(&record as *const _ as *const u8, &mut raw as *mut u64 as *mut u8, n);
+            raw
+        }),
+        l => arg_to_u64(l, &quote!(#call)),
+    };
+    quote! {
+        #key => {
+            if a.len() != #n {
+                return None;
+            }
+            let f: unsafe extern "C" fn(#(#tys),*) #ret_sig = unsafe { core::mem::transmute(f) };
+            unsafe { #result }
+        }
     }
 }
 

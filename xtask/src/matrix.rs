@@ -6,7 +6,8 @@
 //! `cudaDeviceProp` field of its own layout and every device attribute, and checks memory
 //! round trips (1 B to 256 MiB; sync and async; pinned and pageable), memset and
 //! device-to-device copies, streams and events, host callbacks, pointer and function
-//! attributes (with guard bytes around the caller's struct), and error paths. The runner
+//! attributes (with guard bytes around the caller's struct), graphs (edges, instantiation
+//! and update, whose signatures differ between versions), and error paths. The runner
 //! compares the properties with the device profile and prints one row per version.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,8 @@ use anyhow::{Context, Result, bail};
 use crate::ir::{self, Ty};
 
 /// Groups of checks, in table order.
-pub const GROUPS: &[&str] = &["props", "attrs", "memory", "memset_d2d", "streams", "callbacks", "pointers", "errors"];
+pub const GROUPS: &[&str] =
+    &["props", "attrs", "memory", "memset_d2d", "streams", "callbacks", "pointers", "graphs", "errors"];
 
 /// `cudaDeviceProp` fields CUDA 13 removed, and the attribute that holds each value.
 const DERIVED: &[(&str, &str)] = &[
@@ -221,6 +223,50 @@ int main(void) {
     intact = 1; for (int i = 0; i < 64; i++) intact &= fa.before[i] == 0xA5 && fa.after[i] == 0xA5;
     check("pointers", e == cudaErrorInvalidDeviceFunction && intact, "cudaFuncGetAttributes(host function) -> %d", e);
     cudaFree(d); cudaFreeHost(pinned);
+    cudaGetLastError();
+  }
+  { /* graphs: an edge added and removed, instantiated, launched and updated (11.8, 12.x
+       and 13.x declare these calls with other parameters; the server's library is one) */
+    cudaGraph_t g; cudaGraphNode_t a, b; cudaGraphExec_t x; size_t n = 99;
+    cudaError_t e = cudaGraphCreate(&g, 0);
+    if (!e) e = cudaGraphAddEmptyNode(&a, g, NULL, 0);
+    if (!e) e = cudaGraphAddEmptyNode(&b, g, NULL, 0);
+#if CUDART_VERSION >= 13000
+    if (!e) e = cudaGraphAddDependencies(g, &a, &b, NULL, 1);
+    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, NULL, &n);
+#else
+    if (!e) e = cudaGraphAddDependencies(g, &a, &b, 1);
+    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, &n);
+#endif
+    check("graphs", e == 0 && n == 1, "add an edge: status %d, %zu edges", e, n);
+#if CUDART_VERSION >= 13000
+    if (!e) e = cudaGraphRemoveDependencies(g, &a, &b, NULL, 1);
+    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, NULL, &n);
+#else
+    if (!e) e = cudaGraphRemoveDependencies(g, &a, &b, 1);
+    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, &n);
+#endif
+    check("graphs", e == 0 && n == 0, "remove it: status %d, %zu edges", e, n);
+#if CUDART_VERSION >= 12000
+    if (!e) e = cudaGraphInstantiate(&x, g, 0);
+#else
+    if (!e) e = cudaGraphInstantiate(&x, g, NULL, NULL, 0);
+#endif
+    if (!e) e = cudaGraphLaunch(x, s);
+    if (!e) e = cudaStreamSynchronize(s);
+    check("graphs", e == 0, "instantiate and launch: status %d", e);
+    int updated = -1;
+#if CUDART_VERSION >= 12000
+    cudaGraphExecUpdateResultInfo info;
+    if (!e) e = cudaGraphExecUpdate(x, g, &info);
+    if (!e) updated = (int)info.result;
+#else
+    cudaGraphNode_t failed; enum cudaGraphExecUpdateResult result;
+    if (!e) e = cudaGraphExecUpdate(x, g, &failed, &result);
+    if (!e) updated = (int)result;
+#endif
+    check("graphs", e == 0 && updated == (int)cudaGraphExecUpdateSuccess, "update: status %d, result %d", e, updated);
+    check("graphs", cudaGraphExecDestroy(x) == 0 && cudaGraphDestroy(g) == 0, "destroy");
     cudaGetLastError();
   }
   { /* error paths */

@@ -47,6 +47,9 @@
 //! [handle.cudnnBackendDescriptor_t] # a `void *` typedef whose values are handles
 //! typedef = true
 //!
+//! [handle.cusolverDnContext]       # NULL is never one: refused before the library sees it
+//! never_null = true
+//!
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
 //!
@@ -209,6 +212,10 @@ pub struct HandleSpec {
     /// not a pointer to an opaque struct: parameters of the typedef are handles.
     #[serde(default)]
     pub typedef: bool,
+    /// NULL is never a handle of this kind (a library context, a descriptor every call
+    /// needs): the worker refuses it before the library, which would dereference it.
+    #[serde(default)]
+    pub never_null: bool,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.
