@@ -4,42 +4,6 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cusparseLtDestroy` for CUDA 12.6 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu126(
-    handle: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu126,
-            &[(handle) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtDestroy` for CUDA 12.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu128(
-    handle: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu128,
-            &[(handle) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtDestroy` for CUDA 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu130(
-    handle: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu130,
-            &[(handle) as usize as u64],
-        ) as u32
-    }
-}
 ///`cusparseLtGetErrorName` for CUDA 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorName(
@@ -68,90 +32,6 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetProperty(
         crate::runtime::call(
             &chidori_cuda::calls::cusparselt::cusparseLtGetProperty,
             &[(propertyType) as u64, (value) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatDescriptorDestroy` for CUDA 12.6 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu126(
-    matDescr: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu126,
-            &[(matDescr) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatDescriptorDestroy` for CUDA 12.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu128(
-    matDescr: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu128,
-            &[(matDescr) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatDescriptorDestroy` for CUDA 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu130(
-    matDescr: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu130,
-            &[(matDescr) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatmulAlgSelectionDestroy` for CUDA 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestroy(
-    algSelection: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSelectionDestroy,
-            &[(algSelection) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatmulPlanDestroy` for CUDA 12.6 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu126(
-    plan: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu126,
-            &[(plan) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatmulPlanDestroy` for CUDA 12.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu128(
-    plan: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu128,
-            &[(plan) as usize as u64],
-        ) as u32
-    }
-}
-///`cusparseLtMatmulPlanDestroy` for CUDA 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130(
-    plan: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu130,
-            &[(plan) as usize as u64],
         ) as u32
     }
 }

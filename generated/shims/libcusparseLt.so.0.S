@@ -12,7 +12,10 @@ cusparseLtDenseDescriptorInit:
     .globl cusparseLtDestroy
     .type cusparseLtDestroy, @function
 cusparseLtDestroy:
-    jmp __chidori_cusparselt_cusparseLtDestroy__cu130@PLT
+    leaq .Lname1(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cusparseLtDestroy, .-cusparseLtDestroy
     .globl cusparseLtGetErrorName
     .type cusparseLtGetErrorName, @function
@@ -32,7 +35,7 @@ cusparseLtGetProperty:
     .globl cusparseLtGetVersion
     .type cusparseLtGetVersion, @function
 cusparseLtGetVersion:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -40,7 +43,7 @@ cusparseLtGetVersion:
     .globl cusparseLtInit
     .type cusparseLtInit, @function
 cusparseLtInit:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -48,7 +51,7 @@ cusparseLtInit:
     .globl cusparseLtMatDescGetAttribute
     .type cusparseLtMatDescGetAttribute, @function
 cusparseLtMatDescGetAttribute:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -56,7 +59,7 @@ cusparseLtMatDescGetAttribute:
     .globl cusparseLtMatDescSetAttribute
     .type cusparseLtMatDescSetAttribute, @function
 cusparseLtMatDescSetAttribute:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -64,12 +67,15 @@ cusparseLtMatDescSetAttribute:
     .globl cusparseLtMatDescriptorDestroy
     .type cusparseLtMatDescriptorDestroy, @function
 cusparseLtMatDescriptorDestroy:
-    jmp __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu130@PLT
+    leaq .Lname6(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cusparseLtMatDescriptorDestroy, .-cusparseLtMatDescriptorDestroy
     .globl cusparseLtMatmul
     .type cusparseLtMatmul, @function
 cusparseLtMatmul:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -77,7 +83,7 @@ cusparseLtMatmul:
     .globl cusparseLtMatmulAlgGetAttribute
     .type cusparseLtMatmulAlgGetAttribute, @function
 cusparseLtMatmulAlgGetAttribute:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -85,12 +91,15 @@ cusparseLtMatmulAlgGetAttribute:
     .globl cusparseLtMatmulAlgSelectionDestroy
     .type cusparseLtMatmulAlgSelectionDestroy, @function
 cusparseLtMatmulAlgSelectionDestroy:
-    jmp __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestroy@PLT
+    leaq .Lname9(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cusparseLtMatmulAlgSelectionDestroy, .-cusparseLtMatmulAlgSelectionDestroy
     .globl cusparseLtMatmulAlgSelectionInit
     .type cusparseLtMatmulAlgSelectionInit, @function
 cusparseLtMatmulAlgSelectionInit:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -98,7 +107,7 @@ cusparseLtMatmulAlgSelectionInit:
     .globl cusparseLtMatmulAlgSetAttribute
     .type cusparseLtMatmulAlgSetAttribute, @function
 cusparseLtMatmulAlgSetAttribute:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -106,7 +115,7 @@ cusparseLtMatmulAlgSetAttribute:
     .globl cusparseLtMatmulDescGetAttribute
     .type cusparseLtMatmulDescGetAttribute, @function
 cusparseLtMatmulDescGetAttribute:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -114,7 +123,7 @@ cusparseLtMatmulDescGetAttribute:
     .globl cusparseLtMatmulDescSetAttribute
     .type cusparseLtMatmulDescSetAttribute, @function
 cusparseLtMatmulDescSetAttribute:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -122,7 +131,7 @@ cusparseLtMatmulDescSetAttribute:
     .globl cusparseLtMatmulDescriptorInit
     .type cusparseLtMatmulDescriptorInit, @function
 cusparseLtMatmulDescriptorInit:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -130,7 +139,7 @@ cusparseLtMatmulDescriptorInit:
     .globl cusparseLtMatmulGetWorkspace
     .type cusparseLtMatmulGetWorkspace, @function
 cusparseLtMatmulGetWorkspace:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -138,12 +147,15 @@ cusparseLtMatmulGetWorkspace:
     .globl cusparseLtMatmulPlanDestroy
     .type cusparseLtMatmulPlanDestroy, @function
 cusparseLtMatmulPlanDestroy:
-    jmp __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130@PLT
+    leaq .Lname16(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cusparseLtMatmulPlanDestroy, .-cusparseLtMatmulPlanDestroy
     .globl cusparseLtMatmulPlanInit
     .type cusparseLtMatmulPlanInit, @function
 cusparseLtMatmulPlanInit:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -151,7 +163,7 @@ cusparseLtMatmulPlanInit:
     .globl cusparseLtMatmulSearch
     .type cusparseLtMatmulSearch, @function
 cusparseLtMatmulSearch:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -159,7 +171,7 @@ cusparseLtMatmulSearch:
     .globl cusparseLtSpMMACompress
     .type cusparseLtSpMMACompress, @function
 cusparseLtSpMMACompress:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -167,7 +179,7 @@ cusparseLtSpMMACompress:
     .globl cusparseLtSpMMACompress2
     .type cusparseLtSpMMACompress2, @function
 cusparseLtSpMMACompress2:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -175,7 +187,7 @@ cusparseLtSpMMACompress2:
     .globl cusparseLtSpMMACompressedSize
     .type cusparseLtSpMMACompressedSize, @function
 cusparseLtSpMMACompressedSize:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -183,7 +195,7 @@ cusparseLtSpMMACompressedSize:
     .globl cusparseLtSpMMACompressedSize2
     .type cusparseLtSpMMACompressedSize2, @function
 cusparseLtSpMMACompressedSize2:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -191,7 +203,7 @@ cusparseLtSpMMACompressedSize2:
     .globl cusparseLtSpMMAPrune
     .type cusparseLtSpMMAPrune, @function
 cusparseLtSpMMAPrune:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -199,7 +211,7 @@ cusparseLtSpMMAPrune:
     .globl cusparseLtSpMMAPrune2
     .type cusparseLtSpMMAPrune2, @function
 cusparseLtSpMMAPrune2:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -207,7 +219,7 @@ cusparseLtSpMMAPrune2:
     .globl cusparseLtSpMMAPruneCheck
     .type cusparseLtSpMMAPruneCheck, @function
 cusparseLtSpMMAPruneCheck:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -215,7 +227,7 @@ cusparseLtSpMMAPruneCheck:
     .globl cusparseLtSpMMAPruneCheck2
     .type cusparseLtSpMMAPruneCheck2, @function
 cusparseLtSpMMAPruneCheck2:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -223,7 +235,7 @@ cusparseLtSpMMAPruneCheck2:
     .globl cusparseLtStructuredDescriptorInit
     .type cusparseLtStructuredDescriptorInit, @function
 cusparseLtStructuredDescriptorInit:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -232,49 +244,57 @@ cusparseLtStructuredDescriptorInit:
 .Lname0:
     .asciz "cusparseLtDenseDescriptorInit"
 .Lname1:
-    .asciz "cusparseLtGetVersion"
+    .asciz "cusparseLtDestroy"
 .Lname2:
-    .asciz "cusparseLtInit"
+    .asciz "cusparseLtGetVersion"
 .Lname3:
-    .asciz "cusparseLtMatDescGetAttribute"
+    .asciz "cusparseLtInit"
 .Lname4:
-    .asciz "cusparseLtMatDescSetAttribute"
+    .asciz "cusparseLtMatDescGetAttribute"
 .Lname5:
-    .asciz "cusparseLtMatmul"
+    .asciz "cusparseLtMatDescSetAttribute"
 .Lname6:
-    .asciz "cusparseLtMatmulAlgGetAttribute"
+    .asciz "cusparseLtMatDescriptorDestroy"
 .Lname7:
-    .asciz "cusparseLtMatmulAlgSelectionInit"
+    .asciz "cusparseLtMatmul"
 .Lname8:
-    .asciz "cusparseLtMatmulAlgSetAttribute"
+    .asciz "cusparseLtMatmulAlgGetAttribute"
 .Lname9:
-    .asciz "cusparseLtMatmulDescGetAttribute"
+    .asciz "cusparseLtMatmulAlgSelectionDestroy"
 .Lname10:
-    .asciz "cusparseLtMatmulDescSetAttribute"
+    .asciz "cusparseLtMatmulAlgSelectionInit"
 .Lname11:
-    .asciz "cusparseLtMatmulDescriptorInit"
+    .asciz "cusparseLtMatmulAlgSetAttribute"
 .Lname12:
-    .asciz "cusparseLtMatmulGetWorkspace"
+    .asciz "cusparseLtMatmulDescGetAttribute"
 .Lname13:
-    .asciz "cusparseLtMatmulPlanInit"
+    .asciz "cusparseLtMatmulDescSetAttribute"
 .Lname14:
-    .asciz "cusparseLtMatmulSearch"
+    .asciz "cusparseLtMatmulDescriptorInit"
 .Lname15:
-    .asciz "cusparseLtSpMMACompress"
+    .asciz "cusparseLtMatmulGetWorkspace"
 .Lname16:
-    .asciz "cusparseLtSpMMACompress2"
+    .asciz "cusparseLtMatmulPlanDestroy"
 .Lname17:
-    .asciz "cusparseLtSpMMACompressedSize"
+    .asciz "cusparseLtMatmulPlanInit"
 .Lname18:
-    .asciz "cusparseLtSpMMACompressedSize2"
+    .asciz "cusparseLtMatmulSearch"
 .Lname19:
-    .asciz "cusparseLtSpMMAPrune"
+    .asciz "cusparseLtSpMMACompress"
 .Lname20:
-    .asciz "cusparseLtSpMMAPrune2"
+    .asciz "cusparseLtSpMMACompress2"
 .Lname21:
-    .asciz "cusparseLtSpMMAPruneCheck"
+    .asciz "cusparseLtSpMMACompressedSize"
 .Lname22:
-    .asciz "cusparseLtSpMMAPruneCheck2"
+    .asciz "cusparseLtSpMMACompressedSize2"
 .Lname23:
+    .asciz "cusparseLtSpMMAPrune"
+.Lname24:
+    .asciz "cusparseLtSpMMAPrune2"
+.Lname25:
+    .asciz "cusparseLtSpMMAPruneCheck"
+.Lname26:
+    .asciz "cusparseLtSpMMAPruneCheck2"
+.Lname27:
     .asciz "cusparseLtStructuredDescriptorInit"
     .section .note.GNU-stack,"",@progbits
