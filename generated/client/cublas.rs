@@ -14426,18 +14426,6 @@ pub unsafe extern "C" fn __chidori_cublas_cublasUint8gemmBias(
         ) as u32
     }
 }
-///`cublasXerbla` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublas_cublasXerbla(srName: *mut c_void, info: i32) {
-    unsafe {
-        {
-            crate::runtime::call(
-                &chidori_cuda::calls::cublas::cublasXerbla,
-                &[(srName) as usize as u64, (info) as i64 as u64],
-            );
-        }
-    }
-}
 ///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(

@@ -1941,7 +1941,10 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    jmp __chidori_cublas_cublasXerbla@PLT
+    leaq .Lname44(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cublasXerbla, .-cublasXerbla
     .globl cublasXtCgemm
     .type cublasXtCgemm, @function
@@ -2016,7 +2019,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2064,7 +2067,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2072,7 +2075,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2085,7 +2088,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2103,7 +2106,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2226,7 +2229,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2249,7 +2252,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2262,7 +2265,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2345,7 +2348,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2508,7 +2511,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2526,7 +2529,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,25 +2794,27 @@ cublasZtrttp:
 .Lname43:
     .asciz "cublasTSTgemvStridedBatched"
 .Lname44:
-    .asciz "cublasXtDeviceSelect"
+    .asciz "cublasXerbla"
 .Lname45:
-    .asciz "cublasXtGetBlockDim"
+    .asciz "cublasXtDeviceSelect"
 .Lname46:
-    .asciz "cublasXtGetNumBoards"
+    .asciz "cublasXtGetBlockDim"
 .Lname47:
-    .asciz "cublasXtMaxBoards"
+    .asciz "cublasXtGetNumBoards"
 .Lname48:
-    .asciz "cublasXtSetCpuRoutine"
+    .asciz "cublasXtMaxBoards"
 .Lname49:
-    .asciz "cublasZbdmm"
+    .asciz "cublasXtSetCpuRoutine"
 .Lname50:
-    .asciz "cublasZdotc"
+    .asciz "cublasZbdmm"
 .Lname51:
-    .asciz "cublasZdotu"
+    .asciz "cublasZdotc"
 .Lname52:
-    .asciz "cublasZgemvBatched"
+    .asciz "cublasZdotu"
 .Lname53:
-    .asciz "cublasZmatinvBatched"
+    .asciz "cublasZgemvBatched"
 .Lname54:
+    .asciz "cublasZmatinvBatched"
+.Lname55:
     .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

@@ -2957,7 +2957,10 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    jmp __chidori_cublas_cublasXerbla@PLT
+    leaq .Lname71(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cublasXerbla, .-cublasXerbla
     .globl cublasXtCgemm
     .type cublasXtCgemm, @function
@@ -3032,7 +3035,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3080,7 +3083,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3088,7 +3091,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3101,7 +3104,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3119,7 +3122,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3247,7 +3250,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3280,7 +3283,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3298,7 +3301,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3426,7 +3429,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3434,7 +3437,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3672,7 +3675,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3695,7 +3698,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4104,27 +4107,29 @@ cublasZtrttp:
 .Lname70:
     .asciz "cublasTSTgemvStridedBatched_64"
 .Lname71:
-    .asciz "cublasXtDeviceSelect"
+    .asciz "cublasXerbla"
 .Lname72:
-    .asciz "cublasXtGetBlockDim"
+    .asciz "cublasXtDeviceSelect"
 .Lname73:
-    .asciz "cublasXtGetNumBoards"
+    .asciz "cublasXtGetBlockDim"
 .Lname74:
-    .asciz "cublasXtMaxBoards"
+    .asciz "cublasXtGetNumBoards"
 .Lname75:
-    .asciz "cublasXtSetCpuRoutine"
+    .asciz "cublasXtMaxBoards"
 .Lname76:
-    .asciz "cublasZbdmm"
+    .asciz "cublasXtSetCpuRoutine"
 .Lname77:
-    .asciz "cublasZdotc"
+    .asciz "cublasZbdmm"
 .Lname78:
-    .asciz "cublasZdotu"
+    .asciz "cublasZdotc"
 .Lname79:
-    .asciz "cublasZgemvBatched"
+    .asciz "cublasZdotu"
 .Lname80:
-    .asciz "cublasZgemvBatched_64"
+    .asciz "cublasZgemvBatched"
 .Lname81:
-    .asciz "cublasZmatinvBatched"
+    .asciz "cublasZgemvBatched_64"
 .Lname82:
+    .asciz "cublasZmatinvBatched"
+.Lname83:
     .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

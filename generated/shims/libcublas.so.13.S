@@ -3054,7 +3054,10 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    jmp __chidori_cublas_cublasXerbla@PLT
+    leaq .Lname80(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cublasXerbla, .-cublasXerbla
     .globl cublasXtCgemm
     .type cublasXtCgemm, @function
@@ -3129,7 +3132,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3177,7 +3180,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3185,7 +3188,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3198,7 +3201,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3216,7 +3219,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3344,7 +3347,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3377,7 +3380,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3395,7 +3398,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3523,7 +3526,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3531,7 +3534,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3769,7 +3772,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3792,7 +3795,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4219,27 +4222,29 @@ cublasZtrttp:
 .Lname79:
     .asciz "cublasTSTgemvStridedBatched_64"
 .Lname80:
-    .asciz "cublasXtDeviceSelect"
+    .asciz "cublasXerbla"
 .Lname81:
-    .asciz "cublasXtGetBlockDim"
+    .asciz "cublasXtDeviceSelect"
 .Lname82:
-    .asciz "cublasXtGetNumBoards"
+    .asciz "cublasXtGetBlockDim"
 .Lname83:
-    .asciz "cublasXtMaxBoards"
+    .asciz "cublasXtGetNumBoards"
 .Lname84:
-    .asciz "cublasXtSetCpuRoutine"
+    .asciz "cublasXtMaxBoards"
 .Lname85:
-    .asciz "cublasZbdmm"
+    .asciz "cublasXtSetCpuRoutine"
 .Lname86:
-    .asciz "cublasZdotc"
+    .asciz "cublasZbdmm"
 .Lname87:
-    .asciz "cublasZdotu"
+    .asciz "cublasZdotc"
 .Lname88:
-    .asciz "cublasZgemvBatched"
+    .asciz "cublasZdotu"
 .Lname89:
-    .asciz "cublasZgemvBatched_64"
+    .asciz "cublasZgemvBatched"
 .Lname90:
-    .asciz "cublasZmatinvBatched"
+    .asciz "cublasZgemvBatched_64"
 .Lname91:
+    .asciz "cublasZmatinvBatched"
+.Lname92:
     .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

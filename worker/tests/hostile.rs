@@ -285,6 +285,31 @@ fn null_contexts_are_refused_before_the_library() {
         assert_eq!(status, desc.codes.invalid_handle, "{name}: {why}");
         assert!(why.contains("0x0 is not a"), "{name}: {why}");
     }
+    // A record the library reads unchecked is refused as NULL too (`in[1]` in the spec), and
+    // passes when present.
+    for name in ["cudaStreamSetAttribute", "nvmlDeviceQueryDrainState"] {
+        let desc = newest(name, None);
+        let status = |present: bool| {
+            let mut bulk = Vec::new();
+            let lens = desc
+                .params
+                .iter()
+                .map(|w| match *w {
+                    Wire::Buf { dir: chidori_protocol::desc::Dir::Out, elem, .. } => u64::from(elem),
+                    Wire::Buf { elem, .. } if present => {
+                        bulk.extend(std::iter::repeat_n(0u8, elem as usize));
+                        u64::from(elem)
+                    }
+                    Wire::Buf { .. } => NULL_LEN,
+                    _ => 0,
+                })
+                .collect();
+            let args = desc.params.iter().map(|w| if matches!(w, Wire::Val { .. }) { 1 } else { 0 }).collect();
+            ret_of(&harness, desc, args, lens, &bulk)
+        };
+        assert_eq!(status(false), desc.codes.invalid_value, "{name} with NULL");
+        assert_ne!(status(true), desc.codes.invalid_value, "{name} with its record");
+    }
     let sync = newest("cudaStreamQuery", None);
     assert_eq!(ret_of(&harness, sync, vec![0], vec![0], &[]), sync.codes.success, "the default stream");
 }

@@ -225,8 +225,11 @@ int main(void) {
     cudaFree(d); cudaFreeHost(pinned);
     cudaGetLastError();
   }
-  { /* graphs: an edge added and removed, instantiated, launched and updated (11.8, 12.x
-       and 13.x declare these calls with other parameters; the server's library is one) */
+  { /* graphs: an edge added, the graph instantiated, launched and updated (11.8, 12.x and
+       13.x declare these calls with other parameters; the server's library is one). An edge
+       between two empty nodes is not removed here: the H200's 13.0 runtime refused that
+       removal (cudaErrorInvalidValue) where the CUDA suite's graph_build removes an edge
+       from a memset node natively and remotely alike. */
     cudaGraph_t g; cudaGraphNode_t a, b; cudaGraphExec_t x; size_t n = 99;
     cudaError_t e = cudaGraphCreate(&g, 0);
     if (!e) e = cudaGraphAddEmptyNode(&a, g, NULL, 0);
@@ -239,14 +242,6 @@ int main(void) {
     if (!e) e = cudaGraphGetEdges(g, NULL, NULL, &n);
 #endif
     check("graphs", e == 0 && n == 1, "add an edge: status %d, %zu edges", e, n);
-#if CUDART_VERSION >= 13000
-    if (!e) e = cudaGraphRemoveDependencies(g, &a, &b, NULL, 1);
-    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, NULL, &n);
-#else
-    if (!e) e = cudaGraphRemoveDependencies(g, &a, &b, 1);
-    if (!e) e = cudaGraphGetEdges(g, NULL, NULL, &n);
-#endif
-    check("graphs", e == 0 && n == 0, "remove it: status %d, %zu edges", e, n);
 #if CUDART_VERSION >= 12000
     if (!e) e = cudaGraphInstantiate(&x, g, 0);
 #else

@@ -2,8 +2,9 @@
 // and an argument array per node), a child graph, a host node, dependencies; node and edge
 // queries; replays; per-instance kernel parameters (cudaGraphExecKernelNodeSetParams); the
 // graph's own parameters taken by cudaGraphExecUpdate; cudaGraphAddNode with a kernel and with
-// a conditional IF node whose body is filled afterwards; a memory allocation node; capture
-// information with dependencies. Host code only: the kernels are in kernels.cu.
+// a conditional IF node whose body is filled afterwards; a memory allocation node; an edge
+// added and removed; capture information with dependencies. Host code only: the kernels are
+// in kernels.cu.
 #include "common.h"
 #include "graph_build/kernels.h"
 
@@ -70,6 +71,14 @@ int main() {
   CHECK(cudaGraphGetRootNodes(graph, nullptr, &n_roots));
   CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n_edges));
   printf("nodes %zu roots %zu edges %zu\n", n_nodes, n_roots, n_edges);
+  // An edge added and taken away again (edge data NULL: the default edge), statuses printed.
+  cudaError_t added = cudaGraphAddDependencies(graph, &set, &host_node, nullptr, 1);
+  size_t with_edge = 0, without = 0;
+  CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &with_edge));
+  cudaError_t removed = cudaGraphRemoveDependencies(graph, &set, &host_node, nullptr, 1);
+  CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &without));
+  printf("edge added %d (%zu edges), removed %d (%zu edges)\n", int(added), with_edge, int(removed), without);
+  cudaGetLastError();
   std::vector<cudaGraphNode_t> nodes(n_nodes);
   CHECK(cudaGraphGetNodes(graph, nodes.data(), &n_nodes));
   int kernels = 0;
