@@ -103,10 +103,10 @@ pub const MODULES_AHEAD: &str = "CHIDORI_MODULES_AHEAD";
 /// `0` turns off answers learned in earlier sessions (interposer, `docs/ahead.md`).
 pub const LEARNED: &str = "CHIDORI_LEARNED";
 
-/// Large inputs (copies to the GPU) sent zstd-compressed where that makes them at least 10%
-/// smaller: `1` always, `0` never; unset, once the connection's round trip is known to be
-/// 2 ms or more (a WAN, which one core compresses faster than it carries; a LAN's link may
-/// be faster than the compressor).
+/// Large inputs and outputs (copies to and from the GPU) sent zstd-compressed where that
+/// makes them at least 10% smaller: `1` always, `0` never; unset, once the connection's
+/// round trip is known to be 2 ms or more (a WAN, which one core compresses faster than it
+/// carries; a LAN's link may be faster than the compressor).
 pub const COMPRESS: &str = "CHIDORI_COMPRESS";
 
 /// `1` turns on cuDNN finalizes answered from earlier sessions (interposer,
