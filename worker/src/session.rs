@@ -866,6 +866,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
     let device_ok = |addr: u64, len: u64| device_ok(session, addr, len);
 
+    // Handles the library dereferences unchecked are never NULL (`required` in the specs).
+    if let Some(i) = chidori_cuda::checks::required(desc.name).find(|&i| args.get(usize::from(i)) == Some(&0)) {
+        return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be NULL", desc.name));
+    }
     // Parameters that select a union's member may hold only the values the spec allows.
     for (i, allowed) in chidori_cuda::checks::params(desc.name) {
         if let Some(value) = args.get(usize::from(i)).filter(|v| !allowed.contains(v)) {

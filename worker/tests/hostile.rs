@@ -310,6 +310,11 @@ fn null_contexts_are_refused_before_the_library() {
         assert_eq!(status(false), desc.codes.invalid_value, "{name} with NULL");
         assert_ne!(status(true), desc.codes.invalid_value, "{name} with its record");
     }
+    // A handle parameter the spec says is never NULL (`required`), of a kind that may be.
+    let derive = newest("cudnnDeriveBNTensorDescriptor", None);
+    assert_eq!(ret_of(&harness, derive, vec![0, 0, 1], vec![0; 3], &[]), derive.codes.invalid_value);
+    let reply: Reply = messages::decode(&harness.last_reply().expect("a reply"), "reply").unwrap();
+    assert!(reply.error.as_deref().unwrap_or_default().contains("may not be NULL"), "{:?}", reply.error);
     let sync = newest("cudaStreamQuery", None);
     assert_eq!(ret_of(&harness, sync, vec![0], vec![0], &[]), sync.codes.success, "the default stream");
 }

@@ -440,6 +440,26 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        // Handle parameters never NULL: (function, parameter index).
+        let mut required = BTreeSet::new();
+        for lib in &self.model.libraries {
+            for (name, f) in &lib.functions {
+                let Some(spec) = crate::model::function_spec(&lib.lib, &lib.spec, name) else {
+                    continue;
+                };
+                for param in &spec.required {
+                    for v in &f.variants {
+                        let Some(i) = v.decl.params.iter().position(|p| &p.name == param) else {
+                            bail!(
+                                "specs/{}.toml: {name}: required names parameter {param}, which it does not have",
+                                lib.lib.name
+                            );
+                        };
+                        required.insert((name.clone(), i as u8));
+                    }
+                }
+            }
+        }
         // Values a wire form fixes: (function, form, parameter index, value); and parameters
         // it sets to another's value (`= other`): (function, form, index, the other's index).
         let mut fixed = BTreeMap::new();
@@ -491,6 +511,10 @@ impl<'a> Emitter<'a> {
             quote!((#name, #form, #i, #j))
         });
         let records = records.into_values();
+        let required = required.into_iter().map(|(name, i)| {
+            let name = lit_str(&name);
+            quote!((#name, #i))
+        });
         let params = params.into_iter().map(|((name, i), values)| {
             let name = lit_str(&name);
             let values = values.into_iter();
@@ -522,6 +546,12 @@ impl<'a> Emitter<'a> {
                 /// The restricted parameters of `function`: (index, allowed values).
                 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
                     of(PARAMS, function, |e| e.0).iter().map(|(_, i, v)| (*i, *v))
+                }
+                /// (function, parameter index) of handle parameters never NULL, sorted.
+                pub static REQUIRED: &[(&str, u8)] = &[#(#required),*];
+                /// The parameters of `function` that are never NULL.
+                pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
+                    of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
                 }
                 /// (function, wire form, parameter index, the value the worker passes), sorted.
                 pub static FIXED: &[(&str, Form, u8, u64)] = &[#(#fixed),*];

@@ -52,6 +52,7 @@
 //!
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
+//! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
 //!
 //! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
 //! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
@@ -260,6 +261,11 @@ pub struct FnSpec {
     /// whose meaning a parameter selects, where some members would hold handles).
     #[serde(default)]
     pub allow: BTreeMap<String, Vec<String>>,
+    /// Handle parameters that are never NULL although their kind may be elsewhere (the
+    /// library dereferences them unchecked): the worker refuses a NULL with the library's
+    /// invalid-value code.
+    #[serde(default)]
+    pub required: Vec<String>,
     /// The library's size tables (filled in by the model from the file's `[size]`).
     #[serde(skip)]
     pub sizes: BTreeMap<String, BTreeMap<String, u64>>,

@@ -2797,6 +2797,15 @@ fn of<T>(
 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
     of(PARAMS, function, |e| e.0).iter().map(|(_, i, v)| (*i, *v))
 }
+/// (function, parameter index) of handle parameters never NULL, sorted.
+pub static REQUIRED: &[(&str, u8)] = &[
+    ("cudnnDeriveBNTensorDescriptor", 0u8),
+    ("cudnnDeriveBNTensorDescriptor", 1u8),
+];
+/// The parameters of `function` that are never NULL.
+pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
+    of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
+}
 /// (function, wire form, parameter index, the value the worker passes), sorted.
 pub static FIXED: &[(&str, Form, u8, u64)] = &[
     ("cudaGraphAddMemcpyNode1D", Form::Call, 7u8, 3u64),
