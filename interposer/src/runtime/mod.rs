@@ -138,7 +138,7 @@ unsafe fn prepare<'a>(conn: &Conn, desc: &CallDesc, args: &[u64]) -> Prepared<'a
     Prepared { call, bulk, outs, flags }
 }
 
-/// Whether this connection's large inputs go compressed ([`chidori_protocol::env::COMPRESS`]).
+/// Whether this connection's large inputs and outputs go compressed ([`chidori_protocol::env::COMPRESS`]).
 fn compressing(conn: &Conn) -> bool {
     static ASKED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let asked = ASKED.get_or_init(|| match std::env::var(chidori_protocol::env::COMPRESS).as_deref() {
@@ -149,7 +149,7 @@ fn compressing(conn: &Conn) -> bool {
     asked.unwrap_or_else(|| conn.round_trip().is_some_and(|rtt| rtt >= COMPRESS_RTT))
 }
 
-/// The round trip from which inputs go compressed unless the program says otherwise.
+/// The round trip from which copies go compressed unless the program says otherwise.
 const COMPRESS_RTT: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// `bytes` as an input travels compressed: the frame's byte count, then a zstd frame
