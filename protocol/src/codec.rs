@@ -478,15 +478,18 @@ pub fn decode<'f>(
                 let count = count_of(count, args).ok_or(DecodeError::NoLength { param: i })?;
                 let elem = u64::from(elem);
                 let expected = bounded(count, elem);
+                // The buffer's length must be the one its count gives.
+                let exactly = |len: u64| match expected {
+                    None => Err(DecodeError::TooLarge { param: i, count, elem }),
+                    Some(expected) if expected != len => Err(DecodeError::Length { param: i, got: len, expected }),
+                    Some(_) => Ok(()),
+                };
                 if len != NULL_LEN && len & CONTENT_FLAG != 0 {
                     let len = len & !CONTENT_FLAG;
                     if dir != Dir::In || record.is_some() {
                         return Err(DecodeError::Content { param: i });
                     }
-                    let expected = expected.ok_or(DecodeError::TooLarge { param: i, count, elem })?;
-                    if expected != len {
-                        return Err(DecodeError::Length { param: i, got: len, expected });
-                    }
+                    exactly(len)?;
                     let mut hash = [0u8; 32];
                     hash.copy_from_slice(bulk.take(i, 32)?);
                     out.push(Arg::Buf(BufArg::Content { len, hash }));
@@ -497,10 +500,7 @@ pub fn decode<'f>(
                     if dir != Dir::In || record.is_some() || len & CONTENT_FLAG != 0 || len > COMPRESS_MAX {
                         return Err(DecodeError::Compressed { param: i });
                     }
-                    let expected = expected.ok_or(DecodeError::TooLarge { param: i, count, elem })?;
-                    if expected != len {
-                        return Err(DecodeError::Length { param: i, got: len, expected });
-                    }
+                    exactly(len)?;
                     let mut n = [0u8; 8];
                     n.copy_from_slice(bulk.take(i, 8)?);
                     let n = u64::from_le_bytes(n);
@@ -535,10 +535,7 @@ pub fn decode<'f>(
                     out.push(Arg::Buf(arg));
                     continue;
                 }
-                let expected = expected.ok_or(DecodeError::TooLarge { param: i, count, elem })?;
-                if expected != len {
-                    return Err(DecodeError::Length { param: i, got: len, expected });
-                }
+                exactly(len)?;
                 let input = if dir == Dir::Out { None } else { Some(bulk.take(i, len)?) };
                 Arg::Buf(BufArg::Present { len, input })
             }

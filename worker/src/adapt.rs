@@ -12,9 +12,12 @@ use chidori_worker_gen::signature;
 
 use crate::backend::Backend;
 
-/// The variant of `desc`'s function that the headers of `version` declare (None: no
-/// variant names that version).
-pub fn variant_of(desc: &CallDesc, version: &str) -> Option<&'static CallDesc> {
+/// The variant of `desc`'s function that the headers of `version` declare: `desc` itself
+/// where it names that version (None: no variant does).
+pub fn variant_of(desc: &'static CallDesc, version: &str) -> Option<&'static CallDesc> {
+    if desc.versions.contains(&version) {
+        return Some(desc);
+    }
     VARIANTS.iter().copied().find(|v| v.call == desc.call && v.versions.contains(&version))
 }
 

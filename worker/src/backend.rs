@@ -37,11 +37,7 @@ pub trait Backend: Send + Sync + 'static {
     /// where its CUDA version's headers declare it alike; another where the parameters
     /// differ ([`crate::adapt`] rewrites the call); None where the version is not known.
     fn server_variant(&self, desc: &'static CallDesc) -> Option<&'static CallDesc> {
-        let version = self.layout_version(desc.library)?;
-        if desc.versions.contains(&version.as_str()) {
-            return Some(desc);
-        }
-        crate::adapt::variant_of(desc, &version)
+        crate::adapt::variant_of(desc, &self.layout_version(desc.library)?)
     }
     /// Enqueue `host` on `stream` (cudaLaunchHostFunc semantics). Returns the status of the
     /// enqueueing call in the library of `desc`.

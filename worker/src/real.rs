@@ -754,9 +754,6 @@ impl Backend for Real {
                     (*shim.versions.last()?).to_owned()
                 }
             };
-            if desc.versions.contains(&version.as_str()) {
-                return Some(desc);
-            }
             crate::adapt::variant_of(desc, &version)
         })
     }

@@ -281,18 +281,5 @@ pub unsafe fn get_capture_info_3(ctx: &Ctx, stream: *mut c_void, status: *mut c_
 }
 
 /// cudaStreamGetCaptureInfo of 13.x (with the graph, dependencies and edge data) and its
-/// `_ptsz` form.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn get_capture_info_7(
-    ctx: &Ctx,
-    stream: *mut c_void,
-    status: *mut c_void,
-    id: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    // SAFETY: the same contract: 13.x's form is _v3's.
-    unsafe { cu_capture_info_v3(ctx, stream, status, id, graph, deps, edges, count) }
-}
+/// `_ptsz` form: 12.x's _v3.
+pub use cu_capture_info_v3 as get_capture_info_7;
