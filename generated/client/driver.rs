@@ -1977,7 +1977,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
         ) as u32
     }
 }
-///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
     phGraphNode: *mut c_void,
@@ -1988,17 +1988,28 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
     ctx: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphAddMemcpyNode,
-            &[
-                (phGraphNode) as usize as u64,
-                (hGraph) as usize as u64,
-                (dependencies) as usize as u64,
-                (numDependencies) as u64,
-                (copyParams) as usize as u64,
-                (ctx) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemcpyNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuGraphAddMemcpyNode__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_memcpy_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            copyParams,
+            ctx,
+        )
     }
 }
 ///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2429,7 +2440,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
         )
     }
 }
-///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
     hGraphExec: *mut c_void,
@@ -2438,15 +2449,26 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
     ctx: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams,
-            &[
-                (hGraphExec) as usize as u64,
-                (hNode) as usize as u64,
-                (copyParams) as usize as u64,
-                (ctx) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecMemcpyNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_memcpy_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            copyParams,
+            ctx,
+        )
     }
 }
 ///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3126,17 +3148,27 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeGetParams(
         ) as u32
     }
 }
-///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
     hNode: *mut c_void,
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams,
-            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemcpyNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_memcpy_node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use chidori_protocol::frame::{self, HEADER_LEN, Header};
+use chidori_protocol::frame::{self, Frame, HEADER_LEN, Header, Kind};
 pub use chidori_protocol::read::{ReadError, read_frame};
 use chidori_protocol::resume::{Gap, Replay};
 use chidori_tls::Secure;
@@ -31,10 +31,17 @@ impl Sink {
             Sink::Tls { sock, secure } => secure.send(&sock.as_raw_fd(), slices),
             Sink::Discard(n, last) => {
                 *n += slices.iter().map(|s| s.len() as u64).sum::<u64>();
-                last.clear();
+                let mut frame = Vec::new();
                 for s in slices.iter() {
-                    let room = (64usize << 10).saturating_sub(last.len());
-                    last.extend_from_slice(&s[..s.len().min(room)]);
+                    let room = (64usize << 10).saturating_sub(frame.len());
+                    frame.extend_from_slice(&s[..s.len().min(room)]);
+                }
+                // A host function to run comes from the library's own thread at any time:
+                // the last frame kept is the last answer to a call (a reply, or the
+                // asynchronous error of a call sent without waiting).
+                let unasked = Frame::decode(&frame).is_ok_and(|(f, _)| f.header.kind == Kind::HostCallback);
+                if !unasked {
+                    *last = frame;
                 }
                 Ok(())
             }

@@ -870,6 +870,11 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     if let Some(i) = chidori_cuda::checks::required(desc.name).find(|&i| args.get(usize::from(i)) == Some(&0)) {
         return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be NULL", desc.name));
     }
+    // A host function travels as the client's number for it, counted from 1: 0 names none
+    // (the client refuses a NULL function itself; the library would call whatever it got).
+    if desc.form == Some(Form::Host) && args.get(1) == Some(&0) {
+        return fail(desc.codes.invalid_value, format!("{}: no host function (NULL)", desc.name));
+    }
     // Parameters that select a union's member may hold only the values the spec allows.
     for (i, allowed) in chidori_cuda::checks::params(desc.name) {
         if let Some(value) = args.get(usize::from(i)).filter(|v| !allowed.contains(v)) {

@@ -234,6 +234,27 @@ fn handles_reach_the_client_as_session_ids() {
     assert_ne!(again, stream, "an id is never given twice");
 }
 
+/// A host function travels as the client's number for it: 0 (no function) is refused before
+/// the library would call it; a numbered one runs, and its request to the client (sent from
+/// the library's thread) is not taken for the call's answer.
+#[test]
+fn a_host_function_must_be_named() {
+    let harness = fuzz::emulated_harness();
+    for name in ["cudaLaunchHostFunc", "cudaStreamAddCallback"] {
+        let desc = newest(name, Some(Form::Host));
+        let lens = vec![0; desc.params.len()];
+        let mut args = vec![0; desc.params.len()];
+        harness.run(&frame_of(desc, args.clone(), lens.clone(), &[])).unwrap();
+        let reply: Reply = messages::decode(&harness.last_reply().expect("a reply"), "reply").unwrap();
+        assert_eq!(reply.ret as i64, desc.codes.invalid_value, "{name}: {:?}", reply.error);
+        assert!(reply.error.unwrap_or_default().contains("no host function"), "{name}");
+        args[1] = 5;
+        harness.run(&frame_of(desc, args, lens, &[])).unwrap();
+        let reply: Reply = messages::decode(&harness.last_reply().expect("a reply"), "reply").unwrap();
+        assert_eq!(reply.ret as i64, desc.codes.success, "{name}: {:?}", reply.error);
+    }
+}
+
 /// An NVML record's version names the struct the library writes: one naming a larger struct
 /// than the record sent is refused before the library sees it.
 #[test]
@@ -269,19 +290,7 @@ fn null_contexts_are_refused_before_the_library() {
         let desc = newest(name, None);
         let lens = desc.params.iter().map(|w| if matches!(w, Wire::Handle { .. }) { 0 } else { NULL_LEN }).collect();
         harness.run(&frame_of(desc, vec![0; desc.params.len()], lens, &[])).unwrap();
-        // A call sent without waiting fails as an asynchronous error.
-        let frame = harness.last_reply().expect("a reply");
-        let (status, why) = match frame.header.kind {
-            Kind::Reply => {
-                let reply: Reply = messages::decode(&frame, "reply").unwrap();
-                (reply.ret as i64, reply.error)
-            }
-            _ => {
-                let error: messages::AsyncError = messages::decode(&frame, "async error").unwrap();
-                (error.status, error.message)
-            }
-        };
-        let why = why.unwrap_or_default();
+        let (status, why) = answer(&harness);
         assert_eq!(status, desc.codes.invalid_handle, "{name}: {why}");
         assert!(why.contains("0x0 is not a"), "{name}: {why}");
     }
@@ -317,6 +326,38 @@ fn null_contexts_are_refused_before_the_library() {
     assert!(reply.error.as_deref().unwrap_or_default().contains("may not be NULL"), "{:?}", reply.error);
     let sync = newest("cudaStreamQuery", None);
     assert_eq!(ret_of(&harness, sync, vec![0], vec![0], &[]), sync.codes.success, "the default stream");
+    // A parameter set a solver takes as NULL (its defaults: torch's QR passes NULL) reaches
+    // the library; the functions on the set itself refuse NULL.
+    let context = harness.adopt_handle(chidori_cuda::handles::kind::cusolverDnContext, 0x6000);
+    let qr = newest("cusolverDnXgeqrf_bufferSize", None);
+    let mut args = vec![0; qr.params.len()];
+    args[0] = context;
+    let lens = qr.params.iter().map(|w| if matches!(w, Wire::Buf { .. }) { 8 } else { 0 }).collect();
+    harness.run(&frame_of(qr, args, lens, &[])).unwrap();
+    let (_, why) = answer(&harness);
+    assert!(!why.contains("0x0 is not a"), "{why}");
+    let destroy = newest("cusolverDnDestroyParams", None);
+    harness.run(&frame_of(destroy, vec![0], vec![0], &[])).unwrap();
+    let (status, why) = answer(&harness);
+    assert_eq!(status, destroy.codes.invalid_value, "{why}");
+    assert!(why.contains("may not be NULL"), "{why}");
+}
+
+/// The status and the reason of the last call's answer: its reply, or the asynchronous error
+/// of a call sent without waiting.
+fn answer(harness: &Harness) -> (i64, String) {
+    let frame = harness.last_reply().expect("a reply");
+    let (status, why) = match frame.header.kind {
+        Kind::Reply => {
+            let reply: Reply = messages::decode(&frame, "reply").unwrap();
+            (reply.ret as i64, reply.error)
+        }
+        _ => {
+            let error: messages::AsyncError = messages::decode(&frame, "async error").unwrap();
+            (error.status, error.message)
+        }
+    };
+    (status, why.unwrap_or_default())
 }
 
 #[test]

@@ -2801,6 +2801,8 @@ pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_
 pub static REQUIRED: &[(&str, u8)] = &[
     ("cudnnDeriveBNTensorDescriptor", 0u8),
     ("cudnnDeriveBNTensorDescriptor", 1u8),
+    ("cusolverDnDestroyParams", 0u8),
+    ("cusolverDnSetAdvOptions", 0u8),
 ];
 /// The parameters of `function` that are never NULL.
 pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {

@@ -954,6 +954,29 @@ fn resolve_type(ty: u32, device: u64) -> u32 {
     }
 }
 
+/// A memcpy node's CUDA_MEMCPY3D as the server's graph can run it: unified sides resolved to
+/// device memory (a statically linked runtime names every side unified); a side in the
+/// program's own memory is refused (the graph replays on the server).
+///
+/// # Safety
+/// `p` is null or the caller's CUDA_MEMCPY3D.
+pub(crate) unsafe fn node_copy_3d(p: *const c_void) -> Result<Vec<u8>, &'static str> {
+    if p.is_null() {
+        return Err("no copy parameters (NULL)");
+    }
+    // SAFETY: per the contract (200 bytes in every version).
+    let mut m = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy3D) };
+    for (ty, device) in [(&mut m.src_type, m.src_device), (&mut m.dst_type, m.dst_device)] {
+        *ty = resolve_type(*ty, device);
+        if *ty == HOST {
+            return Err("a memcpy node with host memory (the graph runs on the server)");
+        }
+    }
+    // SAFETY: a plain-data record, read as its bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(&m as *const CuMemcpy3D as *const u8, size_of::<CuMemcpy3D>()) };
+    Ok(bytes.to_vec())
+}
+
 /// A driver 3D copy (a 2D one has depth 1): sent as is between device memory and arrays,
 /// through a staging buffer where a side is host memory. `send` issues the device-side copy.
 fn copy_3d_driver(conn: &Conn, mut m: CuMemcpy3D, stream: Option<u64>, send: &dyn Fn(&CuMemcpy3D) -> u32) -> u32 {

@@ -38,13 +38,15 @@ const _: () = assert!(UNEXPECTED_REPLY == chidori_cuda::consts::cudaError_enum::
 /// What the program set on a node the client made, to answer the node's `GetParams`.
 #[derive(Clone)]
 pub enum NodeRecord {
-    /// The function as the program named it (a driver record's `func`, or its `kern` where
-    /// `func` was NULL: a statically linked runtime names a CUkernel so, and maps what
-    /// GetParams gives back to its kernel), the launch shape, and the packed arguments with
-    /// a pointer per parameter into them (the `kernelParams` GetParams hands out).
+    /// The function, kernel and context as the program named them (a runtime host stub in
+    /// `func`; a driver record's `func`, `kern` and `ctx` as given: a statically linked
+    /// runtime names both a function and its CUkernel, and maps what GetParams gives back to
+    /// its kernel by them), the launch shape, and the packed arguments with a pointer per
+    /// parameter into them (the `kernelParams` GetParams hands out).
     Kernel {
         func: u64,
         kern: u64,
+        ctx: u64,
         grid: [u32; 3],
         block: [u32; 3],
         shared_mem: u32,
@@ -97,6 +99,7 @@ fn run(ctx: &Ctx, body: impl FnOnce(&Conn) -> Result<u32, u32>) -> u32 {
             Ok(conn) => body(&conn).unwrap_or_else(|e| e),
             Err(_) => ctx.codes.unavailable as u32,
         };
+        tracing::debug!("{} -> {status}", ctx.name);
         if ctx.library == "cudart" {
             state::set_last_error(status);
         }
@@ -222,8 +225,9 @@ fn add_edges(conn: &Conn, ctx: &Ctx, target: Target, node: u64) -> u32 {
 enum KernelFunc {
     /// A runtime host stub or `cudaKernel_t`.
     Runtime(u64),
-    /// A driver function (or a CUkernel, turned into the current context's function).
-    Driver { func: u64, kern: u64 },
+    /// A driver function (or a CUkernel, turned into the current context's function where
+    /// `func` is NULL), and the record's context (0 where it has none).
+    Driver { func: u64, kern: u64, ctx: u64 },
 }
 
 /// A kernel node's parameters, as the runtime's and the driver's records share them:
@@ -258,12 +262,12 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
         }
         // SAFETY: the caller's kernel node parameters.
         let kp = unsafe { kernel_params(p) };
-        // The driver record's `kern` stands where its `func` is NULL: kept as named.
-        let named_kern = match func {
-            KernelFunc::Driver { func: 0, kern } => kern,
-            _ => 0,
+        // What the program named, as it named it.
+        let named = match func {
+            KernelFunc::Runtime(f) => (f, 0, 0),
+            KernelFunc::Driver { func, kern, ctx } => (func, kern, ctx),
         };
-        let (function, named, packed) = match func {
+        let (function, packed) = match func {
             KernelFunc::Runtime(f) => {
                 let kernel = registry::kernel_by_host_fun(f as usize)
                     .or_else(|| registry::kernel_by_handle(f as usize))
@@ -272,9 +276,10 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
                     .map_err(|_| chidori_cuda::consts::cudaError::cudaErrorInvalidDeviceFunction)?;
                 // SAFETY: kernelParams holds a pointer per parameter (the node's contract).
                 let packed = unsafe { modules::pack(&function.params, kp.args as *const *const u8) };
-                (function, f, packed)
+                (function, packed)
             }
-            KernelFunc::Driver { func, kern } => {
+            KernelFunc::Driver { func, kern, .. } => {
+                tracing::debug!("{}: function {func:#x}, kernel {kern:#x}", ctx.name);
                 let handle = if func == 0 && kern != 0 {
                     let mut f = 0u64;
                     // SAFETY: a local out-value and the program's kernel handle.
@@ -286,9 +291,7 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
                 } else {
                     func
                 };
-                let (function, packed) =
-                    super::driver::driver_params(conn, handle, kp.args as *mut c_void, kp.extra as *mut c_void)?;
-                (function, func.max(kern), packed)
+                super::driver::driver_params(conn, handle, kp.args as *mut c_void, kp.extra as *mut c_void)?
             }
         };
         modules::prepare_mirrors(conn, &function.params, &packed);
@@ -311,8 +314,9 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
         };
         let args = KernelArgs::new(packed, &function.params);
         let record = NodeRecord::Kernel {
-            func: if named_kern != 0 { 0 } else { named },
-            kern: named_kern,
+            func: named.0,
+            kern: named.1,
+            ctx: named.2,
             grid: kp.grid,
             block: kp.block,
             shared_mem: kp.shared_mem,
@@ -335,11 +339,13 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
         if out.is_null() {
             return Err(invalid(ctx));
         }
-        let Some(NodeRecord::Kernel { func, kern, grid, block, shared_mem, args }) = records().get(&node) else {
+        let Some(NodeRecord::Kernel { func, kern, ctx: context, grid, block, shared_mem, args }) = records().get(&node)
+        else {
             return Err(not_supported(ctx, "the parameters of a kernel node this process did not make"));
         };
-        // A record without a `kern` field gets the kernel in `func`.
-        let (func, kern) = if driver == Some(true) || kern == 0 { (func, kern) } else { (kern, 0) };
+        tracing::debug!("{}: the node's record holds function {func:#x}, kernel {kern:#x}", ctx.name);
+        // A record without a `kern` field gets the kernel in `func` where no function was named.
+        let (func, kern) = if driver == Some(true) || func != 0 { (func, kern) } else { (kern, 0) };
         // SAFETY: the caller's record of the version's size; the argument pointers live as
         // long as the client's record of the node.
         unsafe {
@@ -352,7 +358,7 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
             std::ptr::write_unaligned(o.add(48) as *mut u64, 0);
             if driver == Some(true) {
                 std::ptr::write_unaligned(o.add(56) as *mut u64, kern);
-                std::ptr::write_unaligned(o.add(64) as *mut u64, 0);
+                std::ptr::write_unaligned(o.add(64) as *mut u64, context);
             }
         }
         let _ = &args.packed;
@@ -396,12 +402,16 @@ pub unsafe fn kernel_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_v
 /// `p` is null or the caller's record of the export's version.
 unsafe fn driver_func(ctx: &Ctx, p: *const c_void) -> KernelFunc {
     if p.is_null() {
-        return KernelFunc::Driver { func: 0, kern: 0 };
+        return KernelFunc::Driver { func: 0, kern: 0, ctx: 0 };
     }
-    // CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes) has the kernel at 56; v1 ends at 56.
-    let v2 = ctx.name.ends_with("_v2");
+    // CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes) has the kernel at 56 and the context at 64; v1
+    // ends at 56.
+    if !ctx.name.ends_with("_v2") {
+        // SAFETY: per the contract.
+        return KernelFunc::Driver { func: unsafe { get(p, 0) }, kern: 0, ctx: 0 };
+    }
     // SAFETY: per the contract.
-    unsafe { KernelFunc::Driver { func: get(p, 0), kern: if v2 { get(p, 56) } else { 0 } } }
+    unsafe { KernelFunc::Driver { func: get(p, 0), kern: get(p, 56), ctx: get(p, 64) } }
 }
 
 pub unsafe fn cu_add_kernel_node(
@@ -694,6 +704,63 @@ pub unsafe fn memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_voi
 
 pub unsafe fn exec_memcpy_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
     memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p, ctx.form(Form::Call))
+}
+
+/// A driver memcpy node (Add, Set, Exec Set): the copy resolved by [`node_copy_3d`].
+fn cu_memcpy_node(ctx: &Ctx, target: Target, copy: *const c_void, copy_ctx: u64) -> u32 {
+    run(ctx, |conn| {
+        // SAFETY: the caller's record.
+        let record = unsafe { super::arrays::node_copy_3d(copy) }
+            .map_err(|why| if copy.is_null() { invalid(ctx) } else { not_supported(ctx, why) })?;
+        let r = record.as_ptr() as u64;
+        let (deps, later) = target.plain_deps()?;
+        // SAFETY (all arms): the resolved record, the caller's arrays and out-pointer.
+        let s = unsafe {
+            match target {
+                Target::Add { out, graph, count, .. } => {
+                    let n = if later { 0 } else { count as u64 };
+                    let args = [out as u64, graph, deps.as_ptr() as u64, n, r, copy_ctx];
+                    let s = call(conn, &dcalls::cuGraphAddMemcpyNode__call, &args);
+                    if s == 0 && later {
+                        return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
+                    }
+                    s
+                }
+                Target::Set { node } => call(conn, &dcalls::cuGraphMemcpyNodeSetParams__call, &[node, r]),
+                Target::ExecSet { exec, node } => {
+                    call(conn, &dcalls::cuGraphExecMemcpyNodeSetParams__call, &[exec, node, r, copy_ctx])
+                }
+            }
+        };
+        Ok(s)
+    })
+}
+
+pub unsafe fn cu_add_memcpy_node(
+    ctx: &Ctx,
+    out: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    count: usize,
+    copy: *mut c_void,
+    copy_ctx: *mut c_void,
+) -> u32 {
+    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
+    cu_memcpy_node(ctx, target, copy, copy_ctx as u64)
+}
+
+pub unsafe fn cu_memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, copy: *mut c_void) -> u32 {
+    cu_memcpy_node(ctx, Target::Set { node: node as u64 }, copy, 0)
+}
+
+pub unsafe fn cu_exec_memcpy_node_set_params(
+    ctx: &Ctx,
+    exec: *mut c_void,
+    node: *mut c_void,
+    copy: *mut c_void,
+    copy_ctx: *mut c_void,
+) -> u32 {
+    cu_memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, copy, copy_ctx as u64)
 }
 
 /// A 1D copy node: device memory only, Default resolved (the form fixes the kind).
@@ -1036,7 +1103,7 @@ fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
                 if runtime {
                     KernelFunc::Runtime(get(member, 0))
                 } else {
-                    KernelFunc::Driver { func: get(member, 0), kern: get(member, 56) }
+                    KernelFunc::Driver { func: get(member, 0), kern: get(member, 56), ctx: get(member, 64) }
                 }
             };
             kernel_node(ctx, target, func, member)
@@ -1057,31 +1124,12 @@ fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
             };
             memcpy_node(ctx, target, copy, desc)
         }
-        ty::MEMCPY => run(ctx, |conn| {
-            // CUDA_MEMCPY_NODE_PARAMS: the context at 8, the copy at 16 (checked by the worker).
+        ty::MEMCPY => {
+            // CUDA_MEMCPY_NODE_PARAMS: the context at 8, the copy at 16.
             // SAFETY: the caller's record.
-            let (copy_ctx, copy) = unsafe { (get::<u64>(member, 8), (member as u64) + 16) };
-            let (deps, later) = target.plain_deps()?;
-            // SAFETY (all arms): the caller's record, arrays and out-pointer.
-            let s = unsafe {
-                match target {
-                    Target::Add { out, graph, count, .. } => {
-                        let n = if later { 0 } else { count as u64 };
-                        let args = [out as u64, graph, deps.as_ptr() as u64, n, copy, copy_ctx];
-                        let s = call(conn, &dcalls::cuGraphAddMemcpyNode, &args);
-                        if s == 0 && later {
-                            return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
-                        }
-                        s
-                    }
-                    Target::Set { node } => call(conn, &dcalls::cuGraphMemcpyNodeSetParams, &[node, copy]),
-                    Target::ExecSet { exec, node } => {
-                        call(conn, &dcalls::cuGraphExecMemcpyNodeSetParams, &[exec, node, copy, copy_ctx])
-                    }
-                }
-            };
-            Ok(s)
-        }),
+            let (copy_ctx, copy) = unsafe { (get::<u64>(member, 8), (member as *const u8).add(16).cast()) };
+            cu_memcpy_node(ctx, target, copy, copy_ctx)
+        }
         ty::CONDITIONAL => run(ctx, |conn| conditional_node(ctx, conn, target, p)),
         other => run(ctx, |conn| plain_node(ctx, conn, target, other, p)),
     }
