@@ -11,10 +11,13 @@
 #   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
 #            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
-#            ($SUITE_NAMES: some of its programs; SUITE_CUDART=static: runtime linked statically)
+#            ($SUITE_NAMES: some of its programs; SUITE_CUDART=static: runtime linked statically;
+#            SUITE_LOG=debug: each of $SUITE_NAMES again with the client's log at that level)
 #   first    `import torch` and the first result read back (round trips, fresh and warm
 #            module cache); always first, also run by `torch`
-#   torch    the standard workloads and the torch suite, native and remote
+#   torch    the standard workloads and the torch suite, native and remote ($BEFORE_DIST: a
+#            dist of an earlier commit, carried too; every workload's remote runs again through it;
+#            SUITE_BEFORE=1: the torch suite too)
 #   waits    every round trip in order, and cuDNN's descriptor traffic, for the workloads'
 #            70 ms arguments (CHIDORI_LOG trace), on loopback
 #   calls    decode with the dynamic cache, 100 and 200 tokens, native and through a server
@@ -111,9 +114,24 @@ SERVE_PID=$!
 python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$WAN_PORT --target $SERVER --rtt-ms 70 \
   --max-seconds 3000 > "$LOGS/wan.log" 2>&1 &
 WAN_PID=$!
+# BEFORE_DIST (target/dist of an earlier commit, carried too): its own server and 70 ms
+# relay, and the torch stage's workloads run through it as well (before and after).
+BEFORE_PIDS=()
+before_args=()
+if [[ -n ${BEFORE_DIST:-} ]]; then
+  BEFORE_PORT=43213
+  BEFORE_WAN_PORT=43301
+  "$BEFORE_DIST/bin/chidori" serve --bind 127.0.0.1 --port $BEFORE_PORT > "$LOGS/serve-before.log" 2>&1 &
+  BEFORE_PIDS+=($!)
+  python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$BEFORE_WAN_PORT --target 127.0.0.1:$BEFORE_PORT \
+    --rtt-ms 70 --max-seconds 3000 > "$LOGS/wan-before.log" 2>&1 &
+  BEFORE_PIDS+=($!)
+  before_args=(--before-chidori "$BEFORE_DIST/bin/chidori" --before-server 127.0.0.1:$BEFORE_PORT
+    --before-wan-server 127.0.0.1:$BEFORE_WAN_PORT)
+fi
 # The table and the log tarball come out even when an outer timeout stops the round.
 finish() {
-  kill $SERVE_PID $WAN_PID 2>/dev/null
+  kill $SERVE_PID $WAN_PID "${BEFORE_PIDS[@]}" 2>/dev/null
   grep -E "WARN|ERROR" "$LOGS/serve.log" | sort | uniq -c | sort -rn | head -15 > "$LOGS/serve-warnings.txt"
   echo
   echo "== chidori GPU round ($(date -u +%F), stages: ${stages[*]}) =="
@@ -206,9 +224,21 @@ if want kernels; then
   rc=$?
   cat "$LOGS/suite.txt"
   row "cuda suite ($cudart cudart)" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
+  # SUITE_LOG (a CHIDORI_LOG filter, e.g. debug): each of $SUITE_NAMES once more on loopback
+  # with the client's log at that level; its last lines here, the whole log with the logs.
+  if [[ -n ${SUITE_LOG:-} ]]; then
+    for name in "${suite_names[@]}"; do
+      CHIDORI_LOG=$SUITE_LOG timeout ${SUITE_RUN_TIMEOUT:-90} "$CHIDORI" run -s $SERVER -- "$suite_dir/$name" \
+        > "$LOGS/suite-log-$name.txt" 2>&1
+      echo "== $name with CHIDORI_LOG=$SUITE_LOG (rc $?), last lines:"
+      tail -n ${SUITE_LOG_LINES:-40} "$LOGS/suite-log-$name.txt" | cut -c1-240
+    done
+  fi
   # The module cache: a fresh client process whose modules the server already has.
-  "$CHIDORI" run --trace -s $SERVER -- "$suite_dir/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
-  row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
+  if [[ -x $suite_dir/params ]]; then
+    "$CHIDORI" run --trace -s $SERVER -- "$suite_dir/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
+    row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
+  fi
 fi
 
 if want calls; then
@@ -662,7 +692,7 @@ if want torch; then
   timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --workloads "$SHARED/workloads" --json "$LOGS/workloads.json" \
     --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} ${NO_WAN:+--no-wan} ${WAN_ONLY:+--wan-only} \
-    > "$LOGS/workloads.txt" 2>&1
+    "${before_args[@]}" > "$LOGS/workloads.txt" 2>&1
   rc=$?
   cat "$LOGS/workloads.txt"
   row "workloads" "rc=$rc (workloads.txt)"
@@ -674,5 +704,14 @@ if want torch; then
     rc=$?
     tail -40 "$LOGS/torch-suite.txt"
     row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"
+    if [[ -n ${BEFORE_DIST:-} && ${SUITE_BEFORE:-0} == 1 ]]; then
+      # The same suite through the earlier commit (its cases compared with native too).
+      timeout ${SUITE_TIMEOUT:-200} python3 gpu/torch-suite/compare.py --chidori "$BEFORE_DIST/bin/chidori" \
+        --server 127.0.0.1:$BEFORE_PORT --json "$LOGS/torch-suite-before.json" --timeout ${TORCH_RUN_TIMEOUT:-150} \
+        ${SUITE_ONLY:+--only $SUITE_ONLY} ${TORCH_SUITE_TOTAL:+--total $TORCH_SUITE_TOTAL} > "$LOGS/torch-suite-before.txt" 2>&1
+      rc=$?
+      tail -30 "$LOGS/torch-suite-before.txt"
+      row "torch suite (before)" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite-before.txt)")"
+    fi
   fi
 fi

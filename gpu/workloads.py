@@ -4,6 +4,11 @@ and prints remote/native ratios with the correctness values side by side.
 
     python3 gpu/workloads.py --chidori PATH --server HOST:PORT [--wan-server HOST:PORT]
                              --workloads DIR [--json OUT] [--quick] [--only NAME ...]
+                             [--before-chidori PATH --before-server HOST:PORT
+                              [--before-wan-server HOST:PORT]]
+
+With --before-chidori (a build of an earlier commit, with its own server), each remote run
+is made again through it: a change's before and after, values and round trips, in one call.
 
 Each remote run has `--trace`: the round trips it made are reported (per training step and
 per generated token where the workload says how many). Standard library only.
@@ -128,7 +133,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--no-wan", action="store_true", help="skip the 70 ms runs")
     ap.add_argument("--wan-only", action="store_true", help="only the 70 ms runs (and their native twins)")
+    ap.add_argument("--before-chidori", help="chidori of an earlier commit: every remote run again through it")
+    ap.add_argument("--before-server", help="HOST:PORT of the earlier commit's server")
+    ap.add_argument("--before-wan-server", help="HOST:PORT of a 70 ms relay to the earlier commit's server")
     a = ap.parse_args()
+    if a.before_chidori and not a.before_server:
+        ap.error("--before-chidori needs --before-server")
     rows = []
     for name, script, args, unit in CONFIGS:
         if a.only and name not in a.only:
@@ -146,6 +156,10 @@ def main():
             entry["wan_args"] = wargs
             entry["wan_native"] = run(wbase, a.timeout)
             entry["wan"] = run([a.chidori, "run", "--trace", "-s", a.wan_server, "--"] + wbase, a.timeout)
+            if a.before_chidori and a.before_wan_server:
+                entry["before_wan"] = run([a.before_chidori, "run", "--trace", "-s", a.before_wan_server, "--"] + wbase, a.timeout)
+        if a.before_chidori and not a.wan_only:
+            entry["before"] = run([a.before_chidori, "run", "--trace", "-s", a.before_server, "--"] + base, a.timeout)
         if unit == "new_tokens" and not a.wan_only:
             # Round trips per token once generation runs: the difference to a run with half
             # the tokens (setup, weights and graph building cancel out).
@@ -160,7 +174,7 @@ def main():
                 if rt_full is not None and rt_half is not None:
                     entry["steady_round_trips_per_token"] = round((rt_full - rt_half) / (full - half), 2)
         if unit:
-            for k in ("remote", "wan"):
+            for k in ("remote", "wan", "before", "before_wan"):
                 r = entry.get(k)
                 units = (r or {}).get("result", {}) or {}
                 n = units.get(unit) if isinstance(units, dict) else None
@@ -175,7 +189,7 @@ def main():
                           "remote_rc": entry["remote"]["rc"], "wan_native": entry.get("wan_native", {}).get("result"),
                           "wan": entry.get("wan", {}).get("result"), "wan_rc": entry.get("wan", {}).get("rc"),
                           "wan_round_trips": entry.get("wan", {}).get("round_trips")}), flush=True)
-        for k in ("remote", "wan"):
+        for k in ("remote", "wan", "before", "before_wan"):
             if k in entry and entry[k]["rc"] not in (0, "skipped"):
                 print(f"{k}: " + entry[k]["stderr_tail"][-2500:], flush=True)
     if a.json:
@@ -198,6 +212,24 @@ def main():
         print(f"{e['name']:16} {n or '-':>10} {r or '-':>10} {ratio:>6} {e['remote'].get('round_trips_per_unit', '-'):>8} "
               f"{e.get('steady_round_trips_per_token', '-'):>6}  {wn or '-':>9} {wm or '-':>9} {wr:>7} {(w or {}).get('round_trips_per_unit', '-'):>8}  {loop_ok}, {wan_ok}; "
               f"{short(cn)} | {short(cr)}")
+    if a.before_chidori:
+        before_table(rows)
+
+
+def before_table(rows):
+    """Each workload through the earlier commit and this one: the values against native, the
+    round trips and the metric (loopback, then 70 ms)."""
+    print()
+    print(f"{'workload':16} {'where':6} {'native':>10} {'before':>10} {'after':>10} {'rt before':>9} {'rt after':>9}  same values as native (before, after)")
+    for e in rows:
+        for where, nat, bef, aft in (("loop", "native", "before", "remote"), ("70ms", "wan_native", "before_wan", "wan")):
+            if bef not in e:
+                continue
+            n, b, r = (e.get(k) or {} for k in (nat, bef, aft))
+            ok = lambda x: "yes" if agrees(n.get("result"), x.get("result")) else "NO"
+            fmt = lambda v: v if v is not None else "-"
+            print(f"{e['name']:16} {where:6} {fmt(metric(n.get('result'))):>10} {fmt(metric(b.get('result'))):>10} "
+                  f"{fmt(metric(r.get('result'))):>10} {fmt(b.get('round_trips')):>9} {fmt(r.get('round_trips')):>9}  {ok(b)}, {ok(r)}")
 
 
 if __name__ == "__main__":
