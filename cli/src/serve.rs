@@ -311,6 +311,8 @@ pub fn session(args: SessionArgs) -> Result<()> {
         }
         backend(&args, visible)
     });
+    // A fault inside a library names the call it happened in, in the server's log.
+    chidori_worker::fatal::install();
     let result =
         chidori_worker::session::run_on_fd(supervisor::SESSION_FD, security, make_backend, options, authenticated);
     // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.

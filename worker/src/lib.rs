@@ -22,6 +22,7 @@ pub mod backend;
 pub mod cache;
 pub mod content;
 pub mod emulated;
+pub mod fatal;
 pub mod fuzz;
 pub mod handles;
 pub mod io;

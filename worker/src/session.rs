@@ -1093,6 +1093,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         kept = Some(values);
     }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
+    let call = crate::fatal::running(desc.name);
     let ret = if desc.form == Some(Form::Host) {
         host_function(session, desc, &raw)
     } else {
@@ -1100,6 +1101,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // by the descriptor the generated trampoline was made from.
         unsafe { crate::adapt::invoke(&*session.backend, desc, &raw) }
     };
+    drop(call);
     // A copy on a stream from a lane's pinned staging buffer reads it when the GPU gets to
     // it, and one into a pinned output buffer writes it then; the buffer is reused (or its
     // bytes sent) once the call returns. With pageable memory the copy would have been done
@@ -1553,6 +1555,7 @@ fn cluster_occupancy(session: &Session, mut launch: Launch, potential: bool) -> 
 }
 
 fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
+    let _call = crate::fatal::running("a kernel launch");
     let mut l: Launch = messages::decode(frame, "launch").map_err(|e| Fatal(e.to_string()))?;
     let error_call = match l.api {
         Api::Runtime => LAUNCH_ERROR_RUNTIME,
@@ -1587,6 +1590,7 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 const MIRROR_FAILED: i64 = chidori_cuda::consts::cudaError::cudaErrorNotSupported as i64;
 
 fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
+    let _call = crate::fatal::running("a Chidori request (module load, mirror, content)");
     let request: Service = messages::decode(frame, "service").map_err(|e| Fatal(e.to_string()))?;
     let reply = match request {
         // Sent without waiting: only a failure is answered, as the next runtime call's status.
