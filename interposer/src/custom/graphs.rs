@@ -1271,12 +1271,25 @@ pub unsafe fn get_edges_5(
     nodes_query(ctx, GraphList::Edges { graph: graph as u64 }, [from, to, edges], count)
 }
 
-pub unsafe fn node_get_dependencies_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
+/// A node's dependencies or dependents: `edges` is None before edge data existed (the
+/// call has no array for it, and nothing to lose).
+fn node_peers(ctx: &Ctx, query: GraphList, deps: *mut c_void, edges: Option<*mut c_void>, count: *mut c_void) -> u32 {
     run(ctx, |conn| {
-        let mut listed = list(conn, GraphList::Dependencies { node: node as u64 })?;
-        listed.edge_data.clear();
-        fill(ctx, &listed, [deps, none(), none()], count)
+        let mut listed = list(conn, query)?;
+        let Some(edges) = edges else {
+            listed.edge_data.clear();
+            return fill(ctx, &listed, [deps, none(), none()], count);
+        };
+        // Edge data is the second column of a node list.
+        listed.peers = std::mem::take(&mut listed.edge_data);
+        let lossy = edges.is_null() && listed.peers.iter().any(|e| *e != 0);
+        let s = fill(ctx, &listed, [deps, edges, none()], count)?;
+        Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
     })
+}
+
+pub unsafe fn node_get_dependencies_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
+    node_peers(ctx, GraphList::Dependencies { node: node as u64 }, deps, None, count)
 }
 
 pub unsafe fn node_get_dependencies_4(
@@ -1286,22 +1299,11 @@ pub unsafe fn node_get_dependencies_4(
     edges: *mut c_void,
     count: *mut c_void,
 ) -> u32 {
-    run(ctx, |conn| {
-        let mut listed = list(conn, GraphList::Dependencies { node: node as u64 })?;
-        // Edge data is the second column of a node list.
-        listed.peers = std::mem::take(&mut listed.edge_data);
-        let lossy = edges.is_null() && listed.peers.iter().any(|e| *e != 0);
-        let s = fill(ctx, &listed, [deps, edges, none()], count)?;
-        Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
-    })
+    node_peers(ctx, GraphList::Dependencies { node: node as u64 }, deps, Some(edges), count)
 }
 
 pub unsafe fn node_get_dependent_nodes_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
-    run(ctx, |conn| {
-        let mut listed = list(conn, GraphList::Dependents { node: node as u64 })?;
-        listed.edge_data.clear();
-        fill(ctx, &listed, [deps, none(), none()], count)
-    })
+    node_peers(ctx, GraphList::Dependents { node: node as u64 }, deps, None, count)
 }
 
 pub unsafe fn node_get_dependent_nodes_4(
@@ -1311,11 +1313,5 @@ pub unsafe fn node_get_dependent_nodes_4(
     edges: *mut c_void,
     count: *mut c_void,
 ) -> u32 {
-    run(ctx, |conn| {
-        let mut listed = list(conn, GraphList::Dependents { node: node as u64 })?;
-        listed.peers = std::mem::take(&mut listed.edge_data);
-        let lossy = edges.is_null() && listed.peers.iter().any(|e| *e != 0);
-        let s = fill(ctx, &listed, [deps, edges, none()], count)?;
-        Ok(if lossy && !deps.is_null() { LOSSY_QUERY } else { s })
-    })
+    node_peers(ctx, GraphList::Dependents { node: node as u64 }, deps, Some(edges), count)
 }
