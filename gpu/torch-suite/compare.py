@@ -2,7 +2,11 @@
 """Run run_cases.py natively and through Chidori, compare case by case, print a table last.
 
     python3 compare.py --chidori PATH --server HOST:PORT [--wan-server HOST:PORT]
-                       [--json OUT] [--only a,b] [--timeout S] [--total S]
+                       [--json OUT] [--only a,b] [--timeout S] [--total S] [--rtt-ms MS]
+
+With a WAN run, a second table sets each case's WAN time against what a program that waits
+only at its own host synchronizations would take: native time + its synchronizing round
+trips × RTT + 10 RTT (issue 19's bound), with the suite's totals.
 
 Floats are compared relative to the larger of the two (inside a list: to the largest
 magnitude in the list) with the case's tolerance: exact 0, fp32 1e-5, loose 1e-3; everything
@@ -139,6 +143,31 @@ def table(rows):
             print("  ".join("-" * w for w in widths))
 
 
+def bound_table(names, native, wan, rtt):
+    """Each case's WAN time against native + synchronizing round trips × RTT + 10 RTT."""
+    rows = [["case", "native s", "wan s", "round trips", "sync round trips", "bound s", "within"]]
+    total_native = total_wan = 0.0
+    within = counted = 0
+    for name in names:
+        n, w = native["records"].get(name) or {}, wan["records"].get(name) or {}
+        ns, ws, syncs = n.get("seconds"), w.get("seconds"), w.get("sync_round_trips")
+        if ns is None or ws is None:
+            rows.append([name, ns or "-", ws or "-", w.get("round_trips", "-"), syncs if syncs is not None else "-", "-", "-"])
+            continue
+        total_native += ns
+        total_wan += ws
+        bound = ns + (syncs or 0) * rtt + 10 * rtt if syncs is not None else None
+        ok = bound is not None and ws <= bound
+        counted += bound is not None
+        within += ok
+        rows.append([name, f"{ns:.3f}", f"{ws:.3f}", w.get("round_trips", "-"), syncs if syncs is not None else "-",
+                     "-" if bound is None else f"{bound:.3f}", "yes" if ok else "NO"])
+    table(rows)
+    ratio = f"{total_wan / total_native:.2f}" if total_native else "-"
+    print(f"\n{within} of {counted} cases within the bound; suite total {total_wan:.1f} s at "
+          f"{rtt * 1000:.0f} ms vs {total_native:.1f} s native ({ratio}x)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chidori", required=True, help="path of the chidori binary")
@@ -149,6 +178,7 @@ def main():
     parser.add_argument("--only", help="comma-separated case names (default: all)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for each whole run")
     parser.add_argument("--total", type=float, help="seconds for everything: later cases are not run")
+    parser.add_argument("--rtt-ms", type=float, default=70.0, help="the WAN's round-trip time, for the bound table")
     args = parser.parse_args()
 
     targets = [] if args.wan_only and args.wan_server else [("remote", args.server)]
@@ -212,6 +242,10 @@ def main():
         rows.append(row)
     print()
     table(rows)
+    wan = next((r for r in others if r["label"] == "wan"), None)
+    if wan:
+        print()
+        bound_table(names, native, wan, args.rtt_ms / 1000.0)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs, "comparisons": comparisons, "passed": passed}, f, indent=1)

@@ -5,10 +5,14 @@
 
     python3 run_cases.py [--only a,b]
 
-A failing case is recorded (error holds its traceback) and the next one runs.
+A failing case is recorded (error holds its traceback) and the next one runs. Under
+`chidori run` each record also has the case's "round_trips" and, of those, "sync_round_trips":
+the ones made by calls that block the host natively too (synchronizations, queries, copies),
+which no remote run can avoid.
 """
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -17,8 +21,30 @@ import torch
 
 from cases import CASES
 
+# The repository's Python package, for chidori.stats() (it imports without torch or a GPU).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+try:
+    import chidori
+except ImportError:
+    chidori = None
+
+# Functions whose round trips the program's own host synchronizations make.
+SYNCS = ("Synchronize", "Query", "Memcpy", "MemcpyDtoH")
+
+
+def remote_counts():
+    """(round trips, of them at synchronizing functions) so far; None when not remote."""
+    if chidori is None or not chidori.is_remote():
+        return None
+    stats = chidori.stats()
+    total = stats.get("total", {}).get("round_trips", 0)
+    syncs = sum(row.get("round_trips", 0) for name, row in stats.items()
+                if name != "total" and any(s in name for s in SYNCS))
+    return total, syncs
+
 
 def run_case(name, fn):
+    before = remote_counts()
     start = time.perf_counter()
     try:
         result = fn()
@@ -28,8 +54,13 @@ def run_case(name, fn):
         ok, error = True, None
     except Exception:
         result, info, ok, error = None, {}, False, traceback.format_exc()
-    return {"case": name, "tol": fn.tol, "ok": ok, "result": result, "info": info, "error": error,
-            "seconds": round(time.perf_counter() - start, 3)}
+    record = {"case": name, "tol": fn.tol, "ok": ok, "result": result, "info": info, "error": error,
+              "seconds": round(time.perf_counter() - start, 3)}
+    after = remote_counts()
+    if before is not None and after is not None:
+        record["round_trips"] = after[0] - before[0]
+        record["sync_round_trips"] = after[1] - before[1]
+    return record
 
 
 def main():
