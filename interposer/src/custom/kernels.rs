@@ -531,84 +531,44 @@ static MEMCPY_ASYNC: CopyForms = CopyForms {
     d2d: &calls::cudaMemcpyAsync__d2d,
 };
 
-/// kind: cudaMemcpyHostToDevice (1), DeviceToDevice (3) or Default (4, decided by `src`).
-fn to_symbol(
+/// A copy to (`into`) or from a `__device__` variable: `other` is the program's side,
+/// `kind` HostToDevice or DeviceToHost (by direction), DeviceToDevice, or Default (decided
+/// by `other`).
+fn symbol_copy(
+    into: bool,
     symbol: *mut c_void,
-    src: *mut c_void,
+    other: *mut c_void,
     count: usize,
     offset: usize,
     kind: u32,
     stream: Option<*mut c_void>,
 ) -> u32 {
-    runtime("cudaMemcpyToSymbol", || {
+    let name = if into { "cudaMemcpyToSymbol" } else { "cudaMemcpyFromSymbol" };
+    runtime(name, || {
         let conn = connection()?;
         let (address, size) = symbol_address(&conn, symbol)?;
         if offset.checked_add(count).is_none_or(|end| end > size) {
             return Err(INVALID_VALUE);
         }
-        let src_dev = match kind {
-            memcpy_kind::cudaMemcpyHostToDevice => false,
+        let host_kind = if into { memcpy_kind::cudaMemcpyHostToDevice } else { memcpy_kind::cudaMemcpyDeviceToHost };
+        let other_dev = match kind {
+            k if k == host_kind => false,
             memcpy_kind::cudaMemcpyDeviceToDevice => true,
-            memcpy_kind::cudaMemcpyDefault => state::is_device(src as u64),
+            memcpy_kind::cudaMemcpyDefault => state::is_device(other as u64),
             _ => return Err(INVALID_MEMCPY_DIRECTION),
         };
         let (forms, tail) = match stream {
             Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
             None => (&MEMCPY, Vec::new()),
         };
-        // SAFETY: `src` is the caller's buffer of `count` bytes.
-        Ok(unsafe {
-            memory::copy(
-                &conn,
-                forms,
-                address + offset as u64,
-                src as u64,
-                count as u64,
-                (true, src_dev),
-                &tail,
-                stream.is_some(),
-            )
-        } as u32)
-    })
-}
-
-fn from_symbol(
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-    stream: Option<*mut c_void>,
-) -> u32 {
-    runtime("cudaMemcpyFromSymbol", || {
-        let conn = connection()?;
-        let (address, size) = symbol_address(&conn, symbol)?;
-        if offset.checked_add(count).is_none_or(|end| end > size) {
-            return Err(INVALID_VALUE);
-        }
-        let dst_dev = match kind {
-            memcpy_kind::cudaMemcpyDeviceToHost => false,
-            memcpy_kind::cudaMemcpyDeviceToDevice => true,
-            memcpy_kind::cudaMemcpyDefault => state::is_device(dst as u64),
-            _ => return Err(INVALID_MEMCPY_DIRECTION),
+        let variable = address + offset as u64;
+        let (dst, src, devices) = if into {
+            (variable, other as u64, (true, other_dev))
+        } else {
+            (other as u64, variable, (other_dev, true))
         };
-        let (forms, tail) = match stream {
-            Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
-            None => (&MEMCPY, Vec::new()),
-        };
-        // SAFETY: `dst` is the caller's buffer of `count` bytes.
-        Ok(unsafe {
-            memory::copy(
-                &conn,
-                forms,
-                dst as u64,
-                address + offset as u64,
-                count as u64,
-                (dst_dev, true),
-                &tail,
-                stream.is_some(),
-            )
-        } as u32)
+        // SAFETY: `other` is the caller's buffer of `count` bytes.
+        Ok(unsafe { memory::copy(&conn, forms, dst, src, count as u64, devices, &tail, stream.is_some()) } as u32)
     })
 }
 
@@ -620,7 +580,7 @@ fn symbol_stream(ctx: &Ctx, stream: *mut c_void) -> *mut c_void {
 
 /// cudaMemcpyToSymbol and its per-thread form.
 pub unsafe fn memcpy_to_symbol(_: &Ctx, symbol: *mut c_void, src: *mut c_void, n: usize, at: usize, kind: u32) -> u32 {
-    to_symbol(symbol, src, n, at, kind, None)
+    symbol_copy(true, symbol, src, n, at, kind, None)
 }
 
 /// cudaMemcpyFromSymbol and its per-thread form.
@@ -632,7 +592,7 @@ pub unsafe fn memcpy_from_symbol(
     at: usize,
     kind: u32,
 ) -> u32 {
-    from_symbol(dst, symbol, n, at, kind, None)
+    symbol_copy(false, symbol, dst, n, at, kind, None)
 }
 
 /// cudaMemcpyToSymbolAsync and its per-thread form.
@@ -645,7 +605,7 @@ pub unsafe fn memcpy_to_symbol_async(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    to_symbol(symbol, src, n, at, kind, Some(symbol_stream(ctx, stream)))
+    symbol_copy(true, symbol, src, n, at, kind, Some(symbol_stream(ctx, stream)))
 }
 
 /// cudaMemcpyFromSymbolAsync and its per-thread form.
@@ -658,7 +618,7 @@ pub unsafe fn memcpy_from_symbol_async(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    from_symbol(dst, symbol, n, at, kind, Some(symbol_stream(ctx, stream)))
+    symbol_copy(false, symbol, dst, n, at, kind, Some(symbol_stream(ctx, stream)))
 }
 
 pub unsafe fn cudaGetSymbolAddress(devPtr: *mut c_void, symbol: *mut c_void) -> u32 {
