@@ -828,6 +828,15 @@ fn batch_op(conn: &Conn, op: &[u8]) -> Result<Memcpy3DParms, u32> {
 }
 
 fn batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u32 {
+    batch_ops(ctx, num_ops, ops, fail, |conn, op| match batch_op(conn, op) {
+        Ok(m) => copy_3d_runtime(conn, &calls::cudaMemcpy3DAsync__d2d, m, Some(stream)),
+        Err(e) => e,
+    })
+}
+
+/// Run `copy` on each of a batch's `num_ops` 112-byte records in order; the first failure
+/// ends the batch, its index written to `fail` where the caller asked for it.
+fn batch_ops(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, copy: impl Fn(&Conn, &[u8]) -> u32) -> u32 {
     run(ctx, |conn| {
         if num_ops == 0 || ops == 0 {
             return Err(invalid(ctx));
@@ -835,10 +844,7 @@ fn batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u32 
         for i in 0..num_ops {
             // SAFETY: the caller's array of numOps 112-byte records.
             let op = unsafe { std::slice::from_raw_parts((ops as usize + i * 112) as *const u8, 112) };
-            let s = match batch_op(conn, op) {
-                Ok(m) => copy_3d_runtime(conn, &calls::cudaMemcpy3DAsync__d2d, m, Some(stream)),
-                Err(e) => e,
-            };
+            let s = copy(conn, op);
             if s != 0 {
                 if fail != 0 {
                     // SAFETY: the caller's size_t.
@@ -1231,61 +1237,44 @@ pub unsafe fn cu_memcpy_batch_fail_index(
 /// CUDA_MEMCPY3D_BATCH_OP: as cudaMemcpy3DBatchOp, with CUarray operands and extents in
 /// bytes for pointers (an array's element size is the driver's to know: asked of it).
 fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u32 {
-    run(ctx, |conn| {
-        if num_ops == 0 || ops == 0 {
-            return Err(invalid(ctx));
-        }
-        for i in 0..num_ops {
-            // SAFETY: the caller's array of numOps 112-byte records.
-            let op = unsafe { std::slice::from_raw_parts((ops as usize + i * 112) as *const u8, 112) };
-            let s = match batch_op(conn, op) {
-                Ok(r) => {
-                    // The runtime's record, as the driver's: pointers are unified addresses.
-                    let elem = if r.src_array != 0 || r.dst_array != 0 {
-                        array_element_size(conn, r.src_array.max(r.dst_array)).unwrap_or(1)
-                    } else {
-                        1
-                    };
-                    let m = CuMemcpy3D {
-                        src_x: if r.src_array != 0 { r.src_pos[0] * elem } else { 0 },
-                        src_y: r.src_pos[1],
-                        src_z: r.src_pos[2],
-                        src_type: if r.src_array != 0 { ARRAY } else { UNIFIED },
-                        src_device: r.src_ptr.ptr,
-                        src_array: r.src_array,
-                        src_pitch: r.src_ptr.pitch,
-                        src_height: r.src_ptr.ysize,
-                        dst_x: if r.dst_array != 0 { r.dst_pos[0] * elem } else { 0 },
-                        dst_y: r.dst_pos[1],
-                        dst_z: r.dst_pos[2],
-                        dst_type: if r.dst_array != 0 { ARRAY } else { UNIFIED },
-                        dst_device: r.dst_ptr.ptr,
-                        dst_array: r.dst_array,
-                        dst_pitch: r.dst_ptr.pitch,
-                        dst_height: r.dst_ptr.ysize,
-                        width: r.extent[0] * elem,
-                        height: r.extent[1],
-                        depth: r.extent[2],
-                        ..Default::default()
-                    };
-                    let send = |m: &CuMemcpy3D| -> u32 {
-                        let args = [m as *const CuMemcpy3D as u64, stream];
-                        // SAFETY: the record lives across the call.
-                        unsafe { call(conn, &dcalls::cuMemcpy3DAsync_v2__d2d, &args) }
-                    };
-                    copy_3d_driver(conn, m, Some(stream), &send)
-                }
-                Err(e) => e,
+    batch_ops(ctx, num_ops, ops, fail, |conn, op| match batch_op(conn, op) {
+        Ok(r) => {
+            // The runtime's record, as the driver's: pointers are unified addresses.
+            let elem = if r.src_array != 0 || r.dst_array != 0 {
+                array_element_size(conn, r.src_array.max(r.dst_array)).unwrap_or(1)
+            } else {
+                1
             };
-            if s != 0 {
-                if fail != 0 {
-                    // SAFETY: the caller's size_t.
-                    unsafe { std::ptr::write_unaligned(fail as *mut usize, i) };
-                }
-                return Err(s);
-            }
+            let m = CuMemcpy3D {
+                src_x: if r.src_array != 0 { r.src_pos[0] * elem } else { 0 },
+                src_y: r.src_pos[1],
+                src_z: r.src_pos[2],
+                src_type: if r.src_array != 0 { ARRAY } else { UNIFIED },
+                src_device: r.src_ptr.ptr,
+                src_array: r.src_array,
+                src_pitch: r.src_ptr.pitch,
+                src_height: r.src_ptr.ysize,
+                dst_x: if r.dst_array != 0 { r.dst_pos[0] * elem } else { 0 },
+                dst_y: r.dst_pos[1],
+                dst_z: r.dst_pos[2],
+                dst_type: if r.dst_array != 0 { ARRAY } else { UNIFIED },
+                dst_device: r.dst_ptr.ptr,
+                dst_array: r.dst_array,
+                dst_pitch: r.dst_ptr.pitch,
+                dst_height: r.dst_ptr.ysize,
+                width: r.extent[0] * elem,
+                height: r.extent[1],
+                depth: r.extent[2],
+                ..Default::default()
+            };
+            let send = |m: &CuMemcpy3D| -> u32 {
+                let args = [m as *const CuMemcpy3D as u64, stream];
+                // SAFETY: the record lives across the call.
+                unsafe { call(conn, &dcalls::cuMemcpy3DAsync_v2__d2d, &args) }
+            };
+            copy_3d_driver(conn, m, Some(stream), &send)
         }
-        Ok(0)
+        Err(e) => e,
     })
 }
 
