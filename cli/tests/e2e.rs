@@ -2235,6 +2235,7 @@ int main(void) {
   CHECK(cuMemFreeAsync(pm, s));
 
   /* A graph: memset then a device-to-device copy node, replayed. */
+  unsigned char bytes[64];
   CUgraph g;
   CUgraphNode set, cp, nodes[4];
   CHECK(cuGraphCreate(&g, 0));
@@ -2246,9 +2247,16 @@ int main(void) {
   CHECK(cuMemAlloc(&d2, 64));
   CUDA_MEMCPY3D c3;
   memset(&c3, 0, sizeof c3);
-  c3.srcMemoryType = CU_MEMORYTYPE_DEVICE; c3.srcDevice = d; c3.srcPitch = 64;
+  /* Unified sides, as a statically linked runtime names them: device memory passes; the
+     program's own memory (the graph replays on the server) is not supported. */
+  c3.srcMemoryType = CU_MEMORYTYPE_UNIFIED; c3.srcDevice = (CUdeviceptr)bytes; c3.srcPitch = 64;
   c3.dstMemoryType = CU_MEMORYTYPE_DEVICE; c3.dstDevice = d2; c3.dstPitch = 64;
   c3.WidthInBytes = 64; c3.Height = 1; c3.Depth = 1;
+  EXPECT(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx) == CUDA_ERROR_NOT_SUPPORTED);
+  c3.srcMemoryType = CU_MEMORYTYPE_HOST; c3.srcHost = bytes;
+  EXPECT(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx) == CUDA_ERROR_NOT_SUPPORTED);
+  c3.srcMemoryType = CU_MEMORYTYPE_UNIFIED; c3.srcDevice = d; c3.srcHost = NULL;
+  c3.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
   CHECK(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx));
   size_t n = 4;
   CHECK(cuGraphGetNodes(g, nodes, &n));
@@ -2262,7 +2270,6 @@ int main(void) {
   CHECK(cuStreamAddCallback(s, on_stream, NULL, 0));
   CHECK(cuStreamSynchronize(s));
   EXPECT(called == 1);
-  unsigned char bytes[64];
   CHECK(cuMemcpyDtoH(bytes, d2, 64));
   for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 0x11);
   CHECK(cuGraphExecDestroy(x));
