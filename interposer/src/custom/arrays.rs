@@ -960,6 +960,19 @@ fn resolve_type(ty: u32, device: u64) -> u32 {
     }
 }
 
+/// Both sides of a driver copy with unified sides resolved to device or host memory (a
+/// unified side's address is its device field, natively: its host field is not read).
+fn resolve_unified(m: &mut CuMemcpy3D) {
+    if m.src_type == UNIFIED {
+        m.src_host = m.src_device;
+    }
+    if m.dst_type == UNIFIED {
+        m.dst_host = m.dst_device;
+    }
+    m.src_type = resolve_type(m.src_type, m.src_device);
+    m.dst_type = resolve_type(m.dst_type, m.dst_device);
+}
+
 /// A memcpy node's CUDA_MEMCPY3D as the server's graph can run it: unified sides resolved to
 /// device memory (a statically linked runtime names every side unified); a side in the
 /// program's own memory is refused (the graph replays on the server).
@@ -972,11 +985,9 @@ pub(crate) unsafe fn node_copy_3d(p: *const c_void) -> Result<Vec<u8>, &'static 
     }
     // SAFETY: per the contract (200 bytes in every version).
     let mut m = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy3D) };
-    for (ty, device) in [(&mut m.src_type, m.src_device), (&mut m.dst_type, m.dst_device)] {
-        *ty = resolve_type(*ty, device);
-        if *ty == HOST {
-            return Err("a memcpy node with host memory (the graph runs on the server)");
-        }
+    resolve_unified(&mut m);
+    if m.src_type == HOST || m.dst_type == HOST {
+        return Err("a memcpy node with host memory (the graph runs on the server)");
     }
     // SAFETY: a plain-data record, read as its bytes.
     let bytes = unsafe { std::slice::from_raw_parts(&m as *const CuMemcpy3D as *const u8, size_of::<CuMemcpy3D>()) };
@@ -986,15 +997,7 @@ pub(crate) unsafe fn node_copy_3d(p: *const c_void) -> Result<Vec<u8>, &'static 
 /// A driver 3D copy (a 2D one has depth 1): sent as is between device memory and arrays,
 /// through a staging buffer where a side is host memory. `send` issues the device-side copy.
 fn copy_3d_driver(conn: &Conn, mut m: CuMemcpy3D, stream: Option<u64>, send: &dyn Fn(&CuMemcpy3D) -> u32) -> u32 {
-    // A unified side's address is its device field (its host field is not read, natively).
-    if m.src_type == UNIFIED {
-        m.src_host = m.src_device;
-    }
-    if m.dst_type == UNIFIED {
-        m.dst_host = m.dst_device;
-    }
-    m.src_type = resolve_type(m.src_type, m.src_device);
-    m.dst_type = resolve_type(m.dst_type, m.dst_device);
+    resolve_unified(&mut m);
     if (m.src_type == HOST && m.src_host == 0) || (m.dst_type == HOST && m.dst_host == 0) {
         return chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
     }

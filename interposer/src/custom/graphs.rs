@@ -665,25 +665,41 @@ fn memcpy_node(ctx: &Ctx, target: Target, p: *const c_void, desc: &'static CallD
     run(ctx, |conn| {
         // SAFETY: the caller's record.
         let record = unsafe { node_copy_record(ctx, p) }?;
-        let r = record.as_ptr() as u64;
-        let (deps, later) = target.plain_deps()?;
-        // SAFETY (all arms): the checked record, the caller's arrays and out-pointer.
-        let s = unsafe {
-            match target {
-                Target::Add { out, graph, count, .. } => {
-                    let args = [out as u64, graph, deps.as_ptr() as u64, if later { 0 } else { count as u64 }, r];
-                    let s = call(conn, desc, &args);
-                    if s == 0 && later {
-                        return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
-                    }
-                    s
-                }
-                Target::Set { node } => call(conn, desc, &[node, r]),
-                Target::ExecSet { exec, node } => call(conn, desc, &[exec, node, r]),
-            }
-        };
-        Ok(s)
+        send_copy_node(conn, ctx, target, desc, record.as_ptr() as u64, None)
     })
+}
+
+/// Send a memcpy node's Add, Set or Exec Set (`desc`) with its checked record; the driver's
+/// Add and Exec Set take the copy's context last (`copy_ctx`).
+fn send_copy_node(
+    conn: &Conn,
+    ctx: &Ctx,
+    target: Target,
+    desc: &'static CallDesc,
+    record: u64,
+    copy_ctx: Option<u64>,
+) -> Result<u32, u32> {
+    let (deps, later) = target.plain_deps()?;
+    let mut args = match target {
+        Target::Add { out, graph, count, .. } => {
+            vec![out as u64, graph, deps.as_ptr() as u64, if later { 0 } else { count as u64 }, record]
+        }
+        Target::Set { node } => vec![node, record],
+        Target::ExecSet { exec, node } => vec![exec, node, record],
+    };
+    if !matches!(target, Target::Set { .. }) {
+        args.extend(copy_ctx);
+    }
+    // SAFETY: the record lives across the call; the caller's arrays and out-pointer.
+    let s = unsafe { call(conn, desc, &args) };
+    if let Target::Add { out, .. } = target
+        && s == 0
+        && later
+    {
+        // SAFETY: the caller's out-pointer, just written.
+        return Ok(add_edges(conn, ctx, target, unsafe { std::ptr::read_unaligned(out as *const u64) }));
+    }
+    Ok(s)
 }
 
 pub unsafe fn add_memcpy_node(
@@ -712,27 +728,12 @@ fn cu_memcpy_node(ctx: &Ctx, target: Target, copy: *const c_void, copy_ctx: u64)
         // SAFETY: the caller's record.
         let record = unsafe { super::arrays::node_copy_3d(copy) }
             .map_err(|why| if copy.is_null() { invalid(ctx) } else { not_supported(ctx, why) })?;
-        let r = record.as_ptr() as u64;
-        let (deps, later) = target.plain_deps()?;
-        // SAFETY (all arms): the resolved record, the caller's arrays and out-pointer.
-        let s = unsafe {
-            match target {
-                Target::Add { out, graph, count, .. } => {
-                    let n = if later { 0 } else { count as u64 };
-                    let args = [out as u64, graph, deps.as_ptr() as u64, n, r, copy_ctx];
-                    let s = call(conn, &dcalls::cuGraphAddMemcpyNode__call, &args);
-                    if s == 0 && later {
-                        return Ok(add_edges(conn, ctx, target, std::ptr::read_unaligned(out as *const u64)));
-                    }
-                    s
-                }
-                Target::Set { node } => call(conn, &dcalls::cuGraphMemcpyNodeSetParams__call, &[node, r]),
-                Target::ExecSet { exec, node } => {
-                    call(conn, &dcalls::cuGraphExecMemcpyNodeSetParams__call, &[exec, node, r, copy_ctx])
-                }
-            }
+        let desc = match target {
+            Target::Add { .. } => &dcalls::cuGraphAddMemcpyNode__call,
+            Target::Set { .. } => &dcalls::cuGraphMemcpyNodeSetParams__call,
+            Target::ExecSet { .. } => &dcalls::cuGraphExecMemcpyNodeSetParams__call,
         };
-        Ok(s)
+        send_copy_node(conn, ctx, target, desc, record.as_ptr() as u64, Some(copy_ctx))
     })
 }
 
