@@ -429,6 +429,9 @@ int main(void) {
   if (cudaMemsetAsync(p + 32, 0x22, 4, 0) != cudaSuccess) return 10;
   if (cudaMemcpy(back, p, 64, cudaMemcpyDeviceToHost) != cudaSuccess) return 11;
   if (back[0] != 0x11 || back[32] != 0x22 || back[36] != 0x11) return 12;
+  /* A copy into mirrored pinned memory returns with the bytes there, as natively. */
+  if (cudaMemcpy(p + 200, d, 8, cudaMemcpyDeviceToHost) != cudaSuccess) return 15;
+  for (int i = 0; i < 8; ++i) if (p[200 + i] != (unsigned char)(i * 7)) return 16;
   if (cudaFreeHost(p) != cudaSuccess || cudaFreeHost(q) != cudaSuccess) return 13;
   /* Memory that is no pinned memory has no device pointer. */
   if (cudaHostGetDevicePointer(&dp, back, 0) == cudaSuccess) return 14;
@@ -1853,11 +1856,6 @@ int main(void) {
   struct cudaHostNodeParams hp2;
   CHECK(cudaGraphHostNodeGetParams(hostnode, &hp2));
   EXPECT(hp2.fn == count_replay);
-  /* A graph replayed on the server cannot touch this program's memory. */
-  cudaGraphNode_t bad;
-  EXPECT(cudaGraphAddMemcpyNode1D(&bad, g, NULL, 0, out, a, 16, cudaMemcpyDefault) == cudaErrorNotSupported);
-  cudaGetLastError();
-
   cudaGraphExec_t x;
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -1945,6 +1943,154 @@ int main(void) {
   return 0;
 }
 "#;
+
+/// Graphs that copy the program's own memory (NVIDIA's simpleCudaGraphs, jacobiCudaGraphs,
+/// conjugateGradientCudaGraphs): copy nodes and captured copies between device memory and
+/// pinned memory, a `malloc`ed buffer and stack variables; a host node reads what the copy
+/// before it wrote; each replay reads the host memory as it is at the launch.
+const GRAPH_HOST_MEMORY: &str = r#"
+#include <stdlib.h>
+#include <cuda_runtime_api.h>
+static float seen = -1;
+static int replays = 0;
+static void CUDART_CB read_result(void *p) { seen = *(float *)p; replays++; }
+static struct cudaPitchedPtr pitched(void *p, size_t bytes) {
+  struct cudaPitchedPtr r = { p, bytes, bytes, 1 };
+  return r;
+}
+int main(void) {
+  enum { N = 4096 };
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *pinned, *pageable = malloc(N * sizeof(float)), *d;
+  CHECK(cudaMallocHost((void **)&pinned, N * sizeof(float)));
+  CHECK(cudaMalloc((void **)&d, 2 * N * sizeof(float)));
+  for (int i = 0; i < N; ++i) { pinned[i] = (float)i; pageable[i] = 2.0f * i; }
+  float result = 0; /* a stack variable, as in simpleCudaGraphs */
+
+  /* Call by call: in from pinned (1D) and pageable memory (3D), out into the stack
+     variable, then a host node that reads it. */
+  cudaGraph_t g;
+  cudaGraphNode_t in[2], out, host;
+  CHECK(cudaGraphCreate(&g, 0));
+  CHECK(cudaGraphAddMemcpyNode1D(&in[0], g, NULL, 0, d, pinned, N * sizeof(float), cudaMemcpyHostToDevice));
+  struct cudaMemcpy3DParms p;
+  memset(&p, 0, sizeof p);
+  p.srcPtr = pitched(pageable, N * sizeof(float));
+  p.dstPtr = pitched(d + N, N * sizeof(float));
+  p.extent.width = N * sizeof(float); p.extent.height = 1; p.extent.depth = 1;
+  p.kind = cudaMemcpyHostToDevice;
+  CHECK(cudaGraphAddMemcpyNode(&in[1], g, NULL, 0, &p));
+  memset(&p, 0, sizeof p);
+  p.srcPtr = pitched(d + N + 7, sizeof(float));
+  p.dstPtr = pitched(&result, sizeof(float));
+  p.extent.width = sizeof(float); p.extent.height = 1; p.extent.depth = 1;
+  p.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaGraphAddMemcpyNode(&out, g, in, 2, &p));
+  struct cudaHostNodeParams hp = { read_result, &result };
+  CHECK(cudaGraphAddHostNode(&host, g, &out, 1, &hp));
+  cudaGraphExec_t x;
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(result == 14.0f && seen == 14.0f && replays == 1);
+  /* Each launch copies the memory as it is then. */
+  pageable[7] = 100.0f;
+  pinned[5] = -5.0f;
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(result == 100.0f && seen == 100.0f && replays == 2);
+  float back[N];
+  CHECK(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost));
+  EXPECT(back[5] == -5.0f && back[6] == 6.0f);
+  /* The node's parameters read back as they were set. */
+  struct cudaMemcpy3DParms got;
+  CHECK(cudaGraphMemcpyNodeGetParams(out, &got));
+  EXPECT(got.dstPtr.ptr == &result && got.srcPtr.ptr == d + N + 7);
+
+  /* Captured: copies in from a malloc'ed buffer, out into a stack variable and into pinned
+     memory, and the host function that reads the result. */
+  float captured = 0;
+  float *more = malloc(64 * sizeof(float));
+  for (int i = 0; i < 64; ++i) more[i] = 1000.0f + i;
+  cudaGraph_t cg;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpyAsync(d, more, 64 * sizeof(float), cudaMemcpyHostToDevice, s));
+  CHECK(cudaMemsetAsync(d + 1, 0, sizeof(float), s));
+  CHECK(cudaMemcpyAsync(&captured, d + 3, sizeof(float), cudaMemcpyDefault, s));
+  CHECK(cudaMemcpyAsync(pinned + 10, d, 4 * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaLaunchHostFunc(s, read_result, &captured));
+  CHECK(cudaStreamEndCapture(s, &cg));
+  cudaGraphExec_t cx;
+  CHECK(cudaGraphInstantiate(&cx, cg, 0));
+  EXPECT(captured == 0.0f && pinned[10] == 10.0f); /* nothing ran while capturing */
+  CHECK(cudaGraphLaunch(cx, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(captured == 1003.0f && seen == 1003.0f);
+  EXPECT(pinned[10] == 1000.0f && pinned[11] == 0.0f && pinned[13] == 1003.0f && pinned[14] == 14.0f);
+  more[3] = 7.5f;
+  CHECK(cudaGraphLaunch(cx, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(captured == 7.5f && seen == 7.5f && pinned[13] == 7.5f);
+  /* Only the bytes the GPU wrote come back: a variable between two results, written by
+     the program after the launch, keeps its value. */
+  struct { float a, between, b; } pair = { 0, 0, 0 };
+  cudaGraph_t pg;
+  cudaGraphExec_t px;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpyAsync(&pair.a, d + 2, sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaMemcpyAsync(&pair.b, d + 3, sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamEndCapture(s, &pg));
+  CHECK(cudaGraphInstantiate(&px, pg, 0));
+  CHECK(cudaGraphLaunch(px, s));
+  pair.between = 5.0f;
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(pair.a == 1002.0f && pair.b == 7.5f && pair.between == 5.0f);
+  CHECK(cudaGraphExecDestroy(px));
+  CHECK(cudaGraphDestroy(pg));
+  /* 2D rows of a malloc'ed buffer in, on a capturing stream. */
+  float *rows = malloc(8 * 16 * sizeof(float));
+  for (int i = 0; i < 8 * 16; ++i) rows[i] = (float)i;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpy2DAsync(d, 4 * sizeof(float), rows, 16 * sizeof(float), 4 * sizeof(float), 8, cudaMemcpyHostToDevice, s));
+  CHECK(cudaStreamEndCapture(s, &pg));
+  CHECK(cudaGraphInstantiate(&px, pg, 0));
+  rows[16 * 7 + 3] = -1.0f;
+  CHECK(cudaGraphLaunch(px, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(back, d, 32 * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT(back[r * 4 + c] == (r == 7 && c == 3 ? -1.0f : (float)(r * 16 + c)));
+  CHECK(cudaGraphExecDestroy(px));
+  CHECK(cudaGraphDestroy(pg));
+  free(rows);
+  /* Outside the graphs, copies of the same memory still see the program's writes. */
+  more[0] = 42.0f;
+  CHECK(cudaMemcpy(d, more, sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(&captured, d, sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT(captured == 42.0f);
+
+  CHECK(cudaGraphExecDestroy(cx));
+  CHECK(cudaGraphDestroy(cg));
+  CHECK(cudaGraphExecDestroy(x));
+  CHECK(cudaGraphDestroy(g));
+  free(more);
+  free(pageable);
+  CHECK(cudaFreeHost(pinned));
+  CHECK(cudaFree(d));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn graphs_copy_the_programs_own_memory_through_mirrors() {
+    let server = server();
+    let exe = program("graph-host-memory", &format!("{CHECKS}{GRAPH_HOST_MEMORY}"));
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
 
 #[test]
 fn graphs_built_call_by_call_replay_on_the_emulated_gpu() {
@@ -2247,16 +2393,10 @@ int main(void) {
   CHECK(cuMemAlloc(&d2, 64));
   CUDA_MEMCPY3D c3;
   memset(&c3, 0, sizeof c3);
-  /* Unified sides, as a statically linked runtime names them: device memory passes; the
-     program's own memory (the graph replays on the server) is not supported. */
-  c3.srcMemoryType = CU_MEMORYTYPE_UNIFIED; c3.srcDevice = (CUdeviceptr)bytes; c3.srcPitch = 64;
-  c3.dstMemoryType = CU_MEMORYTYPE_DEVICE; c3.dstDevice = d2; c3.dstPitch = 64;
+  /* Unified sides, as a statically linked runtime names them: device memory passes. */
+  c3.srcMemoryType = CU_MEMORYTYPE_UNIFIED; c3.srcDevice = d; c3.srcPitch = 64;
+  c3.dstMemoryType = CU_MEMORYTYPE_UNIFIED; c3.dstDevice = d2; c3.dstPitch = 64;
   c3.WidthInBytes = 64; c3.Height = 1; c3.Depth = 1;
-  EXPECT(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx) == CUDA_ERROR_NOT_SUPPORTED);
-  c3.srcMemoryType = CU_MEMORYTYPE_HOST; c3.srcHost = bytes;
-  EXPECT(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx) == CUDA_ERROR_NOT_SUPPORTED);
-  c3.srcMemoryType = CU_MEMORYTYPE_UNIFIED; c3.srcDevice = d; c3.srcHost = NULL;
-  c3.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
   CHECK(cuGraphAddMemcpyNode(&cp, g, &set, 1, &c3, ctx));
   size_t n = 4;
   CHECK(cuGraphGetNodes(g, nodes, &n));
@@ -2264,14 +2404,26 @@ int main(void) {
   n = 4;
   CHECK(cuGraphNodeGetDependencies(cp, nodes, NULL, &n));
   EXPECT(n == 1 && nodes[0] == set);
+  /* The program's own memory, named unified (out) and host (in): the graph replays on the
+     server, which copies its mirror of that memory. */
+  unsigned char in[64], out[64];
+  for (int i = 0; i < 64; ++i) { in[i] = (unsigned char)(i + 1); out[i] = 0; }
+  CUgraphNode out_node, in_node;
+  c3.srcMemoryType = CU_MEMORYTYPE_DEVICE; c3.srcDevice = d2;
+  c3.dstMemoryType = CU_MEMORYTYPE_UNIFIED; c3.dstDevice = (CUdeviceptr)out;
+  CHECK(cuGraphAddMemcpyNode(&out_node, g, &cp, 1, &c3, ctx));
+  c3.srcMemoryType = CU_MEMORYTYPE_HOST; c3.srcHost = in;
+  c3.dstMemoryType = CU_MEMORYTYPE_DEVICE; c3.dstDevice = d2;
+  CHECK(cuGraphAddMemcpyNode(&in_node, g, &out_node, 1, &c3, ctx));
   CUgraphExec x;
   CHECK(cuGraphInstantiate(&x, g, 0));
   CHECK(cuGraphLaunch(x, s));
   CHECK(cuStreamAddCallback(s, on_stream, NULL, 0));
   CHECK(cuStreamSynchronize(s));
   EXPECT(called == 1);
+  for (int i = 0; i < 64; ++i) EXPECT(out[i] == 0x11);
   CHECK(cuMemcpyDtoH(bytes, d2, 64));
-  for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 0x11);
+  for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == i + 1);
   CHECK(cuGraphExecDestroy(x));
   CHECK(cuGraphDestroy(g));
 

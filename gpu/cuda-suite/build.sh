@@ -25,7 +25,8 @@ if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcud
 NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_events pinned_async
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
-       driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse)
+       driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
+       graph_host_memory)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 

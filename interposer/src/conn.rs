@@ -123,8 +123,8 @@ pub type ProgressSender = std::sync::mpsc::Sender<(u32, Vec<u8>)>;
 /// a graph runs once per replay.
 pub type CallbackFn = Arc<dyn Fn(i64) + Send + Sync>;
 
-/// A host callback the server asks for: (id, token, status, keep registered).
-type CallbackRun = (u64, u64, i64, bool);
+/// A host callback the server asks for.
+type CallbackRun = HostCallback;
 
 pub struct Conn {
     pub server: String,
@@ -1324,7 +1324,7 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
         Kind::HostCallback => {
             let cb: HostCallback = messages::decode(frame, "host callback").map_err(|e| e.to_string())?;
             let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
-            queue.send((cb.id, cb.token, cb.status, cb.keep)).map_err(|_| "the callback thread is gone".to_owned())?;
+            queue.send(cb).map_err(|_| "the callback thread is gone".to_owned())?;
         }
         Kind::Output => print_gpu_output(&frame.bulk),
         Kind::Goodbye => {
@@ -1363,8 +1363,10 @@ fn print_gpu_output(bytes: &[u8]) {
 /// never on the I/O thread.
 fn start_callback_thread(rx: std::sync::mpsc::Receiver<CallbackRun>) {
     let _ = std::thread::Builder::new().name("chidori-callback".into()).spawn(move || {
-        while let Ok((id, token, status, keep)) = rx.recv() {
+        while let Ok(HostCallback { id, token, status, keep, mirror_runs }) = rx.recv() {
             let Some(conn) = existing() else { continue };
+            // What the GPU wrote into mirrored memory before the function: the program's now.
+            crate::mirror::land(mirror_runs);
             let f = {
                 let mut callbacks = conn.callbacks.lock().unwrap_or_else(|p| p.into_inner());
                 if keep { callbacks.get(&id).cloned() } else { callbacks.remove(&id) }

@@ -7,8 +7,15 @@
 //! changed and writes them into the program's memory before returning: a program sees the
 //! GPU's writes at the synchronization that would show them natively.
 //!
-//! [`Tracker`] is the bookkeeping (chunk hashes, what to send), free of connections and
-//! FFI; the functions below it use it on the live connection.
+//! A graph replays on the server, so a copy node (made call by call or captured) whose one
+//! side is the program's memory copies that memory's mirror instead ([`for_graph`]): pinned
+//! memory is mirrored as for kernels; pageable memory (a stack variable, a `malloc`ed buffer)
+//! is mirrored by whole pages, a *stand-in*. Every mirror is brought up to date before each
+//! graph launch, and what the GPU wrote comes back at the next waiting call, or before a host
+//! function of the program runs (the server sends it with the request to run it).
+//!
+//! [`Tracker`] is the bookkeeping (chunk hashes, what to send, stand-in pages), free of
+//! connections and FFI; the functions below it use it on the live connection.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -32,6 +39,8 @@ fn hash(bytes: &[u8]) -> u64 {
 #[derive(Default)]
 pub struct Tracker {
     ranges: BTreeMap<u64, Vec<u64>>,
+    /// Pages of pageable memory that graphs copy, mirrored like pinned memory: base → length.
+    stand_ins: BTreeMap<u64, u64>,
 }
 
 /// What one range needs sent: (offset, length) runs of whole changed chunks.
@@ -98,7 +107,40 @@ impl Tracker {
     }
 
     pub fn forget(&mut self, base: u64) -> bool {
+        self.stand_ins.remove(&base);
         self.ranges.remove(&base).is_some()
+    }
+
+    /// The stand-in holding `addr`, as (base, length).
+    pub fn stand_in(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&base, &len) = self.stand_ins.range(..=addr).next_back()?;
+        (addr < base + len).then_some((base, len))
+    }
+
+    /// The stand-in that holds `[addr, addr + len)`: the pages around it, merged with every
+    /// stand-in they overlap (a stand-in is one mirror, and mirrors never share pages).
+    /// Returns it and the bases of the stand-ins it replaces (whose mirrors the server drops;
+    /// the new one covers their addresses, so graph nodes naming them stay valid). None: not
+    /// user memory.
+    pub fn add_stand_in(&mut self, addr: u64, len: u64) -> Option<((u64, u64), Vec<u64>)> {
+        let (mut lo, n) = chidori_protocol::mirror::pages(addr, len.max(1))?;
+        let mut hi = lo + n;
+        if let Some(found) = self.stand_in(addr).filter(|&(b, l)| hi <= b + l) {
+            return Some((found, Vec::new()));
+        }
+        let overlapping: Vec<(u64, u64)> =
+            self.stand_ins.range(..hi).filter(|&(&b, &l)| b + l > lo).map(|(&b, &l)| (b, l)).collect();
+        let mut replaced = Vec::new();
+        for (b, l) in overlapping {
+            lo = lo.min(b);
+            hi = hi.max(b + l);
+            self.stand_ins.remove(&b);
+            if self.ranges.remove(&b).is_some() {
+                replaced.push(b);
+            }
+        }
+        self.stand_ins.insert(lo, hi - lo);
+        Some(((lo, hi - lo), replaced))
     }
 
     pub fn bases(&self) -> Vec<u64> {
@@ -106,13 +148,38 @@ impl Tracker {
     }
 }
 
+/// A copy of `len` bytes of this process's memory at `addr`, or None where any of it is not
+/// mapped readable (a stand-in's page the program has since unmapped).
+fn read_own(addr: u64, len: u64) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; usize::try_from(len).ok()?];
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: out.len() };
+    // SAFETY: reads this process's own memory through the kernel, which answers EFAULT for
+    // what is not mapped instead of faulting; `out` is a live buffer of that length.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == out.len() as isize).then_some(out)
+}
+
+/// Write `bytes` into this process's memory at `addr`; false where it is not mapped writable.
+fn write_own(addr: u64, bytes: &[u8]) -> bool {
+    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: as in `read_own`: the kernel checks the destination.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == bytes.len() as isize
+}
+
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
 /// A launch or call handed the GPU a mirrored range since the last pull.
 static PULL: AtomicBool = AtomicBool::new(false);
 /// The program has pinned or managed memory outside the arena: memory it registered
 /// (cudaHostRegister), `__managed__` variables (at their device addresses), allocations
-/// made when the arena could not be reserved.
+/// made when the arena could not be reserved; or pageable memory a graph copies.
 static OUTSIDE_ARENA: AtomicBool = AtomicBool::new(false);
+
+fn tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
+    TRACKER.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 pub fn note_outside_arena() {
     OUTSIDE_ARENA.store(true, Ordering::Relaxed);
@@ -133,15 +200,13 @@ fn pinned(addr: u64) -> Option<state::Range> {
         .filter(|r| matches!(r.memory, Memory::Pinned { .. } | Memory::Registered { .. } | Memory::Managed))
 }
 
-/// [`pinned`]'s (base, length).
-fn pinned_range(addr: u64) -> Option<(u64, u64)> {
-    pinned(addr).map(|r| (r.base, r.len))
-}
-
-/// Whether `addr` lies in pinned memory the server mirrors.
+/// Whether `addr` lies in pinned (registered, managed) memory the server mirrors: copies
+/// of it on a stream go through the mirror. A stand-in is not: outside the graphs that
+/// copy it, pageable memory is copied the plain way (the program's bytes are the truth, and
+/// the stand-in catches up at its next push).
 pub fn is_mirrored(addr: u64) -> bool {
-    let Some((base, _)) = pinned_range(addr) else { return false };
-    TRACKER.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|t| t.ranges.contains_key(&base))
+    let Some(r) = pinned(addr) else { return false };
+    tracker().as_ref().is_some_and(|t| t.ranges.contains_key(&r.base))
 }
 
 /// Before the GPU is handed `addrs` (kernel parameters, a library's device pointers):
@@ -180,6 +245,10 @@ fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool)
     any
 }
 
+fn stand_in_of(addr: u64) -> Option<(u64, u64)> {
+    tracker().as_ref().and_then(|t| t.stand_in(addr))
+}
+
 /// Bring every managed range's mirror up to date (before a launch of a graph, whose kernels
 /// hold their pointers). Returns whether there was any.
 pub fn prepare_managed(conn: &Conn) -> bool {
@@ -193,14 +262,87 @@ pub fn prepare_managed(conn: &Conn) -> bool {
     !ranges.is_empty()
 }
 
-fn push(conn: &Conn, base: u64, len: u64) {
-    // SAFETY: [base, base + len) is the program's pinned memory, recorded in the interval
-    // map when it was allocated or registered.
-    let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) };
-    let mut tracker = TRACKER.lock().unwrap_or_else(|p| p.into_inner());
+/// Before a graph launch: every mirror is brought up to date (the graph's copy and kernel
+/// nodes name mirrored memory, and replay reads it as it is now), and the GPU may write them.
+pub fn prepare_graph(conn: &Conn) {
+    let bases = match tracker().as_ref() {
+        Some(t) if !t.ranges.is_empty() => t.bases(),
+        _ => Vec::new(),
+    };
+    for base in &bases {
+        match pinned(*base).filter(|r| r.base == *base) {
+            Some(r) => {
+                push(conn, r.base, r.len);
+            }
+            None => {
+                if let Some((b, len)) = stand_in_of(*base).filter(|(b, _)| b == base) {
+                    push(conn, b, len);
+                }
+            }
+        }
+    }
+    if !bases.is_empty() {
+        PULL.store(true, Ordering::Release);
+    }
+    if state::managed_live() {
+        prepare_managed(conn);
+    }
+}
+
+/// A graph's copy (a node, or a copy on a capturing stream) has one side in the program's
+/// memory at `[addr, addr + len)`: make that memory one the server mirrors, with its
+/// contents now, so the node can name it by its address. Pinned, registered and managed
+/// memory is mirrored whole; other memory by the pages that hold it.
+pub fn for_graph(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
+    if let Some(r) = pinned(addr) {
+        if addr.checked_add(len).is_none_or(|end| end > r.base + r.len) {
+            return Err(format!("{len} bytes at {addr:#x} run past the program's pinned range at {:#x}", r.base));
+        }
+        push(conn, r.base, r.len);
+        PULL.store(true, Ordering::Release);
+        return Ok(());
+    }
+    let added = tracker().get_or_insert_with(Tracker::default).add_stand_in(addr, len);
+    let Some(((base, len), replaced)) = added else {
+        return Err(format!("{len} bytes at {addr:#x} are not memory of this program"));
+    };
+    note_outside_arena();
+    for old in replaced {
+        post_drop(conn, old);
+    }
+    if !push(conn, base, len) {
+        return Err(format!("the program's memory at {addr:#x} cannot be read"));
+    }
+    PULL.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Send the server what changed in `[base, base + len)`; false when a stand-in's pages are
+/// gone (the stand-in is dropped).
+fn push(conn: &Conn, base: u64, len: u64) -> bool {
+    let stand_in = stand_in_of(base).is_some_and(|(b, _)| b == base);
+    let copy;
+    let bytes: &[u8] = if stand_in {
+        // The program may have unmapped a stand-in's pages since: read through the kernel.
+        match read_own(base, len) {
+            Some(b) => {
+                copy = b;
+                &copy
+            }
+            None => {
+                forget(base);
+                return false;
+            }
+        }
+    } else {
+        // SAFETY: [base, base + len) is the program's pinned memory, recorded in the
+        // interval map when it was allocated or registered.
+        unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) }
+    };
+    let mut tracker = tracker();
     let update = tracker.get_or_insert_with(Tracker::default).update(base, bytes);
     if !update.new && update.runs.is_empty() {
-        return;
+        return true;
     }
     if update.new {
         crate::log::once("mirror", || {
@@ -214,6 +356,7 @@ fn push(conn: &Conn, base: u64, len: u64) {
     let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
     let _ = conn.post(header, &messages::encode(&request), &parts);
     crate::trace::local("(pinned memory mirrored)");
+    true
 }
 
 /// After a waiting call: if the GPU may have written mirrored memory since the last pull,
@@ -222,42 +365,71 @@ pub fn pull(conn: &Conn) {
     if !PULL.load(Ordering::Acquire) {
         return;
     }
-    let mut tracker = TRACKER.lock().unwrap_or_else(|p| p.into_inner());
-    // Checked again under the lock: another thread may have pulled meanwhile.
-    if !PULL.swap(false, Ordering::AcqRel) {
+    let bases = {
+        let tracker = tracker();
+        // Checked again under the lock: another thread may have pulled meanwhile.
+        if !PULL.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        match tracker.as_ref() {
+            Some(t) => t.bases(),
+            None => return,
+        }
+    };
+    if let Ok(ServiceReply::MirrorRuns { runs }) = conn.service(&Service::MirrorPull { bases }, &[]) {
+        land(runs);
+    }
+}
+
+/// Write bytes the server's mirrors hold, (address, bytes) each, into the program's memory
+/// (a pull's answer, or what came with a request to run a host function).
+pub fn land(runs: Vec<(u64, Vec<u8>)>) {
+    if runs.is_empty() {
         return;
     }
+    let mut tracker = tracker();
     let Some(t) = tracker.as_mut() else { return };
-    let bases = t.bases();
-    let runs = match conn.service(&Service::MirrorPull { bases }, &[]) {
-        Ok(ServiceReply::MirrorRuns { runs }) => runs,
-        Ok(_) | Err(_) => return,
-    };
-    let range_len = |base: u64| pinned_range(base).filter(|(b, _)| *b == base).map(|(_, l)| l);
     for (addr, bytes) in runs {
-        // Only bytes inside a range the program pinned and the client mirrors are written.
+        let stand_in = t.stand_in(addr);
+        let range_len = |base: u64| match stand_in {
+            Some((b, l)) if b == base => Some(l),
+            _ => pinned(base).filter(|r| r.base == base).map(|r| r.len),
+        };
+        // Only bytes inside a range the program pinned (or a graph copies) and the client
+        // mirrors are written.
         let Some(range) = t.covering(addr, bytes.len() as u64, range_len) else {
             crate::log::once("mirror-outside", || {
                 tracing::warn!("the server sent pinned-memory bytes outside any mirror")
             });
             continue;
         };
-        // SAFETY: [addr, addr + len) lies inside the program's pinned range (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        if stand_in.is_some() {
+            if !write_own(addr, &bytes) {
+                continue;
+            }
+        } else {
+            // SAFETY: [addr, addr + len) lies inside the program's pinned range (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        }
         t.landed(range, addr, bytes.len() as u64);
     }
 }
 
-/// The program frees or unregisters the range at `base`: the server's mirror goes too.
+/// The program frees or unregisters the range at `base` (or a stand-in's pages are gone):
+/// the server's mirror goes too.
 pub fn forget(base: u64) {
-    let known = TRACKER.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|t| t.forget(base));
+    let known = tracker().as_mut().is_some_and(|t| t.forget(base));
     if !known {
         return;
     }
     if let Ok(conn) = crate::conn::get() {
-        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-        let _ = conn.post(header, &messages::encode(&Service::MirrorDrop { base }), &[]);
+        post_drop(&conn, base);
     }
+}
+
+fn post_drop(conn: &Conn, base: u64) {
+    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
+    let _ = conn.post(header, &messages::encode(&Service::MirrorDrop { base }), &[]);
 }
 
 /// Pages this process mapped for `__managed__` variables (variables of one module share
@@ -314,6 +486,31 @@ mod tests {
         // The same base with another size is another range.
         let other = vec![5u8; 100];
         assert_eq!(t.update(0x1000, &other), Update { new: true, runs: vec![(0, 100)] });
+    }
+
+    #[test]
+    fn stand_ins_are_whole_pages_merged_where_they_meet() {
+        let mut t = Tracker::default();
+        let page = chidori_protocol::mirror::PAGE;
+        let base = 0x10_0000;
+        // A stack variable: its page.
+        assert_eq!(t.add_stand_in(base + 100, 8), Some(((base, page), vec![])));
+        assert_eq!(t.stand_in(base + 4000), Some((base, page)));
+        // Inside it: the same stand-in.
+        assert_eq!(t.add_stand_in(base + 200, 16), Some(((base, page), vec![])));
+        // Across its end: one stand-in over both pages replaces it (the server drops the old
+        // mirror only if it had been made).
+        t.update(base, &vec![0u8; page as usize]);
+        assert_eq!(t.add_stand_in(base + page - 4, 8), Some(((base, 2 * page), vec![base])));
+        assert_eq!(t.stand_in(base + page + 10), Some((base, 2 * page)));
+        // Stand-ins may meet without sharing a page; a range overlapping two makes one of all.
+        assert_eq!(t.add_stand_in(base + 4 * page, 8), Some(((base + 4 * page, page), vec![])));
+        assert_eq!(t.add_stand_in(base + 2 * page, 8), Some(((base + 2 * page, page), vec![])));
+        assert_eq!(t.add_stand_in(base + page, 3 * page + 1), Some(((base, 5 * page), vec![])));
+        assert_eq!(t.stand_in(base + 5 * page), None);
+        // No user memory.
+        assert_eq!(t.add_stand_in(0x10, 8), None);
+        assert!(t.forget(base) || t.stand_in(base).is_none());
     }
 
     #[test]

@@ -24,6 +24,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (19: outputs sent compressed
-/// where the call asks, `frame::OUTPUTS_COMPRESSED`).
-pub const PROTOCOL_VERSION: u16 = 19;
+/// Bumped on any incompatible change to frames or messages (20: a host callback carries the
+/// mirrored bytes the GPU changed before it, `messages::HostCallback::mirror_runs`).
+pub const PROTOCOL_VERSION: u16 = 20;

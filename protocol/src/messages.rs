@@ -191,6 +191,10 @@ pub struct HostCallback {
     /// The function was captured into a graph and runs again on each replay: the client
     /// keeps it registered.
     pub keep: bool,
+    /// Bytes of the client's mirrored memory the GPU changed before the stream reached the
+    /// function, (address, bytes) each: written into the program's memory before it runs
+    /// (a host node reads what a copy node before it wrote).
+    pub mirror_runs: Vec<(u64, Vec<u8>)>,
 }
 
 /// Client → server: the host callback of `token` returned.

@@ -29,10 +29,6 @@ pub const PAGE: u64 = 4096;
 pub const MAX_MIRROR: u64 = 16 << 30;
 pub const MAX_MIRRORED: u64 = 64 << 30;
 
-/// Equal bytes shorter than this between two changed runs are sent with them (a run costs
-/// 16 bytes of description).
-const GAP: usize = 32;
-
 /// Reserve `[base, base + len)` (page-aligned) without access or backing, exactly there:
 /// false when any of it is taken (MAP_FIXED_NOREPLACE never replaces a mapping).
 pub fn reserve(base: u64, len: u64) -> bool {
@@ -103,8 +99,10 @@ pub fn pages(base: u64, len: u64) -> Option<(u64, u64)> {
     Some((first, last - first))
 }
 
-/// Runs `(offset, length)` where `now` differs from `before` (same length), nearby runs
-/// merged.
+/// Runs `(offset, length)` of exactly the bytes where `now` differs from `before` (same
+/// length). Exact, not merged across equal bytes: the runs of a pull are written into the
+/// program's memory, where an equal byte between two changed ones may be one the program
+/// has written since (another variable on the same page).
 pub fn changed_runs(before: &[u8], now: &[u8]) -> Vec<(u64, u64)> {
     debug_assert_eq!(before.len(), now.len());
     let n = before.len().min(now.len());
@@ -121,19 +119,10 @@ pub fn changed_runs(before: &[u8], now: &[u8]) -> Vec<(u64, u64)> {
             continue;
         }
         let start = i;
-        let mut end = i + 1;
-        let mut j = end;
-        while j < n && j - end < GAP {
-            if before[j] != now[j] {
-                end = j + 1;
-            }
-            j += 1;
+        while i < n && before[i] != now[i] {
+            i += 1;
         }
-        match runs.last_mut() {
-            Some((o, l)) if start - (*o + *l) as usize <= GAP => *l = (end as u64) - *o,
-            _ => runs.push((start as u64, (end - start) as u64)),
-        }
-        i = end;
+        runs.push((start as u64, (i - start) as u64));
     }
     runs
 }
@@ -181,7 +170,9 @@ mod tests {
         now[3] = 1;
         now[5] = 1;
         now[150] = 7;
-        assert_eq!(changed_runs(&before, &now), vec![(3, 3), (150, 1)]);
+        now[6] = 1;
+        // Byte 4 stays as it was: it is not sent (the program may have written it since).
+        assert_eq!(changed_runs(&before, &now), vec![(3, 1), (5, 2), (150, 1)]);
         assert_eq!(changed_runs(&before, &before), vec![]);
     }
 

@@ -485,6 +485,23 @@ impl Backend for Emulated {
                         self.copy(a[0], device(0), a[1], device(1), a[2])
                     }
                 }
+                ("cudart", "cudaMemcpy2DAsync")
+                    if let Some(status) = self.captured(
+                        a[7],
+                        (device(0) && device(2)).then_some((
+                            graphs::kind::MEMCPY,
+                            Op::Region {
+                                dst: graphs::Region { addr: a[0], pitch: a[1], slice: 0 },
+                                src: graphs::Region { addr: a[2], pitch: a[3], slice: 0 },
+                                width: a[4],
+                                height: a[5],
+                                depth: 1,
+                            },
+                        )),
+                    ) =>
+                {
+                    status
+                }
                 // Row by row; the wire form says which side is the GPU's.
                 ("cudart", "cudaMemcpy2D" | "cudaMemcpy2DAsync") => {
                     let (dst, dpitch, src, spitch, width, height) = (a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -1113,6 +1130,11 @@ impl Backend for Emulated {
     fn host_fn(&self, _desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {
         if !self.stream_ok(stream) {
             return Ok(INVALID_HANDLE);
+        }
+        // On a capturing stream: a host node of the graph, run on each replay.
+        let host = std::sync::Arc::new(host);
+        if let Some(status) = self.captured(stream, Some((graphs::kind::HOST, Op::Host(host.clone())))) {
+            return Ok(status);
         }
         // Every earlier operation of the stream has completed: the stream reaches the host
         // function now.

@@ -191,6 +191,15 @@ impl Mirrors {
         out
     }
 
+    /// [`Mirrors::pull`] of every mirror (nothing when there is none).
+    pub fn pull_all(&mut self, backend: &dyn Backend) -> Vec<(u64, Vec<u8>)> {
+        if self.by_base.is_empty() {
+            return Vec::new();
+        }
+        let bases: Vec<u64> = self.by_base.keys().copied().collect();
+        self.pull(backend, &bases)
+    }
+
     /// Whether `[addr, addr + len)` lies inside one mirror (`len` 0 counts as 1).
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         let Some((_, m)) = self.by_base.range(..=addr).next_back() else { return false };

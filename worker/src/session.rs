@@ -1370,7 +1370,11 @@ fn host_closure(session: &Arc<Session>, client_id: u64) -> HostFn {
         let token = owner.next_callback.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         owner.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(token, tx);
-        let msg = HostCallback { id: client_id, token, status, keep };
+        // What the GPU wrote into the client's mirrored memory before this point of the
+        // stream travels with the request: the function may read it (a host node after a
+        // copy node into the program's memory).
+        let mirror_runs = lock(&owner.mirrors).pull_all(&*owner.backend);
+        let msg = HostCallback { id: client_id, token, status, keep, mirror_runs };
         let h = Header::new(Kind::HostCallback, 0, 0, 0);
         if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() && !owner.writer.is_detached() {
             drop(owner);

@@ -98,6 +98,24 @@ fn device_side(kind: u32, ptr: u64, array_is_dst: bool) -> Result<bool, u32> {
     Ok(crate::mirror::is_mirrored(ptr) || (claim && !state::is_pinned(ptr)))
 }
 
+/// Rows of the program's memory copied on a capturing stream: mirrored for the graph (then
+/// the copy names them by their address, as device memory). Ok(false): not capturing.
+fn captured_rows(
+    conn: &Conn,
+    stream: Option<u64>,
+    base: u64,
+    pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<bool, u32> {
+    if !capturing(stream) {
+        return Ok(false);
+    }
+    let len = span_3d(pitch as u64, 1, width as u64, height as u64, 1);
+    mirror_span(conn, Some(base), len).map_err(unmirrored)?;
+    Ok(true)
+}
+
 /// Gather `height` rows of `width` bytes, `pitch` apart, from `base`.
 ///
 /// # Safety
@@ -140,7 +158,7 @@ fn to_array_2d(
         if width > spitch {
             return Err(invalid(ctx));
         }
-        let device = device_side(kind, src, true)?;
+        let device = device_side(kind, src, true)? || captured_rows(conn, stream, src, spitch, width, height)?;
         if let Some(s) = stream {
             conn.wait_callbacks(s);
         }
@@ -175,7 +193,7 @@ fn from_array_2d(
         if width > dpitch {
             return Err(invalid(ctx));
         }
-        let device = device_side(kind, dst, false)?;
+        let device = device_side(kind, dst, false)? || captured_rows(conn, stream, dst, dpitch, width, height)?;
         let mut args =
             vec![dst, dpitch as u64, src, offsets.0, offsets.1, width as u64, height as u64, u64::from(kind)];
         args.extend(stream);
@@ -266,7 +284,8 @@ pub unsafe fn copy_2d_from_array_async(
 /// cudaMemcpyToArray(Async): `count` bytes from `src` into the array from (wOffset, hOffset).
 fn to_array(ctx: &Ctx, dst: u64, offsets: (u64, u64), src: u64, count: u64, kind: u32, stream: Option<u64>) -> u32 {
     run(ctx, |conn| {
-        let device = device_side(kind, src, true)?;
+        let device =
+            device_side(kind, src, true)? || captured_rows(conn, stream, src, count as usize, count as usize, 1)?;
         if let Some(s) = stream {
             conn.wait_callbacks(s);
         }
@@ -281,7 +300,8 @@ fn to_array(ctx: &Ctx, dst: u64, offsets: (u64, u64), src: u64, count: u64, kind
 /// cudaMemcpyFromArray(Async): `count` bytes of the array from (wOffset, hOffset) into `dst`.
 fn from_array(ctx: &Ctx, dst: u64, src: u64, offsets: (u64, u64), count: u64, kind: u32, stream: Option<u64>) -> u32 {
     run(ctx, |conn| {
-        let device = device_side(kind, dst, false)?;
+        let device =
+            device_side(kind, dst, false)? || captured_rows(conn, stream, dst, count as usize, count as usize, 1)?;
         let mut args = vec![dst, src, offsets.0, offsets.1, count, u64::from(kind)];
         args.extend(stream);
         let form = if device { ctx.form(Form::A2d) } else { ctx.form(Form::A2h) };
@@ -603,13 +623,109 @@ fn sides_3d(m: &Memcpy3DParms) -> Result<(Side, Side), u32> {
     Ok((side(m.src_array, src_dev), side(m.dst_array, dst_dev)))
 }
 
+/// Why a copy a graph replays on the server cannot be made: the library's status, or the
+/// program's memory could not be mirrored (the reason).
+pub(crate) enum Unmirrored {
+    Status(u32),
+    Why(String),
+}
+
+/// `len` bytes spanned by `depth` slices of `height` rows of `width` bytes, `pitch` bytes
+/// apart and `rows` rows per slice (0 when empty); None past the address space.
+fn span_3d(pitch: u64, rows: u64, width: u64, height: u64, depth: u64) -> Option<u64> {
+    if width == 0 || height == 0 || depth == 0 {
+        return Some(0);
+    }
+    let slice = pitch.checked_mul(rows.max(1))?;
+    (depth - 1).checked_mul(slice)?.checked_add((height - 1).checked_mul(pitch)?)?.checked_add(width)
+}
+
+/// Make `len` bytes of the program's memory at `first` one the server mirrors, for a graph.
+fn mirror_span(conn: &Conn, first: Option<u64>, len: Option<u64>) -> Result<(), Unmirrored> {
+    let (Some(first), Some(len)) = (first, len) else {
+        return Err(Unmirrored::Status(chidori_cuda::consts::cudaError::cudaErrorInvalidValue));
+    };
+    crate::mirror::for_graph(conn, first, len).map_err(Unmirrored::Why)
+}
+
+/// A runtime 3D copy that a graph replays on the server (a node, or a copy on a capturing
+/// stream): each pointer side in the program's memory becomes memory the server mirrors,
+/// which the graph then names by its address (`mirror::for_graph`).
+fn mirror_sides_3d(conn: &Conn, m: &Memcpy3DParms) -> Result<(), Unmirrored> {
+    let (src, dst) = sides_3d(m).map_err(Unmirrored::Status)?;
+    if src != Side::Host && dst != Side::Host {
+        return Ok(());
+    }
+    let elem = if src == Side::Array || dst == Side::Array {
+        array_element_size(conn, m.src_array.max(m.dst_array)).map_err(Unmirrored::Status)?
+    } else {
+        1
+    };
+    let [w, h, d] = m.extent;
+    let width = w.checked_mul(elem);
+    for (side, p, pos) in [(src, &m.src_ptr, &m.src_pos), (dst, &m.dst_ptr, &m.dst_pos)] {
+        if side != Side::Host {
+            continue;
+        }
+        let rows = p.ysize.max(1);
+        let first = p
+            .pitch
+            .checked_mul(rows)
+            .and_then(|slice| pos[2].checked_mul(slice))
+            .and_then(|z| z.checked_add(pos[1].checked_mul(p.pitch)?))
+            .and_then(|off| off.checked_add(pos[0]))
+            .and_then(|off| p.ptr.checked_add(off));
+        mirror_span(conn, first, width.and_then(|w| span_3d(p.pitch, rows, w, h, d)))?;
+    }
+    Ok(())
+}
+
+/// A cudaMemcpy3DParms for a graph node: sides in the program's memory mirrored, the kind
+/// the record allows the server (DeviceToDevice).
+///
+/// # Safety
+/// `p` is the caller's cudaMemcpy3DParms.
+pub(crate) unsafe fn node_copy_record(conn: &Conn, p: *const c_void) -> Result<Vec<u8>, Unmirrored> {
+    // SAFETY: per the contract (160 bytes in every version).
+    let mut m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
+    mirror_sides_3d(conn, &m)?;
+    m.kind = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
+    // SAFETY: a plain-data record, read as its bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(&m as *const Memcpy3DParms as *const u8, size_of::<Memcpy3DParms>()) };
+    Ok(bytes.to_vec())
+}
+
+/// Whether `stream` (of an asynchronous copy) is capturing: its copy becomes a graph node.
+fn capturing(stream: Option<u64>) -> bool {
+    stream.is_some_and(|s| super::capture::stream_capturing(s, false))
+}
+
+/// The status for a copy on a capturing stream whose host memory cannot be mirrored.
+fn unmirrored(e: Unmirrored) -> u32 {
+    match e {
+        Unmirrored::Status(s) => s,
+        Unmirrored::Why(why) => {
+            let why = format!("a copy on a capturing stream: the graph replays on the server: {why}");
+            crate::log::once_owned(&why, || tracing::warn!("{why}"));
+            super::capture::CAPTURE_UNSUPPORTED
+        }
+    }
+}
+
 /// A runtime 3D copy: sent as is between device memory and arrays; through a staging
-/// buffer where a side is host memory.
+/// buffer where a side is host memory (on a capturing stream, its mirror instead).
 fn copy_3d_runtime(conn: &Conn, form: &'static CallDesc, mut m: Memcpy3DParms, stream: Option<u64>) -> u32 {
-    let (src, dst) = match sides_3d(&m) {
+    let (mut src, mut dst) = match sides_3d(&m) {
         Ok(s) => s,
         Err(e) => return e,
     };
+    if (src == Side::Host || dst == Side::Host) && capturing(stream) {
+        if let Err(e) = mirror_sides_3d(conn, &m) {
+            return unmirrored(e);
+        }
+        (src, dst) = (Side::Device, Side::Device);
+    }
     let send = |m: &Memcpy3DParms| -> u32 {
         let mut m = *m;
         m.kind = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
@@ -979,27 +1095,58 @@ fn resolve_unified(m: &mut CuMemcpy3D) {
 ///
 /// # Safety
 /// `p` is null or the caller's CUDA_MEMCPY3D.
-pub(crate) unsafe fn node_copy_3d(p: *const c_void) -> Result<Vec<u8>, &'static str> {
+pub(crate) unsafe fn node_copy_3d(conn: &Conn, p: *const c_void) -> Result<Vec<u8>, Unmirrored> {
     if p.is_null() {
-        return Err("no copy parameters (NULL)");
+        return Err(Unmirrored::Status(chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE));
     }
     // SAFETY: per the contract (200 bytes in every version).
     let mut m = unsafe { std::ptr::read_unaligned(p as *const CuMemcpy3D) };
     resolve_unified(&mut m);
-    if m.src_type == HOST || m.dst_type == HOST {
-        return Err("a memcpy node with host memory (the graph runs on the server)");
-    }
+    mirror_host_sides_driver(conn, &mut m)?;
     // SAFETY: a plain-data record, read as its bytes.
     let bytes = unsafe { std::slice::from_raw_parts(&m as *const CuMemcpy3D as *const u8, size_of::<CuMemcpy3D>()) };
     Ok(bytes.to_vec())
 }
 
+/// A driver copy (unified sides resolved) that a graph replays on the server: each host side
+/// becomes memory the server mirrors, named as device memory at its address.
+fn mirror_host_sides_driver(conn: &Conn, m: &mut CuMemcpy3D) -> Result<(), Unmirrored> {
+    let (w, h, d) = (m.width, m.height.max(1), m.depth.max(1));
+    let span = |host: u64, x: u64, y: u64, z: u64, pitch: u64, rows: u64| {
+        let first = pitch
+            .checked_mul(rows.max(1))
+            .and_then(|slice| z.checked_mul(slice))
+            .and_then(|off| off.checked_add(y.checked_mul(pitch)?))
+            .and_then(|off| off.checked_add(x))
+            .and_then(|off| host.checked_add(off));
+        (first, span_3d(pitch, rows, w, h, d))
+    };
+    if m.src_type == HOST {
+        let (first, len) = span(m.src_host, m.src_x, m.src_y, m.src_z, m.src_pitch, m.src_height);
+        mirror_span(conn, first, len)?;
+        (m.src_type, m.src_device) = (DEVICE, m.src_host);
+    }
+    if m.dst_type == HOST {
+        let (first, len) = span(m.dst_host, m.dst_x, m.dst_y, m.dst_z, m.dst_pitch, m.dst_height);
+        mirror_span(conn, first, len)?;
+        (m.dst_type, m.dst_device) = (DEVICE, m.dst_host);
+    }
+    Ok(())
+}
+
 /// A driver 3D copy (a 2D one has depth 1): sent as is between device memory and arrays,
-/// through a staging buffer where a side is host memory. `send` issues the device-side copy.
+/// through a staging buffer where a side is host memory (on a capturing stream, its mirror
+/// instead). `send` issues the device-side copy.
 fn copy_3d_driver(conn: &Conn, mut m: CuMemcpy3D, stream: Option<u64>, send: &dyn Fn(&CuMemcpy3D) -> u32) -> u32 {
     resolve_unified(&mut m);
     if (m.src_type == HOST && m.src_host == 0) || (m.dst_type == HOST && m.dst_host == 0) {
         return chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
+    }
+    if (m.src_type == HOST || m.dst_type == HOST)
+        && capturing(stream)
+        && let Err(e) = mirror_host_sides_driver(conn, &mut m)
+    {
+        return unmirrored(e);
     }
     let (w, h, d) = (m.width as usize, m.height.max(1) as usize, m.depth.max(1) as usize);
     let host_region = |host: u64, x: u64, y: u64, z: u64, pitch: u64, rows: u64| HostRegion {

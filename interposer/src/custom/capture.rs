@@ -3,9 +3,9 @@
 //! Capture itself happens on the server: every stream-ordered call travels in order and the
 //! server's driver records it. The client remembers which streams it began capturing so
 //! that, while none is, capture status (which torch asks before many operations) is
-//! answered without a round trip, and so that copies between client host memory and a
-//! capturing stream are refused: a graph would bake in the address of the server's
-//! staging buffer, not the program's memory (DESIGN §5, notes §7.2).
+//! answered without a round trip, and so that a copy between the program's memory and a
+//! capturing stream names the server's mirror of that memory (`crate::mirror::for_graph`),
+//! not a staging buffer the graph would keep the address of (DESIGN §5, notes §7.2).
 //!
 //! While a capture is active, a stream's capture status, id and graph, once the worker
 //! has said them, answer later questions about that stream (torch's allocator asks on every

@@ -555,15 +555,6 @@ fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[
             // A host-to-host copy needs no server, but is ordered after earlier copies.
             state::wait_deferred();
         }
-        if asynchronous && direction != (true, true) && stream_capturing(tail[0], false) {
-            crate::log::once("capture-host-copy", || {
-                tracing::warn!(
-                    "cudaMemcpyAsync between host memory and a capturing stream is not supported by Chidori: \
-                     the graph would hold the server's staging buffer, not this program's memory"
-                )
-            });
-            return Err(CAPTURE_UNSUPPORTED);
-        }
         let conn = connection()?;
         // SAFETY: host pointers are the caller's buffers of `count` bytes (CUDA's contract).
         Ok(unsafe { memory::copy(&conn, forms, dst, src, count, direction, tail, asynchronous) } as u32)

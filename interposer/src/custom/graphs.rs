@@ -7,8 +7,10 @@
 //!   The client keeps a copy of what it set, to answer `GetParams`.
 //! * Host nodes: the function stays on the client (a registered callback); the server's
 //!   node runs a trampoline that asks the client to run it on every replay.
-//! * Memcpy nodes: a graph replayed on the server cannot touch the program's memory, so
-//!   nodes copy device memory and arrays only; `cudaMemcpyDefault` is resolved here.
+//! * Memcpy nodes: a graph replayed on the server cannot touch the program's memory, so a
+//!   side there is the server's mirror of it (`crate::mirror::for_graph`: pinned memory
+//!   whole, pageable memory by its pages), brought up to date before every launch and read
+//!   back at the next wait; `cudaMemcpyDefault` is resolved here.
 //! * Node arrays come from the worker (`Service::GraphList`), which makes every node in them
 //!   known to the session (capture makes nodes the program never named).
 //!
@@ -622,49 +624,31 @@ pub unsafe fn mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut 
     mem_alloc_get(ctx, node as u64, out)
 }
 
-// ---- Memcpy nodes: device memory and arrays only ----
+// ---- Memcpy nodes: a side in the program's memory is its mirror on the server ----
 
 const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
 
-/// Whether a node's copy side is the server's memory: an array, or device memory that is
-/// not the program's pinned memory (a graph replayed on the server cannot reach that).
-fn server_side(array: u64, ptr: u64) -> bool {
-    array != 0 || (state::is_device(ptr) && !state::is_pinned(ptr))
-}
-
-/// Whether a copy a node would make is between device memory (or arrays), by its kind
-/// (DeviceToDevice or Default) and the interval map.
-fn device_copy(kind: u32, (dst_array, dst): (u64, u64), (src_array, src): (u64, u64)) -> bool {
-    matches!(kind, D2D | DEFAULT) && server_side(dst_array, dst) && server_side(src_array, src)
-}
-
-const DEFAULT: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDefault;
-
-/// A cudaMemcpy3DParms for a node: Default resolved, host memory refused.
-///
-/// # Safety
-/// `p` is the caller's cudaMemcpy3DParms.
-unsafe fn node_copy_record(ctx: &Ctx, p: *const c_void) -> Result<Vec<u8>, u32> {
-    if p.is_null() {
-        return Err(invalid(ctx));
+/// The status of a node whose copy cannot be made: the library's, or NOT_SUPPORTED with
+/// the reason logged.
+fn unmirrored(ctx: &Ctx, e: super::arrays::Unmirrored) -> u32 {
+    match e {
+        super::arrays::Unmirrored::Status(s) => s,
+        super::arrays::Unmirrored::Why(why) => {
+            let what = format!(
+                "a memcpy node: the graph replays on the server, which needs the program's memory mirrored: {why}"
+            );
+            not_supported(ctx, &what)
+        }
     }
-    // SAFETY: per the contract (160 bytes in every version).
-    let mut record = unsafe { std::slice::from_raw_parts(p as *const u8, 160).to_vec() };
-    let word = |r: &[u8], at: usize| u64::from_le_bytes(r[at..at + 8].try_into().unwrap_or([0; 8]));
-    let src = (word(&record, 0), word(&record, 32));
-    let dst = (word(&record, 64), word(&record, 96));
-    let kind = u32::from_le_bytes(record[152..156].try_into().unwrap_or([0; 4]));
-    if !device_copy(kind, dst, src) {
-        return Err(not_supported(ctx, "a memcpy node with host memory (the graph runs on the server)"));
-    }
-    record[152..156].copy_from_slice(&D2D.to_le_bytes());
-    Ok(record)
 }
 
 fn memcpy_node(ctx: &Ctx, target: Target, p: *const c_void, desc: &'static CallDesc) -> u32 {
     run(ctx, |conn| {
-        // SAFETY: the caller's record.
-        let record = unsafe { node_copy_record(ctx, p) }?;
+        if p.is_null() {
+            return Err(invalid(ctx));
+        }
+        // SAFETY: the caller's cudaMemcpy3DParms.
+        let record = unsafe { super::arrays::node_copy_record(conn, p) }.map_err(|e| unmirrored(ctx, e))?;
         send_copy_node(conn, ctx, target, desc, record.as_ptr() as u64, None)
     })
 }
@@ -726,8 +710,7 @@ pub unsafe fn exec_memcpy_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *m
 fn cu_memcpy_node(ctx: &Ctx, target: Target, copy: *const c_void, copy_ctx: u64) -> u32 {
     run(ctx, |conn| {
         // SAFETY: the caller's record.
-        let record = unsafe { super::arrays::node_copy_3d(copy) }
-            .map_err(|why| if copy.is_null() { invalid(ctx) } else { not_supported(ctx, why) })?;
+        let record = unsafe { super::arrays::node_copy_3d(conn, copy) }.map_err(|e| unmirrored(ctx, e))?;
         let desc = match target {
             Target::Add { .. } => &dcalls::cuGraphAddMemcpyNode__call,
             Target::Set { .. } => &dcalls::cuGraphMemcpyNodeSetParams__call,
@@ -764,11 +747,17 @@ pub unsafe fn cu_exec_memcpy_node_set_params(
     cu_memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, copy, copy_ctx as u64)
 }
 
-/// A 1D copy node: device memory only, Default resolved (the form fixes the kind).
+/// A 1D copy node: a side in the program's memory is its mirror, and the copy one between
+/// addresses the server has (the form fixes the kind).
 fn memcpy_1d(ctx: &Ctx, target: Target, dst: u64, src: u64, count: u64, kind: u32, desc: &'static CallDesc) -> u32 {
     run(ctx, |conn| {
-        if !device_copy(kind, (0, dst), (0, src)) {
-            return Err(not_supported(ctx, "a memcpy node with host memory (the graph runs on the server)"));
+        let (dst_dev, src_dev) = super::memory::direction(kind, dst, src)
+            .ok_or(chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection)?;
+        for (on_server, side) in [(dst_dev, dst), (src_dev, src)] {
+            if !on_server {
+                crate::mirror::for_graph(conn, side, count)
+                    .map_err(|why| unmirrored(ctx, super::arrays::Unmirrored::Why(why)))?;
+            }
         }
         let kind = u64::from(D2D);
         // SAFETY (all arms): device addresses and handles by value, the caller's arrays.

@@ -108,6 +108,8 @@ pub extern "C" fn chidori_loop_start(
             tail,
             then_copy,
         };
+        // The graph's mirrored memory, as for a launch (the loop's steps replay it as is).
+        crate::mirror::prepare_graph(&conn);
         let (tx, rx) = std::sync::mpsc::channel();
         // Counted before the start goes out: from then on the server may launch unasked.
         ACTIVE.fetch_add(1, Ordering::AcqRel);

@@ -228,6 +228,32 @@ pub fn direction(kind: u32, dst: u64, src: u64) -> Option<(bool, bool)> {
     Some((server_side(dst_claim, dst), server_side(src_claim, src)))
 }
 
+/// A copy on a capturing `stream` (None: a synchronous copy) becomes a node of the server's
+/// graph, which replays there: each side in the program's memory (`(address, bytes spanned)`)
+/// becomes memory the server mirrors ([`crate::mirror::for_graph`]), and the copy one between
+/// addresses the server has. Returns the direction to send (the one given while nothing
+/// captures); Err: the program's memory cannot be mirrored (why).
+pub fn captured(
+    conn: &Conn,
+    stream: Option<u64>,
+    dst: (u64, u64),
+    src: (u64, u64),
+    direction: (bool, bool),
+) -> Result<(bool, bool), String> {
+    let Some(stream) = stream else { return Ok(direction) };
+    if direction == (true, true) || !super::capture::stream_capturing(stream, false) {
+        return Ok(direction);
+    }
+    for (on_server, (side, len)) in [(direction.0, dst), (direction.1, src)] {
+        if !on_server {
+            crate::mirror::for_graph(conn, side, len).map_err(|e| {
+                format!("a copy on a capturing stream: the graph replays on the server, which needs the program's memory mirrored: {e}")
+            })?;
+        }
+    }
+    Ok((true, true))
+}
+
 /// Copy `count` bytes. `tail` holds the arguments after (dst, src, count, kind), e.g. the
 /// stream. `asynchronous`: cudaMemcpyAsync semantics (a device-to-host copy into pinned
 /// memory returns before the bytes land; synchronizing calls wait for them).
@@ -248,6 +274,14 @@ pub unsafe fn copy(
     if count == 0 {
         return 0;
     }
+    let stream = tail.first().copied().filter(|_| asynchronous);
+    let (dst_dev, src_dev) = match captured(conn, stream, (dst, count), (src, count), (dst_dev, src_dev)) {
+        Ok(direction) => direction,
+        Err(why) => {
+            crate::log::once_owned(&why, || tracing::warn!("{why}"));
+            return u64::from(super::capture::CAPTURE_UNSUPPORTED);
+        }
+    };
     // The runtime's copies pass their kind after the count (its value is the form's); the
     // driver's unified copies (cuMemcpy) have none.
     let with_kind = forms.d2d.params.len() > 3 + tail.len();
@@ -295,7 +329,22 @@ pub unsafe fn copy(
                 unsafe { super::sync::read_back(conn, forms.d2h, stream, &chunks(2)) }
             }
         }
-        // SAFETY: both sides are device addresses, passed through.
-        (true, true) => unsafe { runtime::call_on(conn, forms.d2d, &args(dst, src, count, 3)) },
+        (true, true) => {
+            // SAFETY: both sides are device addresses, passed through.
+            let status = unsafe { runtime::call_on(conn, forms.d2d, &args(dst, src, count, 3)) };
+            if asynchronous || status != runtime::success(forms.d2d) || !state::is_pinned(dst) {
+                return status;
+            }
+            // A synchronous copy into the program's mirrored memory: it returns once the
+            // bytes are there, as natively (the wait pulls the mirror).
+            let wait = if forms.d2d.library == "cudart" {
+                &chidori_cuda::calls::cudart::cudaStreamSynchronize__call
+            } else {
+                &chidori_cuda::calls::driver::cuStreamSynchronize__call
+            };
+            // SAFETY: the legacy stream, by value.
+            let waited = unsafe { runtime::call_on(conn, wait, &[0]) };
+            if waited == runtime::success(wait) { status } else { waited }
+        }
     }
 }

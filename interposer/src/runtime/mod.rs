@@ -220,10 +220,8 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
     crate::mirror::prepare(conn, devices);
-    if crate::state::managed_live()
-        && (desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch"))
-    {
-        crate::mirror::prepare_managed(conn);
+    if desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch") {
+        crate::mirror::prepare_graph(conn);
     }
 }
 
