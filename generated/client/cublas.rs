@@ -4,6 +4,62 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cublasAsumEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    result: *mut c_void,
+    resultType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasAsumEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasAsumEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    result: *mut c_void,
+    resultType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasAsumEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasAxpyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx(
@@ -1400,6 +1456,82 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemv(
                 ],
             );
         }
+    }
+}
+///`cublasCgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    xarray: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemvBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    xarray: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemvBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasCgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -3080,6 +3212,34 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2_64(
                 (x) as usize as u64,
                 (incx) as i64 as u64,
                 (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCmatinvBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Ainv: *mut c_void,
+    lda_inv: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCmatinvBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Ainv) as usize as u64,
+                (lda_inv) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
             ],
         ) as u32
     }
@@ -6101,6 +6261,82 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemv(
         }
     }
 }
+///`cublasDgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    xarray: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemvBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    xarray: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemvBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched(
@@ -6475,6 +6711,34 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgetrsBatched(
         ) as u32
     }
 }
+///`cublasDmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDmatinvBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Ainv: *mut c_void,
+    lda_inv: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDmatinvBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Ainv) as usize as u64,
+                (lda_inv) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2(
@@ -6535,7 +6799,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2_64(
         ) as u32
     }
 }
-///`cublasDotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasDotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDotEx(
     handle: *mut c_void,
@@ -6551,19 +6815,124 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDotEx(
     executionType: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cublas::cublasDotEx(
-            handle,
-            n,
-            x,
-            xType,
-            incx,
-            y,
-            yType,
-            incy,
-            result,
-            resultType,
-            executionType,
-        )
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDotEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDotEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDotEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDotcEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDotcEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDotcEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDotcEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasDrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -6686,6 +7055,32 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasDrotm_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrotm_v2_64,
             &[
                 (handle) as usize as u64,
                 (n) as i64 as u64,
@@ -9269,6 +9664,19 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetCudartVersion() -> usize {
             as usize
     }
 }
+///`cublasGetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetEmulationStrategy(
+    handle: *mut c_void,
+    emulationStrategy: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetEmulationStrategy,
+            &[(handle) as usize as u64, (emulationStrategy) as usize as u64],
+        ) as u32
+    }
+}
 ///`cublasGetError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetError() -> u32 {
@@ -9387,6 +9795,19 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetProperty(
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasGetProperty,
             &[(r#type) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasGetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetSmCountTarget(
+    handle: *mut c_void,
+    smCountTarget: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetSmCountTarget,
+            &[(handle) as usize as u64, (smCountTarget) as usize as u64],
         ) as u32
     }
 }
@@ -10077,6 +10498,62 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2_64(
         ) as u32
     }
 }
+///`cublasNrm2Ex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasNrm2Ex,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasNrm2Ex_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasNrm2Ex_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+                (resultType) as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasRotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotEx(
@@ -10144,6 +10621,110 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotEx_64(
                 (c) as usize as u64,
                 (s) as usize as u64,
                 (csType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasRotmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+    param: *mut c_void,
+    paramType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasRotmEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+                (paramType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasRotmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+    param: *mut c_void,
+    paramType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasRotmEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+                (paramType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasRotmgEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasRotmgEx(
+    handle: *mut c_void,
+    d1: *mut c_void,
+    d1Type: u32,
+    d2: *mut c_void,
+    d2Type: u32,
+    x1: *mut c_void,
+    x1Type: u32,
+    y1: *mut c_void,
+    y1Type: u32,
+    param: *mut c_void,
+    paramType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasRotmgEx,
+            &[
+                (handle) as usize as u64,
+                (d1) as usize as u64,
+                (d1Type) as u64,
+                (d2) as usize as u64,
+                (d2Type) as u64,
+                (x1) as usize as u64,
+                (x1Type) as u64,
+                (y1) as usize as u64,
+                (y1Type) as u64,
+                (param) as usize as u64,
+                (paramType) as u64,
                 (executiontype) as u64,
             ],
         ) as u32
@@ -11639,6 +12220,82 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemv(
         }
     }
 }
+///`cublasSgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    xarray: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemvBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    xarray: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemvBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasSgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched(
@@ -12020,6 +12677,34 @@ pub unsafe extern "C" fn __chidori_cublas_cublasShutdown() -> u32 {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasShutdown, &[]) as u32
     }
 }
+///`cublasSmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSmatinvBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Ainv: *mut c_void,
+    lda_inv: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSmatinvBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Ainv) as usize as u64,
+                (lda_inv) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasSnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2(
@@ -12200,6 +12885,32 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasSrotm_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrotm_v2_64,
             &[
                 (handle) as usize as u64,
                 (n) as i64 as u64,
@@ -17117,6 +17828,82 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemv(
         }
     }
 }
+///`cublasZgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    xarray: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemvBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    xarray: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    yarray: *mut c_void,
+    incy: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemvBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (xarray) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (yarray) as usize as u64,
+                (incy) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasZgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched(
@@ -18643,6 +19430,34 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2_64(
                 (x) as usize as u64,
                 (incx) as i64 as u64,
                 (AP) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZmatinvBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Ainv: *mut c_void,
+    lda_inv: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZmatinvBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Ainv) as usize as u64,
+                (lda_inv) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
             ],
         ) as u32
     }

@@ -12,10 +12,7 @@ cublasAlloc:
     .globl cublasAsumEx
     .type cublasAsumEx, @function
 cublasAsumEx:
-    leaq .Lname1(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAsumEx@PLT
     .size cublasAsumEx, .-cublasAsumEx
     .globl cublasAxpyEx
     .type cublasAxpyEx, @function
@@ -35,7 +32,7 @@ cublasCaxpy_v2:
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -58,7 +55,7 @@ cublasCdgmm:
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -71,7 +68,7 @@ cublasCdotc_v2:
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -154,10 +151,7 @@ cublasCgemv:
     .globl cublasCgemvBatched
     .type cublasCgemvBatched, @function
 cublasCgemvBatched:
-    leaq .Lname5(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvBatched@PLT
     .size cublasCgemvBatched, .-cublasCgemvBatched
     .globl cublasCgemvStridedBatched
     .type cublasCgemvStridedBatched, @function
@@ -327,10 +321,7 @@ cublasChpr_v2:
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname6(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCmatinvBatched@PLT
     .size cublasCmatinvBatched, .-cublasCmatinvBatched
     .globl cublasCopyEx
     .type cublasCopyEx, @function
@@ -355,7 +346,7 @@ cublasCrot_v2:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -583,7 +574,7 @@ cublasDaxpy_v2:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -666,10 +657,7 @@ cublasDgemv:
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname9(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvBatched@PLT
     .size cublasDgemvBatched, .-cublasDgemvBatched
     .globl cublasDgemvStridedBatched
     .type cublasDgemvStridedBatched, @function
@@ -714,10 +702,7 @@ cublasDgetrsBatched:
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname10(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDmatinvBatched@PLT
     .size cublasDmatinvBatched, .-cublasDmatinvBatched
     .globl cublasDnrm2
     .type cublasDnrm2, @function
@@ -737,10 +722,7 @@ cublasDotEx:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotcEx@PLT
     .size cublasDotcEx, .-cublasDotcEx
     .globl cublasDrot
     .type cublasDrot, @function
@@ -755,7 +737,7 @@ cublasDrot_v2:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -768,7 +750,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -781,7 +763,7 @@ cublasDrotm_v2:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1034,7 +1016,7 @@ cublasDznrm2_v2:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1044,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1080,7 +1062,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,10 +1095,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname18(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetSmCountTarget@PLT
     .size cublasGetSmCountTarget, .-cublasGetSmCountTarget
     .globl cublasGetStatusName
     .type cublasGetStatusName, @function
@@ -1156,7 +1135,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1143,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1151,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1159,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1167,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1175,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1183,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1286,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,10 +1294,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname27(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasNrm2Ex@PLT
     .size cublasNrm2Ex, .-cublasNrm2Ex
     .globl cublasRotEx
     .type cublasRotEx, @function
@@ -1328,7 +1304,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1336,18 +1312,12 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname29(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotmEx@PLT
     .size cublasRotmEx, .-cublasRotmEx
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname30(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotmgEx@PLT
     .size cublasRotmgEx, .-cublasRotmgEx
     .globl cublasSasum
     .type cublasSasum, @function
@@ -1372,7 +1342,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1435,7 +1405,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1413,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1456,7 +1426,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1559,10 +1529,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvBatched@PLT
     .size cublasSgemvBatched, .-cublasSgemvBatched
     .globl cublasSgemvStridedBatched
     .type cublasSgemvStridedBatched, @function
@@ -1612,10 +1579,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSmatinvBatched@PLT
     .size cublasSmatinvBatched, .-cublasSmatinvBatched
     .globl cublasSnrm2
     .type cublasSnrm2, @function
@@ -1640,7 +1604,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1653,7 +1617,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1666,7 +1630,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1868,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1876,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1884,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1892,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1941,7 +1905,7 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2019,7 +1983,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2067,7 +2031,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +2039,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2088,7 +2052,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2106,7 +2070,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2229,7 +2193,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2252,7 +2216,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2265,7 +2229,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2348,10 +2312,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname53(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvBatched@PLT
     .size cublasZgemvBatched, .-cublasZgemvBatched
     .globl cublasZgemvStridedBatched
     .type cublasZgemvStridedBatched, @function
@@ -2511,10 +2472,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname54(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZmatinvBatched@PLT
     .size cublasZmatinvBatched, .-cublasZmatinvBatched
     .globl cublasZrot
     .type cublasZrot, @function
@@ -2529,7 +2487,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2708,113 +2666,85 @@ cublasZtrttp:
 .Lname0:
     .asciz "cublasAlloc"
 .Lname1:
-    .asciz "cublasAsumEx"
-.Lname2:
     .asciz "cublasCbdmm"
-.Lname3:
+.Lname2:
     .asciz "cublasCdotc"
-.Lname4:
+.Lname3:
     .asciz "cublasCdotu"
-.Lname5:
-    .asciz "cublasCgemvBatched"
-.Lname6:
-    .asciz "cublasCmatinvBatched"
-.Lname7:
+.Lname4:
     .asciz "cublasCrotg"
-.Lname8:
+.Lname5:
     .asciz "cublasDbdmm"
-.Lname9:
-    .asciz "cublasDgemvBatched"
-.Lname10:
-    .asciz "cublasDmatinvBatched"
-.Lname11:
-    .asciz "cublasDotcEx"
-.Lname12:
+.Lname6:
     .asciz "cublasDrotg"
-.Lname13:
+.Lname7:
     .asciz "cublasDrotm"
-.Lname14:
+.Lname8:
     .asciz "cublasDrotmg"
-.Lname15:
+.Lname9:
     .asciz "cublasFree"
-.Lname16:
+.Lname10:
     .asciz "cublasGetBackdoor"
-.Lname17:
+.Lname11:
     .asciz "cublasGetLoggerCallback"
-.Lname18:
-    .asciz "cublasGetSmCountTarget"
-.Lname19:
+.Lname12:
     .asciz "cublasHSHgemvBatched"
-.Lname20:
+.Lname13:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname21:
+.Lname14:
     .asciz "cublasHSSgemvBatched"
-.Lname22:
+.Lname15:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname23:
+.Lname16:
     .asciz "cublasHgemm"
-.Lname24:
+.Lname17:
     .asciz "cublasHgemmBatched"
-.Lname25:
+.Lname18:
     .asciz "cublasHgemmStridedBatched"
-.Lname26:
+.Lname19:
     .asciz "cublasLoggerConfigure"
-.Lname27:
-    .asciz "cublasNrm2Ex"
-.Lname28:
+.Lname20:
     .asciz "cublasRotgEx"
-.Lname29:
-    .asciz "cublasRotmEx"
-.Lname30:
-    .asciz "cublasRotmgEx"
-.Lname31:
+.Lname21:
     .asciz "cublasSbdmm"
-.Lname32:
+.Lname22:
     .asciz "cublasSetBackdoor"
-.Lname33:
+.Lname23:
     .asciz "cublasSetBackdoorEx"
-.Lname34:
+.Lname24:
     .asciz "cublasSetLoggerCallback"
-.Lname35:
-    .asciz "cublasSgemvBatched"
-.Lname36:
-    .asciz "cublasSmatinvBatched"
-.Lname37:
+.Lname25:
     .asciz "cublasSrotg"
-.Lname38:
+.Lname26:
     .asciz "cublasSrotm"
-.Lname39:
+.Lname27:
     .asciz "cublasSrotmg"
-.Lname40:
+.Lname28:
     .asciz "cublasTSSgemvBatched"
-.Lname41:
+.Lname29:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname42:
+.Lname30:
     .asciz "cublasTSTgemvBatched"
-.Lname43:
+.Lname31:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname44:
+.Lname32:
     .asciz "cublasXerbla"
-.Lname45:
+.Lname33:
     .asciz "cublasXtDeviceSelect"
-.Lname46:
+.Lname34:
     .asciz "cublasXtGetBlockDim"
-.Lname47:
+.Lname35:
     .asciz "cublasXtGetNumBoards"
-.Lname48:
+.Lname36:
     .asciz "cublasXtMaxBoards"
-.Lname49:
+.Lname37:
     .asciz "cublasXtSetCpuRoutine"
-.Lname50:
+.Lname38:
     .asciz "cublasZbdmm"
-.Lname51:
+.Lname39:
     .asciz "cublasZdotc"
-.Lname52:
+.Lname40:
     .asciz "cublasZdotu"
-.Lname53:
-    .asciz "cublasZgemvBatched"
-.Lname54:
-    .asciz "cublasZmatinvBatched"
-.Lname55:
+.Lname41:
     .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

@@ -12,18 +12,12 @@ cublasAlloc:
     .globl cublasAsumEx
     .type cublasAsumEx, @function
 cublasAsumEx:
-    leaq .Lname1(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAsumEx@PLT
     .size cublasAsumEx, .-cublasAsumEx
     .globl cublasAsumEx_64
     .type cublasAsumEx_64, @function
 cublasAsumEx_64:
-    leaq .Lname2(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAsumEx_64@PLT
     .size cublasAsumEx_64, .-cublasAsumEx_64
     .globl cublasAxpyEx
     .type cublasAxpyEx, @function
@@ -53,7 +47,7 @@ cublasCaxpy_v2_64:
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -86,7 +80,7 @@ cublasCdgmm_64:
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -104,7 +98,7 @@ cublasCdotc_v2_64:
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -242,18 +236,12 @@ cublasCgemv:
     .globl cublasCgemvBatched
     .type cublasCgemvBatched, @function
 cublasCgemvBatched:
-    leaq .Lname6(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvBatched@PLT
     .size cublasCgemvBatched, .-cublasCgemvBatched
     .globl cublasCgemvBatched_64
     .type cublasCgemvBatched_64, @function
 cublasCgemvBatched_64:
-    leaq .Lname7(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvBatched_64@PLT
     .size cublasCgemvBatched_64, .-cublasCgemvBatched_64
     .globl cublasCgemvStridedBatched
     .type cublasCgemvStridedBatched, @function
@@ -508,10 +496,7 @@ cublasChpr_v2_64:
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname8(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCmatinvBatched@PLT
     .size cublasCmatinvBatched, .-cublasCmatinvBatched
     .globl cublasCopyEx
     .type cublasCopyEx, @function
@@ -546,7 +531,7 @@ cublasCrot_v2_64:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -894,7 +879,7 @@ cublasDaxpy_v2_64:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -992,7 +977,7 @@ cublasDgemmBatched_64:
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1000,7 +985,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,18 +1018,12 @@ cublasDgemv:
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname13(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvBatched@PLT
     .size cublasDgemvBatched, .-cublasDgemvBatched
     .globl cublasDgemvBatched_64
     .type cublasDgemvBatched_64, @function
 cublasDgemvBatched_64:
-    leaq .Lname14(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvBatched_64@PLT
     .size cublasDgemvBatched_64, .-cublasDgemvBatched_64
     .globl cublasDgemvStridedBatched
     .type cublasDgemvStridedBatched, @function
@@ -1104,10 +1083,7 @@ cublasDgetrsBatched:
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname15(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDmatinvBatched@PLT
     .size cublasDmatinvBatched, .-cublasDmatinvBatched
     .globl cublasDnrm2
     .type cublasDnrm2, @function
@@ -1132,26 +1108,17 @@ cublasDotEx:
     .globl cublasDotEx_64
     .type cublasDotEx_64, @function
 cublasDotEx_64:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotEx_64@PLT
     .size cublasDotEx_64, .-cublasDotEx_64
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname17(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotcEx@PLT
     .size cublasDotcEx, .-cublasDotcEx
     .globl cublasDotcEx_64
     .type cublasDotcEx_64, @function
 cublasDotcEx_64:
-    leaq .Lname18(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotcEx_64@PLT
     .size cublasDotcEx_64, .-cublasDotcEx_64
     .globl cublasDrot
     .type cublasDrot, @function
@@ -1171,7 +1138,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1184,7 +1151,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1197,15 +1164,12 @@ cublasDrotm_v2:
     .globl cublasDrotm_v2_64
     .type cublasDrotm_v2_64, @function
 cublasDrotm_v2_64:
-    leaq .Lname21(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotm_v2_64@PLT
     .size cublasDrotm_v2_64, .-cublasDrotm_v2_64
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,7 +1542,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1606,7 +1570,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1614,7 +1578,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1637,7 +1601,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1650,7 +1614,7 @@ cublasGetCudartVersion:
     .globl cublasGetEmulationSpecialValuesSupport
     .type cublasGetEmulationSpecialValuesSupport, @function
 cublasGetEmulationSpecialValuesSupport:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1658,15 +1622,12 @@ cublasGetEmulationSpecialValuesSupport:
     .globl cublasGetEmulationStrategy
     .type cublasGetEmulationStrategy, @function
 cublasGetEmulationStrategy:
-    leaq .Lname28(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetEmulationStrategy@PLT
     .size cublasGetEmulationStrategy, .-cublasGetEmulationStrategy
     .globl cublasGetEnvironmentMode
     .type cublasGetEnvironmentMode, @function
 cublasGetEnvironmentMode:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1679,7 +1640,7 @@ cublasGetError:
     .globl cublasGetFixedPointEmulationMantissaBitCountPointer
     .type cublasGetFixedPointEmulationMantissaBitCountPointer, @function
 cublasGetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1687,7 +1648,7 @@ cublasGetFixedPointEmulationMantissaBitCountPointer:
     .globl cublasGetFixedPointEmulationMantissaBitOffset
     .type cublasGetFixedPointEmulationMantissaBitOffset, @function
 cublasGetFixedPointEmulationMantissaBitOffset:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1695,7 +1656,7 @@ cublasGetFixedPointEmulationMantissaBitOffset:
     .globl cublasGetFixedPointEmulationMantissaControl
     .type cublasGetFixedPointEmulationMantissaControl, @function
 cublasGetFixedPointEmulationMantissaControl:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1703,7 +1664,7 @@ cublasGetFixedPointEmulationMantissaControl:
     .globl cublasGetFixedPointEmulationMaxMantissaBitCount
     .type cublasGetFixedPointEmulationMaxMantissaBitCount, @function
 cublasGetFixedPointEmulationMaxMantissaBitCount:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1711,7 +1672,7 @@ cublasGetFixedPointEmulationMaxMantissaBitCount:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1754,10 +1715,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetSmCountTarget@PLT
     .size cublasGetSmCountTarget, .-cublasGetSmCountTarget
     .globl cublasGetStatusName
     .type cublasGetStatusName, @function
@@ -1807,7 +1765,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1773,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1781,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1831,7 +1789,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1839,7 +1797,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1847,7 +1805,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1855,7 +1813,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1863,7 +1821,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1871,7 +1829,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1879,7 +1837,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +1845,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1895,7 +1853,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1903,7 +1861,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1911,7 +1869,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2064,7 +2022,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2072,18 +2030,12 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname51(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasNrm2Ex@PLT
     .size cublasNrm2Ex, .-cublasNrm2Ex
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname52(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasNrm2Ex_64@PLT
     .size cublasNrm2Ex_64, .-cublasNrm2Ex_64
     .globl cublasRotEx
     .type cublasRotEx, @function
@@ -2098,7 +2050,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2106,26 +2058,17 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname54(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotmEx@PLT
     .size cublasRotmEx, .-cublasRotmEx
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname55(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotmEx_64@PLT
     .size cublasRotmEx_64, .-cublasRotmEx_64
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname56(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotmgEx@PLT
     .size cublasRotmgEx, .-cublasRotmgEx
     .globl cublasSasum
     .type cublasSasum, @function
@@ -2160,7 +2103,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2253,7 +2196,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2261,7 +2204,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2279,7 +2222,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2287,7 +2230,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2315,7 +2258,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2443,7 +2386,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2394,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2484,18 +2427,12 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname65(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvBatched@PLT
     .size cublasSgemvBatched, .-cublasSgemvBatched
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname66(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvBatched_64@PLT
     .size cublasSgemvBatched_64, .-cublasSgemvBatched_64
     .globl cublasSgemvStridedBatched
     .type cublasSgemvStridedBatched, @function
@@ -2560,10 +2497,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname67(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSmatinvBatched@PLT
     .size cublasSmatinvBatched, .-cublasSmatinvBatched
     .globl cublasSnrm2
     .type cublasSnrm2, @function
@@ -2598,7 +2532,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2611,7 +2545,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2624,15 +2558,12 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname70(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotm_v2_64@PLT
     .size cublasSrotm_v2_64, .-cublasSrotm_v2_64
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2985,7 +2916,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2993,7 +2924,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3001,7 +2932,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3009,7 +2940,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3017,7 +2948,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3025,7 +2956,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3033,7 +2964,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3041,7 +2972,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3054,7 +2985,7 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3132,7 +3063,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3180,7 +3111,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3188,7 +3119,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3201,7 +3132,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3219,7 +3150,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3347,7 +3278,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3380,7 +3311,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3398,7 +3329,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3526,18 +3457,12 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname89(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvBatched@PLT
     .size cublasZgemvBatched, .-cublasZgemvBatched
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname90(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvBatched_64@PLT
     .size cublasZgemvBatched_64, .-cublasZgemvBatched_64
     .globl cublasZgemvStridedBatched
     .type cublasZgemvStridedBatched, @function
@@ -3772,10 +3697,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname91(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZmatinvBatched@PLT
     .size cublasZmatinvBatched, .-cublasZmatinvBatched
     .globl cublasZrot
     .type cublasZrot, @function
@@ -3795,7 +3717,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4064,187 +3986,135 @@ cublasZtrttp:
 .Lname0:
     .asciz "cublasAlloc"
 .Lname1:
-    .asciz "cublasAsumEx"
-.Lname2:
-    .asciz "cublasAsumEx_64"
-.Lname3:
     .asciz "cublasCbdmm"
-.Lname4:
+.Lname2:
     .asciz "cublasCdotc"
-.Lname5:
+.Lname3:
     .asciz "cublasCdotu"
-.Lname6:
-    .asciz "cublasCgemvBatched"
-.Lname7:
-    .asciz "cublasCgemvBatched_64"
-.Lname8:
-    .asciz "cublasCmatinvBatched"
-.Lname9:
+.Lname4:
     .asciz "cublasCrotg"
-.Lname10:
+.Lname5:
     .asciz "cublasDbdmm"
-.Lname11:
+.Lname6:
     .asciz "cublasDgemmGroupedBatched"
-.Lname12:
+.Lname7:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname13:
-    .asciz "cublasDgemvBatched"
-.Lname14:
-    .asciz "cublasDgemvBatched_64"
-.Lname15:
-    .asciz "cublasDmatinvBatched"
-.Lname16:
-    .asciz "cublasDotEx_64"
-.Lname17:
-    .asciz "cublasDotcEx"
-.Lname18:
-    .asciz "cublasDotcEx_64"
-.Lname19:
+.Lname8:
     .asciz "cublasDrotg"
-.Lname20:
+.Lname9:
     .asciz "cublasDrotm"
-.Lname21:
-    .asciz "cublasDrotm_v2_64"
-.Lname22:
+.Lname10:
     .asciz "cublasDrotmg"
-.Lname23:
+.Lname11:
     .asciz "cublasFree"
-.Lname24:
+.Lname12:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname25:
+.Lname13:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname26:
+.Lname14:
     .asciz "cublasGetBackdoor"
-.Lname27:
+.Lname15:
     .asciz "cublasGetEmulationSpecialValuesSupport"
-.Lname28:
-    .asciz "cublasGetEmulationStrategy"
-.Lname29:
+.Lname16:
     .asciz "cublasGetEnvironmentMode"
-.Lname30:
+.Lname17:
     .asciz "cublasGetFixedPointEmulationMantissaBitCountPointer"
-.Lname31:
+.Lname18:
     .asciz "cublasGetFixedPointEmulationMantissaBitOffset"
-.Lname32:
+.Lname19:
     .asciz "cublasGetFixedPointEmulationMantissaControl"
-.Lname33:
+.Lname20:
     .asciz "cublasGetFixedPointEmulationMaxMantissaBitCount"
-.Lname34:
+.Lname21:
     .asciz "cublasGetLoggerCallback"
-.Lname35:
-    .asciz "cublasGetSmCountTarget"
-.Lname36:
+.Lname22:
     .asciz "cublasHSHgemvBatched"
-.Lname37:
+.Lname23:
     .asciz "cublasHSHgemvBatched_64"
-.Lname38:
+.Lname24:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname39:
+.Lname25:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname40:
+.Lname26:
     .asciz "cublasHSSgemvBatched"
-.Lname41:
+.Lname27:
     .asciz "cublasHSSgemvBatched_64"
-.Lname42:
+.Lname28:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname43:
+.Lname29:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname44:
+.Lname30:
     .asciz "cublasHgemm"
-.Lname45:
+.Lname31:
     .asciz "cublasHgemmBatched"
-.Lname46:
+.Lname32:
     .asciz "cublasHgemmBatched_64"
-.Lname47:
+.Lname33:
     .asciz "cublasHgemmStridedBatched"
-.Lname48:
+.Lname34:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname49:
+.Lname35:
     .asciz "cublasHgemm_64"
-.Lname50:
+.Lname36:
     .asciz "cublasLoggerConfigure"
-.Lname51:
-    .asciz "cublasNrm2Ex"
-.Lname52:
-    .asciz "cublasNrm2Ex_64"
-.Lname53:
+.Lname37:
     .asciz "cublasRotgEx"
-.Lname54:
-    .asciz "cublasRotmEx"
-.Lname55:
-    .asciz "cublasRotmEx_64"
-.Lname56:
-    .asciz "cublasRotmgEx"
-.Lname57:
+.Lname38:
     .asciz "cublasSbdmm"
-.Lname58:
+.Lname39:
     .asciz "cublasSetBackdoor"
-.Lname59:
+.Lname40:
     .asciz "cublasSetBackdoorEx"
-.Lname60:
+.Lname41:
     .asciz "cublasSetEnvironmentMode"
-.Lname61:
+.Lname42:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname62:
+.Lname43:
     .asciz "cublasSetLoggerCallback"
-.Lname63:
+.Lname44:
     .asciz "cublasSgemmGroupedBatched"
-.Lname64:
+.Lname45:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname65:
-    .asciz "cublasSgemvBatched"
-.Lname66:
-    .asciz "cublasSgemvBatched_64"
-.Lname67:
-    .asciz "cublasSmatinvBatched"
-.Lname68:
+.Lname46:
     .asciz "cublasSrotg"
-.Lname69:
+.Lname47:
     .asciz "cublasSrotm"
-.Lname70:
-    .asciz "cublasSrotm_v2_64"
-.Lname71:
+.Lname48:
     .asciz "cublasSrotmg"
-.Lname72:
+.Lname49:
     .asciz "cublasTSSgemvBatched"
-.Lname73:
+.Lname50:
     .asciz "cublasTSSgemvBatched_64"
-.Lname74:
+.Lname51:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname75:
+.Lname52:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname76:
+.Lname53:
     .asciz "cublasTSTgemvBatched"
-.Lname77:
+.Lname54:
     .asciz "cublasTSTgemvBatched_64"
-.Lname78:
+.Lname55:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname79:
+.Lname56:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname80:
+.Lname57:
     .asciz "cublasXerbla"
-.Lname81:
+.Lname58:
     .asciz "cublasXtDeviceSelect"
-.Lname82:
+.Lname59:
     .asciz "cublasXtGetBlockDim"
-.Lname83:
+.Lname60:
     .asciz "cublasXtGetNumBoards"
-.Lname84:
+.Lname61:
     .asciz "cublasXtMaxBoards"
-.Lname85:
+.Lname62:
     .asciz "cublasXtSetCpuRoutine"
-.Lname86:
+.Lname63:
     .asciz "cublasZbdmm"
-.Lname87:
+.Lname64:
     .asciz "cublasZdotc"
-.Lname88:
+.Lname65:
     .asciz "cublasZdotu"
-.Lname89:
-    .asciz "cublasZgemvBatched"
-.Lname90:
-    .asciz "cublasZgemvBatched_64"
-.Lname91:
-    .asciz "cublasZmatinvBatched"
-.Lname92:
+.Lname66:
     .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

@@ -1092,11 +1092,16 @@ fn classify(
 fn scalar_bytes(dir: Dir, untyped: bool, count: u32, sized: bool, pointee: u64) -> Result<u64, &'static str> {
     match (dir, untyped) {
         (_, false) => Ok(pointee * u64::from(count)),
+        // An untyped scalar whose size the spec's expression gives (`scalar(5 *
+        // size(paramType))`: rotm's five parameters): the expression decides; this bounds it.
+        (_, true) if count == 1 && sized => Ok(SIZED_SCALAR_BOUND),
         (Dir::In, true) if count == 1 => Ok(16),
-        (Dir::Out | Dir::InOut, true) if count == 1 && sized => Ok(16),
         (_, true) => Err("untyped scalar array or output: how large?"),
     }
 }
+
+/// The most bytes a sized untyped scalar may travel as: five 16-byte values.
+const SIZED_SCALAR_BOUND: u64 = 80;
 
 const RELEASING: &[&str] = &["Destroy", "Free", "Unload", "Release"];
 const PATH_WORDS: &[&str] = &["file", "File", "path", "Path", "fname"];
@@ -1226,9 +1231,9 @@ mod tests {
         assert_eq!(scalar_bytes(Dir::In, false, 1, false, 8), Ok(8));
         assert_eq!(scalar_bytes(Dir::Out, false, 5, false, 4), Ok(20), "rotm's parameter array");
         assert_eq!(scalar_bytes(Dir::In, true, 1, false, 1), Ok(16), "an untyped input: at most 16 bytes");
-        assert_eq!(scalar_bytes(Dir::In, true, 1, true, 1), Ok(16));
-        assert_eq!(scalar_bytes(Dir::Out, true, 1, true, 1), Ok(16), "an untyped output of a named size");
-        assert_eq!(scalar_bytes(Dir::InOut, true, 1, true, 1), Ok(16));
+        assert_eq!(scalar_bytes(Dir::In, true, 1, true, 1), Ok(80), "sized: the expression decides, up to 80");
+        assert_eq!(scalar_bytes(Dir::Out, true, 1, true, 1), Ok(80), "an untyped output of a named size");
+        assert_eq!(scalar_bytes(Dir::InOut, true, 1, true, 1), Ok(80));
         assert!(scalar_bytes(Dir::Out, true, 1, false, 1).is_err(), "an untyped output of no known size");
         assert!(scalar_bytes(Dir::In, true, 2, true, 1).is_err(), "an untyped array");
     }
