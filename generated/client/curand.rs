@@ -17,6 +17,29 @@ pub unsafe extern "C" fn __chidori_curand_curandCreateGenerator(
         ) as u32
     }
 }
+///`curandCreateGeneratorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandCreateGeneratorHost(
+    generator: *mut c_void,
+    rng_type: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandCreateGeneratorHost",
+            version: "13.1",
+            library: "curand",
+            forms: &[&chidori_cuda::calls::curand::curandCreateGeneratorHost__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::create_host(&CTX, generator, rng_type)
+    }
+}
 ///`curandCreatePoissonDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandCreatePoissonDistribution(
@@ -42,19 +65,29 @@ pub unsafe extern "C" fn __chidori_curand_curandDestroyDistribution(
         ) as u32
     }
 }
-///`curandDestroyGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandDestroyGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandDestroyGenerator(
     generator: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandDestroyGenerator,
-            &[(generator) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandDestroyGenerator",
+            version: "13.1",
+            library: "curand",
+            forms: &[&chidori_cuda::calls::curand::curandDestroyGenerator__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::destroy(&CTX, generator)
     }
 }
-///`curandGenerate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerate(
     generator: *mut c_void,
@@ -62,13 +95,26 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerate(
     num: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerate,
-            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerate",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerate__call,
+                &chidori_cuda::calls::curand::curandGenerate__d2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
     }
 }
-///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
     generator: *mut c_void,
@@ -78,19 +124,26 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
     p: f64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateBinomial,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (num) as u64,
-                (n) as u64,
-                (p).to_bits(),
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateBinomial",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateBinomial__call,
+                &chidori_cuda::calls::curand::curandGenerateBinomial__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_binomial(&CTX, generator, outputPtr, num, n, p)
     }
 }
-///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
     generator: *mut c_void,
@@ -101,20 +154,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
     method: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateBinomialMethod,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (num) as u64,
-                (n) as u64,
-                (p).to_bits(),
-                (method) as u64,
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateBinomialMethod",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateBinomialMethod__call,
+                &chidori_cuda::calls::curand::curandGenerateBinomialMethod__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_binomial_method(
+            &CTX,
+            generator,
+            outputPtr,
+            num,
+            n,
+            p,
+            method,
+        )
     }
 }
-///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
     generator: *mut c_void,
@@ -124,19 +191,33 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
     stddev: f32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateLogNormal,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (mean).to_bits() as u64,
-                (stddev).to_bits() as u64,
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateLogNormal",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateLogNormal__call,
+                &chidori_cuda::calls::curand::curandGenerateLogNormal__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_normal(
+            &CTX,
+            generator,
+            outputPtr,
+            n,
+            mean,
+            stddev,
+        )
     }
 }
-///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
     generator: *mut c_void,
@@ -146,19 +227,33 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
     stddev: f64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateLogNormalDouble,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (mean).to_bits(),
-                (stddev).to_bits(),
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateLogNormalDouble",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__call,
+                &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_normal_double(
+            &CTX,
+            generator,
+            outputPtr,
+            n,
+            mean,
+            stddev,
+        )
     }
 }
-///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
     generator: *mut c_void,
@@ -166,13 +261,26 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
     num: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateLongLong,
-            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateLongLong",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateLongLong__call,
+                &chidori_cuda::calls::curand::curandGenerateLongLong__d2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
     }
 }
-///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
     generator: *mut c_void,
@@ -182,19 +290,33 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
     stddev: f32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateNormal,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (mean).to_bits() as u64,
-                (stddev).to_bits() as u64,
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateNormal",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateNormal__call,
+                &chidori_cuda::calls::curand::curandGenerateNormal__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_normal(
+            &CTX,
+            generator,
+            outputPtr,
+            n,
+            mean,
+            stddev,
+        )
     }
 }
-///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
     generator: *mut c_void,
@@ -204,19 +326,33 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
     stddev: f64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateNormalDouble,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (mean).to_bits(),
-                (stddev).to_bits(),
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateNormalDouble",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateNormalDouble__call,
+                &chidori_cuda::calls::curand::curandGenerateNormalDouble__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_normal_double(
+            &CTX,
+            generator,
+            outputPtr,
+            n,
+            mean,
+            stddev,
+        )
     }
 }
-///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
     generator: *mut c_void,
@@ -225,18 +361,26 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
     lambda: f64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGeneratePoisson,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (lambda).to_bits(),
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGeneratePoisson",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGeneratePoisson__call,
+                &chidori_cuda::calls::curand::curandGeneratePoisson__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_poisson(&CTX, generator, outputPtr, n, lambda)
     }
 }
-///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
     generator: *mut c_void,
@@ -246,16 +390,30 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
     method: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGeneratePoissonMethod,
-            &[
-                (generator) as usize as u64,
-                (outputPtr) as usize as u64,
-                (n) as u64,
-                (lambda).to_bits(),
-                (method) as u64,
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGeneratePoissonMethod",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGeneratePoissonMethod__call,
+                &chidori_cuda::calls::curand::curandGeneratePoissonMethod__d2h,
             ],
-        ) as u32
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate_poisson_method(
+            &CTX,
+            generator,
+            outputPtr,
+            n,
+            lambda,
+            method,
+        )
     }
 }
 ///`curandGenerateSeeds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -270,7 +428,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateSeeds(
         ) as u32
     }
 }
-///`curandGenerateUniform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateUniform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
     generator: *mut c_void,
@@ -278,13 +436,26 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
     num: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateUniform,
-            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateUniform",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateUniform__call,
+                &chidori_cuda::calls::curand::curandGenerateUniform__d2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
     }
 }
-///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
     generator: *mut c_void,
@@ -292,10 +463,23 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
     num: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::curand::curandGenerateUniformDouble,
-            &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "curandGenerateUniformDouble",
+            version: "13.1",
+            library: "curand",
+            forms: &[
+                &chidori_cuda::calls::curand::curandGenerateUniformDouble__call,
+                &chidori_cuda::calls::curand::curandGenerateUniformDouble__d2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 999i64,
+                unavailable: 203i64,
+                invalid_handle: 101i64,
+                invalid_value: 104i64,
+            },
+        };
+        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
     }
 }
 ///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

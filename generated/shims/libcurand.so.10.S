@@ -9,10 +9,7 @@ curandCreateGenerator:
     .globl curandCreateGeneratorHost
     .type curandCreateGeneratorHost, @function
 curandCreateGeneratorHost:
-    leaq .Lname0(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandCreateGeneratorHost@PLT
     .size curandCreateGeneratorHost, .-curandCreateGeneratorHost
     .globl curandCreatePoissonDistribution
     .type curandCreatePoissonDistribution, @function
@@ -97,7 +94,7 @@ curandGenerateUniformDouble:
     .globl curandGetDirectionVectors32
     .type curandGetDirectionVectors32, @function
 curandGetDirectionVectors32:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -105,7 +102,7 @@ curandGetDirectionVectors32:
     .globl curandGetDirectionVectors64
     .type curandGetDirectionVectors64, @function
 curandGetDirectionVectors64:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -118,7 +115,7 @@ curandGetProperty:
     .globl curandGetScrambleConstants32
     .type curandGetScrambleConstants32, @function
 curandGetScrambleConstants32:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -126,7 +123,7 @@ curandGetScrambleConstants32:
     .globl curandGetScrambleConstants64
     .type curandGetScrambleConstants64, @function
 curandGetScrambleConstants64:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $999, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -163,13 +160,11 @@ curandSetStream:
     .size curandSetStream, .-curandSetStream
     .section .rodata
 .Lname0:
-    .asciz "curandCreateGeneratorHost"
-.Lname1:
     .asciz "curandGetDirectionVectors32"
-.Lname2:
+.Lname1:
     .asciz "curandGetDirectionVectors64"
-.Lname3:
+.Lname2:
     .asciz "curandGetScrambleConstants32"
-.Lname4:
+.Lname3:
     .asciz "curandGetScrambleConstants64"
     .section .note.GNU-stack,"",@progbits

@@ -72,6 +72,8 @@ pub struct Client {
     pub jit_links: Table<u64, crate::custom::nvjitlink::Link>,
     /// The driver's link states (`cuLinkCreate` … `cuLinkComplete`), by handle.
     pub link_states: Table<u64, crate::custom::link::LinkState>,
+    /// cuRAND generators made by curandCreateGeneratorHost, until destroyed.
+    pub host_generators: Table<u64, ()>,
     /// Graph loops started on the server, by id, while not being polled.
     pub loops: Table<u64, crate::custom::loops::Running>,
     /// cuBLASLt descriptors and preferences the client named: what was set on each.
@@ -135,6 +137,7 @@ pub static CLIENT: Client = Client {
     nvrtc_programs: Table::new(),
     jit_links: Table::new(),
     link_states: Table::new(),
+    host_generators: Table::new(),
     loops: Table::new(),
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),

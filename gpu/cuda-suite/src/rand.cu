@@ -1,9 +1,11 @@
 // cuRAND's host API with device generators, as CuPy's random module uses it: pseudo-random
 // (XORWOW, Philox, MRG32k3a, MT19937) and quasi-random (Sobol) generators, seeds, offsets,
-// orderings and a stream, every distribution the host API has. The output bytes are printed:
-// a generator gives the same sequence for the same seed, wherever it runs.
+// orderings and a stream, every distribution the host API has; host generators (the CPU
+// generates into host memory) against a device generator of the same seed. The output bytes
+// are printed: a generator gives the same sequence for the same seed, wherever it runs.
 #include <curand.h>
 
+#include <cmath>
 #include "common.h"
 
 template <typename T>
@@ -92,6 +94,37 @@ int main() {
     CHECK_STATUS(curandGenerateLongLong(gen, ull, n));
     report.line("sobol64", device_checksum(ull, n));
     CHECK_STATUS(curandDestroyGenerator(gen));
+  }
+
+  // Host generators (curandCreateGeneratorHost): the CPU generates into host memory, and a
+  // device generator of the same kind and seed gives the same numbers (NVIDIA's
+  // MersenneTwisterGP11213 checks this).
+  {
+    const int hn = 10000;
+    std::vector<float> host_u(hn), dev_u(hn);
+    std::vector<double> host_d(hn);
+    std::vector<unsigned int> host_p(hn);
+    curandGenerator_t hgen, dgen;
+    CHECK_STATUS(curandCreateGeneratorHost(&hgen, CURAND_RNG_PSEUDO_MTGP32));
+    CHECK_STATUS(curandSetPseudoRandomGeneratorSeed(hgen, 777));
+    CHECK_STATUS(curandGenerateUniform(hgen, host_u.data(), hn));
+    CHECK_STATUS(curandCreateGenerator(&dgen, CURAND_RNG_PSEUDO_MTGP32));
+    CHECK_STATUS(curandSetPseudoRandomGeneratorSeed(dgen, 777));
+    CHECK_STATUS(curandGenerateUniform(dgen, f, hn));
+    CHECK(cudaMemcpy(dev_u.data(), f, hn * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < hn; ++i) EXPECT(std::fabs(host_u[i] - dev_u[i]) <= 1e-6f);
+    report.line("host mtgp32", checksum(host_u));
+    CHECK_STATUS(curandGenerateNormalDouble(hgen, host_d.data(), hn, 1.0, 2.0));
+    report.line("host normal dbl", checksum(host_d));
+    CHECK_STATUS(curandGeneratePoisson(hgen, host_p.data(), hn, 3.5));
+    report.line("host poisson", checksum(host_p));
+    CHECK_STATUS(curandDestroyGenerator(hgen));
+    CHECK_STATUS(curandDestroyGenerator(dgen));
+    CHECK_STATUS(curandCreateGeneratorHost(&hgen, CURAND_RNG_QUASI_SOBOL32));
+    CHECK_STATUS(curandSetQuasiRandomGeneratorDimensions(hgen, 3));
+    CHECK_STATUS(curandGenerate(hgen, host_p.data(), hn - 1));
+    report.line("host sobol32", checksum(host_p));
+    CHECK_STATUS(curandDestroyGenerator(hgen));
   }
 
   // A discrete distribution made by the library, then freed.
