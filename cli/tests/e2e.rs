@@ -902,8 +902,15 @@ int cublasSetVector(int n, int elemSize, const void *x, int incx, void *y, int i
 int cublasGetVector(int n, int elemSize, const void *x, int incx, void *y, int incy);
 int cublasSetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb, cudaStream_t s);
 int cublasGetVectorAsync(int n, int elemSize, const void *x, int incx, void *y, int incy, cudaStream_t s);
+int cublasAlloc(int n, int elemSize, void **devicePtr);
+int cublasFree(void *devicePtr);
 int main(void) {
   float *d = 0;
+  /* The legacy allocator: the client's cudaMalloc and cudaFree. */
+  if (cublasAlloc(64, sizeof(float), (void **)&d) || !d) return 2;
+  struct cudaPointerAttributes at;
+  if (cudaPointerGetAttributes(&at, d + 10) || at.type != cudaMemoryTypeDevice) return 3;
+  if (cublasFree(d) || cublasAlloc(0, 4, (void **)&d) != 7) return 4;
   if (cudaMalloc((void **)&d, 64 * sizeof(float))) return 2;
   float a[8] = {1, 2, 3, -1, 4, 5, 6, -1}; /* 3x2, column-major, lda 4 */
   float back[10], v[6] = {10, -1, 20, -1, 30, -1}, w[3] = {0}, z[6] = {0};

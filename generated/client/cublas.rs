@@ -4,6 +4,30 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cublasAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasAlloc(
+    n: i32,
+    elemSize: i32,
+    devicePtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasAlloc",
+            version: "13.1",
+            library: "cublas",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublas::legacy_alloc(&CTX, n, elemSize, devicePtr)
+    }
+}
 ///`cublasAsumEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx(
@@ -3387,6 +3411,28 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2_64(
                 (s) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasCrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCrotg(
+    ca: *mut c_void,
+    cb: chidori_cuda::types::float2,
+    sc: *mut c_void,
+    cs: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCrotg,
+                &[
+                    (ca) as usize as u64,
+                    &(cb) as *const _ as usize as u64,
+                    (sc) as usize as u64,
+                    (cs) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasCrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7019,6 +7065,28 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2_64(
         ) as u32
     }
 }
+///`cublasDrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotg(
+    sa: *mut c_void,
+    sb: *mut c_void,
+    sc: *mut c_void,
+    ss: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDrotg,
+                &[
+                    (sa) as usize as u64,
+                    (sb) as usize as u64,
+                    (sc) as usize as u64,
+                    (ss) as usize as u64,
+                ],
+            );
+        }
+    }
+}
 ///`cublasDrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
@@ -7039,6 +7107,32 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
                 (s) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasDrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotm(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    sparam: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDrotm,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (sparam) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasDrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -7091,6 +7185,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2_64(
                 (param) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasDrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg(
+    sd1: *mut c_void,
+    sd2: *mut c_void,
+    sx1: *mut c_void,
+    sy1: *mut c_void,
+    sparam: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDrotmg,
+                &[
+                    (sd1) as usize as u64,
+                    (sd2) as usize as u64,
+                    (sx1) as usize as u64,
+                    (sy1) as usize as u64,
+                    (sparam) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasDrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9321,6 +9439,26 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2_64(
                 (result) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasFree(devicePtr: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasFree",
+            version: "13.1",
+            library: "cublas",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublas::legacy_free(&CTX, devicePtr)
     }
 }
 ///`cublasGemmBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -12849,6 +12987,28 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2_64(
         ) as u32
     }
 }
+///`cublasSrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotg(
+    sa: *mut c_void,
+    sb: *mut c_void,
+    sc: *mut c_void,
+    ss: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSrotg,
+                &[
+                    (sa) as usize as u64,
+                    (sb) as usize as u64,
+                    (sc) as usize as u64,
+                    (ss) as usize as u64,
+                ],
+            );
+        }
+    }
+}
 ///`cublasSrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
@@ -12869,6 +13029,32 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
                 (s) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasSrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotm(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    sparam: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSrotm,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (sparam) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasSrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -12921,6 +13107,30 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2_64(
                 (param) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasSrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg(
+    sd1: *mut c_void,
+    sd2: *mut c_void,
+    sx1: *mut c_void,
+    sy1: *mut c_void,
+    sparam: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSrotmg,
+                &[
+                    (sd1) as usize as u64,
+                    (sd2) as usize as u64,
+                    (sx1) as usize as u64,
+                    (sy1) as usize as u64,
+                    (sparam) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasSrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -19544,6 +19754,28 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2_64(
                 (s) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cublasZrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZrotg(
+    ca: *mut c_void,
+    cb: chidori_cuda::types::double2,
+    sc: *mut c_void,
+    cs: *mut c_void,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZrotg,
+                &[
+                    (ca) as usize as u64,
+                    &(cb) as *const _ as usize as u64,
+                    (sc) as usize as u64,
+                    (cs) as usize as u64,
+                ],
+            );
+        }
     }
 }
 ///`cublasZrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

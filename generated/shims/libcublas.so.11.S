@@ -4,10 +4,7 @@
     .globl cublasAlloc
     .type cublasAlloc, @function
 cublasAlloc:
-    leaq .Lname0(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAlloc@PLT
     .size cublasAlloc, .-cublasAlloc
     .globl cublasAsumEx
     .type cublasAsumEx, @function
@@ -32,7 +29,7 @@ cublasCaxpy_v2:
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -55,7 +52,7 @@ cublasCdgmm:
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -68,7 +65,7 @@ cublasCdotc_v2:
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -346,10 +343,7 @@ cublasCrot_v2:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname4(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrotg@PLT
     .size cublasCrotg, .-cublasCrotg
     .globl cublasCrotg_v2
     .type cublasCrotg_v2, @function
@@ -574,7 +568,7 @@ cublasDaxpy_v2:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -737,10 +731,7 @@ cublasDrot_v2:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname6(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotg@PLT
     .size cublasDrotg, .-cublasDrotg
     .globl cublasDrotg_v2
     .type cublasDrotg_v2, @function
@@ -750,10 +741,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname7(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotm@PLT
     .size cublasDrotm, .-cublasDrotm
     .globl cublasDrotm_v2
     .type cublasDrotm_v2, @function
@@ -763,10 +751,7 @@ cublasDrotm_v2:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotmg@PLT
     .size cublasDrotmg, .-cublasDrotmg
     .globl cublasDrotmg_v2
     .type cublasDrotmg_v2, @function
@@ -1016,10 +1001,7 @@ cublasDznrm2_v2:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname9(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasFree@PLT
     .size cublasFree, .-cublasFree
     .globl cublasGemmBatchedEx
     .type cublasGemmBatchedEx, @function
@@ -1044,7 +1026,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1044,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1135,7 +1117,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1143,7 +1125,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1151,7 +1133,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1159,7 +1141,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1167,7 +1149,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1175,7 +1157,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1183,7 +1165,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1268,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1304,7 +1286,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1342,7 +1324,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1387,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1395,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1426,7 +1408,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1604,10 +1586,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname25(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotg@PLT
     .size cublasSrotg, .-cublasSrotg
     .globl cublasSrotg_v2
     .type cublasSrotg_v2, @function
@@ -1617,10 +1596,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname26(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotm@PLT
     .size cublasSrotm, .-cublasSrotm
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
@@ -1630,10 +1606,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname27(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotmg@PLT
     .size cublasSrotmg, .-cublasSrotmg
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
@@ -1868,7 +1841,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1876,7 +1849,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1884,7 +1857,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1892,7 +1865,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1905,7 +1878,7 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1983,7 +1956,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2031,7 +2004,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2039,7 +2012,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2052,7 +2025,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2070,7 +2043,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +2166,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2216,7 +2189,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2229,7 +2202,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2487,10 +2460,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname41(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrotg@PLT
     .size cublasZrotg, .-cublasZrotg
     .globl cublasZrotg_v2
     .type cublasZrotg_v2, @function
@@ -2664,87 +2634,67 @@ cublasZtrttp:
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
-    .asciz "cublasAlloc"
-.Lname1:
     .asciz "cublasCbdmm"
-.Lname2:
+.Lname1:
     .asciz "cublasCdotc"
-.Lname3:
+.Lname2:
     .asciz "cublasCdotu"
-.Lname4:
-    .asciz "cublasCrotg"
-.Lname5:
+.Lname3:
     .asciz "cublasDbdmm"
-.Lname6:
-    .asciz "cublasDrotg"
-.Lname7:
-    .asciz "cublasDrotm"
-.Lname8:
-    .asciz "cublasDrotmg"
-.Lname9:
-    .asciz "cublasFree"
-.Lname10:
+.Lname4:
     .asciz "cublasGetBackdoor"
-.Lname11:
+.Lname5:
     .asciz "cublasGetLoggerCallback"
-.Lname12:
+.Lname6:
     .asciz "cublasHSHgemvBatched"
-.Lname13:
+.Lname7:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname14:
+.Lname8:
     .asciz "cublasHSSgemvBatched"
-.Lname15:
+.Lname9:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname16:
+.Lname10:
     .asciz "cublasHgemm"
-.Lname17:
+.Lname11:
     .asciz "cublasHgemmBatched"
-.Lname18:
+.Lname12:
     .asciz "cublasHgemmStridedBatched"
-.Lname19:
+.Lname13:
     .asciz "cublasLoggerConfigure"
-.Lname20:
+.Lname14:
     .asciz "cublasRotgEx"
-.Lname21:
+.Lname15:
     .asciz "cublasSbdmm"
-.Lname22:
+.Lname16:
     .asciz "cublasSetBackdoor"
-.Lname23:
+.Lname17:
     .asciz "cublasSetBackdoorEx"
-.Lname24:
+.Lname18:
     .asciz "cublasSetLoggerCallback"
-.Lname25:
-    .asciz "cublasSrotg"
-.Lname26:
-    .asciz "cublasSrotm"
-.Lname27:
-    .asciz "cublasSrotmg"
-.Lname28:
+.Lname19:
     .asciz "cublasTSSgemvBatched"
-.Lname29:
+.Lname20:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname30:
+.Lname21:
     .asciz "cublasTSTgemvBatched"
-.Lname31:
+.Lname22:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname32:
+.Lname23:
     .asciz "cublasXerbla"
-.Lname33:
+.Lname24:
     .asciz "cublasXtDeviceSelect"
-.Lname34:
+.Lname25:
     .asciz "cublasXtGetBlockDim"
-.Lname35:
+.Lname26:
     .asciz "cublasXtGetNumBoards"
-.Lname36:
+.Lname27:
     .asciz "cublasXtMaxBoards"
-.Lname37:
+.Lname28:
     .asciz "cublasXtSetCpuRoutine"
-.Lname38:
+.Lname29:
     .asciz "cublasZbdmm"
-.Lname39:
+.Lname30:
     .asciz "cublasZdotc"
-.Lname40:
+.Lname31:
     .asciz "cublasZdotu"
-.Lname41:
-    .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

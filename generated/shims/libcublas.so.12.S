@@ -4,10 +4,7 @@
     .globl cublasAlloc
     .type cublasAlloc, @function
 cublasAlloc:
-    leaq .Lname0(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAlloc@PLT
     .size cublasAlloc, .-cublasAlloc
     .globl cublasAsumEx
     .type cublasAsumEx, @function
@@ -47,7 +44,7 @@ cublasCaxpy_v2_64:
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -80,7 +77,7 @@ cublasCdgmm_64:
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -98,7 +95,7 @@ cublasCdotc_v2_64:
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -531,10 +528,7 @@ cublasCrot_v2_64:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname4(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrotg@PLT
     .size cublasCrotg, .-cublasCrotg
     .globl cublasCrotg_v2
     .type cublasCrotg_v2, @function
@@ -879,7 +873,7 @@ cublasDaxpy_v2_64:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +971,7 @@ cublasDgemmBatched_64:
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +979,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,10 +1132,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotg@PLT
     .size cublasDrotg, .-cublasDrotg
     .globl cublasDrotg_v2
     .type cublasDrotg_v2, @function
@@ -1151,10 +1142,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname9(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotm@PLT
     .size cublasDrotm, .-cublasDrotm
     .globl cublasDrotm_v2
     .type cublasDrotm_v2, @function
@@ -1169,10 +1157,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname10(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotmg@PLT
     .size cublasDrotmg, .-cublasDrotmg
     .globl cublasDrotmg_v2
     .type cublasDrotmg_v2, @function
@@ -1542,10 +1527,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasFree@PLT
     .size cublasFree, .-cublasFree
     .globl cublasGemmBatchedEx
     .type cublasGemmBatchedEx, @function
@@ -1570,7 +1552,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,7 +1560,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1601,7 +1583,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,7 +1601,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1694,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1702,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1728,7 +1710,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1736,7 +1718,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1744,7 +1726,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,7 +1734,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1760,7 +1742,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1768,7 +1750,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1776,7 +1758,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1784,7 +1766,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1792,7 +1774,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1782,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1808,7 +1790,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1816,7 +1798,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1969,7 +1951,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1997,7 +1979,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2050,7 +2032,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2143,7 +2125,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2151,7 +2133,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2164,7 +2146,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2292,7 +2274,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2300,7 +2282,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,10 +2420,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname38(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotg@PLT
     .size cublasSrotg, .-cublasSrotg
     .globl cublasSrotg_v2
     .type cublasSrotg_v2, @function
@@ -2451,10 +2430,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname39(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotm@PLT
     .size cublasSrotm, .-cublasSrotm
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
@@ -2469,10 +2445,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname40(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotmg@PLT
     .size cublasSrotmg, .-cublasSrotmg
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
@@ -2822,7 +2795,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2830,7 +2803,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2838,7 +2811,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2846,7 +2819,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2854,7 +2827,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2862,7 +2835,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2870,7 +2843,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2878,7 +2851,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2891,7 +2864,7 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2969,7 +2942,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3017,7 +2990,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3025,7 +2998,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3038,7 +3011,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3056,7 +3029,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3184,7 +3157,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3217,7 +3190,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3235,7 +3208,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3623,10 +3596,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname58(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrotg@PLT
     .size cublasZrotg, .-cublasZrotg
     .globl cublasZrotg_v2
     .type cublasZrotg_v2, @function
@@ -3890,121 +3860,101 @@ cublasZtrttp:
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
-    .asciz "cublasAlloc"
-.Lname1:
     .asciz "cublasCbdmm"
-.Lname2:
+.Lname1:
     .asciz "cublasCdotc"
-.Lname3:
+.Lname2:
     .asciz "cublasCdotu"
-.Lname4:
-    .asciz "cublasCrotg"
-.Lname5:
+.Lname3:
     .asciz "cublasDbdmm"
-.Lname6:
+.Lname4:
     .asciz "cublasDgemmGroupedBatched"
-.Lname7:
+.Lname5:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname8:
-    .asciz "cublasDrotg"
-.Lname9:
-    .asciz "cublasDrotm"
-.Lname10:
-    .asciz "cublasDrotmg"
-.Lname11:
-    .asciz "cublasFree"
-.Lname12:
+.Lname6:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname13:
+.Lname7:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname14:
+.Lname8:
     .asciz "cublasGetBackdoor"
-.Lname15:
+.Lname9:
     .asciz "cublasGetLoggerCallback"
-.Lname16:
+.Lname10:
     .asciz "cublasHSHgemvBatched"
-.Lname17:
+.Lname11:
     .asciz "cublasHSHgemvBatched_64"
-.Lname18:
+.Lname12:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname19:
+.Lname13:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname20:
+.Lname14:
     .asciz "cublasHSSgemvBatched"
-.Lname21:
+.Lname15:
     .asciz "cublasHSSgemvBatched_64"
-.Lname22:
+.Lname16:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname23:
+.Lname17:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname24:
+.Lname18:
     .asciz "cublasHgemm"
-.Lname25:
+.Lname19:
     .asciz "cublasHgemmBatched"
-.Lname26:
+.Lname20:
     .asciz "cublasHgemmBatched_64"
-.Lname27:
+.Lname21:
     .asciz "cublasHgemmStridedBatched"
-.Lname28:
+.Lname22:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname29:
+.Lname23:
     .asciz "cublasHgemm_64"
-.Lname30:
+.Lname24:
     .asciz "cublasLoggerConfigure"
-.Lname31:
+.Lname25:
     .asciz "cublasRotgEx"
-.Lname32:
+.Lname26:
     .asciz "cublasSbdmm"
-.Lname33:
+.Lname27:
     .asciz "cublasSetBackdoor"
-.Lname34:
+.Lname28:
     .asciz "cublasSetBackdoorEx"
-.Lname35:
+.Lname29:
     .asciz "cublasSetLoggerCallback"
-.Lname36:
+.Lname30:
     .asciz "cublasSgemmGroupedBatched"
-.Lname37:
+.Lname31:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname38:
-    .asciz "cublasSrotg"
-.Lname39:
-    .asciz "cublasSrotm"
-.Lname40:
-    .asciz "cublasSrotmg"
-.Lname41:
+.Lname32:
     .asciz "cublasTSSgemvBatched"
-.Lname42:
+.Lname33:
     .asciz "cublasTSSgemvBatched_64"
-.Lname43:
+.Lname34:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname44:
+.Lname35:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname45:
+.Lname36:
     .asciz "cublasTSTgemvBatched"
-.Lname46:
+.Lname37:
     .asciz "cublasTSTgemvBatched_64"
-.Lname47:
+.Lname38:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname48:
+.Lname39:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname49:
+.Lname40:
     .asciz "cublasXerbla"
-.Lname50:
+.Lname41:
     .asciz "cublasXtDeviceSelect"
-.Lname51:
+.Lname42:
     .asciz "cublasXtGetBlockDim"
-.Lname52:
+.Lname43:
     .asciz "cublasXtGetNumBoards"
-.Lname53:
+.Lname44:
     .asciz "cublasXtMaxBoards"
-.Lname54:
+.Lname45:
     .asciz "cublasXtSetCpuRoutine"
-.Lname55:
+.Lname46:
     .asciz "cublasZbdmm"
-.Lname56:
+.Lname47:
     .asciz "cublasZdotc"
-.Lname57:
+.Lname48:
     .asciz "cublasZdotu"
-.Lname58:
-    .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

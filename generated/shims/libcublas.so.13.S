@@ -4,10 +4,7 @@
     .globl cublasAlloc
     .type cublasAlloc, @function
 cublasAlloc:
-    leaq .Lname0(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAlloc@PLT
     .size cublasAlloc, .-cublasAlloc
     .globl cublasAsumEx
     .type cublasAsumEx, @function
@@ -47,7 +44,7 @@ cublasCaxpy_v2_64:
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -80,7 +77,7 @@ cublasCdgmm_64:
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -98,7 +95,7 @@ cublasCdotc_v2_64:
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -531,10 +528,7 @@ cublasCrot_v2_64:
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname4(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrotg@PLT
     .size cublasCrotg, .-cublasCrotg
     .globl cublasCrotg_v2
     .type cublasCrotg_v2, @function
@@ -879,7 +873,7 @@ cublasDaxpy_v2_64:
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +971,7 @@ cublasDgemmBatched_64:
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +979,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,10 +1132,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotg@PLT
     .size cublasDrotg, .-cublasDrotg
     .globl cublasDrotg_v2
     .type cublasDrotg_v2, @function
@@ -1151,10 +1142,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname9(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotm@PLT
     .size cublasDrotm, .-cublasDrotm
     .globl cublasDrotm_v2
     .type cublasDrotm_v2, @function
@@ -1169,10 +1157,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname10(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotmg@PLT
     .size cublasDrotmg, .-cublasDrotmg
     .globl cublasDrotmg_v2
     .type cublasDrotmg_v2, @function
@@ -1542,10 +1527,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasFree@PLT
     .size cublasFree, .-cublasFree
     .globl cublasGemmBatchedEx
     .type cublasGemmBatchedEx, @function
@@ -1570,7 +1552,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,7 +1560,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1601,7 +1583,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1614,7 +1596,7 @@ cublasGetCudartVersion:
     .globl cublasGetEmulationSpecialValuesSupport
     .type cublasGetEmulationSpecialValuesSupport, @function
 cublasGetEmulationSpecialValuesSupport:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1627,7 +1609,7 @@ cublasGetEmulationStrategy:
     .globl cublasGetEnvironmentMode
     .type cublasGetEnvironmentMode, @function
 cublasGetEnvironmentMode:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1640,7 +1622,7 @@ cublasGetError:
     .globl cublasGetFixedPointEmulationMantissaBitCountPointer
     .type cublasGetFixedPointEmulationMantissaBitCountPointer, @function
 cublasGetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1648,7 +1630,7 @@ cublasGetFixedPointEmulationMantissaBitCountPointer:
     .globl cublasGetFixedPointEmulationMantissaBitOffset
     .type cublasGetFixedPointEmulationMantissaBitOffset, @function
 cublasGetFixedPointEmulationMantissaBitOffset:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1656,7 +1638,7 @@ cublasGetFixedPointEmulationMantissaBitOffset:
     .globl cublasGetFixedPointEmulationMantissaControl
     .type cublasGetFixedPointEmulationMantissaControl, @function
 cublasGetFixedPointEmulationMantissaControl:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1664,7 +1646,7 @@ cublasGetFixedPointEmulationMantissaControl:
     .globl cublasGetFixedPointEmulationMaxMantissaBitCount
     .type cublasGetFixedPointEmulationMaxMantissaBitCount, @function
 cublasGetFixedPointEmulationMaxMantissaBitCount:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1672,7 +1654,7 @@ cublasGetFixedPointEmulationMaxMantissaBitCount:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1765,7 +1747,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1773,7 +1755,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1781,7 +1763,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1789,7 +1771,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1797,7 +1779,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1805,7 +1787,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,7 +1795,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1821,7 +1803,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1829,7 +1811,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1837,7 +1819,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1845,7 +1827,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1853,7 +1835,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1861,7 +1843,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1869,7 +1851,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2022,7 +2004,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2050,7 +2032,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2103,7 +2085,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2196,7 +2178,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2204,7 +2186,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2204,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +2212,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2258,7 +2240,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2386,7 +2368,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2394,7 +2376,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2532,10 +2514,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname46(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotg@PLT
     .size cublasSrotg, .-cublasSrotg
     .globl cublasSrotg_v2
     .type cublasSrotg_v2, @function
@@ -2545,10 +2524,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname47(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotm@PLT
     .size cublasSrotm, .-cublasSrotm
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
@@ -2563,10 +2539,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname48(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotmg@PLT
     .size cublasSrotmg, .-cublasSrotmg
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
@@ -2916,7 +2889,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2924,7 +2897,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2932,7 +2905,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2940,7 +2913,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2948,7 +2921,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2956,7 +2929,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2964,7 +2937,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2972,7 +2945,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2985,7 +2958,7 @@ cublasUint8gemmBias:
     .globl cublasXerbla
     .type cublasXerbla, @function
 cublasXerbla:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3063,7 +3036,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3111,7 +3084,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3119,7 +3092,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3132,7 +3105,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3150,7 +3123,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3278,7 +3251,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3311,7 +3284,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3329,7 +3302,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3717,10 +3690,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname66(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrotg@PLT
     .size cublasZrotg, .-cublasZrotg
     .globl cublasZrotg_v2
     .type cublasZrotg_v2, @function
@@ -3984,137 +3954,117 @@ cublasZtrttp:
     .size cublasZtrttp, .-cublasZtrttp
     .section .rodata
 .Lname0:
-    .asciz "cublasAlloc"
-.Lname1:
     .asciz "cublasCbdmm"
-.Lname2:
+.Lname1:
     .asciz "cublasCdotc"
-.Lname3:
+.Lname2:
     .asciz "cublasCdotu"
-.Lname4:
-    .asciz "cublasCrotg"
-.Lname5:
+.Lname3:
     .asciz "cublasDbdmm"
-.Lname6:
+.Lname4:
     .asciz "cublasDgemmGroupedBatched"
-.Lname7:
+.Lname5:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname8:
-    .asciz "cublasDrotg"
-.Lname9:
-    .asciz "cublasDrotm"
-.Lname10:
-    .asciz "cublasDrotmg"
-.Lname11:
-    .asciz "cublasFree"
-.Lname12:
+.Lname6:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname13:
+.Lname7:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname14:
+.Lname8:
     .asciz "cublasGetBackdoor"
-.Lname15:
+.Lname9:
     .asciz "cublasGetEmulationSpecialValuesSupport"
-.Lname16:
+.Lname10:
     .asciz "cublasGetEnvironmentMode"
-.Lname17:
+.Lname11:
     .asciz "cublasGetFixedPointEmulationMantissaBitCountPointer"
-.Lname18:
+.Lname12:
     .asciz "cublasGetFixedPointEmulationMantissaBitOffset"
-.Lname19:
+.Lname13:
     .asciz "cublasGetFixedPointEmulationMantissaControl"
-.Lname20:
+.Lname14:
     .asciz "cublasGetFixedPointEmulationMaxMantissaBitCount"
-.Lname21:
+.Lname15:
     .asciz "cublasGetLoggerCallback"
-.Lname22:
+.Lname16:
     .asciz "cublasHSHgemvBatched"
-.Lname23:
+.Lname17:
     .asciz "cublasHSHgemvBatched_64"
-.Lname24:
+.Lname18:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname25:
+.Lname19:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname26:
+.Lname20:
     .asciz "cublasHSSgemvBatched"
-.Lname27:
+.Lname21:
     .asciz "cublasHSSgemvBatched_64"
-.Lname28:
+.Lname22:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname29:
+.Lname23:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname30:
+.Lname24:
     .asciz "cublasHgemm"
-.Lname31:
+.Lname25:
     .asciz "cublasHgemmBatched"
-.Lname32:
+.Lname26:
     .asciz "cublasHgemmBatched_64"
-.Lname33:
+.Lname27:
     .asciz "cublasHgemmStridedBatched"
-.Lname34:
+.Lname28:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname35:
+.Lname29:
     .asciz "cublasHgemm_64"
-.Lname36:
+.Lname30:
     .asciz "cublasLoggerConfigure"
-.Lname37:
+.Lname31:
     .asciz "cublasRotgEx"
-.Lname38:
+.Lname32:
     .asciz "cublasSbdmm"
-.Lname39:
+.Lname33:
     .asciz "cublasSetBackdoor"
-.Lname40:
+.Lname34:
     .asciz "cublasSetBackdoorEx"
-.Lname41:
+.Lname35:
     .asciz "cublasSetEnvironmentMode"
-.Lname42:
+.Lname36:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname43:
+.Lname37:
     .asciz "cublasSetLoggerCallback"
-.Lname44:
+.Lname38:
     .asciz "cublasSgemmGroupedBatched"
-.Lname45:
+.Lname39:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname46:
-    .asciz "cublasSrotg"
-.Lname47:
-    .asciz "cublasSrotm"
-.Lname48:
-    .asciz "cublasSrotmg"
-.Lname49:
+.Lname40:
     .asciz "cublasTSSgemvBatched"
-.Lname50:
+.Lname41:
     .asciz "cublasTSSgemvBatched_64"
-.Lname51:
+.Lname42:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname52:
+.Lname43:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname53:
+.Lname44:
     .asciz "cublasTSTgemvBatched"
-.Lname54:
+.Lname45:
     .asciz "cublasTSTgemvBatched_64"
-.Lname55:
+.Lname46:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname56:
+.Lname47:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname57:
+.Lname48:
     .asciz "cublasXerbla"
-.Lname58:
+.Lname49:
     .asciz "cublasXtDeviceSelect"
-.Lname59:
+.Lname50:
     .asciz "cublasXtGetBlockDim"
-.Lname60:
+.Lname51:
     .asciz "cublasXtGetNumBoards"
-.Lname61:
+.Lname52:
     .asciz "cublasXtMaxBoards"
-.Lname62:
+.Lname53:
     .asciz "cublasXtSetCpuRoutine"
-.Lname63:
+.Lname54:
     .asciz "cublasZbdmm"
-.Lname64:
+.Lname55:
     .asciz "cublasZdotc"
-.Lname65:
+.Lname56:
     .asciz "cublasZdotu"
-.Lname66:
-    .asciz "cublasZrotg"
     .section .note.GNU-stack,"",@progbits

@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::cublas as calls;
+use chidori_cuda::desc::Ctx;
 
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE;
@@ -54,6 +55,39 @@ pub unsafe fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_void) -> u32 {
 pub unsafe fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32) -> u32 {
     let desc = &calls::cublasSetPointerMode_v2__call;
     super::handles::set_pointer_mode("cublasSetPointerMode_v2", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
+}
+
+// ---- The legacy API's allocator (cublas.h): cudaMalloc and cudaFree ----
+
+/// cublasAlloc: `n` elements of `elem_size` bytes, by the client's cudaMalloc.
+pub unsafe fn legacy_alloc(ctx: &Ctx, n: i32, elem_size: i32, device_ptr: *mut c_void) -> u32 {
+    use chidori_cuda::consts::cublasStatus_t as s;
+    crate::guard::ffi(ctx.name, s::CUBLAS_STATUS_INVALID_VALUE, || {
+        let (Ok(n), Ok(size)) = (usize::try_from(n), usize::try_from(elem_size)) else {
+            return s::CUBLAS_STATUS_INVALID_VALUE;
+        };
+        if n == 0 || size == 0 || device_ptr.is_null() {
+            return s::CUBLAS_STATUS_INVALID_VALUE;
+        }
+        let Some(bytes) = n.checked_mul(size) else { return s::CUBLAS_STATUS_ALLOC_FAILED };
+        // SAFETY: the caller's void**, as cudaMalloc's.
+        match unsafe { super::cudart::cudaMalloc(device_ptr, bytes) } {
+            0 => s::CUBLAS_STATUS_SUCCESS,
+            _ => s::CUBLAS_STATUS_ALLOC_FAILED,
+        }
+    })
+}
+
+/// cublasFree: the client's cudaFree.
+pub unsafe fn legacy_free(ctx: &Ctx, device_ptr: *mut c_void) -> u32 {
+    use chidori_cuda::consts::cublasStatus_t as s;
+    crate::guard::ffi(ctx.name, s::CUBLAS_STATUS_INVALID_VALUE, || {
+        // SAFETY: a device address by value, as cudaFree's.
+        match unsafe { super::cudart::cudaFree(device_ptr) } {
+            0 => s::CUBLAS_STATUS_SUCCESS,
+            _ => s::CUBLAS_STATUS_INTERNAL_ERROR,
+        }
+    })
 }
 
 // ---- Host <-> GPU helpers ----
