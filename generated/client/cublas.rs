@@ -6095,6 +6095,94 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched_64(
         ) as u32
     }
 }
+///`cublasDgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    ldc_array: *mut c_void,
+    group_count: i32,
+    group_size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmGroupedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched_64(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    ldc_array: *mut c_void,
+    group_count: i64,
+    group_size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmGroupedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched(
@@ -9665,6 +9753,110 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx_64(
         ) as u32
     }
 }
+///`cublasGemmGroupedBatchedEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    Atype: u32,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    Btype: u32,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    Ctype: u32,
+    ldc_array: *mut c_void,
+    group_count: i32,
+    group_size: *mut c_void,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmGroupedBatchedEx,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (Atype) as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (Btype) as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (Ctype) as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmGroupedBatchedEx_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx_64(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    Atype: u32,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    Btype: u32,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    Ctype: u32,
+    ldc_array: *mut c_void,
+    group_count: i64,
+    group_size: *mut c_void,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmGroupedBatchedEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (Atype) as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (Btype) as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (Ctype) as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasGemmStridedBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx(
@@ -12142,6 +12334,94 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx_64(
                 (C) as usize as u64,
                 (Ctype) as u64,
                 (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    ldc_array: *mut c_void,
+    group_count: i32,
+    group_size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmGroupedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched_64(
+    handle: *mut c_void,
+    transa_array: *mut c_void,
+    transb_array: *mut c_void,
+    m_array: *mut c_void,
+    n_array: *mut c_void,
+    k_array: *mut c_void,
+    alpha_array: *mut c_void,
+    Aarray: *mut c_void,
+    lda_array: *mut c_void,
+    Barray: *mut c_void,
+    ldb_array: *mut c_void,
+    beta_array: *mut c_void,
+    Carray: *mut c_void,
+    ldc_array: *mut c_void,
+    group_count: i64,
+    group_size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmGroupedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa_array) as usize as u64,
+                (transb_array) as usize as u64,
+                (m_array) as usize as u64,
+                (n_array) as usize as u64,
+                (k_array) as usize as u64,
+                (alpha_array) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda_array) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb_array) as usize as u64,
+                (beta_array) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc_array) as usize as u64,
+                (group_count) as i64 as u64,
+                (group_size) as usize as u64,
             ],
         ) as u32
     }
