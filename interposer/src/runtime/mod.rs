@@ -240,6 +240,20 @@ fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
     crate::state::find(ptr).filter(|r| matches!(r.memory, crate::state::Memory::Managed)).map(|_| success(desc))
 }
 
+/// Whether a waiting call's return shows the GPU work before it done, so that what the GPU
+/// wrote into mirrored memory is there to pull (a pull at any other waiting call may come
+/// before the GPU wrote, and would leave nothing to pull at the synchronization after it):
+/// the synchronizations, copies the program waits for (which return once earlier work of
+/// their stream is done), and a stream or event found complete.
+fn settles(desc: &CallDesc, ret: u64) -> bool {
+    use chidori_protocol::desc::Form;
+    if desc.only_waits || matches!(desc.form, Some(Form::D2h | Form::H2d | Form::A2h | Form::H2a)) {
+        return true;
+    }
+    let name = desc.name.trim_end_matches("_ptsz");
+    matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery") && ret == success(desc)
+}
+
 /// Send a call on `conn` and, unless it is async, wait for its reply.
 ///
 /// # Safety
@@ -289,9 +303,12 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         cudnn_sizes::learn(key, ret, desc, &prepared);
     }
     // Bytes of earlier asynchronous copies into pinned memory have landed before any
-    // waiting call returns, and so have the GPU's writes into mirrored pinned memory.
+    // waiting call returns, and after a synchronization so have the GPU's writes into
+    // mirrored memory.
     crate::state::wait_deferred();
-    crate::mirror::pull(conn);
+    if settles(desc, ret) {
+        crate::mirror::pull(conn);
+    }
     crate::trace::record(desc, sent_bytes, slot.received() as usize, start);
     // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
     tracing::trace!(target: "chidori::waits", "{} -> {ret}", desc.name);
@@ -391,7 +408,7 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
     }
     let batch: Vec<(&'static CallDesc, &[u64])> = calls.iter().map(|a| (desc, a.as_slice())).collect();
     // SAFETY: forwarded contract.
-    let rets = unsafe { call_all(conn, &batch, desc.name) };
+    let rets = unsafe { call_all_settling(conn, &batch, desc.name, true) };
     first_status(conn, desc, rets)
 }
 
@@ -451,7 +468,16 @@ unsafe fn issue<'a>(
 /// not be reached); then what follows a wait (deferred copies land, mirrors are pulled) and
 /// the trace of one round trip of latency for all of them as `name` (`sent` bytes, and
 /// what their replies carried).
-fn finish(conn: &Conn, slots: Vec<Arc<Slot>>, name: &'static str, sent: u64, start: Instant) -> Option<Vec<u64>> {
+/// `settled`: the calls were synchronous copies, which return once earlier work of their
+/// stream is done (then mirrors are pulled).
+fn finish(
+    conn: &Conn,
+    slots: Vec<Arc<Slot>>,
+    name: &'static str,
+    sent: u64,
+    start: Instant,
+    settled: bool,
+) -> Option<Vec<u64>> {
     let calls = slots.len();
     let mut rets = Vec::with_capacity(calls);
     let mut received = 0;
@@ -460,7 +486,9 @@ fn finish(conn: &Conn, slots: Vec<Arc<Slot>>, name: &'static str, sent: u64, sta
         received += slot.received();
     }
     crate::state::wait_deferred();
-    crate::mirror::pull(conn);
+    if settled {
+        crate::mirror::pull(conn);
+    }
     crate::trace::bytes(name, u64::from(calls > 0), sent, received, start.elapsed());
     tracing::trace!(target: "chidori::waits", "{name} -> {calls} calls in one round trip");
     Some(rets)
@@ -513,7 +541,7 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
     if !desc.waits() {
         return success(desc);
     }
-    first_status(conn, desc, finish(conn, slots, desc.name, sent, start))
+    first_status(conn, desc, finish(conn, slots, desc.name, sent, start, true))
 }
 
 /// Send waiting calls back to back, in order, then wait for every reply: one round trip of
@@ -524,6 +552,21 @@ unsafe fn call_on_lanes(conn: &Conn, lanes: &crate::lanes::Lanes, desc: &'static
 /// # Safety
 /// As [`prepare`], for every call; output buffers stay valid until this returns.
 pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name: &'static str) -> Option<Vec<u64>> {
+    // SAFETY: forwarded contract.
+    unsafe { call_all_settling(conn, calls, name, false) }
+}
+
+/// [`call_all`]; `settled`: the calls are chunks of a copy the program waits for (see
+/// [`finish`]).
+///
+/// # Safety
+/// As [`call_all`].
+unsafe fn call_all_settling(
+    conn: &Conn,
+    calls: &[(&'static CallDesc, &[u64])],
+    name: &'static str,
+    settled: bool,
+) -> Option<Vec<u64>> {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(calls.len());
     let mut sent = 0u64;
@@ -534,7 +577,7 @@ pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name:
         sent += i.sent;
         slots.extend(i.slot);
     }
-    finish(conn, slots, name, sent, start)
+    finish(conn, slots, name, sent, start, settled)
 }
 
 /// [`call_all`] where the first call is the program's own and the others ride with it: the
