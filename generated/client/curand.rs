@@ -95,23 +95,28 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerate(
     num: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerate",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerate__call,
-                &chidori_cuda::calls::curand::curandGenerate__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerate",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerate__call,
+                    &chidori_cuda::calls::curand::curandGenerate__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -124,23 +129,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
     p: f64,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateBinomial",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateBinomial__call,
-                &chidori_cuda::calls::curand::curandGenerateBinomial__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_binomial(&CTX, generator, outputPtr, num, n, p)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateBinomial",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateBinomial__call,
+                    &chidori_cuda::calls::curand::curandGenerateBinomial__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (num) as u64,
+                    (n) as u64,
+                    (p).to_bits(),
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -154,31 +170,35 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
     method: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateBinomialMethod",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateBinomialMethod__call,
-                &chidori_cuda::calls::curand::curandGenerateBinomialMethod__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_binomial_method(
-            &CTX,
-            generator,
-            outputPtr,
-            num,
-            n,
-            p,
-            method,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateBinomialMethod",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateBinomialMethod__call,
+                    &chidori_cuda::calls::curand::curandGenerateBinomialMethod__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (num) as u64,
+                    (n) as u64,
+                    (p).to_bits(),
+                    (method) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -191,30 +211,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
     stddev: f32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateLogNormal",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateLogNormal__call,
-                &chidori_cuda::calls::curand::curandGenerateLogNormal__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_normal(
-            &CTX,
-            generator,
-            outputPtr,
-            n,
-            mean,
-            stddev,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateLogNormal",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateLogNormal__call,
+                    &chidori_cuda::calls::curand::curandGenerateLogNormal__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (mean).to_bits() as u64,
+                    (stddev).to_bits() as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -227,30 +251,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
     stddev: f64,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateLogNormalDouble",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__call,
-                &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_normal_double(
-            &CTX,
-            generator,
-            outputPtr,
-            n,
-            mean,
-            stddev,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateLogNormalDouble",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__call,
+                    &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (mean).to_bits(),
+                    (stddev).to_bits(),
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -261,23 +289,28 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
     num: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateLongLong",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateLongLong__call,
-                &chidori_cuda::calls::curand::curandGenerateLongLong__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateLongLong",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateLongLong__call,
+                    &chidori_cuda::calls::curand::curandGenerateLongLong__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -290,30 +323,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
     stddev: f32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateNormal",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateNormal__call,
-                &chidori_cuda::calls::curand::curandGenerateNormal__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_normal(
-            &CTX,
-            generator,
-            outputPtr,
-            n,
-            mean,
-            stddev,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateNormal",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateNormal__call,
+                    &chidori_cuda::calls::curand::curandGenerateNormal__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (mean).to_bits() as u64,
+                    (stddev).to_bits() as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -326,30 +363,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
     stddev: f64,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateNormalDouble",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateNormalDouble__call,
-                &chidori_cuda::calls::curand::curandGenerateNormalDouble__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_normal_double(
-            &CTX,
-            generator,
-            outputPtr,
-            n,
-            mean,
-            stddev,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateNormalDouble",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateNormalDouble__call,
+                    &chidori_cuda::calls::curand::curandGenerateNormalDouble__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (mean).to_bits(),
+                    (stddev).to_bits(),
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -361,23 +402,33 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
     lambda: f64,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGeneratePoisson",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGeneratePoisson__call,
-                &chidori_cuda::calls::curand::curandGeneratePoisson__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_poisson(&CTX, generator, outputPtr, n, lambda)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGeneratePoisson",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGeneratePoisson__call,
+                    &chidori_cuda::calls::curand::curandGeneratePoisson__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (lambda).to_bits(),
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -390,30 +441,34 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
     method: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGeneratePoissonMethod",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGeneratePoissonMethod__call,
-                &chidori_cuda::calls::curand::curandGeneratePoissonMethod__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate_poisson_method(
-            &CTX,
-            generator,
-            outputPtr,
-            n,
-            lambda,
-            method,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGeneratePoissonMethod",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGeneratePoissonMethod__call,
+                    &chidori_cuda::calls::curand::curandGeneratePoissonMethod__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[
+                    (generator) as usize as u64,
+                    (outputPtr) as usize as u64,
+                    (n) as u64,
+                    (lambda).to_bits(),
+                    (method) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateSeeds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -436,23 +491,28 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
     num: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateUniform",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateUniform__call,
-                &chidori_cuda::calls::curand::curandGenerateUniform__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateUniform",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateUniform__call,
+                    &chidori_cuda::calls::curand::curandGenerateUniform__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+            )
+        }) as u32
     }
 }
 ///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -463,23 +523,28 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
     num: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "curandGenerateUniformDouble",
-            version: "13.1",
-            library: "curand",
-            forms: &[
-                &chidori_cuda::calls::curand::curandGenerateUniformDouble__call,
-                &chidori_cuda::calls::curand::curandGenerateUniformDouble__d2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 999i64,
-                unavailable: 203i64,
-                invalid_handle: 101i64,
-                invalid_value: 104i64,
-            },
-        };
-        crate::custom::curand::generate(&CTX, generator, outputPtr, num)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGenerateUniformDouble",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGenerateUniformDouble__call,
+                    &chidori_cuda::calls::curand::curandGenerateUniformDouble__d2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::generate(
+                &CTX,
+                &[(generator) as usize as u64, (outputPtr) as usize as u64, (num) as u64],
+            )
+        }) as u32
     }
 }
 ///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -1123,7 +1123,7 @@ impl<'a> Emitter<'a> {
                         let func = ident(&variant_ident(&f.name, &v.tag));
                         quote!(crate::custom::#lib_ident::#func(#(#names),*))
                     }
-                    Disposition::Custom { implementation: Some(path), .. } => {
+                    Disposition::Custom { implementation: Some(path), raw, .. } => {
                         // Variants that take different numbers of parameters (13.0 added edge
                         // data to graph calls) call `<impl>_<n>`, n their parameter count.
                         let arities: BTreeSet<usize> = f
@@ -1145,7 +1145,7 @@ impl<'a> Emitter<'a> {
                         let c = &v.codes;
                         let (s, n, u, h, iv) =
                             (c.success, c.not_supported, c.unavailable, c.invalid_handle, c.invalid_value);
-                        quote! {
+                        let ctx = quote! {
                             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                                 name: #name,
                                 version: #version,
@@ -1155,7 +1155,16 @@ impl<'a> Emitter<'a> {
                                     success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h, invalid_value: #iv,
                                 },
                             };
-                            crate::custom::#(#path)::*(&CTX, #(#names),*)
+                        };
+                        if *raw {
+                            let args: Vec<_> = v.params.iter().zip(&names).map(|(l, n)| arg_to_u64(l, n)).collect();
+                            let call = quote!(({ #ctx crate::custom::#(#path)::*(&CTX, &[#(#args),*]) }));
+                            from_u64(&v.ret, call)
+                        } else {
+                            quote! {
+                                #ctx
+                                crate::custom::#(#path)::*(&CTX, #(#names),*)
+                            }
                         }
                     }
                     Disposition::Unsupported { .. } => unreachable!(),

@@ -312,8 +312,9 @@ pub enum Disposition {
     /// Answered locally by generated code (`error_name`, `error_string`).
     GeneratedLocal { implementation: String },
     /// Hand-written in the interposer (class local or custom); `implementation` names the
-    /// function (`module::function` under `crate::custom`) that receives the call's context.
-    Custom { class: Class, implementation: Option<String> },
+    /// function (`module::function` under `crate::custom`) that receives the call's context,
+    /// and with `raw` the arguments packed as words (`FnSpec::raw_args`).
+    Custom { class: Class, implementation: Option<String>, raw: bool },
     /// Not forwarded; answers the library's NOT_SUPPORTED status.
     Unsupported { reason: String },
 }
@@ -759,7 +760,7 @@ fn build_variant(
     let codes = codes(env, lib)?;
     let disposition = if let Some(h) = hidden {
         match h.class {
-            Class::Custom | Class::Local => Disposition::Custom { class: h.class, implementation: None },
+            Class::Custom | Class::Local => Disposition::Custom { class: h.class, implementation: None, raw: false },
             other => bail!("hidden functions must be custom or local, not {}", other.as_str()),
         }
     } else {
@@ -833,8 +834,11 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
         {
             bail!("{}: impl must name `module::function` under crate::custom, not {i:?}", decl.name);
         }
+        if fspec.raw_args && implementation.is_none() {
+            bail!("{}: raw_args needs an impl", decl.name);
+        }
         if implementation.is_some() || fspec.implementation.is_none() {
-            return Ok(Disposition::Custom { class, implementation });
+            return Ok(Disposition::Custom { class, implementation, raw: fspec.raw_args });
         }
     }
     if let Some(implementation) = &fspec.implementation {

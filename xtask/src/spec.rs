@@ -28,6 +28,11 @@
 //! wire.d2h.fixed = { kind = "cudaMemcpyDeviceToHost" }   # the worker passes this value
 //!                                  # (`dpitch = "= width"`: the value of another parameter)
 //!
+//! [function.curandGenerateNormal]
+//! class = "custom"
+//! impl = "curand::generate"        # `module::function` under crate::custom, given the context
+//! raw_args = true                  # ... and the arguments as words: one function for several
+//!
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
 //!
@@ -242,6 +247,11 @@ pub struct FnSpec {
     /// `module::function_<n>`, n its parameter count, where versions differ in arity).
     #[serde(rename = "impl")]
     pub implementation: Option<String>,
+    /// The implementation named by `impl` receives the arguments as the forwarding packs
+    /// them (`&[u64]`, after the context) and returns the raw result: one function serves
+    /// calls that differ only in their value parameters (cuRAND's generate calls).
+    #[serde(default)]
+    pub raw_args: bool,
     pub reason: Option<String>,
     /// Deliberately not forwarded: the reason is logged and listed by `cargo xtask coverage`.
     pub unsupported: Option<String>,

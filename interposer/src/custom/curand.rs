@@ -41,85 +41,15 @@ pub unsafe fn destroy(ctx: &Ctx, generator: *mut c_void) -> u32 {
     })
 }
 
-/// A generate call, `args` as the generated forwarding packs them (the generator first, the
-/// output pointer second): into the program's memory for a host generator, else into device
+/// Every generate call (`raw_args`: the generator first, the output pointer second, as the
+/// forwarding packs them): into the program's memory for a host generator, else into device
 /// memory without waiting.
-fn generate_with(ctx: &Ctx, args: &[u64]) -> u32 {
-    status(ctx, || {
-        let host = CLIENT.host_generators.contains(&args[0]);
+pub unsafe fn generate(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        let host = args.first().is_some_and(|g| CLIENT.host_generators.contains(g));
         let desc = ctx.form(if host { Form::D2h } else { Form::Call });
         // SAFETY: the output is the caller's buffer of the call's count (host generator) or a
         // device address (device generator), as the form says.
-        unsafe { crate::runtime::call(desc, args) as u32 }
+        unsafe { crate::runtime::call(desc, args) }
     })
-}
-
-/// curandGenerate, curandGenerateLongLong, curandGenerateUniform(Double).
-pub unsafe fn generate(ctx: &Ctx, generator: *mut c_void, output: *mut c_void, num: usize) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, num as u64])
-}
-
-/// curandGenerateNormal and curandGenerateLogNormal.
-pub unsafe fn generate_normal(
-    ctx: &Ctx,
-    generator: *mut c_void,
-    output: *mut c_void,
-    n: usize,
-    mean: f32,
-    stddev: f32,
-) -> u32 {
-    generate_with(
-        ctx,
-        &[generator as u64, output as u64, n as u64, u64::from(mean.to_bits()), u64::from(stddev.to_bits())],
-    )
-}
-
-/// curandGenerateNormalDouble and curandGenerateLogNormalDouble.
-pub unsafe fn generate_normal_double(
-    ctx: &Ctx,
-    generator: *mut c_void,
-    output: *mut c_void,
-    n: usize,
-    mean: f64,
-    stddev: f64,
-) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, n as u64, mean.to_bits(), stddev.to_bits()])
-}
-
-pub unsafe fn generate_poisson(ctx: &Ctx, generator: *mut c_void, output: *mut c_void, n: usize, lambda: f64) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, n as u64, lambda.to_bits()])
-}
-
-pub unsafe fn generate_poisson_method(
-    ctx: &Ctx,
-    generator: *mut c_void,
-    output: *mut c_void,
-    n: usize,
-    lambda: f64,
-    method: u32,
-) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, n as u64, lambda.to_bits(), u64::from(method)])
-}
-
-pub unsafe fn generate_binomial(
-    ctx: &Ctx,
-    generator: *mut c_void,
-    output: *mut c_void,
-    num: usize,
-    n: u32,
-    p: f64,
-) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, num as u64, u64::from(n), p.to_bits()])
-}
-
-pub unsafe fn generate_binomial_method(
-    ctx: &Ctx,
-    generator: *mut c_void,
-    output: *mut c_void,
-    num: usize,
-    n: u32,
-    p: f64,
-    method: u32,
-) -> u32 {
-    generate_with(ctx, &[generator as u64, output as u64, num as u64, u64::from(n), p.to_bits(), u64::from(method)])
 }
