@@ -2014,6 +2014,27 @@ int main(void) {
   struct cudaMemcpy3DParms got;
   CHECK(cudaGraphMemcpyNodeGetParams(out, &got));
   EXPECT(got.dstPtr.ptr == &result && got.srcPtr.ptr == d + N + 7);
+  /* The instance's nodes set anew: another input (a stack array), another output and the
+     host function's data; the graph keeps its own. */
+  float other[N], other_result = 0;
+  for (int i = 0; i < N; ++i) other[i] = 3.0f * i;
+  CHECK(cudaGraphExecMemcpyNodeSetParams1D(x, in[0], d, other, N * sizeof(float), cudaMemcpyHostToDevice));
+  struct cudaMemcpy3DParms p3 = p;
+  p3.dstPtr = pitched(&other_result, sizeof(float));
+  CHECK(cudaGraphExecMemcpyNodeSetParams(x, out, &p3));
+  struct cudaHostNodeParams hp2 = { read_result, &other_result };
+  CHECK(cudaGraphExecHostNodeSetParams(x, host, &hp2));
+  result = -1.0f;
+  CHECK(cudaGraphLaunch(x, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(other_result == 100.0f && seen == 100.0f && result == -1.0f);
+  CHECK(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost));
+  EXPECT(back[5] == 15.0f);
+  CHECK(cudaGraphMemcpyNodeSetParams1D(in[0], d, pinned, N * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(cudaGraphMemcpyNodeSetParams(out, &p3));
+  CHECK(cudaGraphHostNodeSetParams(host, &hp2));
+  CHECK(cudaGraphMemcpyNodeGetParams(out, &got));
+  EXPECT(got.dstPtr.ptr == &other_result);
 
   /* Captured: copies in from a malloc'ed buffer, out into a stack variable and into pinned
      memory, and the host function that reads the result. */
@@ -2431,6 +2452,16 @@ int main(void) {
   for (int i = 0; i < 64; ++i) EXPECT(out[i] == 0x11);
   CHECK(cuMemcpyDtoH(bytes, d2, 64));
   for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == i + 1);
+  /* The instance's input node set to another host buffer; the graph's own too. */
+  unsigned char in2[64];
+  for (int i = 0; i < 64; ++i) in2[i] = (unsigned char)(200 - i);
+  c3.srcHost = in2;
+  CHECK(cuGraphExecMemcpyNodeSetParams(x, in_node, &c3, ctx));
+  CHECK(cuGraphLaunch(x, s));
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuMemcpyDtoH(bytes, d2, 64));
+  for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 200 - i);
+  CHECK(cuGraphMemcpyNodeSetParams(in_node, &c3));
   CHECK(cuGraphExecDestroy(x));
   CHECK(cuGraphDestroy(g));
 

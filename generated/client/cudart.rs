@@ -2190,27 +2190,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddHostNode",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_host_node(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            pNodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddHostNode",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (pNodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2344,27 +2348,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
     pCopyParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddMemcpyNode",
-            version: "13.1",
-            library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_memcpy_node(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            pCopyParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddMemcpyNode",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (pCopyParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddMemcpyNode1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2380,30 +2388,34 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddMemcpyNode1D",
-            version: "13.1",
-            library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode1D__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_memcpy_node_1d(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            dst,
-            src,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddMemcpyNode1D",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode1D__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddMemcpyNodeFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2420,31 +2432,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddMemcpyNodeFromSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_memcpy_node_from_symbol(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddMemcpyNodeFromSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddMemcpyNodeToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2461,31 +2477,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddMemcpyNodeToSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_memcpy_node_to_symbol(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            symbol,
-            src,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddMemcpyNodeToSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2892,25 +2912,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecHostNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_host_node_set_params(
-            &CTX,
-            hGraphExec,
-            node,
-            pNodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecHostNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (pNodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2950,27 +2974,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecMemcpyNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams__call,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_memcpy_node_set_params(
-            &CTX,
-            hGraphExec,
-            node,
-            pNodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecMemcpyNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (pNodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2984,30 +3012,34 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecMemcpyNodeSetParams1D",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams1D__call,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_memcpy_node_set_params_1d(
-            &CTX,
-            hGraphExec,
-            node,
-            dst,
-            src,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecMemcpyNodeSetParams1D",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams1D__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3022,29 +3054,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSy
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_memcpy_node_set_params_from_symbol(
-            &CTX,
-            hGraphExec,
-            node,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3059,29 +3095,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymb
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecMemcpyNodeSetParamsToSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_memcpy_node_set_params_to_symbol(
-            &CTX,
-            hGraphExec,
-            node,
-            symbol,
-            src,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecMemcpyNodeSetParamsToSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3332,20 +3372,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphHostNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::host_node_set_params(&CTX, node, pNodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphHostNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[(node) as usize as u64, (pNodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphInstantiate` for CUDA 11.8 (sync).
@@ -3738,20 +3783,27 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphMemcpyNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::memcpy_node_set_params(&CTX, node, pNodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphMemcpyNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[(node) as usize as u64, (pNodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3764,27 +3816,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphMemcpyNodeSetParams1D",
-            version: "13.1",
-            library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams1D__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::memcpy_node_set_params_1d(
-            &CTX,
-            node,
-            dst,
-            src,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphMemcpyNodeSetParams1D",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams1D__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3798,28 +3856,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphMemcpyNodeSetParamsFromSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::memcpy_node_set_params_from_symbol(
-            &CTX,
-            node,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphMemcpyNodeSetParamsFromSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3833,28 +3895,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphMemcpyNodeSetParamsToSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::memcpy_node_set_params_to_symbol(
-            &CTX,
-            node,
-            symbol,
-            src,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphMemcpyNodeSetParamsToSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -1800,27 +1800,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddHostNode",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_host_node(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddHostNode",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -1988,28 +1992,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
     ctx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddMemcpyNode",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuGraphAddMemcpyNode__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_add_memcpy_node(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            numDependencies,
-            copyParams,
-            ctx,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddMemcpyNode",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuGraphAddMemcpyNode__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (copyParams) as usize as u64,
+                    (ctx) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2361,25 +2369,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphExecHostNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_host_node_set_params(
-            &CTX,
-            hGraphExec,
-            hNode,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecHostNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2449,26 +2461,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
     ctx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphExecMemcpyNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_exec_memcpy_node_set_params(
-            &CTX,
-            hGraphExec,
-            hNode,
-            copyParams,
-            ctx,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecMemcpyNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (copyParams) as usize as u64,
+                    (ctx) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2695,20 +2713,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphHostNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::host_node_set_params(&CTX, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphHostNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::host_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3155,20 +3178,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphMemcpyNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_memcpy_node_set_params(&CTX, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphMemcpyNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::memcpy_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -601,20 +601,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLogSize_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLogSize_12_6` for CUDA 12.6 (custom).
@@ -624,20 +629,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_6(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLogSize_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLogSize_12_8` for CUDA 12.8 (custom).
@@ -647,20 +657,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_12_8(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLogSize_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLogSize_13_0` for CUDA 13.0 (custom).
@@ -670,20 +685,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_0(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLogSize_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLogSize_13_1` for CUDA 13.1 (custom).
@@ -693,20 +713,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLogSize_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLog_12_1` for CUDA 12.1 (custom).
@@ -716,20 +741,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_1(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLog_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLog_12_6` for CUDA 12.6 (custom).
@@ -739,20 +769,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_6(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLog_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLog_12_8` for CUDA 12.8 (custom).
@@ -762,20 +797,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_12_8(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLog_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLog_13_0` for CUDA 13.0 (custom).
@@ -785,20 +825,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_0(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLog_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetErrorLog_13_1` for CUDA 13.1 (custom).
@@ -808,20 +853,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetErrorLog_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::error_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLogSize_12_1` for CUDA 12.1 (custom).
@@ -831,20 +881,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLogSize_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLogSize_12_6` for CUDA 12.6 (custom).
@@ -854,20 +909,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_6(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLogSize_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLogSize_12_8` for CUDA 12.8 (custom).
@@ -877,20 +937,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_8(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLogSize_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLogSize_13_0` for CUDA 13.0 (custom).
@@ -900,20 +965,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_0(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLogSize_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLogSize_13_1` for CUDA 13.1 (custom).
@@ -923,20 +993,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLogSize_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLog_12_1` for CUDA 12.1 (custom).
@@ -946,20 +1021,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_1(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLog_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLog_12_6` for CUDA 12.6 (custom).
@@ -969,20 +1049,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_6(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLog_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLog_12_8` for CUDA 12.8 (custom).
@@ -992,20 +1077,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_12_8(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLog_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLog_13_0` for CUDA 13.0 (custom).
@@ -1015,20 +1105,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_0(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLog_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetInfoLog_13_1` for CUDA 13.1 (custom).
@@ -1038,20 +1133,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1(
     log: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetInfoLog_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::info_log(&CTX, handle, log)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubinSize_12_1` for CUDA 12.1 (custom).
@@ -1061,20 +1161,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubinSize_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubinSize_12_6` for CUDA 12.6 (custom).
@@ -1084,20 +1189,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_6(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubinSize_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubinSize_12_8` for CUDA 12.8 (custom).
@@ -1107,20 +1217,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_8(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubinSize_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubinSize_13_0` for CUDA 13.0 (custom).
@@ -1130,20 +1245,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_0(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubinSize_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubinSize_13_1` for CUDA 13.1 (custom).
@@ -1153,20 +1273,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubinSize_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubin_12_1` for CUDA 12.1 (custom).
@@ -1176,20 +1301,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_1(
     cubin: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubin_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubin_12_6` for CUDA 12.6 (custom).
@@ -1199,20 +1329,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_6(
     cubin: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubin_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubin_12_8` for CUDA 12.8 (custom).
@@ -1222,20 +1357,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_12_8(
     cubin: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubin_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubin_13_0` for CUDA 13.0 (custom).
@@ -1245,20 +1385,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_0(
     cubin: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubin_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedCubin_13_1` for CUDA 13.1 (custom).
@@ -1268,20 +1413,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1(
     cubin: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedCubin_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::cubin(&CTX, handle, cubin)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtxSize_12_1` for CUDA 12.1 (custom).
@@ -1291,20 +1441,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtxSize_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtxSize_12_6` for CUDA 12.6 (custom).
@@ -1314,20 +1469,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_6(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtxSize_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtxSize_12_8` for CUDA 12.8 (custom).
@@ -1337,20 +1497,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_8(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtxSize_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtxSize_13_0` for CUDA 13.0 (custom).
@@ -1360,20 +1525,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_0(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtxSize_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtxSize_13_1` for CUDA 13.1 (custom).
@@ -1383,20 +1553,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1(
     size: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtxSize_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx_size(&CTX, handle, size)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtx_12_1` for CUDA 12.1 (custom).
@@ -1406,20 +1581,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_1(
     ptx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtx_12_1",
-            version: "12.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_12_1",
+                version: "12.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtx_12_6` for CUDA 12.6 (custom).
@@ -1429,20 +1609,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_6(
     ptx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtx_12_6",
-            version: "12.6",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_12_6",
+                version: "12.6",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtx_12_8` for CUDA 12.8 (custom).
@@ -1452,20 +1637,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_12_8(
     ptx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtx_12_8",
-            version: "12.8",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_12_8",
+                version: "12.8",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtx_13_0` for CUDA 13.0 (custom).
@@ -1475,20 +1665,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_0(
     ptx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtx_13_0",
-            version: "13.0",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_13_0",
+                version: "13.0",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`__nvJitLinkGetLinkedPtx_13_1` for CUDA 13.1 (custom).
@@ -1498,20 +1693,25 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1(
     ptx: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "__nvJitLinkGetLinkedPtx_13_1",
-            version: "13.1",
-            library: "nvjitlink",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 6i64,
-                unavailable: 6i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::nvjitlink::ptx(&CTX, handle, ptx)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_13_1",
+                version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`nvJitLinkVersion` for CUDA 12.6, 12.8 (custom).

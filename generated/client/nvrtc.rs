@@ -53,7 +53,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBIN(
     prog: *mut c_void,
     cubin: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetCUBIN(prog, cubin) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetCUBIN",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetCUBINSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -61,7 +81,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBINSize(
     prog: *mut c_void,
     cubinSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetCUBINSize(prog, cubinSizeRet) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetCUBINSize",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (cubinSizeRet) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
@@ -111,7 +151,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTX(
     prog: *mut c_void,
     ptx: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetPTX(prog, ptx) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetPTX",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetPTXSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -119,7 +179,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTXSize(
     prog: *mut c_void,
     ptxSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetPTXSize(prog, ptxSizeRet) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetPTXSize",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (ptxSizeRet) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetProgramLog` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -127,7 +207,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLog(
     prog: *mut c_void,
     log: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetProgramLog(prog, log) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetProgramLog",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetProgramLogSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -135,7 +235,27 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLogSize(
     prog: *mut c_void,
     logSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::nvrtc::nvrtcGetProgramLogSize(prog, logSizeRet) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetProgramLogSize",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (logSizeRet) as usize as u64],
+            )
+        }) as u32
+    }
 }
 ///`nvrtcGetSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]

@@ -493,6 +493,23 @@ fn host_node(ctx: &Ctx, target: Target, f: u64, user: u64) -> u32 {
 
 /// # Safety
 /// `p` is null or a host node's parameters (function, user data).
+/// The target of a node call from its arguments as words (`raw_args`), by the call's name:
+/// `…Exec…SetParams…` names an executable graph's node (exec, node), `…Add…` a new node
+/// after dependencies (out, graph, dependencies, count), other calls a graph's node; with
+/// the arguments after those.
+fn target<'a>(ctx: &Ctx, args: &'a [u64]) -> Result<(Target, &'a [u64]), u32> {
+    let word = |i: usize| args.get(i).copied().ok_or(invalid(ctx));
+    let name = ctx.name;
+    Ok(if name.contains("Exec") {
+        (Target::ExecSet { exec: word(0)?, node: word(1)? }, &args[2..])
+    } else if name.contains("Add") {
+        let (out, deps) = (word(0)? as *mut c_void, word(2)? as *const c_void);
+        (Target::Add { out, graph: word(1)?, deps, count: word(3)? as usize, edges: std::ptr::null() }, &args[4..])
+    } else {
+        (Target::Set { node: word(0)? }, &args[1..])
+    })
+}
+
 unsafe fn host_params(p: *const c_void) -> (u64, u64) {
     // SAFETY: per the contract.
     if p.is_null() { (0, 0) } else { unsafe { (get(p, 0), get(p, 8)) } }
@@ -515,29 +532,15 @@ fn host_get(ctx: &Ctx, node: u64, out: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn add_host_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
+/// cudaGraphAddHostNode, cuGraphAddHostNode and their Set and Exec Set calls (`raw_args`).
+pub unsafe fn host_node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let (target, rest) = match target(ctx, args) {
+        Ok(t) => t,
+        Err(e) => return u64::from(e),
+    };
     // SAFETY: the caller's record.
-    let (f, user) = unsafe { host_params(p) };
-    host_node(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, f, user)
-}
-
-pub unsafe fn host_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: the caller's record.
-    let (f, user) = unsafe { host_params(p) };
-    host_node(ctx, Target::Set { node: node as u64 }, f, user)
-}
-
-pub unsafe fn exec_host_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: the caller's record.
-    let (f, user) = unsafe { host_params(p) };
-    host_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, f, user)
+    let (f, user) = unsafe { host_params(rest.first().copied().unwrap_or(0) as *const c_void) };
+    u64::from(host_node(ctx, target, f, user))
 }
 
 pub unsafe fn host_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
@@ -686,26 +689,6 @@ fn send_copy_node(
     Ok(s)
 }
 
-pub unsafe fn add_memcpy_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    memcpy_node(ctx, target, p, ctx.form(Form::Call))
-}
-
-pub unsafe fn memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    memcpy_node(ctx, Target::Set { node: node as u64 }, p, ctx.form(Form::Call))
-}
-
-pub unsafe fn exec_memcpy_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p, ctx.form(Form::Call))
-}
-
 /// A driver memcpy node (Add, Set, Exec Set): the copy resolved by [`node_copy_3d`].
 fn cu_memcpy_node(ctx: &Ctx, target: Target, copy: *const c_void, copy_ctx: u64) -> u32 {
     run(ctx, |conn| {
@@ -718,33 +701,6 @@ fn cu_memcpy_node(ctx: &Ctx, target: Target, copy: *const c_void, copy_ctx: u64)
         };
         send_copy_node(conn, ctx, target, desc, record.as_ptr() as u64, Some(copy_ctx))
     })
-}
-
-pub unsafe fn cu_add_memcpy_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    copy: *mut c_void,
-    copy_ctx: *mut c_void,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    cu_memcpy_node(ctx, target, copy, copy_ctx as u64)
-}
-
-pub unsafe fn cu_memcpy_node_set_params(ctx: &Ctx, node: *mut c_void, copy: *mut c_void) -> u32 {
-    cu_memcpy_node(ctx, Target::Set { node: node as u64 }, copy, 0)
-}
-
-pub unsafe fn cu_exec_memcpy_node_set_params(
-    ctx: &Ctx,
-    exec: *mut c_void,
-    node: *mut c_void,
-    copy: *mut c_void,
-    copy_ctx: *mut c_void,
-) -> u32 {
-    cu_memcpy_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, copy, copy_ctx as u64)
 }
 
 /// A 1D copy node: a side in the program's memory is its mirror, and the copy one between
@@ -772,45 +728,6 @@ fn memcpy_1d(ctx: &Ctx, target: Target, dst: u64, src: u64, count: u64, kind: u3
         };
         Ok(s)
     })
-}
-
-pub unsafe fn add_memcpy_node_1d(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    dst: *mut c_void,
-    src: *mut c_void,
-    n: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
-}
-
-pub unsafe fn memcpy_node_set_params_1d(
-    ctx: &Ctx,
-    node: *mut c_void,
-    dst: *mut c_void,
-    src: *mut c_void,
-    n: usize,
-    kind: u32,
-) -> u32 {
-    memcpy_1d(ctx, Target::Set { node: node as u64 }, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
-}
-
-pub unsafe fn exec_memcpy_node_set_params_1d(
-    ctx: &Ctx,
-    exec: *mut c_void,
-    node: *mut c_void,
-    dst: *mut c_void,
-    src: *mut c_void,
-    n: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
-    memcpy_1d(ctx, target, dst as u64, src as u64, n as u64, kind, ctx.form(Form::Call))
 }
 
 /// A symbol's device address (its module loaded), checked against `offset + count`.
@@ -851,88 +768,32 @@ fn from_symbol(ctx: &Ctx, target: Target, dst: u64, symbol: u64, count: usize, o
     }
 }
 
-pub unsafe fn add_memcpy_node_to_symbol(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    n: usize,
-    symbol: *mut c_void,
-    src: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count: n, edges: std::ptr::null() };
-    to_symbol(ctx, target, symbol as u64, src as u64, count, offset, kind)
-}
-
-pub unsafe fn add_memcpy_node_from_symbol(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    n: usize,
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count: n, edges: std::ptr::null() };
-    from_symbol(ctx, target, dst as u64, symbol as u64, count, offset, kind)
-}
-
-pub unsafe fn memcpy_node_set_params_to_symbol(
-    ctx: &Ctx,
-    node: *mut c_void,
-    symbol: *mut c_void,
-    src: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    to_symbol(ctx, Target::Set { node: node as u64 }, symbol as u64, src as u64, count, offset, kind)
-}
-
-pub unsafe fn memcpy_node_set_params_from_symbol(
-    ctx: &Ctx,
-    node: *mut c_void,
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    from_symbol(ctx, Target::Set { node: node as u64 }, dst as u64, symbol as u64, count, offset, kind)
-}
-
-pub unsafe fn exec_memcpy_node_set_params_to_symbol(
-    ctx: &Ctx,
-    exec: *mut c_void,
-    node: *mut c_void,
-    symbol: *mut c_void,
-    src: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
-    to_symbol(ctx, target, symbol as u64, src as u64, count, offset, kind)
-}
-
-pub unsafe fn exec_memcpy_node_set_params_from_symbol(
-    ctx: &Ctx,
-    exec: *mut c_void,
-    node: *mut c_void,
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    count: usize,
-    offset: usize,
-    kind: u32,
-) -> u32 {
-    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
-    from_symbol(ctx, target, dst as u64, symbol as u64, count, offset, kind)
+/// Every memcpy node call (`raw_args`): cudaGraphAddMemcpyNode (3D), its 1D, to-symbol and
+/// from-symbol forms, the driver's cuGraphAddMemcpyNode, and the Set and Exec Set calls of
+/// each; the form by the call's name, the target by [`target`].
+pub unsafe fn memcpy_node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let (target, rest) = match target(ctx, args) {
+        Ok(t) => t,
+        Err(e) => return u64::from(e),
+    };
+    let word = |i: usize| rest.get(i).copied().unwrap_or(0);
+    let name = ctx.name;
+    let status = if name.ends_with("ToSymbol") {
+        // (symbol, src, count, offset, kind)
+        to_symbol(ctx, target, word(0), word(1), word(2) as usize, word(3) as usize, word(4) as u32)
+    } else if name.ends_with("FromSymbol") {
+        // (dst, symbol, count, offset, kind)
+        from_symbol(ctx, target, word(0), word(1), word(2) as usize, word(3) as usize, word(4) as u32)
+    } else if name.ends_with("1D") {
+        // (dst, src, count, kind)
+        memcpy_1d(ctx, target, word(0), word(1), word(2), word(3) as u32, ctx.form(Form::Call))
+    } else if ctx.library == "driver" {
+        // (copy parameters[, the copy's context]): Set takes no context.
+        cu_memcpy_node(ctx, target, word(0) as *const c_void, word(1))
+    } else {
+        memcpy_node(ctx, target, word(0) as *const c_void, ctx.form(Form::Call))
+    };
+    u64::from(status)
 }
 
 // ---- Union-typed node parameters: each type goes as its own call ----

@@ -221,59 +221,30 @@ unsafe fn answer(
     })
 }
 
-unsafe fn size_of_output(ctx: &Ctx, handle: *mut c_void, size: *mut c_void, which: Output) -> u32 {
-    // SAFETY: the caller's size_t*, non-null (checked by `answer`).
-    let write: fn(&[u8], *mut c_void) = |b, out| unsafe { std::ptr::write_unaligned(out as *mut usize, b.len()) };
+/// The products and logs of a link (nvJitLinkGetLinkedCubin, …Ptx, nvJitLinkGetErrorLog,
+/// …InfoLog, and their `…Size` queries), answered from the link on the client: `args` are the
+/// handle and the caller's size_t* (a size query) or its buffer of that size.
+pub unsafe fn output(ctx: &Ctx, args: &[u64]) -> u64 {
+    let name = ctx.name;
+    let which = if name.contains("Cubin") {
+        Output::Cubin
+    } else if name.contains("Ptx") {
+        Output::Ptx
+    } else if name.contains("ErrorLog") {
+        Output::ErrorLog
+    } else {
+        Output::InfoLog
+    };
+    let (handle, out) = (args[0] as *mut c_void, args[1] as *mut c_void);
+    let write: fn(&[u8], *mut c_void) = if name.contains("Size") {
+        // SAFETY: the caller's size_t*, non-null (checked by `answer`).
+        |b, out| unsafe { std::ptr::write_unaligned(out as *mut usize, b.len()) }
+    } else {
+        // SAFETY: the caller's buffer holds the size the matching size query gave.
+        |b, out| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) }
+    };
     // SAFETY: the caller's arguments.
-    unsafe { answer(ctx, handle, size, which, write) }
-}
-
-unsafe fn copy_output(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void, which: Output) -> u32 {
-    // SAFETY: the caller's buffer holds the size the matching size query gave.
-    let write: fn(&[u8], *mut c_void) =
-        |b, out| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) };
-    // SAFETY: the caller's arguments.
-    unsafe { answer(ctx, handle, buffer, which, write) }
-}
-
-pub unsafe fn cubin_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { size_of_output(ctx, handle, size, Output::Cubin) }
-}
-
-pub unsafe fn cubin(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { copy_output(ctx, handle, buffer, Output::Cubin) }
-}
-
-pub unsafe fn ptx_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { size_of_output(ctx, handle, size, Output::Ptx) }
-}
-
-pub unsafe fn ptx(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { copy_output(ctx, handle, buffer, Output::Ptx) }
-}
-
-pub unsafe fn error_log_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { size_of_output(ctx, handle, size, Output::ErrorLog) }
-}
-
-pub unsafe fn error_log(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { copy_output(ctx, handle, buffer, Output::ErrorLog) }
-}
-
-pub unsafe fn info_log_size(ctx: &Ctx, handle: *mut c_void, size: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { size_of_output(ctx, handle, size, Output::InfoLog) }
-}
-
-pub unsafe fn info_log(ctx: &Ctx, handle: *mut c_void, buffer: *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments.
-    unsafe { copy_output(ctx, handle, buffer, Output::InfoLog) }
+    u64::from(unsafe { answer(ctx, handle, out, which, write) })
 }
 
 /// nvJitLinkVersion: the version of the headers the program's library came with (the

@@ -11,6 +11,7 @@ use std::sync::{MutexGuard, OnceLock};
 use std::time::Instant;
 
 use chidori_cuda::calls::nvrtc as calls;
+use chidori_cuda::desc::Ctx;
 use chidori_protocol::messages::{CompileRequest, CompileResult, Service, ServiceReply};
 
 const SUCCESS: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_SUCCESS;
@@ -206,55 +207,33 @@ fn with_output<T>(prog: *mut c_void, what: Output, f: impl FnOnce(&[u8]) -> T) -
     }
 }
 
-fn size_of_output(name: &'static str, prog: *mut c_void, what: Output, out: *mut c_void) -> u32 {
-    local(name, || {
+/// A compile's log, PTX or CUBIN (nvrtcGetProgramLog, nvrtcGetPTX, nvrtcGetCUBIN) and their
+/// `…Size` queries, answered from the program on the client: `args` are the program and the
+/// caller's size_t* (a size query) or its buffer of that size.
+pub unsafe fn output(ctx: &Ctx, args: &[u64]) -> u64 {
+    let name = ctx.name;
+    let what = if name.contains("PTX") {
+        Output::Ptx
+    } else if name.contains("CUBIN") {
+        Output::Cubin
+    } else {
+        Output::Log
+    };
+    let (prog, out) = (args[0] as *mut c_void, args[1] as *mut c_void);
+    let status = local(name, || {
         if out.is_null() {
             return INVALID_INPUT;
         }
-        match with_output(prog, what, |b| b.len()) {
-            Ok(n) => {
-                // SAFETY: the caller's size_t*, checked non-null.
-                unsafe { std::ptr::write_unaligned(out as *mut usize, n) };
-                SUCCESS
-            }
-            Err(s) => s,
-        }
-    })
-}
-
-fn copy_output(name: &'static str, prog: *mut c_void, what: Output, out: *mut c_void) -> u32 {
-    local(name, || {
-        if out.is_null() {
-            return INVALID_INPUT;
-        }
-        // SAFETY: the caller's buffer of the size the matching *Size call reported.
-        with_output(prog, what, |b| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) })
-            .map_or_else(|s| s, |_| SUCCESS)
-    })
-}
-
-pub unsafe fn nvrtcGetProgramLogSize(prog: *mut c_void, logSizeRet: *mut c_void) -> u32 {
-    size_of_output("nvrtcGetProgramLogSize", prog, Output::Log, logSizeRet)
-}
-
-pub unsafe fn nvrtcGetProgramLog(prog: *mut c_void, log: *mut c_void) -> u32 {
-    copy_output("nvrtcGetProgramLog", prog, Output::Log, log)
-}
-
-pub unsafe fn nvrtcGetPTXSize(prog: *mut c_void, ptxSizeRet: *mut c_void) -> u32 {
-    size_of_output("nvrtcGetPTXSize", prog, Output::Ptx, ptxSizeRet)
-}
-
-pub unsafe fn nvrtcGetPTX(prog: *mut c_void, ptx: *mut c_void) -> u32 {
-    copy_output("nvrtcGetPTX", prog, Output::Ptx, ptx)
-}
-
-pub unsafe fn nvrtcGetCUBINSize(prog: *mut c_void, cubinSizeRet: *mut c_void) -> u32 {
-    size_of_output("nvrtcGetCUBINSize", prog, Output::Cubin, cubinSizeRet)
-}
-
-pub unsafe fn nvrtcGetCUBIN(prog: *mut c_void, cubin: *mut c_void) -> u32 {
-    copy_output("nvrtcGetCUBIN", prog, Output::Cubin, cubin)
+        let written = if name.ends_with("Size") {
+            // SAFETY: the caller's size_t*, checked non-null.
+            with_output(prog, what, |b| unsafe { std::ptr::write_unaligned(out as *mut usize, b.len()) })
+        } else {
+            // SAFETY: the caller's buffer of the size the matching *Size call reported.
+            with_output(prog, what, |b| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) })
+        };
+        written.map_or_else(|s| s, |()| SUCCESS)
+    });
+    u64::from(status)
 }
 
 pub unsafe fn nvrtcGetLoweredName(prog: *mut c_void, name_expression: *mut c_void, lowered_name: *mut c_void) -> u32 {
@@ -334,6 +313,20 @@ mod tests {
         prog
     }
 
+    /// [`output`] as the export named `name` calls it.
+    unsafe fn get(name: &'static str, prog: *mut c_void, out: *mut c_void) -> u32 {
+        let codes = chidori_cuda::desc::Codes {
+            success: 0,
+            not_supported: INTERNAL_ERROR.into(),
+            unavailable: INTERNAL_ERROR.into(),
+            invalid_handle: INVALID_PROGRAM.into(),
+            invalid_value: INVALID_INPUT.into(),
+        };
+        let ctx = Ctx { name, version: "13.0", library: "nvrtc", forms: &[], codes };
+        // SAFETY: the caller's arguments.
+        unsafe { output(&ctx, &[prog as u64, out as u64]) as u32 }
+    }
+
     #[test]
     fn outputs_follow_nvrtc_semantics_around_a_compile() {
         let prog = program("__global__ void k() {}");
@@ -344,9 +337,9 @@ mod tests {
         unsafe {
             assert_eq!(nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void), SUCCESS);
             let mut n = 99usize;
-            assert_eq!(nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(get("nvrtcGetProgramLogSize", p, &mut n as *mut usize as *mut c_void), SUCCESS);
             assert_eq!(n, 1, "before a compile the log is the empty string");
-            assert_eq!(nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
+            assert_eq!(get("nvrtcGetPTXSize", p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
             let mut lowered: *const c_char = std::ptr::null();
             let lp = &mut lowered as *mut *const c_char as *mut c_void;
             assert_eq!(nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp), NO_LOWERED_NAMES_BEFORE_COMPILATION);
@@ -360,10 +353,10 @@ mod tests {
             };
             let lowered_c = vec![("k".to_owned(), CString::new("_Z1kv").unwrap())];
             programs().as_mut().unwrap().get_mut(&prog).unwrap().compiled = Some((result, lowered_c));
-            assert_eq!(nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(get("nvrtcGetPTXSize", p, &mut n as *mut usize as *mut c_void), SUCCESS);
             assert_eq!(n, 7);
             let mut ptx = vec![0u8; n];
-            assert_eq!(nvrtcGetPTX(p, ptx.as_mut_ptr() as *mut c_void), SUCCESS);
+            assert_eq!(get("nvrtcGetPTX", p, ptx.as_mut_ptr() as *mut c_void), SUCCESS);
             assert_eq!(ptx, b"// ptx\0");
             assert_eq!(nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp), SUCCESS);
             assert_eq!(CStr::from_ptr(lowered).to_str().unwrap(), "_Z1kv");
@@ -373,7 +366,7 @@ mod tests {
             let mut handle = prog;
             assert_eq!(nvrtcDestroyProgram(&mut handle as *mut u64 as *mut c_void), SUCCESS);
             assert_eq!(handle, 0, "destroy clears the caller's handle");
-            assert_eq!(nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
+            assert_eq!(get("nvrtcGetProgramLogSize", p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
             let mut bogus = 0x1234u64;
             assert_eq!(nvrtcDestroyProgram(&mut bogus as *mut u64 as *mut c_void), INVALID_PROGRAM);
         }
