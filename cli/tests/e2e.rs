@@ -1631,6 +1631,16 @@ int main(void) {
   CHECK(cudaMemcpyToArray(arr, 0, 1, part, sizeof part, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpyFromArray(back, arr, 0, 1, sizeof part, cudaMemcpyDeviceToHost));
   EXPECT(back[0][0] == part[0] && back[0][3] == part[3]);
+  /* The stream-ordered forms, on the thread's default stream. */
+  float row[16];
+  for (int j = 0; j < 16; ++j) row[j] = -1.0f - j;
+  CHECK(cudaMemcpy2DToArrayAsync(arr, 0, 5, row, sizeof row, sizeof row, 1, cudaMemcpyHostToDevice, 0));
+  CHECK(cudaMemcpyFromArrayAsync(part, arr, 4 * 4, 5, sizeof part, cudaMemcpyDeviceToHost, 0));
+  memset(back, 0, sizeof back);
+  CHECK(cudaMemcpy2DFromArrayAsync(back, sizeof back[0], arr, 0, 0, 16 * 4, 8, cudaMemcpyDeviceToHost, 0));
+  CHECK(cudaMemcpyToArrayAsync(arr, 0, 7, row, 8, cudaMemcpyHostToDevice, 0));
+  CHECK(cudaStreamSynchronize(0));
+  EXPECT(part[0] == -5.0f && part[3] == -8.0f && back[5][15] == -16.0f && back[6][0] == 6 * 16);
 
   /* A texture object over the array: the worker checks the array handle inside the
      resource descriptor, which comes back as it went. */

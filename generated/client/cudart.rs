@@ -2227,27 +2227,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddKernelNode(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddKernelNode",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_kernel_node(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            pNodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddKernelNode",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (pNodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
@@ -2540,27 +2544,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu126(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddNode",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_node_5(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddNode",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddNode` for CUDA 13.0, 13.1 (custom).
@@ -2574,28 +2582,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddNode",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_node_6(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            dependencyData,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddNode",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (dependencyData) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphAddNode_v2` for CUDA 12.6, 12.8 (custom).
@@ -2609,28 +2621,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode_v2(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphAddNode_v2",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_node_6(
-            &CTX,
-            pGraphNode,
-            graph,
-            pDependencies,
-            dependencyData,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphAddNode_v2",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (pGraphNode) as usize as u64,
+                    (graph) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (dependencyData) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2945,25 +2961,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecKernelNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_kernel_node_set_params(
-            &CTX,
-            hGraphExec,
-            node,
-            pNodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecKernelNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (pNodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3150,20 +3170,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphExecNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_node_set_params(&CTX, graphExec, node, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (graphExec) as usize as u64,
+                    (node) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphExecUpdate` for CUDA 11.8 (sync).
@@ -3662,20 +3691,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
     pNodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphKernelNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::kernel_node_set_params(&CTX, node, pNodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphKernelNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[(node) as usize as u64, (pNodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -4240,20 +4274,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeSetParams",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_set_params(&CTX, node, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeSetParams",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[(node) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -6105,33 +6144,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DFromArray",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_from_array(
-            &CTX,
-            dst,
-            dpitch,
-            src,
-            wOffset,
-            hOffset,
-            width,
-            height,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DFromArray",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (dpitch) as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6148,34 +6191,38 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DFromArrayAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_from_array_async(
-            &CTX,
-            dst,
-            dpitch,
-            src,
-            wOffset,
-            hOffset,
-            width,
-            height,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DFromArrayAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (dpitch) as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6192,34 +6239,38 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DFromArrayAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_from_array_async(
-            &CTX,
-            dst,
-            dpitch,
-            src,
-            wOffset,
-            hOffset,
-            width,
-            height,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DFromArrayAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (dpitch) as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6235,33 +6286,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DFromArray_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_from_array(
-            &CTX,
-            dst,
-            dpitch,
-            src,
-            wOffset,
-            hOffset,
-            width,
-            height,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DFromArray_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (dpitch) as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6277,33 +6332,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DToArray",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_to_array(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            spitch,
-            width,
-            height,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DToArray",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (spitch) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6320,34 +6379,38 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DToArrayAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_to_array_async(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            spitch,
-            width,
-            height,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DToArrayAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (spitch) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6364,34 +6427,38 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DToArrayAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_to_array_async(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            spitch,
-            width,
-            height,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DToArrayAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (spitch) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2DToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6407,33 +6474,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy2DToArray_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_2d_to_array(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            spitch,
-            width,
-            height,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy2DToArray_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (spitch) as u64,
+                    (width) as u64,
+                    (height) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6994,31 +7065,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromArray",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_from_array(
-            &CTX,
-            dst,
-            src,
-            wOffset,
-            hOffset,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromArray",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7033,32 +7108,36 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromArrayAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_from_array_async(
-            &CTX,
-            dst,
-            src,
-            wOffset,
-            hOffset,
-            count,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromArrayAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7073,32 +7152,36 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromArrayAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_from_array_async(
-            &CTX,
-            dst,
-            src,
-            wOffset,
-            hOffset,
-            count,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromArrayAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7112,31 +7195,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromArray_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2d,
-                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2h,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_from_array(
-            &CTX,
-            dst,
-            src,
-            wOffset,
-            hOffset,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromArray_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2d,
+                    &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2h,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7332,31 +7419,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToArray",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyToArray__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpyToArray__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_to_array(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToArray",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArray__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArray__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7371,32 +7462,36 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToArrayAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_to_array_async(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            count,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToArrayAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7411,32 +7506,36 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToArrayAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_to_array_async(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            count,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToArrayAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7450,31 +7549,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToArray_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[
-                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__d2a,
-                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__h2a,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::copy_to_array(
-            &CTX,
-            dst,
-            wOffset,
-            hOffset,
-            src,
-            count,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToArray_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__d2a,
+                    &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__h2a,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::array_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (wOffset) as u64,
+                    (hOffset) as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

@@ -1837,27 +1837,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddKernelNode",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_add_kernel_node(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddKernelNode",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphAddKernelNode_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -1870,27 +1874,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode_v2(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddKernelNode_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_add_kernel_node(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddKernelNode_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
@@ -2054,27 +2062,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddNode",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_node_5(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddNode",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphAddNode_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2088,28 +2100,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphAddNode_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::add_node_6(
-            &CTX,
-            phGraphNode,
-            hGraph,
-            dependencies,
-            dependencyData,
-            numDependencies,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddNode_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (dependencyData) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2402,25 +2418,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphExecKernelNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_exec_kernel_node_set_params(
-            &CTX,
-            hGraphExec,
-            hNode,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecKernelNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2431,25 +2451,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphExecKernelNodeSetParams_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_exec_kernel_node_set_params(
-            &CTX,
-            hGraphExec,
-            hNode,
-            nodeParams,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecKernelNodeSetParams_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2517,20 +2541,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphExecNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::exec_node_set_params(&CTX, hGraphExec, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3034,20 +3067,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphKernelNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphKernelNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuGraphKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3057,20 +3095,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphKernelNodeSetParams_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphKernelNodeSetParams_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::kernel_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -3454,20 +3497,25 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
     nodeParams: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphNodeSetParams",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_set_params(&CTX, hNode, nodeParams)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -1125,15 +1125,19 @@ impl<'a> Emitter<'a> {
                     }
                     Disposition::Custom { implementation: Some(path), raw, .. } => {
                         // Variants that take different numbers of parameters (13.0 added edge
-                        // data to graph calls) call `<impl>_<n>`, n their parameter count.
+                        // data to graph calls) call `<impl>_<n>`, n their parameter count (a raw
+                        // implementation gets the words of any arity).
                         let arities: BTreeSet<usize> = f
                             .variants
                             .iter()
                             .filter(|w| matches!(w.disposition, Disposition::Custom { .. }))
                             .map(|w| w.decl.params.len())
                             .collect();
-                        let path =
-                            if arities.len() > 1 { format!("{path}_{}", v.decl.params.len()) } else { path.clone() };
+                        let path = if arities.len() > 1 && !raw {
+                            format!("{path}_{}", v.decl.params.len())
+                        } else {
+                            path.clone()
+                        };
                         let path: Vec<_> = path.split("::").map(ident).collect();
                         let name = lit_str(&f.name);
                         let version = lit_str(v.versions.last().expect("versions"));

@@ -249,7 +249,8 @@ pub struct FnSpec {
     pub implementation: Option<String>,
     /// The implementation named by `impl` receives the arguments as the forwarding packs
     /// them (`&[u64]`, after the context) and returns the raw result: one function serves
-    /// calls that differ only in their value parameters (cuRAND's generate calls).
+    /// calls that differ only in their value parameters (cuRAND's generate calls), and the
+    /// variants of any arity (no `_<n>` suffix).
     #[serde(default)]
     pub raw_args: bool,
     pub reason: Option<String>,

@@ -213,74 +213,6 @@ fn from_array_2d(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_2d_to_array(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *mut c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-) -> u32 {
-    let offsets = (w_offset as u64, h_offset as u64);
-    to_array_2d(ctx, dst as u64, offsets, src as u64, spitch, (width, height), kind, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_2d_to_array_async(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *mut c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    let offsets = (w_offset as u64, h_offset as u64);
-    let stream = Some(stream_of(ctx, stream));
-    to_array_2d(ctx, dst as u64, offsets, src as u64, spitch, (width, height), kind, stream)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_2d_from_array(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-) -> u32 {
-    let offsets = (w_offset as u64, h_offset as u64);
-    from_array_2d(ctx, dst as u64, dpitch, src as u64, offsets, (width, height), kind, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_2d_from_array_async(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    let offsets = (w_offset as u64, h_offset as u64);
-    let stream = Some(stream_of(ctx, stream));
-    from_array_2d(ctx, dst as u64, dpitch, src as u64, offsets, (width, height), kind, stream)
-}
-
 /// cudaMemcpyToArray(Async): `count` bytes from `src` into the array from (wOffset, hOffset).
 fn to_array(ctx: &Ctx, dst: u64, offsets: (u64, u64), src: u64, count: u64, kind: u32, stream: Option<u64>) -> u32 {
     run(ctx, |conn| {
@@ -310,60 +242,30 @@ fn from_array(ctx: &Ctx, dst: u64, src: u64, offsets: (u64, u64), count: u64, ki
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_to_array(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *mut c_void,
-    count: usize,
-    kind: u32,
-) -> u32 {
-    to_array(ctx, dst as u64, (w_offset as u64, h_offset as u64), src as u64, count as u64, kind, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_to_array_async(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *mut c_void,
-    count: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    let stream = Some(stream_of(ctx, stream));
-    to_array(ctx, dst as u64, (w_offset as u64, h_offset as u64), src as u64, count as u64, kind, stream)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_from_array(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    count: usize,
-    kind: u32,
-) -> u32 {
-    from_array(ctx, dst as u64, src as u64, (w_offset as u64, h_offset as u64), count as u64, kind, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn copy_from_array_async(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    count: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    let stream = Some(stream_of(ctx, stream));
-    from_array(ctx, dst as u64, src as u64, (w_offset as u64, h_offset as u64), count as u64, kind, stream)
+/// cudaMemcpy{,2D}{To,From}Array{,Async} (`raw_args`; the async forms end with the stream):
+/// the form by the call's name.
+pub unsafe fn array_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let name = ctx.name.trim_end_matches("_ptsz");
+    let (two_d, to, n) = (name.contains("2D"), name.contains("ToArray"), if name.contains("2D") { 8 } else { 6 });
+    let stream = name.ends_with("Async").then(|| stream_of(ctx, word(n) as *mut c_void));
+    let status = match (two_d, to) {
+        // (dst, wOffset, hOffset, src, spitch, width, height, kind)
+        (true, true) => {
+            let size = (word(5) as usize, word(6) as usize);
+            to_array_2d(ctx, word(0), (word(1), word(2)), word(3), word(4) as usize, size, word(7) as u32, stream)
+        }
+        // (dst, dpitch, src, wOffset, hOffset, width, height, kind)
+        (true, false) => {
+            let size = (word(5) as usize, word(6) as usize);
+            from_array_2d(ctx, word(0), word(1) as usize, word(2), (word(3), word(4)), size, word(7) as u32, stream)
+        }
+        // (dst, wOffset, hOffset, src, count, kind)
+        (false, true) => to_array(ctx, word(0), (word(1), word(2)), word(3), word(4), word(5) as u32, stream),
+        // (dst, src, wOffset, hOffset, count, kind)
+        (false, false) => from_array(ctx, word(0), word(1), (word(2), word(3)), word(4), word(5) as u32, stream),
+    };
+    u64::from(status)
 }
 
 // ---- 3D copies of the runtime ----

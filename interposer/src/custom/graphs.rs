@@ -368,30 +368,23 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
     })
 }
 
-pub unsafe fn add_kernel_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    // SAFETY: the caller's record (checked non-null in kernel_node).
-    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
-    kernel_node(ctx, target, KernelFunc::Runtime(func), p)
-}
-
-pub unsafe fn kernel_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: as above.
-    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
-    kernel_node(ctx, Target::Set { node: node as u64 }, KernelFunc::Runtime(func), p)
-}
-
-pub unsafe fn exec_kernel_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: as above.
-    let func = if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } };
-    kernel_node(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, KernelFunc::Runtime(func), p)
+/// Kernel nodes of both APIs, Add, Set and Exec Set (`raw_args`): the runtime's record names
+/// its function (host stub or `cudaKernel_t`) first, the driver's its function, kernel and
+/// context ([`driver_func`]).
+pub unsafe fn kernel_node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let (target, rest) = match target(ctx, args) {
+        Ok(t) => t,
+        Err(e) => return u64::from(e),
+    };
+    let p = rest.first().copied().unwrap_or(0) as *mut c_void;
+    let func = if ctx.library == "driver" {
+        // SAFETY: the caller's record.
+        unsafe { driver_func(ctx, p) }
+    } else {
+        // SAFETY: the caller's record (checked non-null in kernel_node).
+        KernelFunc::Runtime(if p.is_null() { 0 } else { unsafe { get::<u64>(p, 0) } })
+    };
+    u64::from(kernel_node(ctx, target, func, p))
 }
 
 pub unsafe fn kernel_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
@@ -414,30 +407,6 @@ unsafe fn driver_func(ctx: &Ctx, p: *const c_void) -> KernelFunc {
     }
     // SAFETY: per the contract.
     unsafe { KernelFunc::Driver { func: get(p, 0), kern: get(p, 56), ctx: get(p, 64) } }
-}
-
-pub unsafe fn cu_add_kernel_node(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    let target = Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() };
-    // SAFETY: the caller's record.
-    kernel_node(ctx, target, unsafe { driver_func(ctx, p) }, p)
-}
-
-pub unsafe fn cu_kernel_node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    // SAFETY: the caller's record.
-    kernel_node(ctx, Target::Set { node: node as u64 }, unsafe { driver_func(ctx, p) }, p)
-}
-
-pub unsafe fn cu_exec_kernel_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    let target = Target::ExecSet { exec: exec as u64, node: node as u64 };
-    // SAFETY: the caller's record.
-    kernel_node(ctx, target, unsafe { driver_func(ctx, p) }, p)
 }
 
 pub unsafe fn cu_kernel_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
@@ -986,37 +955,20 @@ fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
     }
 }
 
-/// cudaGraphAddNode before 13.0: no edge data.
-pub unsafe fn add_node_5(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges: std::ptr::null() }, p)
-}
-
-/// cudaGraphAddNode from 13.0: edge data per dependency.
-pub unsafe fn add_node_6(
-    ctx: &Ctx,
-    out: *mut c_void,
-    graph: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: usize,
-    p: *mut c_void,
-) -> u32 {
-    node_params(ctx, Target::Add { out, graph: graph as u64, deps, count, edges }, p)
-}
-
-pub unsafe fn node_set_params(ctx: &Ctx, node: *mut c_void, p: *mut c_void) -> u32 {
-    node_params(ctx, Target::Set { node: node as u64 }, p)
-}
-
-pub unsafe fn exec_node_set_params(ctx: &Ctx, exec: *mut c_void, node: *mut c_void, p: *mut c_void) -> u32 {
-    node_params(ctx, Target::ExecSet { exec: exec as u64, node: node as u64 }, p)
+/// cudaGraphAddNode, cuGraphAddNode (with edge data per dependency from 13.0: six
+/// arguments) and their Set and Exec Set calls (`raw_args`).
+pub unsafe fn node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let (target, p) = if ctx.name.contains("Add") && args.len() == 6 {
+        let (out, deps, edges) = (word(0) as *mut c_void, word(2) as *const c_void, word(3) as *const c_void);
+        (Target::Add { out, graph: word(1), deps, count: word(4) as usize, edges }, word(5))
+    } else {
+        match target(ctx, args) {
+            Ok((t, rest)) => (t, rest.first().copied().unwrap_or(0)),
+            Err(e) => return u64::from(e),
+        }
+    };
+    u64::from(node_params(ctx, target, p as *mut c_void))
 }
 
 // ---- Node arrays ----
