@@ -3242,20 +3242,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphGetEdges",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_edges_4(&CTX, graph, from, to, numEdges)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphGetEdges",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (graph) as usize as u64,
+                    (from) as usize as u64,
+                    (to) as usize as u64,
+                    (numEdges) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphGetEdges` for CUDA 13.0, 13.1 (custom).
@@ -3268,20 +3278,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphGetEdges",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphGetEdges",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (graph) as usize as u64,
+                    (from) as usize as u64,
+                    (to) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (numEdges) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphGetEdges_v2` for CUDA 12.6, 12.8 (custom).
@@ -3294,20 +3315,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges_v2(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphGetEdges_v2",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphGetEdges_v2",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (graph) as usize as u64,
+                    (from) as usize as u64,
+                    (to) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (numEdges) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphGetId` for CUDA 13.1 (sync).
@@ -3331,20 +3363,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
     numNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphGetNodes",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_nodes(&CTX, graph, nodes, numNodes)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphGetNodes",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (graph) as usize as u64,
+                    (nodes) as usize as u64,
+                    (numNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3355,20 +3396,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     pNumRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphGetRootNodes",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_root_nodes(&CTX, graph, pRootNodes, pNumRootNodes)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphGetRootNodes",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (graph) as usize as u64,
+                    (pRootNodes) as usize as u64,
+                    (pNumRootNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -4022,25 +4072,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
     pNumDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependencies",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependencies_3(
-            &CTX,
-            node,
-            pDependencies,
-            pNumDependencies,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependencies",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (pNumDependencies) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetDependencies` for CUDA 13.0, 13.1 (custom).
@@ -4052,26 +4106,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
     pNumDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependencies",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependencies_4(
-            &CTX,
-            node,
-            pDependencies,
-            edgeData,
-            pNumDependencies,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependencies",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (pNumDependencies) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8 (custom).
@@ -4083,26 +4141,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies_v2(
     pNumDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependencies_v2",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependencies_4(
-            &CTX,
-            node,
-            pDependencies,
-            edgeData,
-            pNumDependencies,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependencies_v2",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependencies) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (pNumDependencies) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
@@ -4113,25 +4175,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
     pNumDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependentNodes",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependent_nodes_3(
-            &CTX,
-            node,
-            pDependentNodes,
-            pNumDependentNodes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependentNodes",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependentNodes) as usize as u64,
+                    (pNumDependentNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetDependentNodes` for CUDA 13.0, 13.1 (custom).
@@ -4143,26 +4209,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
     pNumDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependentNodes",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependent_nodes_4(
-            &CTX,
-            node,
-            pDependentNodes,
-            edgeData,
-            pNumDependentNodes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependentNodes",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependentNodes) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (pNumDependentNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8 (custom).
@@ -4174,26 +4244,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes_v2(
     pNumDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaGraphNodeGetDependentNodes_v2",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependent_nodes_4(
-            &CTX,
-            node,
-            pDependentNodes,
-            edgeData,
-            pNumDependentNodes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphNodeGetDependentNodes_v2",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (node) as usize as u64,
+                    (pDependentNodes) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (pNumDependentNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

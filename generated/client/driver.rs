@@ -2613,20 +2613,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphGetEdges",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_edges_4(&CTX, hGraph, from, to, numEdges)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphGetEdges",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hGraph) as usize as u64,
+                    (from) as usize as u64,
+                    (to) as usize as u64,
+                    (numEdges) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphGetEdges_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2639,20 +2649,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphGetEdges_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_edges_5(&CTX, hGraph, from, to, edgeData, numEdges)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphGetEdges_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hGraph) as usize as u64,
+                    (from) as usize as u64,
+                    (to) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (numEdges) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphGetId` for CUDA 13.1 (sync).
@@ -2676,20 +2697,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     numNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphGetNodes",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_nodes(&CTX, hGraph, nodes, numNodes)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphGetNodes",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hGraph) as usize as u64,
+                    (nodes) as usize as u64,
+                    (numNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -2700,20 +2730,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     numRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphGetRootNodes",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::get_root_nodes(&CTX, hGraph, rootNodes, numRootNodes)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphGetRootNodes",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hGraph) as usize as u64,
+                    (rootNodes) as usize as u64,
+                    (numRootNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3307,25 +3346,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
     numDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphNodeGetDependencies",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependencies_3(
-            &CTX,
-            hNode,
-            dependencies,
-            numDependencies,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeGetDependencies",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hNode) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3337,26 +3380,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
     numDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphNodeGetDependencies_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependencies_4(
-            &CTX,
-            hNode,
-            dependencies,
-            edgeData,
-            numDependencies,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeGetDependencies_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hNode) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (numDependencies) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3367,25 +3414,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
     numDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphNodeGetDependentNodes",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependent_nodes_3(
-            &CTX,
-            hNode,
-            dependentNodes,
-            numDependentNodes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeGetDependentNodes",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hNode) as usize as u64,
+                    (dependentNodes) as usize as u64,
+                    (numDependentNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3397,26 +3448,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
     numDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuGraphNodeGetDependentNodes_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::graphs::node_get_dependent_nodes_4(
-            &CTX,
-            hNode,
-            dependentNodes,
-            edgeData,
-            numDependentNodes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeGetDependentNodes_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::list_raw(
+                &CTX,
+                &[
+                    (hNode) as usize as u64,
+                    (dependentNodes) as usize as u64,
+                    (edgeData) as usize as u64,
+                    (numDependentNodes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

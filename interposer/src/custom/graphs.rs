@@ -1040,40 +1040,6 @@ fn none() -> *mut c_void {
     std::ptr::null_mut()
 }
 
-pub unsafe fn get_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
-    nodes_query(ctx, GraphList::Nodes { graph: graph as u64 }, [nodes, none(), none()], count)
-}
-
-pub unsafe fn get_root_nodes(ctx: &Ctx, graph: *mut c_void, nodes: *mut c_void, count: *mut c_void) -> u32 {
-    nodes_query(ctx, GraphList::RootNodes { graph: graph as u64 }, [nodes, none(), none()], count)
-}
-
-pub unsafe fn get_edges_4(
-    ctx: &Ctx,
-    graph: *mut c_void,
-    from: *mut c_void,
-    to: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    // Before edge data existed, edges have none to lose.
-    run(ctx, |conn| {
-        let mut listed = list(conn, GraphList::Edges { graph: graph as u64 })?;
-        listed.edge_data.clear();
-        fill(ctx, &listed, [from, to, none()], count)
-    })
-}
-
-pub unsafe fn get_edges_5(
-    ctx: &Ctx,
-    graph: *mut c_void,
-    from: *mut c_void,
-    to: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    nodes_query(ctx, GraphList::Edges { graph: graph as u64 }, [from, to, edges], count)
-}
-
 /// A node's dependencies or dependents: `edges` is None before edge data existed (the
 /// call has no array for it, and nothing to lose).
 fn node_peers(ctx: &Ctx, query: GraphList, deps: *mut c_void, edges: Option<*mut c_void>, count: *mut c_void) -> u32 {
@@ -1091,30 +1057,35 @@ fn node_peers(ctx: &Ctx, query: GraphList, deps: *mut c_void, edges: Option<*mut
     })
 }
 
-pub unsafe fn node_get_dependencies_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
-    node_peers(ctx, GraphList::Dependencies { node: node as u64 }, deps, None, count)
-}
-
-pub unsafe fn node_get_dependencies_4(
-    ctx: &Ctx,
-    node: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    node_peers(ctx, GraphList::Dependencies { node: node as u64 }, deps, Some(edges), count)
-}
-
-pub unsafe fn node_get_dependent_nodes_3(ctx: &Ctx, node: *mut c_void, deps: *mut c_void, count: *mut c_void) -> u32 {
-    node_peers(ctx, GraphList::Dependents { node: node as u64 }, deps, None, count)
-}
-
-pub unsafe fn node_get_dependent_nodes_4(
-    ctx: &Ctx,
-    node: *mut c_void,
-    deps: *mut c_void,
-    edges: *mut c_void,
-    count: *mut c_void,
-) -> u32 {
-    node_peers(ctx, GraphList::Dependents { node: node as u64 }, deps, Some(edges), count)
+/// Node lists (`raw_args`; the count pointer last): a graph's nodes or root nodes (graph,
+/// nodes), its edges (graph, from, to[, edge data]), a node's dependencies or dependents
+/// (node, nodes[, edge data]). The edge-data arrays came with CUDA 12.3's forms, one
+/// argument longer; before them, edges have no data to lose.
+pub unsafe fn list_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let p = |i: usize| word(i) as *mut c_void;
+    let (name, n) = (ctx.name, args.len());
+    let count = p(n.saturating_sub(1));
+    let status = if name.contains("GetRootNodes") {
+        nodes_query(ctx, GraphList::RootNodes { graph: word(0) }, [p(1), none(), none()], count)
+    } else if name.contains("GetNodes") {
+        nodes_query(ctx, GraphList::Nodes { graph: word(0) }, [p(1), none(), none()], count)
+    } else if name.contains("GetEdges") && n == 4 {
+        run(ctx, |conn| {
+            let mut listed = list(conn, GraphList::Edges { graph: word(0) })?;
+            listed.edge_data.clear();
+            fill(ctx, &listed, [p(1), p(2), none()], count)
+        })
+    } else if name.contains("GetEdges") {
+        nodes_query(ctx, GraphList::Edges { graph: word(0) }, [p(1), p(2), p(3)], count)
+    } else {
+        let node = word(0);
+        let query = if name.contains("Dependencies") {
+            GraphList::Dependencies { node }
+        } else {
+            GraphList::Dependents { node }
+        };
+        node_peers(ctx, query, p(1), (n == 4).then(|| p(2)), count)
+    };
+    u64::from(status)
 }
