@@ -2473,6 +2473,23 @@ int main(void) {
   for (int i = 0; i < 64; ++i) EXPECT(bytes[i] == 200 - i);
   CHECK(cuGraphMemcpyNodeSetParams(in_node, &c3));
   CHECK(cuGraphExecDestroy(x));
+  /* A batch of copies of the program's memory in, on a stream (unified addressing names
+     the sides), and an asynchronous 2D copy of it out. */
+  CUdeviceptr bd[2] = { d2, d2 + 32 }, bs[2] = { (CUdeviceptr)in, (CUdeviceptr)in2 };
+  size_t bsz[2] = { 32, 32 }, bidx = 0;
+  CUmemcpyAttributes battr;
+  memset(&battr, 0, sizeof battr);
+  battr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  CHECK(cuMemcpyBatchAsync(bd, bs, bsz, 2, &battr, &bidx, 1, s));
+  CUDA_MEMCPY2D c2;
+  memset(&c2, 0, sizeof c2);
+  c2.srcMemoryType = CU_MEMORYTYPE_DEVICE; c2.srcDevice = d2; c2.srcPitch = 32;
+  c2.dstMemoryType = CU_MEMORYTYPE_HOST; c2.dstHost = bytes; c2.dstPitch = 32;
+  c2.WidthInBytes = 32; c2.Height = 2;
+  memset(bytes, 0, sizeof bytes);
+  CHECK(cuMemcpy2DAsync(&c2, s));
+  CHECK(cuStreamSynchronize(s));
+  for (int i = 0; i < 32; ++i) EXPECT(bytes[i] == in[i] && bytes[32 + i] == in2[i]);
   CHECK(cuGraphDestroy(g));
 
   /* The linker's state lives on the client; the emulated server has no linker to finish. */

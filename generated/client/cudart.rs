@@ -6680,27 +6680,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu128(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy3DBatchAsync",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_3d_batch_5(
-            &CTX,
-            numOps,
-            opList,
-            failIdx,
-            flags,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy3DBatchAsync` for CUDA 13.0, 13.1 (custom).
@@ -6712,20 +6716,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu130(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy3DBatchAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 12.8 (custom).
@@ -6738,27 +6752,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu128(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy3DBatchAsync_ptsz",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_3d_batch_5(
-            &CTX,
-            numOps,
-            opList,
-            failIdx,
-            flags,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync_ptsz",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -6770,20 +6788,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpy3DBatchAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -6982,31 +7010,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu128(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyBatchAsync",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_batch_9(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            failIdx,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyBatchAsync` for CUDA 13.0, 13.1 (custom).
@@ -7022,30 +7054,34 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu130(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyBatchAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_batch_8(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyBatchAsync_ptsz` for CUDA 12.8 (custom).
@@ -7062,31 +7098,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu128(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyBatchAsync_ptsz",
-            version: "12.8",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_batch_9(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            failIdx,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync_ptsz",
+                version: "12.8",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -7102,30 +7142,34 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyBatchAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::memcpy_batch_8(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

@@ -6223,20 +6223,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2DAsync_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2DAsync_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(
+                &CTX,
+                &[(pCopy) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy2DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6246,20 +6251,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2DAsync_v2_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2_ptsz__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2DAsync_v2_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2_ptsz__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(
+                &CTX,
+                &[(pCopy) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy2DUnaligned_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6268,20 +6278,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
     pCopy: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2DUnaligned_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2DUnaligned_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpy2DUnaligned_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6290,60 +6302,66 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
     pCopy: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2DUnaligned_v2_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2_ptds__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2DUnaligned_v2_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2_ptds__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpy2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2(pCopy: *mut c_void) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2D_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2D_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpy2D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2_ptds(pCopy: *mut c_void) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy2D_v2_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2_ptds__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy2D_v2_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2_ptds__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpy3DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6353,20 +6371,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DAsync_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DAsync_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(
+                &CTX,
+                &[(pCopy) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6376,20 +6399,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DAsync_v2_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2_ptsz__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DAsync_v2_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2_ptsz__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(
+                &CTX,
+                &[(pCopy) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
@@ -6402,27 +6430,31 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DBatchAsync",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
-            &CTX,
-            numOps,
-            opList,
-            failIdx,
-            flags,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
@@ -6435,27 +6467,31 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DBatchAsync_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
-            &CTX,
-            numOps,
-            opList,
-            failIdx,
-            flags,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
@@ -6467,20 +6503,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DBatchAsync_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -6492,20 +6538,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3DBatchAsync_v2_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_v2_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -6560,40 +6616,44 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer_ptds(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2(pCopy: *mut c_void) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3D_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3D_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpy3D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy3D_v2_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2_ptds__d2d],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3D_v2_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2_ptds__d2d],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::cu_copy_raw(&CTX, &[(pCopy) as usize as u64])
+        }) as u32
     }
 }
 ///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6920,31 +6980,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyBatchAsync",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_batch_fail_index(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            failIdx,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
@@ -6961,31 +7025,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyBatchAsync_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_batch_fail_index(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            failIdx,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
@@ -7001,30 +7069,34 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyBatchAsync_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_batch(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
@@ -7040,30 +7112,34 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyBatchAsync_v2_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::arrays::cu_memcpy_batch(
-            &CTX,
-            dsts,
-            srcs,
-            sizes,
-            count,
-            attrs,
-            attrsIdxs,
-            numAttrs,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_v2_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -767,39 +767,6 @@ fn batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64, s
     })
 }
 
-/// 13.0: (dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_batch_8(
-    ctx: &Ctx,
-    dsts: *mut c_void,
-    srcs: *mut c_void,
-    sizes: *mut c_void,
-    count: usize,
-    _attrs: *mut c_void,
-    _attrs_idxs: *mut c_void,
-    _num_attrs: usize,
-    stream: *mut c_void,
-) -> u32 {
-    batch(ctx, dsts as u64, srcs as u64, sizes as u64, count, 0, stream_of(ctx, stream))
-}
-
-/// 12.8: (dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_batch_9(
-    ctx: &Ctx,
-    dsts: *mut c_void,
-    srcs: *mut c_void,
-    sizes: *mut c_void,
-    count: usize,
-    _attrs: *mut c_void,
-    _attrs_idxs: *mut c_void,
-    _num_attrs: usize,
-    fail_idx: *mut c_void,
-    stream: *mut c_void,
-) -> u32 {
-    batch(ctx, dsts as u64, srcs as u64, sizes as u64, count, fail_idx as u64, stream_of(ctx, stream))
-}
-
 /// cudaMemcpy3DOperand: a type (pointer 1, array 2) and, for a pointer, its address, row
 /// length and layer height in elements and a location hint; for an array, the array and
 /// an offset in elements.
@@ -873,23 +840,6 @@ fn batch_ops(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, copy: impl Fn(&Conn
         }
         Ok(0)
     })
-}
-
-/// 13.0: (numOps, opList, flags, stream).
-pub unsafe fn memcpy_3d_batch_4(ctx: &Ctx, num_ops: usize, ops: *mut c_void, _flags: u64, stream: *mut c_void) -> u32 {
-    batch_3d(ctx, num_ops, ops as u64, 0, stream_of(ctx, stream))
-}
-
-/// 12.8: (numOps, opList, failIdx, flags, stream).
-pub unsafe fn memcpy_3d_batch_5(
-    ctx: &Ctx,
-    num_ops: usize,
-    ops: *mut c_void,
-    fail_idx: *mut c_void,
-    _flags: u64,
-    stream: *mut c_void,
-) -> u32 {
-    batch_3d(ctx, num_ops, ops as u64, fail_idx as u64, stream_of(ctx, stream))
 }
 
 // ---- 2D and 3D copies of the driver ----
@@ -1198,23 +1148,6 @@ fn cu_3d(ctx: &Ctx, p: *mut c_void, stream: Option<u64>) -> u32 {
     })
 }
 
-/// cuMemcpy2D_v2, cuMemcpy2DUnaligned_v2 and their `_ptds` forms.
-pub unsafe fn cu_memcpy_2d(ctx: &Ctx, p: *mut c_void) -> u32 {
-    cu_2d(ctx, p, None)
-}
-
-pub unsafe fn cu_memcpy_2d_async(ctx: &Ctx, p: *mut c_void, stream: *mut c_void) -> u32 {
-    cu_2d(ctx, p, Some(stream_of(ctx, stream)))
-}
-
-pub unsafe fn cu_memcpy_3d(ctx: &Ctx, p: *mut c_void) -> u32 {
-    cu_3d(ctx, p, None)
-}
-
-pub unsafe fn cu_memcpy_3d_async(ctx: &Ctx, p: *mut c_void, stream: *mut c_void) -> u32 {
-    cu_3d(ctx, p, Some(stream_of(ctx, stream)))
-}
-
 /// cuMemcpyBatchAsync: each copy as cuMemcpyAsync (unified addressing decides the sides).
 fn cu_batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64, stream: u64) -> u32 {
     run(ctx, |conn| {
@@ -1253,37 +1186,6 @@ fn cu_batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64
         }
         Ok(0)
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cu_memcpy_batch(
-    ctx: &Ctx,
-    dsts: *mut c_void,
-    srcs: *mut c_void,
-    sizes: *mut c_void,
-    count: usize,
-    _attrs: *mut c_void,
-    _attrs_idxs: *mut c_void,
-    _num_attrs: usize,
-    stream: *mut c_void,
-) -> u32 {
-    cu_batch(ctx, dsts as u64, srcs as u64, sizes as u64, count, 0, stream_of(ctx, stream))
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cu_memcpy_batch_fail_index(
-    ctx: &Ctx,
-    dsts: *mut c_void,
-    srcs: *mut c_void,
-    sizes: *mut c_void,
-    count: usize,
-    _attrs: *mut c_void,
-    _attrs_idxs: *mut c_void,
-    _num_attrs: usize,
-    fail_idx: *mut c_void,
-    stream: *mut c_void,
-) -> u32 {
-    cu_batch(ctx, dsts as u64, srcs as u64, sizes as u64, count, fail_idx as u64, stream_of(ctx, stream))
 }
 
 /// CUDA_MEMCPY3D_BATCH_OP: as cudaMemcpy3DBatchOp, with CUarray operands and extents in
@@ -1330,19 +1232,42 @@ fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u
     })
 }
 
-pub unsafe fn cu_memcpy_3d_batch(ctx: &Ctx, num_ops: usize, ops: *mut c_void, _flags: u64, stream: *mut c_void) -> u32 {
-    cu_batch_3d(ctx, num_ops, ops as u64, 0, stream_of(ctx, stream))
+/// Batches of copies of both APIs (`raw_args`, the stream last): cudaMemcpyBatchAsync and
+/// cuMemcpyBatchAsync (dsts, srcs, sizes, count, attributes, their indices, their count,
+/// [failIdx,] stream) and the 3D batches (count, operations, [failIdx,] flags, stream). The
+/// failure index is 12.8's, gone in 13.0 (one argument fewer).
+pub unsafe fn batch_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let n = args.len();
+    let stream = stream_of(ctx, word(n.saturating_sub(1)) as *mut c_void);
+    let driver = ctx.library == "driver";
+    let status = if ctx.name.contains("3DBatch") {
+        let fail = if n == 5 { word(2) } else { 0 };
+        let count = word(0) as usize;
+        if driver {
+            cu_batch_3d(ctx, count, word(1), fail, stream)
+        } else {
+            batch_3d(ctx, count, word(1), fail, stream)
+        }
+    } else {
+        let fail = if n == 9 { word(7) } else { 0 };
+        let (dsts, srcs, sizes, count) = (word(0), word(1), word(2), word(3) as usize);
+        if driver {
+            cu_batch(ctx, dsts, srcs, sizes, count, fail, stream)
+        } else {
+            batch(ctx, dsts, srcs, sizes, count, fail, stream)
+        }
+    };
+    u64::from(status)
 }
 
-pub unsafe fn cu_memcpy_3d_batch_fail_index(
-    ctx: &Ctx,
-    num_ops: usize,
-    ops: *mut c_void,
-    fail_idx: *mut c_void,
-    _flags: u64,
-    stream: *mut c_void,
-) -> u32 {
-    cu_batch_3d(ctx, num_ops, ops as u64, fail_idx as u64, stream_of(ctx, stream))
+/// cuMemcpy2D_v2, cuMemcpy2DUnaligned_v2, cuMemcpy3D_v2, their async and `_ptds`/`_ptsz`
+/// forms (`raw_args`: the record[, the stream]).
+pub unsafe fn cu_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let p = args.first().copied().unwrap_or(0) as *mut c_void;
+    let stream = args.get(1).map(|&s| stream_of(ctx, s as *mut c_void));
+    let status = if ctx.name.contains("3D") { cu_3d(ctx, p, stream) } else { cu_2d(ctx, p, stream) };
+    u64::from(status)
 }
 
 #[cfg(test)]
