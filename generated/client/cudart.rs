@@ -8608,7 +8608,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetDevice(device: i32) -> u32 {
 ///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaSetDeviceFlags(flags: u32) -> u32 {
-    unsafe { crate::custom::cudart::cudaSetDeviceFlags(flags) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaSetDeviceFlags",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaSetDeviceFlags__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(&CTX, &[(flags) as u64])
+        }) as u32
+    }
 }
 ///`cudaSetDoubleForDevice` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]

@@ -479,7 +479,24 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent(pctx: *mut c_void) -> 
 ///`cuCtxPopCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
-    unsafe { crate::custom::driver::cuCtxPopCurrent_v2(pctx) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuCtxPopCurrent_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuCtxPopCurrent_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(&CTX, &[(pctx) as usize as u64])
+        }) as u32
+    }
 }
 ///`cuCtxPushCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -494,7 +511,24 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent(ctx: *mut c_void) -> 
 ///`cuCtxPushCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent_v2(ctx: *mut c_void) -> u32 {
-    unsafe { crate::custom::driver::cuCtxPushCurrent_v2(ctx) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuCtxPushCurrent_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuCtxPushCurrent_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(&CTX, &[(ctx) as usize as u64])
+        }) as u32
+    }
 }
 ///`cuCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -532,7 +566,24 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetCacheConfig(config: u32) -> u3
 ///`cuCtxSetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
-    unsafe { crate::custom::driver::cuCtxSetCurrent(ctx) }
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuCtxSetCurrent",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuCtxSetCurrent__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(&CTX, &[(ctx) as usize as u64])
+        }) as u32
+    }
 }
 ///`cuCtxSetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1122,20 +1173,25 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
     flags: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuDevicePrimaryCtxSetFlags",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::context::primary_set_flags(&CTX, dev, flags)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuDevicePrimaryCtxSetFlags",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(
+                &CTX,
+                &[(dev) as i64 as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -1145,20 +1201,27 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     flags: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuDevicePrimaryCtxSetFlags_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags_v2__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::context::primary_set_flags(&CTX, dev, flags)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuDevicePrimaryCtxSetFlags_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags_v2__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::context::changing_raw(
+                &CTX,
+                &[(dev) as i64 as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

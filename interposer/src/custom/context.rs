@@ -39,6 +39,13 @@ fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: 
     })
 }
 
+/// Calls that change the current or primary context, sent as they are (`raw_args`):
+/// cuCtxSetCurrent, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuDevicePrimaryCtxSetFlags(_v2)
+/// and cudaSetDeviceFlags; the client's caches go.
+pub unsafe fn changing_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    u64::from(changing(ctx.name, ctx.form(Form::Call), args, ctx.library == "cudart"))
+}
+
 pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *mut c_void) -> u32 {
     crate::guard::ffi("cuDevicePrimaryCtxGetState", 1, || {
         crate::trace::local("cuDevicePrimaryCtxGetState");
@@ -74,18 +81,9 @@ pub unsafe fn primary_reset(ctx: &Ctx, dev: i32) -> u32 {
     changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64], false)
 }
 
-/// cuDevicePrimaryCtxSetFlags and its `_v2`.
-pub unsafe fn primary_set_flags(ctx: &Ctx, dev: i32, flags: u32) -> u32 {
-    changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64, u64::from(flags)], false)
-}
-
 pub unsafe fn cudaDeviceReset() -> u32 {
     crate::custom::streams::forget();
     changing("cudaDeviceReset", &cudart::cudaDeviceReset__call, &[], true)
-}
-
-pub unsafe fn cudaSetDeviceFlags(flags: u32) -> u32 {
-    changing("cudaSetDeviceFlags", &cudart::cudaSetDeviceFlags__call, &[u64::from(flags)], true)
 }
 
 /// cuCtxGetCurrent: answered from this thread's cache while no context call intervened
@@ -129,18 +127,6 @@ pub fn current() -> Option<u64> {
     // SAFETY: a CUcontext* of this frame.
     let s = unsafe { cuCtxGetCurrent(&mut ctx as *mut u64 as *mut c_void) };
     (s == 0 && ctx != 0).then_some(ctx)
-}
-
-pub unsafe fn cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
-    changing("cuCtxSetCurrent", &driver::cuCtxSetCurrent__call, &[ctx as u64], false)
-}
-
-pub unsafe fn cuCtxPushCurrent_v2(ctx: *mut c_void) -> u32 {
-    changing("cuCtxPushCurrent_v2", &driver::cuCtxPushCurrent_v2__call, &[ctx as u64], false)
-}
-
-pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
-    changing("cuCtxPopCurrent_v2", &driver::cuCtxPopCurrent_v2__call, &[pctx as u64], false)
 }
 
 pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {

@@ -683,7 +683,7 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
     unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
 pub use super::capture::*;
-pub use super::context::{cudaDeviceReset, cudaSetDeviceFlags};
+pub use super::context::cudaDeviceReset;
 pub use super::entry::cudart::*;
 
 // ---- Profiler control: a profiler attaches to the program's own process, where no GPU

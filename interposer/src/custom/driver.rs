@@ -797,10 +797,7 @@ pub unsafe fn launch_kernel_ex(
     launch_ex(config, f, kernel_params, extra)
 }
 pub use super::capture::*;
-pub use super::context::{
-    cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,
-    cuDevicePrimaryCtxGetState,
-};
+pub use super::context::{cuCtxDestroy_v2, cuCtxGetCurrent, cuDevicePrimaryCtxGetState};
 pub use super::entry::driver::*;
 pub use super::kernels::cuFuncSetAttribute;
 
