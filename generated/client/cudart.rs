@@ -7354,27 +7354,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_from_symbol(
-            &CTX,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7388,28 +7392,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromSymbolAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_from_symbol_async(
-            &CTX,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromSymbolAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7423,28 +7431,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromSymbolAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_from_symbol_async(
-            &CTX,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromSymbolAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyFromSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7457,27 +7469,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyFromSymbol_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_from_symbol(
-            &CTX,
-            dst,
-            symbol,
-            count,
-            offset,
-            kind,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyFromSymbol_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (symbol) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7708,20 +7724,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToSymbol",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_to_symbol(&CTX, symbol, src, count, offset, kind)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToSymbol",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7735,28 +7762,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToSymbolAsync",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_to_symbol_async(
-            &CTX,
-            symbol,
-            src,
-            count,
-            offset,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToSymbolAsync",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7770,28 +7801,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToSymbolAsync_ptsz",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_to_symbol_async(
-            &CTX,
-            symbol,
-            src,
-            count,
-            offset,
-            kind,
-            stream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToSymbolAsync_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpyToSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7804,20 +7839,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudaMemcpyToSymbol_ptds",
-            version: "13.1",
-            library: "cudart",
-            forms: &[],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::kernels::memcpy_to_symbol(&CTX, symbol, src, count, offset, kind)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyToSymbol_ptds",
+                version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::kernels::symbol_copy_raw(
+                &CTX,
+                &[
+                    (symbol) as usize as u64,
+                    (src) as usize as u64,
+                    (count) as u64,
+                    (offset) as u64,
+                    (kind) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

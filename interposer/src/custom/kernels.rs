@@ -578,47 +578,16 @@ fn symbol_stream(ctx: &Ctx, stream: *mut c_void) -> *mut c_void {
     if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream }
 }
 
-/// cudaMemcpyToSymbol and its per-thread form.
-pub unsafe fn memcpy_to_symbol(_: &Ctx, symbol: *mut c_void, src: *mut c_void, n: usize, at: usize, kind: u32) -> u32 {
-    symbol_copy(true, symbol, src, n, at, kind, None)
-}
-
-/// cudaMemcpyFromSymbol and its per-thread form.
-pub unsafe fn memcpy_from_symbol(
-    _: &Ctx,
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    n: usize,
-    at: usize,
-    kind: u32,
-) -> u32 {
-    symbol_copy(false, symbol, dst, n, at, kind, None)
-}
-
-/// cudaMemcpyToSymbolAsync and its per-thread form.
-pub unsafe fn memcpy_to_symbol_async(
-    ctx: &Ctx,
-    symbol: *mut c_void,
-    src: *mut c_void,
-    n: usize,
-    at: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    symbol_copy(true, symbol, src, n, at, kind, Some(symbol_stream(ctx, stream)))
-}
-
-/// cudaMemcpyFromSymbolAsync and its per-thread form.
-pub unsafe fn memcpy_from_symbol_async(
-    ctx: &Ctx,
-    dst: *mut c_void,
-    symbol: *mut c_void,
-    n: usize,
-    at: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    symbol_copy(false, symbol, dst, n, at, kind, Some(symbol_stream(ctx, stream)))
+/// cudaMemcpyToSymbol(Async) (symbol, src, count, offset, kind[, stream]) and
+/// cudaMemcpyFromSymbol(Async) (dst, symbol, count, offset, kind[, stream]), and their
+/// per-thread forms (`raw_args`).
+pub unsafe fn symbol_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let into = ctx.name.contains("ToSymbol");
+    let (symbol, other) = if into { (word(0), word(1)) } else { (word(1), word(0)) };
+    let stream = (args.len() == 6).then(|| symbol_stream(ctx, word(5) as *mut c_void));
+    let (count, offset, kind) = (word(2) as usize, word(3) as usize, word(4) as u32);
+    u64::from(symbol_copy(into, symbol as *mut c_void, other as *mut c_void, count, offset, kind, stream))
 }
 
 pub unsafe fn cudaGetSymbolAddress(devPtr: *mut c_void, symbol: *mut c_void) -> u32 {
