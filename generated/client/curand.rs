@@ -547,6 +547,66 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
         }) as u32
     }
 }
+///`curandGetDirectionVectors32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors32(
+    vectors: *mut c_void,
+    set: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGetDirectionVectors32",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGetDirectionVectors32__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::table(
+                &CTX,
+                &[(vectors) as usize as u64, (set) as u64],
+            )
+        }) as u32
+    }
+}
+///`curandGetDirectionVectors64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors64(
+    vectors: *mut c_void,
+    set: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGetDirectionVectors64",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGetDirectionVectors64__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::table(
+                &CTX,
+                &[(vectors) as usize as u64, (set) as u64],
+            )
+        }) as u32
+    }
+}
 ///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetProperty(
@@ -558,6 +618,58 @@ pub unsafe extern "C" fn __chidori_curand_curandGetProperty(
             &chidori_cuda::calls::curand::curandGetProperty,
             &[(r#type) as u64, (value) as usize as u64],
         ) as u32
+    }
+}
+///`curandGetScrambleConstants32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants32(
+    constants: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGetScrambleConstants32",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGetScrambleConstants32__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::table(&CTX, &[(constants) as usize as u64])
+        }) as u32
+    }
+}
+///`curandGetScrambleConstants64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants64(
+    constants: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "curandGetScrambleConstants64",
+                version: "13.1",
+                library: "curand",
+                forms: &[
+                    &chidori_cuda::calls::curand::curandGetScrambleConstants64__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 999i64,
+                    unavailable: 203i64,
+                    invalid_handle: 101i64,
+                    invalid_value: 104i64,
+                },
+            };
+            crate::custom::curand::table(&CTX, &[(constants) as usize as u64])
+        }) as u32
     }
 }
 ///`curandGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -94,18 +94,12 @@ curandGenerateUniformDouble:
     .globl curandGetDirectionVectors32
     .type curandGetDirectionVectors32, @function
 curandGetDirectionVectors32:
-    leaq .Lname0(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetDirectionVectors32@PLT
     .size curandGetDirectionVectors32, .-curandGetDirectionVectors32
     .globl curandGetDirectionVectors64
     .type curandGetDirectionVectors64, @function
 curandGetDirectionVectors64:
-    leaq .Lname1(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetDirectionVectors64@PLT
     .size curandGetDirectionVectors64, .-curandGetDirectionVectors64
     .globl curandGetProperty
     .type curandGetProperty, @function
@@ -115,18 +109,12 @@ curandGetProperty:
     .globl curandGetScrambleConstants32
     .type curandGetScrambleConstants32, @function
 curandGetScrambleConstants32:
-    leaq .Lname2(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetScrambleConstants32@PLT
     .size curandGetScrambleConstants32, .-curandGetScrambleConstants32
     .globl curandGetScrambleConstants64
     .type curandGetScrambleConstants64, @function
 curandGetScrambleConstants64:
-    leaq .Lname3(%rip), %rdi
-    movq $999, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_curand_curandGetScrambleConstants64@PLT
     .size curandGetScrambleConstants64, .-curandGetScrambleConstants64
     .globl curandGetVersion
     .type curandGetVersion, @function
@@ -159,12 +147,4 @@ curandSetStream:
     jmp __chidori_curand_curandSetStream@PLT
     .size curandSetStream, .-curandSetStream
     .section .rodata
-.Lname0:
-    .asciz "curandGetDirectionVectors32"
-.Lname1:
-    .asciz "curandGetDirectionVectors64"
-.Lname2:
-    .asciz "curandGetScrambleConstants32"
-.Lname3:
-    .asciz "curandGetScrambleConstants64"
     .section .note.GNU-stack,"",@progbits

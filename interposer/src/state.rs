@@ -74,6 +74,9 @@ pub struct Client {
     pub link_states: Table<u64, crate::custom::link::LinkState>,
     /// cuRAND generators made by curandCreateGeneratorHost, until destroyed.
     pub host_generators: Table<u64, ()>,
+    /// cuRAND's Sobol' tables fetched, by (function, set): never freed (the program may hold
+    /// their pointers as long as it runs, as natively).
+    pub curand_tables: Table<(&'static str, u64), &'static [u8]>,
     /// Graph loops started on the server, by id, while not being polled.
     pub loops: Table<u64, crate::custom::loops::Running>,
     /// cuBLASLt descriptors and preferences the client named: what was set on each.
@@ -138,6 +141,7 @@ pub static CLIENT: Client = Client {
     jit_links: Table::new(),
     link_states: Table::new(),
     host_generators: Table::new(),
+    curand_tables: Table::new(),
     loops: Table::new(),
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),

@@ -40,4 +40,5 @@ pub mod resume;
 pub mod session;
 pub mod smi;
 pub mod supervisor;
+pub mod tables;
 pub mod visible;

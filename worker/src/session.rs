@@ -1141,6 +1141,15 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     if !ok {
         buffers.iter_mut().flatten().for_each(Buffer::settle_failed);
     }
+    // A table of the library's own memory handed back by pointer goes back as its bytes
+    // (`crate::tables`), never as the worker's pointer.
+    if ok
+        && let Some(i) = crate::tables::param(desc.name)
+        && let Some(b) = buffers.get_mut(i).and_then(|b| b.as_mut())
+        && let Err(why) = crate::tables::fill(b.bytes_mut())
+    {
+        return fail(desc.codes.not_supported, format!("{}: {why}", desc.name));
+    }
     // A new handle reaches the client as its name: the client's own, or an id given now;
     // never the library's pointer. After a failure only a handle the client knows (the node
     // an instantiation failed at) goes back.

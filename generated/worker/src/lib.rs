@@ -42501,6 +42501,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 if a.len() != 2usize {
                     return None;
                 }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2053u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2054u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42508,7 +42530,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2053u32 => {
+            2055u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -42517,40 +42539,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2054u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            2055u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             2056u32 => {
-                if a.len() != 2usize {
+                if a.len() != 1usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2057u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2058u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
+                }
+            }
+            2059u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -42561,7 +42579,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2058u32 => {
+            2060u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
+                }
+            }
+            2061u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2062u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -42575,7 +42615,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2059u32 => {
+            2063u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -42596,7 +42636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2060u32 => {
+            2064u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -42627,7 +42667,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2061u32 => {
+            2065u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -42644,7 +42684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2062u32 => {
+            2066u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -42669,7 +42709,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2063u32 => {
+            2067u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -42703,142 +42743,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2064u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2065u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2066u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2067u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42979,6 +42883,142 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2072u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2073u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2074u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2075u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2076u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -42999,7 +43039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2073u32 => {
+            2077u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -43048,7 +43088,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2074u32 => {
+            2078u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -43089,7 +43129,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2075u32 => {
+            2079u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -43130,7 +43170,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2076u32 => {
+            2080u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -43169,7 +43209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2077u32 => {
+            2081u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -43208,7 +43248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2078u32 => {
+            2082u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -43259,7 +43299,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2079u32 => {
+            2083u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -43296,7 +43336,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2080u32 => {
+            2084u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -43331,7 +43371,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2081u32 => {
+            2085u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -43366,7 +43406,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2082u32 => {
+            2086u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -43409,7 +43449,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2083u32 => {
+            2087u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -43456,7 +43496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2084u32 => {
+            2088u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -43485,7 +43525,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2085u32 => {
+            2089u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -43522,7 +43562,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2086u32 => {
+            2090u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -43559,7 +43599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2087u32 => {
+            2091u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -43590,7 +43630,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2088u32 => {
+            2092u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -43619,7 +43659,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2089u32 => {
+            2093u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -43660,7 +43700,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2090u32 => {
+            2094u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -43693,7 +43733,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2091u32 => {
+            2095u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -43726,7 +43766,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2092u32 => {
+            2096u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -43761,7 +43801,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2093u32 => {
+            2097u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -43812,7 +43852,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2094u32 => {
+            2098u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -43863,7 +43903,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2095u32 => {
+            2099u32 => {
                 if a.len() != 27usize {
                     return None;
                 }
@@ -43928,7 +43968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2096u32 => {
+            2100u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -43976,126 +44016,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[17usize] as usize as *mut c_void,
                         a[18usize] as usize as *mut c_void,
                         a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2097u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2098u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2099u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2100u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -44220,6 +44140,126 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2105u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2106u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2107u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2108u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2109u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -44240,7 +44280,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2106u32 => {
+            2110u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -44285,7 +44325,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2107u32 => {
+            2111u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -44330,7 +44370,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2108u32 => {
+            2112u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -44375,7 +44415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2109u32 => {
+            2113u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -44408,7 +44448,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2110u32 => {
+            2114u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44439,7 +44479,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2111u32 => {
+            2115u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44470,7 +44510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2112u32 => {
+            2116u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44509,7 +44549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2113u32 => {
+            2117u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44540,7 +44580,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2114u32 => {
+            2118u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -44569,7 +44609,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2115u32 => {
+            2119u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44600,7 +44640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2116u32 => {
+            2120u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44631,7 +44671,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2117u32 => {
+            2121u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44670,7 +44710,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2118u32 => {
+            2122u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -44711,7 +44751,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2119u32 => {
+            2123u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44742,7 +44782,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2120u32 => {
+            2124u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -44773,7 +44813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2121u32 => {
+            2125u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -44820,7 +44860,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2122u32 => {
+            2126u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44859,7 +44899,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2123u32 => {
+            2127u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44898,7 +44938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2124u32 => {
+            2128u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44937,7 +44977,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2125u32 => {
+            2129u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -44976,7 +45016,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2126u32 => {
+            2130u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -44999,126 +45039,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2127u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2128u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2129u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2130u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
             2131u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -45135,77 +45065,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2132u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2133u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2134u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -45222,8 +45098,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2133u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2134u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
                     )) as u64
                 }
             }
@@ -45263,11 +45187,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -45275,11 +45199,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -45292,11 +45216,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -45304,11 +45228,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -45349,6 +45273,122 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2140u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2141u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2142u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2143u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -45372,7 +45412,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2140u32 => {
+            2144u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -45399,135 +45439,135 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2141u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2142u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2143u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2144u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2145u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2146u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2147u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2148u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2149u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -45552,7 +45592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2146u32 => {
+            2150u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -45566,7 +45606,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2147u32 => {
+            2151u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -45585,7 +45625,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2148u32 => {
+            2152u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -45599,7 +45639,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2149u32 => {
+            2153u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -45613,7 +45653,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2150u32 => {
+            2154u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -45640,7 +45680,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2151u32 => {
+            2155u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -45654,7 +45694,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2152u32 => {
+            2156u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -45685,7 +45725,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2153u32 => {
+            2157u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -45716,7 +45756,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2154u32 => {
+            2158u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -45745,7 +45785,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2155u32 => {
+            2159u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -45776,7 +45816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2156u32 => {
+            2160u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -45795,7 +45835,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2157u32 => {
+            2161u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -45810,7 +45850,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2158u32 => {
+            2162u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -45824,7 +45864,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2159u32 => {
+            2163u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -45833,7 +45873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2160u32 => {
+            2164u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -45864,7 +45904,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2161u32 => {
+            2165u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -45902,42 +45942,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[13usize] as u32,
                     )) as u64
                 }
-            }
-            2162u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2163u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2164u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2165u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2166u32 => {
                 if a.len() != 1usize {
@@ -45949,6 +45953,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2167u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2168u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2169u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2170u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2171u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -45979,7 +46019,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2168u32 => {
+            2172u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -46018,7 +46058,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2169u32 => {
+            2173u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -46049,7 +46089,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2170u32 => {
+            2174u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -46082,7 +46122,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2171u32 => {
+            2175u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -46115,7 +46155,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2172u32 => {
+            2176u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -46140,7 +46180,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2173u32 => {
+            2177u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -46156,7 +46196,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2174u32 => {
+            2178u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -46193,7 +46233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2175u32 => {
+            2179u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -46220,7 +46260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2176u32 => {
+            2180u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -46251,7 +46291,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2177u32 => {
+            2181u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -46280,107 +46320,71 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2178u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                    )) as u64
-                }
-            }
-            2179u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                    )) as u64
-                }
-            }
-            2180u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2181u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2182u32 => {
-                if a.len() != 1usize {
+                if a.len() != 11usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
             }
             2183u32 => {
-                if a.len() != 1usize {
+                if a.len() != 11usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
             }
             2184u32 => {
                 if a.len() != 1usize {
@@ -46401,6 +46405,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2186u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2187u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2188u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2189u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2190u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -46425,7 +46465,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2187u32 => {
+            2191u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -46441,7 +46481,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2188u32 => {
+            2192u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -46456,7 +46496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2189u32 => {
+            2193u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -46465,7 +46505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2190u32 => {
+            2194u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -46474,7 +46514,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2191u32 => {
+            2195u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -46511,7 +46551,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2192u32 => {
+            2196u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -46538,7 +46578,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2193u32 => {
+            2197u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -46571,7 +46611,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2194u32 => {
+            2198u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -46590,7 +46630,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2195u32 => {
+            2199u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -46613,7 +46653,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2196u32 => {
+            2200u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -46654,7 +46694,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2197u32 => {
+            2201u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -46695,7 +46735,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2198u32 => {
+            2202u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -46728,7 +46768,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2199u32 => {
+            2203u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -46747,7 +46787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2200u32 => {
+            2204u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -46763,7 +46803,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2201u32 => {
+            2205u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -46816,7 +46856,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2202u32 => {
+            2206u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -46869,7 +46909,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2203u32 => {
+            2207u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -46894,7 +46934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2204u32 => {
+            2208u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -46928,142 +46968,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2205u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2206u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2207u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2208u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -47204,6 +47108,142 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2213u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2214u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2215u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2216u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2217u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -47224,7 +47264,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2214u32 => {
+            2218u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -47273,7 +47313,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2215u32 => {
+            2219u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -47314,7 +47354,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2216u32 => {
+            2220u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -47355,7 +47395,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2217u32 => {
+            2221u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -47394,7 +47434,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2218u32 => {
+            2222u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -47433,7 +47473,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2219u32 => {
+            2223u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -47484,7 +47524,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2220u32 => {
+            2224u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -47521,7 +47561,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2221u32 => {
+            2225u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -47556,7 +47596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2222u32 => {
+            2226u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -47591,7 +47631,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2223u32 => {
+            2227u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -47634,7 +47674,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2224u32 => {
+            2228u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -47681,7 +47721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2225u32 => {
+            2229u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -47710,7 +47750,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2226u32 => {
+            2230u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -47747,7 +47787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2227u32 => {
+            2231u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -47784,7 +47824,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2228u32 => {
+            2232u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -47815,7 +47855,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2229u32 => {
+            2233u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -47844,7 +47884,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2230u32 => {
+            2234u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -47885,7 +47925,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2231u32 => {
+            2235u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -47918,7 +47958,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2232u32 => {
+            2236u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -47951,7 +47991,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2233u32 => {
+            2237u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -47986,7 +48026,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2234u32 => {
+            2238u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -48037,7 +48077,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2235u32 => {
+            2239u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -48088,7 +48128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2236u32 => {
+            2240u32 => {
                 if a.len() != 27usize {
                     return None;
                 }
@@ -48153,7 +48193,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2237u32 => {
+            2241u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -48201,126 +48241,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[17usize] as usize as *mut c_void,
                         a[18usize] as usize as *mut c_void,
                         a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2238u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2239u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2240u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2241u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -48445,6 +48365,126 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2246u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2247u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2248u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2249u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2250u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -48465,7 +48505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2247u32 => {
+            2251u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -48510,7 +48550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2248u32 => {
+            2252u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -48555,7 +48595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2249u32 => {
+            2253u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -48600,7 +48640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2250u32 => {
+            2254u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -48633,7 +48673,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2251u32 => {
+            2255u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -48664,7 +48704,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2252u32 => {
+            2256u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -48695,7 +48735,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2253u32 => {
+            2257u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -48734,7 +48774,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2254u32 => {
+            2258u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -48765,7 +48805,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2255u32 => {
+            2259u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -48794,166 +48834,130 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2256u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2257u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2258u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2259u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2260u32 => {
-                if a.len() != 5usize {
+                if a.len() != 10usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
                     *mut c_void,
                     *mut c_void,
-                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2261u32 => {
-                if a.len() != 1usize {
+                if a.len() != 10usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2262u32 => {
-                if a.len() != 1usize {
+                if a.len() != 5usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2263u32 => {
-                if a.len() != 1usize {
+                if a.len() != 5usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2264u32 => {
-                if a.len() != 1usize {
+                if a.len() != 5usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2265u32 => {
                 if a.len() != 1usize {
@@ -49082,6 +49086,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2279u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2280u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2281u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2282u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2283u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -49120,7 +49160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2280u32 => {
+            2284u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -49161,7 +49201,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2281u32 => {
+            2285u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -49192,7 +49232,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2282u32 => {
+            2286u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -49223,7 +49263,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2283u32 => {
+            2287u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -49270,7 +49310,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2284u32 => {
+            2288u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -49309,7 +49349,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2285u32 => {
+            2289u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -49348,7 +49388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2286u32 => {
+            2290u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -49387,7 +49427,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2287u32 => {
+            2291u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -49426,7 +49466,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2288u32 => {
+            2292u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -49449,126 +49489,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2289u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2290u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2291u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2292u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
             2293u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -49585,77 +49515,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2294u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2295u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2296u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -49672,8 +49548,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2295u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2296u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
                     )) as u64
                 }
             }
@@ -49713,11 +49637,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -49725,11 +49649,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -49742,11 +49666,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -49754,11 +49678,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -49794,6 +49718,122 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2301u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2302u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2303u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2304u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2305u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -49818,72 +49858,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2302u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2303u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2304u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i64,
-                    )) as u64
-                }
-            }
-            2305u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2306u32 => {
-                if a.len() != 4usize {
+                if a.len() != 3usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -49893,7 +49872,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -49912,6 +49890,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2308u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i64,
+                    )) as u64
+                }
+            }
+            2309u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -49925,7 +49918,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2309u32 => {
+            2310u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2311u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2312u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2313u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -49954,7 +49994,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2310u32 => {
+            2314u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -49981,7 +50021,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2311u32 => {
+            2315u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -50020,7 +50060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2312u32 => {
+            2316u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -50061,7 +50101,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2313u32 => {
+            2317u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -50102,7 +50142,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2314u32 => {
+            2318u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -50139,7 +50179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2315u32 => {
+            2319u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -50178,7 +50218,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2316u32 => {
+            2320u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -50217,7 +50257,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2317u32 => {
+            2321u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50250,7 +50290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2318u32 => {
+            2322u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -50285,7 +50325,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2319u32 => {
+            2323u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -50320,7 +50360,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2320u32 => {
+            2324u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -50351,7 +50391,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2321u32 => {
+            2325u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50384,7 +50424,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2322u32 => {
+            2326u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50417,7 +50457,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2323u32 => {
+            2327u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -50444,7 +50484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2324u32 => {
+            2328u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -50467,7 +50507,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2325u32 => {
+            2329u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -50484,7 +50524,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2326u32 => {
+            2330u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -50497,44 +50537,44 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            2327u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2328u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2329u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2330u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2331u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2332u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2333u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2334u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2335u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -50548,7 +50588,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2332u32 => {
+            2336u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -50559,7 +50599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2333u32 => {
+            2337u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -50573,7 +50613,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2334u32 => {
+            2338u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -50587,7 +50627,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2335u32 => {
+            2339u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -50596,7 +50636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f()) as u64 }
             }
-            2336u32 => {
+            2340u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -50605,7 +50645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2337u32 => {
+            2341u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -50614,7 +50654,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2338u32 => {
+            2342u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -50635,7 +50675,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2339u32 => {
+            2343u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50668,7 +50708,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2340u32 => {
+            2344u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50701,7 +50741,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2341u32 => {
+            2345u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -50734,7 +50774,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2342u32 => {
+            2346u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -50759,7 +50799,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2343u32 => {
+            2347u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -50793,142 +50833,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2344u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2345u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2346u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2347u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -51069,6 +50973,142 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2352u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2353u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2354u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2355u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2356u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -51089,7 +51129,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2353u32 => {
+            2357u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -51138,7 +51178,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2354u32 => {
+            2358u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -51179,7 +51219,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2355u32 => {
+            2359u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -51220,7 +51260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2356u32 => {
+            2360u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -51259,7 +51299,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2357u32 => {
+            2361u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -51298,7 +51338,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2358u32 => {
+            2362u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -51349,7 +51389,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2359u32 => {
+            2363u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -51386,7 +51426,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2360u32 => {
+            2364u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -51421,7 +51461,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2361u32 => {
+            2365u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -51456,7 +51496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2362u32 => {
+            2366u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -51499,7 +51539,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2363u32 => {
+            2367u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -51546,7 +51586,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2364u32 => {
+            2368u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -51563,7 +51603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2365u32 => {
+            2369u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -51592,7 +51632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2366u32 => {
+            2370u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -51629,7 +51669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2367u32 => {
+            2371u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -51666,7 +51706,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2368u32 => {
+            2372u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -51697,7 +51737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2369u32 => {
+            2373u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -51726,7 +51766,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2370u32 => {
+            2374u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -51767,7 +51807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2371u32 => {
+            2375u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -51800,7 +51840,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2372u32 => {
+            2376u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -51833,7 +51873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2373u32 => {
+            2377u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -51868,7 +51908,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2374u32 => {
+            2378u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -51919,7 +51959,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2375u32 => {
+            2379u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -51970,7 +52010,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2376u32 => {
+            2380u32 => {
                 if a.len() != 27usize {
                     return None;
                 }
@@ -52035,7 +52075,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2377u32 => {
+            2381u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -52083,126 +52123,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[17usize] as usize as *mut c_void,
                         a[18usize] as usize as *mut c_void,
                         a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2378u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2379u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2380u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2381u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -52327,6 +52247,126 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2386u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2387u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2388u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2389u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2390u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -52347,7 +52387,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2387u32 => {
+            2391u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -52392,7 +52432,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2388u32 => {
+            2392u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -52437,7 +52477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2389u32 => {
+            2393u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -52482,7 +52522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2390u32 => {
+            2394u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -52515,7 +52555,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2391u32 => {
+            2395u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -52546,7 +52586,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2392u32 => {
+            2396u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -52577,7 +52617,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2393u32 => {
+            2397u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -52616,7 +52656,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2394u32 => {
+            2398u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -52647,7 +52687,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2395u32 => {
+            2399u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -52676,110 +52716,66 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2396u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2397u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2398u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2399u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             2400u32 => {
-                if a.len() != 2usize {
+                if a.len() != 10usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             2401u32 => {
-                if a.len() != 2usize {
+                if a.len() != 10usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             2402u32 => {
@@ -52808,6 +52804,50 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 if a.len() != 2usize {
                     return None;
                 }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2405u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2406u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2407u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2408u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -52818,7 +52858,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2405u32 => {
+            2409u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -52857,7 +52897,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2406u32 => {
+            2410u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -52898,7 +52938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2407u32 => {
+            2411u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -52929,7 +52969,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2408u32 => {
+            2412u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -52960,7 +53000,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2409u32 => {
+            2413u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -53007,7 +53047,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2410u32 => {
+            2414u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -53046,7 +53086,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2411u32 => {
+            2415u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -53085,7 +53125,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2412u32 => {
+            2416u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -53124,7 +53164,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2413u32 => {
+            2417u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -53163,7 +53203,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2414u32 => {
+            2418u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -53186,126 +53226,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2415u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2416u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2417u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2418u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
             2419u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -53322,77 +53252,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2420u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2421u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2422u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -53409,8 +53285,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2421u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2422u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
                     )) as u64
                 }
             }
@@ -53450,11 +53374,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -53462,11 +53386,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -53479,11 +53403,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -53491,11 +53415,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -53536,6 +53460,122 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2428u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2429u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2430u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2431u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -53559,7 +53599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2428u32 => {
+            2432u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -53586,7 +53626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2429u32 => {
+            2433u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -53623,7 +53663,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2430u32 => {
+            2434u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -53656,7 +53696,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2431u32 => {
+            2435u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -53665,7 +53705,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2432u32 => {
+            2436u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -53674,7 +53714,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2433u32 => {
+            2437u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -53715,7 +53755,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2434u32 => {
+            2438u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -53729,7 +53769,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2435u32 => {
+            2439u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -53766,7 +53806,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2436u32 => {
+            2440u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -53799,7 +53839,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2437u32 => {
+            2441u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -53830,7 +53870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2438u32 => {
+            2442u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -53869,7 +53909,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2439u32 => {
+            2443u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -53900,7 +53940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2440u32 => {
+            2444u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -53933,7 +53973,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2441u32 => {
+            2445u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -53947,7 +53987,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2442u32 => {
+            2446u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -53990,7 +54030,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2443u32 => {
+            2447u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -53999,140 +54039,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2444u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2445u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2446u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2447u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2448u32 => {
-                if a.len() != 10usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
                     u32,
                     *mut c_void,
                     *mut c_void,
@@ -54147,18 +54060,145 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2449u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2450u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2451u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2452u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2453u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -54174,67 +54214,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            2450u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2451u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2452u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2453u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -54253,6 +54232,67 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2455u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2456u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2457u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2458u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2459u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -54271,7 +54311,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2456u32 => {
+            2460u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -54282,7 +54322,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2457u32 => {
+            2461u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -54296,91 +54336,91 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2458u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2459u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2460u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2461u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2462u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2463u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2464u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2465u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2466u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -54411,7 +54451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2463u32 => {
+            2467u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -54430,87 +54470,87 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2464u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2465u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2466u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2467u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2468u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2469u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2470u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2471u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2472u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -54539,7 +54579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2469u32 => {
+            2473u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -54558,7 +54598,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2470u32 => {
+            2474u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -54583,7 +54623,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2471u32 => {
+            2475u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -54608,7 +54648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2472u32 => {
+            2476u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -54635,91 +54675,91 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2473u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2474u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2475u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2476u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2477u32 => {
-                if a.len() != 5usize {
+                if a.len() != 2usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2478u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2479u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2480u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2481u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2482u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -54758,7 +54798,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2479u32 => {
+            2483u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -54799,7 +54839,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2480u32 => {
+            2484u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -54840,7 +54880,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2481u32 => {
+            2485u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -54877,7 +54917,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2482u32 => {
+            2486u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -54916,7 +54956,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2483u32 => {
+            2487u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -54955,7 +54995,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2484u32 => {
+            2488u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -54988,7 +55028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2485u32 => {
+            2489u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -55023,7 +55063,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2486u32 => {
+            2490u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -55058,7 +55098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2487u32 => {
+            2491u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -55089,7 +55129,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2488u32 => {
+            2492u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -55122,7 +55162,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2489u32 => {
+            2493u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -55155,7 +55195,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2490u32 => {
+            2494u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -55182,7 +55222,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2491u32 => {
+            2495u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -55205,75 +55245,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2492u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2493u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2494u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2495u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2496u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2497u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2498u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2499u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2500u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -55296,7 +55336,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2497u32 => {
+            2501u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -55323,7 +55363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2498u32 => {
+            2502u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -55350,7 +55390,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2499u32 => {
+            2503u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -55375,7 +55415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2500u32 => {
+            2504u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -55404,7 +55444,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2501u32 => {
+            2505u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -55429,7 +55469,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2502u32 => {
+            2506u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -55462,7 +55502,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2503u32 => {
+            2507u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -55485,7 +55525,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2504u32 => {
+            2508u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -55522,7 +55562,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2505u32 => {
+            2509u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -55563,7 +55603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2506u32 => {
+            2510u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -55616,7 +55656,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2507u32 => {
+            2511u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -55633,7 +55673,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2508u32 => {
+            2512u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -55650,7 +55690,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2509u32 => {
+            2513u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -55667,7 +55707,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2510u32 => {
+            2514u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -55696,7 +55736,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2511u32 => {
+            2515u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -55721,7 +55761,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2512u32 => {
+            2516u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -55738,7 +55778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2513u32 => {
+            2517u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -55773,7 +55813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2514u32 => {
+            2518u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -55816,7 +55856,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2515u32 => {
+            2519u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -55841,7 +55881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2516u32 => {
+            2520u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -55875,142 +55915,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2517u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2518u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2519u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2520u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -56151,6 +56055,142 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2525u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2526u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2527u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2528u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2529u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -56171,7 +56211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2526u32 => {
+            2530u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -56220,7 +56260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2527u32 => {
+            2531u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -56261,7 +56301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2528u32 => {
+            2532u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -56302,7 +56342,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2529u32 => {
+            2533u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -56341,7 +56381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2530u32 => {
+            2534u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -56380,7 +56420,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2531u32 => {
+            2535u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -56431,7 +56471,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2532u32 => {
+            2536u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -56468,7 +56508,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2533u32 => {
+            2537u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -56503,7 +56543,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2534u32 => {
+            2538u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -56538,7 +56578,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2535u32 => {
+            2539u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -56581,7 +56621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2536u32 => {
+            2540u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -56628,7 +56668,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2537u32 => {
+            2541u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -56657,7 +56697,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2538u32 => {
+            2542u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -56694,7 +56734,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2539u32 => {
+            2543u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -56731,7 +56771,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2540u32 => {
+            2544u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -56762,7 +56802,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2541u32 => {
+            2545u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -56791,7 +56831,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2542u32 => {
+            2546u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -56832,7 +56872,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2543u32 => {
+            2547u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -56865,7 +56905,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2544u32 => {
+            2548u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -56898,7 +56938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2545u32 => {
+            2549u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -56933,7 +56973,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2546u32 => {
+            2550u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -56984,7 +57024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2547u32 => {
+            2551u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -57035,7 +57075,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2548u32 => {
+            2552u32 => {
                 if a.len() != 27usize {
                     return None;
                 }
@@ -57100,7 +57140,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2549u32 => {
+            2553u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -57148,126 +57188,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[17usize] as usize as *mut c_void,
                         a[18usize] as usize as *mut c_void,
                         a[19usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2550u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2551u32 => {
-                if a.len() != 10usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2552u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2553u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -57392,6 +57312,126 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2558u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2559u32 => {
+                if a.len() != 10usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2560u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2561u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2562u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -57412,7 +57452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2559u32 => {
+            2563u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -57457,7 +57497,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2560u32 => {
+            2564u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -57502,7 +57542,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2561u32 => {
+            2565u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -57547,7 +57587,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2562u32 => {
+            2566u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -57580,7 +57620,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2563u32 => {
+            2567u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57611,7 +57651,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2564u32 => {
+            2568u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57642,7 +57682,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2565u32 => {
+            2569u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -57681,7 +57721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2566u32 => {
+            2570u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57712,7 +57752,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2567u32 => {
+            2571u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -57741,7 +57781,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2568u32 => {
+            2572u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57772,7 +57812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2569u32 => {
+            2573u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57803,7 +57843,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2570u32 => {
+            2574u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -57842,7 +57882,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2571u32 => {
+            2575u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -57883,7 +57923,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2572u32 => {
+            2576u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57914,7 +57954,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2573u32 => {
+            2577u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -57945,7 +57985,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2574u32 => {
+            2578u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -57992,7 +58032,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2575u32 => {
+            2579u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -58031,7 +58071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2576u32 => {
+            2580u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -58070,7 +58110,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2577u32 => {
+            2581u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -58109,7 +58149,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2578u32 => {
+            2582u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -58148,7 +58188,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2579u32 => {
+            2583u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -58171,126 +58211,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2580u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2581u32 => {
-                if a.len() != 11usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2582u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2583u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                    )) as u64
-                }
-            }
             2584u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -58307,77 +58237,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2585u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2586u32 => {
-                if a.len() != 9usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2587u32 => {
-                if a.len() != 9usize {
+                if a.len() != 11usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -58394,8 +58270,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2586u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                    )) as u64
+                }
+            }
+            2587u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
                     )) as u64
                 }
             }
@@ -58435,11 +58359,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -58447,11 +58371,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -58464,11 +58388,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -58476,11 +58400,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
+                        a[6usize] as i32,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
@@ -58521,6 +58445,122 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2593u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2594u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2595u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2596u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -58544,7 +58584,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2593u32 => {
+            2597u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -58571,7 +58611,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2594u32 => {
+            2598u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -58591,154 +58631,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            2595u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2596u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2597u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2598u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -59187,6 +59079,154 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2611u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2612u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2613u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2614u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2615u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -59221,7 +59261,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2612u32 => {
+            2616u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -59237,7 +59277,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2613u32 => {
+            2617u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -59266,7 +59306,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2614u32 => {
+            2618u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -59289,7 +59329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2615u32 => {
+            2619u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -59332,7 +59372,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2616u32 => {
+            2620u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -59348,7 +59388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2617u32 => {
+            2621u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -59401,7 +59441,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2618u32 => {
+            2622u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -59448,7 +59488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2619u32 => {
+            2623u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -59491,7 +59531,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2620u32 => {
+            2624u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -59534,7 +59574,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2621u32 => {
+            2625u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -59573,7 +59613,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2622u32 => {
+            2626u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -59612,7 +59652,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2623u32 => {
+            2627u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -59639,7 +59679,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2624u32 => {
+            2628u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -59662,7 +59702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2625u32 => {
+            2629u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -59693,7 +59733,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2626u32 => {
+            2630u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -59724,7 +59764,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2627u32 => {
+            2631u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -59751,7 +59791,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2628u32 => {
+            2632u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -59794,7 +59834,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2629u32 => {
+            2633u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -59833,7 +59873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2630u32 => {
+            2634u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -59866,7 +59906,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2631u32 => {
+            2635u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -59901,7 +59941,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2632u32 => {
+            2636u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -59932,7 +59972,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2633u32 => {
+            2637u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -59961,7 +60001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2634u32 => {
+            2638u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -59998,7 +60038,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2635u32 => {
+            2639u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -60031,7 +60071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2636u32 => {
+            2640u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -60080,7 +60120,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2637u32 => {
+            2641u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -60125,7 +60165,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2638u32 => {
+            2642u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -60164,7 +60204,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2639u32 => {
+            2643u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -60199,7 +60239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2640u32 => {
+            2644u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -60232,7 +60272,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2641u32 => {
+            2645u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60261,7 +60301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2642u32 => {
+            2646u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -60288,7 +60328,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2643u32 => {
+            2647u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -60315,7 +60355,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2644u32 => {
+            2648u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -60338,7 +60378,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2645u32 => {
+            2649u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -60365,7 +60405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2646u32 => {
+            2650u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -60390,7 +60430,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2647u32 => {
+            2651u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -60413,7 +60453,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2648u32 => {
+            2652u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -60440,7 +60480,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2649u32 => {
+            2653u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -60463,7 +60503,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2650u32 => {
+            2654u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60492,7 +60532,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2651u32 => {
+            2655u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -60523,43 +60563,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2652u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2653u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2654u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2655u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2656u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2657u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2658u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2659u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2660u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60588,7 +60628,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2657u32 => {
+            2661u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -60609,7 +60649,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2658u32 => {
+            2662u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60638,7 +60678,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2659u32 => {
+            2663u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -60663,7 +60703,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2660u32 => {
+            2664u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -60696,7 +60736,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2661u32 => {
+            2665u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60725,7 +60765,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2662u32 => {
+            2666u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -60756,7 +60796,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2663u32 => {
+            2667u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -60783,7 +60823,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2664u32 => {
+            2668u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -60812,7 +60852,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2665u32 => {
+            2669u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -60837,189 +60877,41 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2666u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2667u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2668u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2669u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2670u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    usize,
-                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
                         a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -61030,31 +60922,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
                         a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -61065,6 +60957,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
@@ -61074,26 +60969,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
                         a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -61104,6 +60996,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
@@ -61111,24 +61006,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
+                        a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
                         a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -61726,33 +61618,154 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2690u32 => {
-                if a.len() != 1usize {
+                if a.len() != 14usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2691u32 => {
-                if a.len() != 1usize {
+                if a.len() != 12usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2692u32 => {
-                if a.len() != 1usize {
+                if a.len() != 14usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2693u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2694u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -61761,7 +61774,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2694u32 => {
+            2695u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2696u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2697u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2698u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -61796,7 +61836,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2695u32 => {
+            2699u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -61812,7 +61852,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2696u32 => {
+            2700u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -61841,7 +61881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2697u32 => {
+            2701u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -61864,7 +61904,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2698u32 => {
+            2702u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -61907,7 +61947,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2699u32 => {
+            2703u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -61923,7 +61963,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2700u32 => {
+            2704u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -61976,7 +62016,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2701u32 => {
+            2705u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -62023,7 +62063,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2702u32 => {
+            2706u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -62066,7 +62106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2703u32 => {
+            2707u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -62109,7 +62149,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2704u32 => {
+            2708u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -62148,7 +62188,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2705u32 => {
+            2709u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -62187,7 +62227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2706u32 => {
+            2710u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62214,7 +62254,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2707u32 => {
+            2711u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -62237,7 +62277,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2708u32 => {
+            2712u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -62268,7 +62308,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2709u32 => {
+            2713u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62295,7 +62335,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2710u32 => {
+            2714u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62322,7 +62362,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2711u32 => {
+            2715u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -62345,7 +62385,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2712u32 => {
+            2716u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -62378,7 +62418,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2713u32 => {
+            2717u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -62407,7 +62447,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2714u32 => {
+            2718u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -62438,7 +62478,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2715u32 => {
+            2719u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62465,7 +62505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2716u32 => {
+            2720u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -62494,7 +62534,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2717u32 => {
+            2721u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -62516,158 +62556,158 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2718u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2719u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2720u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2721u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2722u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2723u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2724u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2725u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2726u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62694,7 +62734,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2723u32 => {
+            2727u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -62719,7 +62759,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2724u32 => {
+            2728u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -62742,7 +62782,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2725u32 => {
+            2729u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62769,7 +62809,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2726u32 => {
+            2730u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -62792,7 +62832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2727u32 => {
+            2731u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -62821,7 +62861,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2728u32 => {
+            2732u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -62852,7 +62892,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2729u32 => {
+            2733u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -62883,7 +62923,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2730u32 => {
+            2734u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -62910,7 +62950,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2731u32 => {
+            2735u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -62953,7 +62993,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2732u32 => {
+            2736u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -62992,7 +63032,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2733u32 => {
+            2737u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -63025,7 +63065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2734u32 => {
+            2738u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -63060,7 +63100,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2735u32 => {
+            2739u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -63091,7 +63131,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2736u32 => {
+            2740u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -63120,7 +63160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2737u32 => {
+            2741u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -63157,7 +63197,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2738u32 => {
+            2742u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -63190,7 +63230,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2739u32 => {
+            2743u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -63239,7 +63279,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2740u32 => {
+            2744u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -63284,7 +63324,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2741u32 => {
+            2745u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -63323,7 +63363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2742u32 => {
+            2746u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -63358,7 +63398,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2743u32 => {
+            2747u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -63391,7 +63431,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2744u32 => {
+            2748u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -63420,7 +63460,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2745u32 => {
+            2749u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -63449,7 +63489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2746u32 => {
+            2750u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -63470,7 +63510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2747u32 => {
+            2751u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -63499,7 +63539,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2748u32 => {
+            2752u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -63524,7 +63564,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2749u32 => {
+            2753u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -63561,7 +63601,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2750u32 => {
+            2754u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -63594,7 +63634,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2751u32 => {
+            2755u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -63647,7 +63687,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2752u32 => {
+            2756u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -63696,63 +63736,63 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2753u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2754u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2755u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2756u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2757u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2758u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2759u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2760u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2761u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -63787,7 +63827,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2758u32 => {
+            2762u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -63816,7 +63856,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2759u32 => {
+            2763u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -63853,65 +63893,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2760u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2761u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2762u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2763u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2764u32 => {
-                if a.len() != 2usize {
+                if a.len() != 1usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2765u32 => {
                 if a.len() != 1usize {
@@ -63923,42 +63912,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2766u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2767u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2768u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2769u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2770u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -63972,54 +63925,119 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2771u32 => {
+            2767u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
+            }
+            2768u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2769u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2770u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2771u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2772u32 => {
-                if a.len() != 2usize {
+                if a.len() != 1usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2773u32 => {
-                if a.len() != 2usize {
+                if a.len() != 1usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2774u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             2775u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2776u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2777u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -64027,7 +64045,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2776u32 => {
+            2778u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2779u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2780u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -64042,7 +64082,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2777u32 => {
+            2781u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64054,7 +64094,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2778u32 => {
+            2782u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64066,7 +64106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2779u32 => {
+            2783u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -64109,7 +64149,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2780u32 => {
+            2784u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -64132,7 +64172,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2781u32 => {
+            2785u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -64173,7 +64213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2782u32 => {
+            2786u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -64194,7 +64234,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2783u32 => {
+            2787u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -64203,7 +64243,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f()) as u64 }
             }
-            2784u32 => {
+            2788u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -64212,7 +64252,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2785u32 => {
+            2789u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -64221,7 +64261,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2786u32 => {
+            2790u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -64254,7 +64294,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2787u32 => {
+            2791u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -64283,7 +64323,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2788u32 => {
+            2792u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -64314,154 +64354,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as i64,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2789u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2790u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2791u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2792u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -64911,6 +64803,154 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2805u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2806u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2807u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2808u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2809u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -64925,7 +64965,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2806u32 => {
+            2810u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64936,7 +64976,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2807u32 => {
+            2811u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64947,7 +64987,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2808u32 => {
+            2812u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64958,7 +64998,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2809u32 => {
+            2813u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -64972,7 +65012,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2810u32 => {
+            2814u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -65007,7 +65047,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2811u32 => {
+            2815u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -65023,7 +65063,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2812u32 => {
+            2816u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -65052,7 +65092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2813u32 => {
+            2817u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -65075,7 +65115,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2814u32 => {
+            2818u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -65118,7 +65158,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2815u32 => {
+            2819u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -65134,7 +65174,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2816u32 => {
+            2820u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -65187,7 +65227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2817u32 => {
+            2821u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -65234,7 +65274,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2818u32 => {
+            2822u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -65277,7 +65317,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2819u32 => {
+            2823u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -65320,7 +65360,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2820u32 => {
+            2824u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -65359,7 +65399,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2821u32 => {
+            2825u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -65398,7 +65438,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2822u32 => {
+            2826u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65425,7 +65465,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2823u32 => {
+            2827u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -65448,7 +65488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2824u32 => {
+            2828u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -65479,7 +65519,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2825u32 => {
+            2829u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65506,7 +65546,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2826u32 => {
+            2830u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65533,7 +65573,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2827u32 => {
+            2831u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -65556,7 +65596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2828u32 => {
+            2832u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -65589,7 +65629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2829u32 => {
+            2833u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -65618,7 +65658,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2830u32 => {
+            2834u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -65649,7 +65689,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2831u32 => {
+            2835u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65676,7 +65716,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2832u32 => {
+            2836u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -65705,7 +65745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2833u32 => {
+            2837u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -65727,158 +65767,158 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2834u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2835u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2836u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2837u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2838u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2839u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2840u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2841u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2842u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65905,7 +65945,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2839u32 => {
+            2843u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -65930,7 +65970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2840u32 => {
+            2844u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -65953,7 +65993,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2841u32 => {
+            2845u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -65980,7 +66020,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2842u32 => {
+            2846u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -66003,7 +66043,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2843u32 => {
+            2847u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -66032,7 +66072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2844u32 => {
+            2848u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -66063,7 +66103,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2845u32 => {
+            2849u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -66094,7 +66134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2846u32 => {
+            2850u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -66121,7 +66161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2847u32 => {
+            2851u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -66164,7 +66204,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2848u32 => {
+            2852u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -66203,7 +66243,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2849u32 => {
+            2853u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -66236,7 +66276,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2850u32 => {
+            2854u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -66271,7 +66311,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2851u32 => {
+            2855u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -66302,7 +66342,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2852u32 => {
+            2856u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -66331,7 +66371,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2853u32 => {
+            2857u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -66368,7 +66408,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2854u32 => {
+            2858u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -66401,7 +66441,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2855u32 => {
+            2859u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -66450,7 +66490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2856u32 => {
+            2860u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -66495,7 +66535,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2857u32 => {
+            2861u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -66534,7 +66574,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2858u32 => {
+            2862u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -66569,7 +66609,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2859u32 => {
+            2863u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -66602,7 +66642,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2860u32 => {
+            2864u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -66631,7 +66671,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2861u32 => {
+            2865u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -66660,7 +66700,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2862u32 => {
+            2866u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -66681,7 +66721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2863u32 => {
+            2867u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -66710,7 +66750,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2864u32 => {
+            2868u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -66735,7 +66775,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2865u32 => {
+            2869u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -66774,7 +66814,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2866u32 => {
+            2870u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -66809,7 +66849,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2867u32 => {
+            2871u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -66860,7 +66900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2868u32 => {
+            2872u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -66907,7 +66947,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2869u32 => {
+            2873u32 => {
                 if a.len() != 22usize {
                     return None;
                 }
@@ -66962,7 +67002,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2870u32 => {
+            2874u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -67011,7 +67051,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2871u32 => {
+            2875u32 => {
                 if a.len() != 15usize {
                     return None;
                 }
@@ -67052,7 +67092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2872u32 => {
+            2876u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -67087,7 +67127,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2873u32 => {
+            2877u32 => {
                 if a.len() != 23usize {
                     return None;
                 }
@@ -67144,7 +67184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2874u32 => {
+            2878u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -67195,63 +67235,63 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2875u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2876u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2877u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2878u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
             2879u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2880u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2881u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2882u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2883u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -67263,7 +67303,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2880u32 => {
+            2884u32 => {
                 if a.len() != 24usize {
                     return None;
                 }
@@ -67322,7 +67362,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2881u32 => {
+            2885u32 => {
                 if a.len() != 20usize {
                     return None;
                 }
@@ -67373,7 +67413,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2882u32 => {
+            2886u32 => {
                 if a.len() != 26usize {
                     return None;
                 }
@@ -67436,7 +67476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2883u32 => {
+            2887u32 => {
                 if a.len() != 23usize {
                     return None;
                 }
@@ -67493,7 +67533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2884u32 => {
+            2888u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -67532,7 +67572,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2885u32 => {
+            2889u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -67563,7 +67603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2886u32 => {
+            2890u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -67600,7 +67640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2887u32 => {
+            2891u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -67649,7 +67689,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2888u32 => {
+            2892u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -67694,7 +67734,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2889u32 => {
+            2893u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -67731,7 +67771,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2890u32 => {
+            2894u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -67762,7 +67802,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2891u32 => {
+            2895u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -67797,7 +67837,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2892u32 => {
+            2896u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -67842,7 +67882,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2893u32 => {
+            2897u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -67881,7 +67921,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2894u32 => {
+            2898u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -67924,7 +67964,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2895u32 => {
+            2899u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -67961,7 +68001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2896u32 => {
+            2900u32 => {
                 if a.len() != 22usize {
                     return None;
                 }
@@ -68016,7 +68056,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2897u32 => {
+            2901u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -68065,63 +68105,63 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2898u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2899u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2900u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2901u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
             2902u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2903u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2904u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2905u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2906u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -68133,7 +68173,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2903u32 => {
+            2907u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -68176,7 +68216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2904u32 => {
+            2908u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -68213,7 +68253,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2905u32 => {
+            2909u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -68248,7 +68288,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2906u32 => {
+            2910u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -68274,154 +68314,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as i64,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2907u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2908u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2909u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2910u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -69018,6 +68910,154 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2927u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2928u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2929u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2930u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2931u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -69052,7 +69092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2928u32 => {
+            2932u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -69068,7 +69108,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2929u32 => {
+            2933u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -69097,7 +69137,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2930u32 => {
+            2934u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -69120,7 +69160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2931u32 => {
+            2935u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -69163,7 +69203,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2932u32 => {
+            2936u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -69179,7 +69219,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2933u32 => {
+            2937u32 => {
                 if a.len() != 21usize {
                     return None;
                 }
@@ -69232,7 +69272,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2934u32 => {
+            2938u32 => {
                 if a.len() != 18usize {
                     return None;
                 }
@@ -69279,7 +69319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2935u32 => {
+            2939u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -69322,7 +69362,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2936u32 => {
+            2940u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -69365,7 +69405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2937u32 => {
+            2941u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -69404,7 +69444,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2938u32 => {
+            2942u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -69443,7 +69483,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2939u32 => {
+            2943u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -69470,7 +69510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2940u32 => {
+            2944u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -69493,7 +69533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2941u32 => {
+            2945u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -69524,7 +69564,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2942u32 => {
+            2946u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -69555,7 +69595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2943u32 => {
+            2947u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -69582,7 +69622,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2944u32 => {
+            2948u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -69625,7 +69665,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2945u32 => {
+            2949u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -69664,7 +69704,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2946u32 => {
+            2950u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -69697,7 +69737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2947u32 => {
+            2951u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -69732,7 +69772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2948u32 => {
+            2952u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -69763,7 +69803,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2949u32 => {
+            2953u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -69792,7 +69832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2950u32 => {
+            2954u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -69829,7 +69869,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2951u32 => {
+            2955u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -69862,7 +69902,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2952u32 => {
+            2956u32 => {
                 if a.len() != 19usize {
                     return None;
                 }
@@ -69911,7 +69951,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2953u32 => {
+            2957u32 => {
                 if a.len() != 17usize {
                     return None;
                 }
@@ -69956,7 +69996,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2954u32 => {
+            2958u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -69995,7 +70035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2955u32 => {
+            2959u32 => {
                 if a.len() != 12usize {
                     return None;
                 }
@@ -70030,7 +70070,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2956u32 => {
+            2960u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -70063,7 +70103,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2957u32 => {
+            2961u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70092,7 +70132,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2958u32 => {
+            2962u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70119,7 +70159,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2959u32 => {
+            2963u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70146,7 +70186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2960u32 => {
+            2964u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -70169,7 +70209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2961u32 => {
+            2965u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70196,7 +70236,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2962u32 => {
+            2966u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -70221,7 +70261,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2963u32 => {
+            2967u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -70244,7 +70284,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2964u32 => {
+            2968u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70271,7 +70311,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2965u32 => {
+            2969u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -70294,7 +70334,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2966u32 => {
+            2970u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70323,7 +70363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2967u32 => {
+            2971u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -70354,7 +70394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2968u32 => {
+            2972u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70383,7 +70423,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2969u32 => {
+            2973u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -70404,7 +70444,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2970u32 => {
+            2974u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70433,7 +70473,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2971u32 => {
+            2975u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -70458,7 +70498,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2972u32 => {
+            2976u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -70491,7 +70531,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2973u32 => {
+            2977u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70520,7 +70560,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2974u32 => {
+            2978u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -70551,7 +70591,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2975u32 => {
+            2979u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70578,7 +70618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2976u32 => {
+            2980u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70607,7 +70647,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2977u32 => {
+            2981u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -70632,155 +70672,155 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2978u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2979u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2980u32 => {
-                if a.len() != 14usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2981u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2982u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2983u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2984u32 => {
+                if a.len() != 14usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2985u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2986u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -70791,43 +70831,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2983u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2984u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2985u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2986u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2987u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2988u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2989u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2990u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2991u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -70856,73 +70896,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2988u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2989u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2990u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2991u32 => {
-                if a.len() != 3usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2992u32 => {
-                if a.len() != 2usize {
+                if a.len() != 1usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2993u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2994u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -70936,24 +70928,72 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2994u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2995u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2996u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2997u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2998u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2999u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -70962,7 +71002,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2996u32 => {
+            3000u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -70989,7 +71029,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2997u32 => {
+            3001u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -71004,7 +71044,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2998u32 => {
+            3002u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -71019,7 +71059,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2999u32 => {
+            3003u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -71034,7 +71074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3000u32 => {
+            3004u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -71045,7 +71085,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            3001u32 => {
+            3005u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -71088,7 +71128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3002u32 => {
+            3006u32 => {
                 if a.len() != 16usize {
                     return None;
                 }
@@ -71131,7 +71171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3003u32 => {
+            3007u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -71158,7 +71198,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3004u32 => {
+            3008u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -71189,7 +71229,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3005u32 => {
+            3009u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71226,7 +71266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3006u32 => {
+            3010u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71263,7 +71303,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3007u32 => {
+            3011u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -71299,146 +71339,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3008u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3009u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3010u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3011u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -71485,6 +71385,146 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3014u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3015u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3016u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3017u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -71512,7 +71552,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3014u32 => {
+            3018u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71549,7 +71589,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3015u32 => {
+            3019u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -71578,7 +71618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3016u32 => {
+            3020u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -71587,7 +71627,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3017u32 => {
+            3021u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -71596,7 +71636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3018u32 => {
+            3022u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -71627,7 +71667,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3019u32 => {
+            3023u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71664,7 +71704,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3020u32 => {
+            3024u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71701,7 +71741,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3021u32 => {
+            3025u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -71737,146 +71777,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3022u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3023u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3024u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3025u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -71923,6 +71823,146 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3028u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3029u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3030u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3031u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -71950,7 +71990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3028u32 => {
+            3032u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -71987,7 +72027,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3029u32 => {
+            3033u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -72016,7 +72056,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3030u32 => {
+            3034u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -72025,7 +72065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3031u32 => {
+            3035u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -72034,7 +72074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3032u32 => {
+            3036u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -72048,7 +72088,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3033u32 => {
+            3037u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -72079,7 +72119,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3034u32 => {
+            3038u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -72116,7 +72156,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3035u32 => {
+            3039u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -72153,7 +72193,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3036u32 => {
+            3040u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -72189,146 +72229,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3037u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3038u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3039u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3040u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -72375,6 +72275,146 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3043u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3044u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3045u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3046u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -72402,7 +72442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3043u32 => {
+            3047u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -72439,7 +72479,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3044u32 => {
+            3048u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -72468,7 +72508,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3045u32 => {
+            3049u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -72482,7 +72522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3046u32 => {
+            3050u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -72509,7 +72549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3047u32 => {
+            3051u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -72536,7 +72576,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3048u32 => {
+            3052u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -72569,7 +72609,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3049u32 => {
+            3053u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -72600,7 +72640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3050u32 => {
+            3054u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -72627,7 +72667,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3051u32 => {
+            3055u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -72652,7 +72692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3052u32 => {
+            3056u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -72677,7 +72717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3053u32 => {
+            3057u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -72702,7 +72742,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3054u32 => {
+            3058u32 => {
                 if a.len() != 10usize {
                     return None;
                 }
@@ -72733,7 +72773,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3055u32 => {
+            3059u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -72770,7 +72810,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3056u32 => {
+            3060u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -72807,7 +72847,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3057u32 => {
+            3061u32 => {
                 if a.len() != 14usize {
                     return None;
                 }
@@ -72843,146 +72883,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3058u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3059u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3060u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3061u32 => {
-                if a.len() != 12usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f64,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f64::from_bits(a[8usize]),
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -73029,6 +72929,146 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3064u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3065u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3066u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f64,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f64::from_bits(a[8usize]),
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3067u32 => {
+                if a.len() != 12usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -73056,7 +73096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3064u32 => {
+            3068u32 => {
                 if a.len() != 13usize {
                     return None;
                 }
@@ -73093,7 +73133,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3065u32 => {
+            3069u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -73122,7 +73162,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3066u32 => {
+            3070u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -73131,7 +73171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3067u32 => {
+            3071u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -73140,7 +73180,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3068u32 => {
+            3072u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -73149,7 +73189,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3069u32 => {
+            3073u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -73158,7 +73198,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize)) as u64 }
             }
-            3070u32 => {
+            3074u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73172,7 +73212,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3071u32 => {
+            3075u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -73195,7 +73235,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3072u32 => {
+            3076u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73220,7 +73260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3073u32 => {
+            3077u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -73243,7 +73283,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3074u32 => {
+            3078u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -73266,7 +73306,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3075u32 => {
+            3079u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73290,52 +73330,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            3076u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3077u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3078u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3079u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3080u32 => {
                 if a.len() != 1usize {
@@ -73361,6 +73355,52 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3082u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3083u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3084u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3085u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3086u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -73381,7 +73421,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3083u32 => {
+            3087u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -73404,7 +73444,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3084u32 => {
+            3088u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73415,7 +73455,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            3085u32 => {
+            3089u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -73436,7 +73476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3086u32 => {
+            3090u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73450,7 +73490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3087u32 => {
+            3091u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73464,7 +73504,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3088u32 => {
+            3092u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73489,43 +73529,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3089u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3090u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3091u32 => {
-                if a.len() != 0usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            3092u32 => {
-                if a.len() != 0usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             3093u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3094u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3095u32 => {
+                if a.len() != 0usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3096u32 => {
+                if a.len() != 0usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3097u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -73548,7 +73588,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3094u32 => {
+            3098u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73559,7 +73599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3095u32 => {
+            3099u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -73586,7 +73626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3096u32 => {
+            3100u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73611,7 +73651,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3097u32 => {
+            3101u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -73623,7 +73663,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            3098u32 => {
+            3102u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73645,100 +73685,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3099u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3100u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3101u32 => {
-                if a.len() != 7usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3102u32 => {
-                if a.len() != 6usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -73766,7 +73712,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3104u32 => {
-                if a.len() != 7usize {
+                if a.len() != 6usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
@@ -73774,7 +73720,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     u32,
-                    i32,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -73784,107 +73729,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize,
                         a[3usize] as u32,
-                        a[4usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             3105u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3106u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3107u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3108u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                    )) as u64
-                }
-            }
-            3109u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            3110u32 => {
-                if a.len() != 2usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3111u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                    )) as u64
-                }
-            }
-            3112u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -73893,7 +73743,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     u32,
-                    i32,
+                    u32,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -73903,31 +73753,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize,
                         a[3usize] as u32,
-                        a[4usize] as i32,
+                        a[4usize] as u32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            3113u32 => {
-                if a.len() != 0usize {
+            3106u32 => {
+                if a.len() != 6usize {
                     return None;
                 }
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            3114u32 => {
-                if a.len() != 0usize {
-                    return None;
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
                 }
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
             }
-            3115u32 => {
+            3107u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -73950,7 +73805,192 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            3108u32 => {
+                if a.len() != 7usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3109u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3110u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3111u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3112u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
+                    )) as u64
+                }
+            }
+            3113u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            3114u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3115u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
             3116u32 => {
+                if a.len() != 7usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3117u32 => {
+                if a.len() != 0usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3118u32 => {
+                if a.len() != 0usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3119u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3120u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -73961,7 +74001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3117u32 => {
+            3121u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -73988,7 +74028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3118u32 => {
+            3122u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -74013,7 +74053,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3119u32 => {
+            3123u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -74025,7 +74065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            3120u32 => {
+            3124u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -74050,7 +74090,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3121u32 => {
+            3125u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -74073,7 +74113,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3122u32 => {
+            3126u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -74084,7 +74124,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3123u32 => {
+            3127u32 => {
                 if a.len() != 1usize {
                     return None;
                 }

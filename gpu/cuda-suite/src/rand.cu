@@ -1,7 +1,8 @@
 // cuRAND's host API with device generators, as CuPy's random module uses it: pseudo-random
 // (XORWOW, Philox, MRG32k3a, MT19937) and quasi-random (Sobol) generators, seeds, offsets,
 // orderings and a stream, every distribution the host API has; host generators (the CPU
-// generates into host memory) against a device generator of the same seed. The output bytes
+// generates into host memory) against a device generator of the same seed; the Sobol'
+// direction-vector and scramble-constant tables. The output bytes
 // are printed: a generator gives the same sequence for the same seed, wherever it runs.
 #include <curand.h>
 
@@ -125,6 +126,31 @@ int main() {
     CHECK_STATUS(curandGenerate(hgen, host_p.data(), hn - 1));
     report.line("host sobol32", checksum(host_p));
     CHECK_STATUS(curandDestroyGenerator(hgen));
+  }
+
+  // The library's Sobol' tables, as the device API's quasi-random generators take them
+  // (NVIDIA's MC_EstimatePiInlineQ copies them to the GPU): the first and the last dimension.
+  {
+    curandDirectionVectors32_t* v32;
+    curandDirectionVectors64_t* v64;
+    unsigned int* c32;
+    unsigned long long* c64;
+    CHECK_STATUS(curandGetDirectionVectors32(&v32, CURAND_DIRECTION_VECTORS_32_JOEKUO6));
+    CHECK_STATUS(curandGetDirectionVectors64(&v64, CURAND_SCRAMBLED_DIRECTION_VECTORS_64_JOEKUO6));
+    CHECK_STATUS(curandGetScrambleConstants32(&c32));
+    CHECK_STATUS(curandGetScrambleConstants64(&c64));
+    std::vector<unsigned int> first(v32[0], v32[0] + 32), last(v32[19999], v32[19999] + 32);
+    std::vector<unsigned long long> last64(v64[19999], v64[19999] + 64);
+    std::vector<unsigned int> consts(c32, c32 + 20000);
+    std::vector<unsigned long long> consts64(c64 + 19000, c64 + 20000);
+    report.line("dirvec32 first", checksum(first));
+    report.line("dirvec32 last", checksum(last));
+    report.line("dirvec64 last", checksum(last64));
+    report.line("scramble32", checksum(consts));
+    report.line("scramble64 tail", checksum(consts64));
+    curandDirectionVectors32_t* again;
+    CHECK_STATUS(curandGetDirectionVectors32(&again, CURAND_DIRECTION_VECTORS_32_JOEKUO6));
+    EXPECT(again == v32);  // one table for the process, as natively
   }
 
   // A discrete distribution made by the library, then freed.

@@ -4,6 +4,11 @@
 //! records which generators are host ones; a device generator's generate call writes device
 //! memory and is sent without waiting (the `call` form).
 //!
+//! The Sobol' tables the library hands back by pointer (direction vectors, scramble
+//! constants) come as their bytes (the worker reads the table behind the library's pointer);
+//! the client keeps one copy of each for the life of the process, as the library keeps its
+//! own, and the program gets a pointer to it.
+//!
 //! Every `unsafe fn` here has the safety contract of the cuRAND function it implements.
 #![allow(clippy::missing_safety_doc)]
 
@@ -51,5 +56,47 @@ pub unsafe fn generate(ctx: &Ctx, args: &[u64]) -> u64 {
         // SAFETY: the output is the caller's buffer of the call's count (host generator) or a
         // device address (device generator), as the form says.
         unsafe { crate::runtime::call(desc, args) }
+    })
+}
+
+/// curandGetDirectionVectors32/64 (`vectors`, `set`) and curandGetScrambleConstants32/64
+/// (`constants`) (`raw_args`): the table's bytes from the server, once, then a pointer to the
+/// client's copy.
+pub unsafe fn table(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        let out = args.first().copied().unwrap_or(0) as *mut *const u8;
+        if out.is_null() {
+            return ctx.codes.invalid_value as u64;
+        }
+        let key = (ctx.name, args.get(1).copied().unwrap_or(0));
+        let table = match CLIENT.curand_tables.get(&key) {
+            Some(t) => t,
+            None => {
+                let desc = ctx.form(Form::Call);
+                // The output's length, in the pointers the spec counts it in.
+                let Some(len) = desc.params.first().and_then(|w| match w {
+                    chidori_protocol::desc::Wire::Buf { len: Some(len), elem, .. } => {
+                        len.eval(args).map(|n| n * u64::from(*elem))
+                    }
+                    _ => None,
+                }) else {
+                    return ctx.codes.not_supported as u64;
+                };
+                let mut bytes = vec![0u8; len as usize];
+                let mut call_args = args.to_vec();
+                call_args[0] = bytes.as_mut_ptr() as u64;
+                // SAFETY: `bytes` holds the output's length; the set is a value.
+                let status = unsafe { crate::runtime::call(desc, &call_args) };
+                if status != ctx.codes.success as u64 {
+                    return status;
+                }
+                let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                CLIENT.curand_tables.insert(key, leaked);
+                leaked
+            }
+        };
+        // SAFETY: the caller's pointer to a table pointer, checked non-null.
+        unsafe { std::ptr::write_unaligned(out, table.as_ptr()) };
+        ctx.codes.success as u64
     })
 }
