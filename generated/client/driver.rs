@@ -6259,24 +6259,29 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy",
-            version: "13.1",
-            library: "driver",
-            forms: &[
-                &chidori_cuda::calls::driver::cuMemcpy__d2d,
-                &chidori_cuda::calls::driver::cuMemcpy__d2h,
-                &chidori_cuda::calls::driver::cuMemcpy__h2d,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_unified(&CTX, dst, src, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemcpy__d2d,
+                    &chidori_cuda::calls::driver::cuMemcpy__d2h,
+                    &chidori_cuda::calls::driver::cuMemcpy__h2d,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::unified_raw(
+                &CTX,
+                &[(dst) as u64, (src) as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6728,24 +6733,34 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyAsync",
-            version: "13.1",
-            library: "driver",
-            forms: &[
-                &chidori_cuda::calls::driver::cuMemcpyAsync__d2d,
-                &chidori_cuda::calls::driver::cuMemcpyAsync__d2h,
-                &chidori_cuda::calls::driver::cuMemcpyAsync__h2d,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_unified_async(&CTX, dst, src, ByteCount, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyAsync",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemcpyAsync__d2d,
+                    &chidori_cuda::calls::driver::cuMemcpyAsync__d2h,
+                    &chidori_cuda::calls::driver::cuMemcpyAsync__h2d,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::unified_raw(
+                &CTX,
+                &[
+                    (dst) as u64,
+                    (src) as u64,
+                    (ByteCount) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6757,24 +6772,34 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyAsync_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[
-                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2d,
-                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2h,
-                &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__h2d,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_unified_async(&CTX, dst, src, ByteCount, hStream)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyAsync_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2d,
+                    &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2h,
+                    &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__h2d,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::unified_raw(
+                &CTX,
+                &[
+                    (dst) as u64,
+                    (src) as u64,
+                    (ByteCount) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyAtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7409,20 +7434,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyDtoH_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_dtoh(&CTX, dstHost, srcDevice, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyDtoH_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[(dstHost) as usize as u64, (srcDevice) as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyDtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7433,20 +7463,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyDtoH_v2_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2_ptds__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_dtoh(&CTX, dstHost, srcDevice, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyDtoH_v2_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2_ptds__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[(dstHost) as usize as u64, (srcDevice) as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -7584,26 +7619,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyHtoDAsync_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_htod_async(
-            &CTX,
-            dstDevice,
-            srcHost,
-            ByteCount,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyHtoDAsync_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[
+                    (dstDevice) as u64,
+                    (srcHost) as usize as u64,
+                    (ByteCount) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyHtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7615,26 +7654,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyHtoDAsync_v2_ptsz",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2_ptsz__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_htod_async(
-            &CTX,
-            dstDevice,
-            srcHost,
-            ByteCount,
-            hStream,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyHtoDAsync_v2_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2_ptsz__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[
+                    (dstDevice) as u64,
+                    (srcHost) as usize as u64,
+                    (ByteCount) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyHtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7645,20 +7688,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyHtoD_v2",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_htod(&CTX, dstDevice, srcHost, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyHtoD_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[(dstDevice) as u64, (srcHost) as usize as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyHtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -7669,20 +7717,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpyHtoD_v2_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2_ptds__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_htod(&CTX, dstDevice, srcHost, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyHtoD_v2_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2_ptds__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::copy_raw(
+                &CTX,
+                &[(dstDevice) as u64, (srcHost) as usize as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -7785,24 +7838,29 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cuMemcpy_ptds",
-            version: "13.1",
-            library: "driver",
-            forms: &[
-                &chidori_cuda::calls::driver::cuMemcpy_ptds__d2d,
-                &chidori_cuda::calls::driver::cuMemcpy_ptds__d2h,
-                &chidori_cuda::calls::driver::cuMemcpy_ptds__h2d,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 801i64,
-                unavailable: 100i64,
-                invalid_handle: 400i64,
-                invalid_value: 1i64,
-            },
-        };
-        crate::custom::driver::memcpy_unified(&CTX, dst, src, ByteCount)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy_ptds",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemcpy_ptds__d2d,
+                    &chidori_cuda::calls::driver::cuMemcpy_ptds__d2h,
+                    &chidori_cuda::calls::driver::cuMemcpy_ptds__h2d,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::driver::unified_raw(
+                &CTX,
+                &[(dst) as u64, (src) as u64, (ByteCount) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuMemsetD16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -365,19 +365,12 @@ fn copy(
     })
 }
 
-/// cuMemcpyHtoD_v2 and its per-thread form.
-pub unsafe fn memcpy_htod(ctx: &Ctx, dst: u64, src: *mut c_void, n: usize) -> u32 {
-    copy(ctx.base_name(), ctx.form(Form::Call), dst, src as u64, n as u64, &[])
-}
-
-/// cuMemcpyDtoH_v2 and its per-thread form.
-pub unsafe fn memcpy_dtoh(ctx: &Ctx, dst: *mut c_void, src: u64, n: usize) -> u32 {
-    copy(ctx.base_name(), ctx.form(Form::Call), dst as u64, src, n as u64, &[])
-}
-
-/// cuMemcpyHtoDAsync_v2 and its per-thread form.
-pub unsafe fn memcpy_htod_async(ctx: &Ctx, dst: u64, src: *mut c_void, n: usize, stream: *mut c_void) -> u32 {
-    copy(ctx.base_name(), ctx.form(Form::Call), dst, src as u64, n as u64, &[stream as u64])
+/// cuMemcpyHtoD_v2, cuMemcpyDtoH_v2, cuMemcpyHtoDAsync_v2 and their per-thread forms
+/// (`raw_args`: dst, src, count[, stream]): the form names the host side.
+pub unsafe fn copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    let tail = args.get(3..).unwrap_or(&[]);
+    u64::from(copy(ctx.base_name(), ctx.form(Form::Call), word(0), word(1), word(2), tail))
 }
 
 /// cuMemcpy, cuMemcpyAsync and their per-thread forms: on unified addresses, each side is
@@ -398,12 +391,11 @@ fn unified(ctx: &Ctx, dst: u64, src: u64, n: u64, stream: Option<u64>) -> u32 {
     })
 }
 
-pub unsafe fn memcpy_unified(ctx: &Ctx, dst: u64, src: u64, ByteCount: usize) -> u32 {
-    unified(ctx, dst, src, ByteCount as u64, None)
-}
-
-pub unsafe fn memcpy_unified_async(ctx: &Ctx, dst: u64, src: u64, ByteCount: usize, hStream: *mut c_void) -> u32 {
-    unified(ctx, dst, src, ByteCount as u64, Some(hStream as u64))
+/// cuMemcpy, cuMemcpyAsync and their per-thread forms (`raw_args`: dst, src, count[,
+/// stream]).
+pub unsafe fn unified_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let word = |i: usize| args.get(i).copied().unwrap_or(0);
+    u64::from(unified(ctx, word(0), word(1), word(2), args.get(3).copied()))
 }
 
 fn copy_dtoh_async(desc: &'static chidori_protocol::desc::CallDesc, dst: u64, src: u64, n: u64, stream: u64) -> u32 {
