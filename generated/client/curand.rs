@@ -560,7 +560,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors32(
                 version: "13.1",
                 library: "curand",
                 forms: &[
-                    &chidori_cuda::calls::curand::curandGetDirectionVectors32__call,
+                    &chidori_cuda::calls::curand::curandGetDirectionVectors32__table,
                 ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
@@ -590,7 +590,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors64(
                 version: "13.1",
                 library: "curand",
                 forms: &[
-                    &chidori_cuda::calls::curand::curandGetDirectionVectors64__call,
+                    &chidori_cuda::calls::curand::curandGetDirectionVectors64__table,
                 ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
@@ -632,7 +632,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants32(
                 version: "13.1",
                 library: "curand",
                 forms: &[
-                    &chidori_cuda::calls::curand::curandGetScrambleConstants32__call,
+                    &chidori_cuda::calls::curand::curandGetScrambleConstants32__table,
                 ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
@@ -658,7 +658,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants64(
                 version: "13.1",
                 library: "curand",
                 forms: &[
-                    &chidori_cuda::calls::curand::curandGetScrambleConstants64__call,
+                    &chidori_cuda::calls::curand::curandGetScrambleConstants64__table,
                 ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,

@@ -68,6 +68,10 @@ pub enum Form {
     /// An attribute whose elements are library handles (cuDNN's CUDNN_TYPE_HANDLE): checked
     /// and mapped like handle arguments.
     Handles,
+    /// A table in the library's own host memory, handed back by pointer (cuRAND's Sobol'
+    /// tables): the first parameter's output buffer is the table's size, and the worker
+    /// replaces the pointer the library wrote there with the bytes it points at.
+    Table,
 }
 
 impl Form {
@@ -89,6 +93,7 @@ impl Form {
         Form::D2a,
         Form::A2d,
         Form::Handles,
+        Form::Table,
     ];
 
     /// The form's name in the specs (`wire.h2d`).
@@ -110,6 +115,7 @@ impl Form {
             Form::D2a => "d2a",
             Form::A2d => "a2d",
             Form::Handles => "handles",
+            Form::Table => "table",
         }
     }
 
@@ -137,6 +143,7 @@ impl Form {
             Form::D2a => "D2a",
             Form::A2d => "A2d",
             Form::Handles => "Handles",
+            Form::Table => "Table",
         }
     }
 }

@@ -29,6 +29,28 @@ pub const PAGE: u64 = 4096;
 pub const MAX_MIRROR: u64 = 16 << 30;
 pub const MAX_MIRRORED: u64 = 64 << 30;
 
+/// Copy `out.len()` bytes of this process's own memory at `addr` into `out`, through the
+/// kernel (`process_vm_readv`): false where any of it is not mapped readable, never a fault
+/// (a page the program unmapped, a library table shorter than expected).
+pub fn read_own(addr: u64, out: &mut [u8]) -> bool {
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: out.len() };
+    // SAFETY: reads this process's own memory through the kernel, which answers EFAULT for
+    // what is not mapped; `out` is a live buffer of that length.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == out.len() as isize
+}
+
+/// Write `bytes` into this process's own memory at `addr` through the kernel
+/// (`process_vm_writev`): false where any of it is not mapped writable.
+pub fn write_own(addr: u64, bytes: &[u8]) -> bool {
+    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: as in `read_own`: the kernel checks the destination.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == bytes.len() as isize
+}
+
 /// Reserve `[base, base + len)` (page-aligned) without access or backing, exactly there:
 /// false when any of it is taken (MAP_FIXED_NOREPLACE never replaces a mapping).
 pub fn reserve(base: u64, len: u64) -> bool {

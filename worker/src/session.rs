@@ -1144,8 +1144,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // A table of the library's own memory handed back by pointer goes back as its bytes
     // (`crate::tables`), never as the worker's pointer.
     if ok
-        && let Some(i) = crate::tables::param(desc.name)
-        && let Some(b) = buffers.get_mut(i).and_then(|b| b.as_mut())
+        && desc.form == Some(Form::Table)
+        && let Some(b) = buffers.first_mut().and_then(|b| b.as_mut())
         && let Err(why) = crate::tables::fill(b.bytes_mut())
     {
         return fail(desc.codes.not_supported, format!("{}: {why}", desc.name));

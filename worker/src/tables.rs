@@ -1,24 +1,13 @@
 //! Tables in a library's own host memory that a call hands back by pointer: cuRAND's Sobol'
 //! direction vectors and scramble constants (`curandGetDirectionVectors32/64`,
 //! `curandGetScrambleConstants32/64`). A pointer into the worker's memory must never reach a
-//! client, and would mean nothing there: the spec gives the call an output buffer of the
-//! table's size, the library writes its pointer at the buffer's start, and the worker
-//! replaces it with the table's bytes, which the client keeps for the program.
+//! client, and would mean nothing there: the spec's `table` wire form gives the call an
+//! output buffer of the table's size as its first parameter, the library writes its pointer
+//! at the buffer's start, and the worker replaces it with the table's bytes, which the
+//! client keeps for the program.
 //!
 //! The sizes are the header's: 20,000 dimensions of 32 `unsigned int` (32-bit sets) or 64
 //! `unsigned long long` (64-bit sets), one scramble constant per dimension.
-
-/// The parameter of `function` whose output buffer receives a table, if it is one of these.
-pub fn param(function: &str) -> Option<usize> {
-    matches!(
-        function,
-        "curandGetDirectionVectors32"
-            | "curandGetDirectionVectors64"
-            | "curandGetScrambleConstants32"
-            | "curandGetScrambleConstants64"
-    )
-    .then_some(0)
-}
 
 /// `out` holds at its start the pointer the library wrote: fill all of `out` with the bytes
 /// it points at. The bytes are read through the kernel, so a table shorter than `out` is an
@@ -29,14 +18,8 @@ pub fn fill(out: &mut [u8]) -> Result<(), String> {
     if table == 0 {
         return Err("the library returned no table".into());
     }
-    let len = out.len();
-    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: len };
-    let remote = libc::iovec { iov_base: table as *mut libc::c_void, iov_len: len };
-    // SAFETY: reads this process's own memory through the kernel, which answers EFAULT for
-    // what is not mapped; `out` is a live buffer of `len` bytes.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if n != len as isize {
-        return Err(format!("the library's table at {table:#x} is shorter than {len} bytes"));
+    if !chidori_protocol::mirror::read_own(table, out) {
+        return Err(format!("the library's table at {table:#x} is shorter than {} bytes", out.len()));
     }
     Ok(())
 }
@@ -69,7 +52,5 @@ mod tests {
         unsafe { libc::munmap(p, page) };
         let mut null = vec![0u8; 16];
         assert!(fill(&mut null).is_err());
-        assert_eq!(param("curandGetDirectionVectors64"), Some(0));
-        assert_eq!(param("curandGenerate"), None);
     }
 }

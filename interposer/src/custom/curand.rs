@@ -72,7 +72,7 @@ pub unsafe fn table(ctx: &Ctx, args: &[u64]) -> u64 {
         let table = match CLIENT.curand_tables.get(&key) {
             Some(t) => t,
             None => {
-                let desc = ctx.form(Form::Call);
+                let desc = ctx.form(Form::Table);
                 // The output's length, in the pointers the spec counts it in.
                 let Some(len) = desc.params.first().and_then(|w| match w {
                     chidori_protocol::desc::Wire::Buf { len: Some(len), elem, .. } => {
