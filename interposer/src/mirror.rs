@@ -150,34 +150,29 @@ impl Tracker {
     }
 }
 
-/// A copy of `len` bytes of this process's memory at `addr`, or None where any of it is not
-/// mapped readable (a stand-in's page the program has since unmapped).
-fn read_own(addr: u64, len: u64) -> Option<Vec<u8>> {
-    let mut out = vec![0u8; usize::try_from(len).ok()?];
-    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: out.len() };
-    // SAFETY: reads this process's own memory through the kernel, which answers EFAULT for
-    // what is not mapped instead of faulting; `out` is a live buffer of that length.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    (n == out.len() as isize).then_some(out)
-}
-
-/// Write `bytes` into this process's memory at `addr`; false where it is not mapped writable.
-fn write_own(addr: u64, bytes: &[u8]) -> bool {
-    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
-    // SAFETY: as in `read_own`: the kernel checks the destination.
-    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == bytes.len() as isize
-}
-
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
 /// A launch or call handed the GPU a mirrored range since the last pull.
 static PULL: AtomicBool = AtomicBool::new(false);
 /// The program has pinned or managed memory outside the arena: memory it registered
 /// (cudaHostRegister), `__managed__` variables (at their device addresses), allocations
-/// made when the arena could not be reserved; or pageable memory a graph copies.
+/// made when the arena could not be reserved.
 static OUTSIDE_ARENA: AtomicBool = AtomicBool::new(false);
+/// The server has mirrored some of the program's memory (a cheap test on every call: a
+/// graph launch brings mirrors up to date only then).
+static MIRRORED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the server may mirror any of the program's memory (pinned, stand-in or managed).
+#[inline]
+pub fn active() -> bool {
+    MIRRORED.load(Ordering::Relaxed) || state::managed_live()
+}
+
+/// Whether the GPU may have written mirrored memory since the last pull (a cheap test
+/// before deciding whether a call's return is a time to pull).
+#[inline]
+pub fn pending() -> bool {
+    PULL.load(Ordering::Relaxed)
+}
 
 fn tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
     TRACKER.lock().unwrap_or_else(|p| p.into_inner())
@@ -308,7 +303,6 @@ pub fn for_graph(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
     let Some(((base, len), replaced)) = added else {
         return Err(format!("{len} bytes at {addr:#x} are not memory of this program"));
     };
-    note_outside_arena();
     for old in replaced {
         post_drop(conn, old);
     }
@@ -326,16 +320,13 @@ fn push(conn: &Conn, base: u64, len: u64) -> bool {
     let copy;
     let bytes: &[u8] = if stand_in {
         // The program may have unmapped a stand-in's pages since: read through the kernel.
-        match read_own(base, len) {
-            Some(b) => {
-                copy = b;
-                &copy
-            }
-            None => {
-                forget(base);
-                return false;
-            }
+        let mut b = vec![0u8; len as usize];
+        if !chidori_protocol::mirror::read_own(base, &mut b) {
+            forget(base);
+            return false;
         }
+        copy = b;
+        &copy
     } else {
         // SAFETY: [base, base + len) is the program's pinned memory, recorded in the
         // interval map when it was allocated or registered.
@@ -347,6 +338,7 @@ fn push(conn: &Conn, base: u64, len: u64) -> bool {
         return true;
     }
     if update.new {
+        MIRRORED.store(true, Ordering::Relaxed);
         crate::log::once("mirror", || {
             tracing::info!("the GPU reads pinned host memory directly: the server mirrors it (slower than a copy)")
         });
@@ -406,7 +398,7 @@ pub fn land(runs: Vec<(u64, Vec<u8>)>) {
             continue;
         };
         if stand_in.is_some() {
-            if !write_own(addr, &bytes) {
+            if !chidori_protocol::mirror::write_own(addr, &bytes) {
                 continue;
             }
         } else {

@@ -111,8 +111,7 @@ fn captured_rows(
     if !capturing(stream) {
         return Ok(false);
     }
-    let len = span_3d(pitch as u64, 1, width as u64, height as u64, 1);
-    mirror_span(conn, Some(base), len).map_err(unmirrored)?;
+    mirror_box(conn, base, (0, 0, 0), (pitch as u64, 1), (Some(width as u64), height as u64, 1)).map_err(unmirrored)?;
     Ok(true)
 }
 
@@ -534,7 +533,7 @@ pub(crate) enum Unmirrored {
 
 /// `len` bytes spanned by `depth` slices of `height` rows of `width` bytes, `pitch` bytes
 /// apart and `rows` rows per slice (0 when empty); None past the address space.
-fn span_3d(pitch: u64, rows: u64, width: u64, height: u64, depth: u64) -> Option<u64> {
+pub(crate) fn span_3d(pitch: u64, rows: u64, width: u64, height: u64, depth: u64) -> Option<u64> {
     if width == 0 || height == 0 || depth == 0 {
         return Some(0);
     }
@@ -542,8 +541,24 @@ fn span_3d(pitch: u64, rows: u64, width: u64, height: u64, depth: u64) -> Option
     (depth - 1).checked_mul(slice)?.checked_add((height - 1).checked_mul(pitch)?)?.checked_add(width)
 }
 
-/// Make `len` bytes of the program's memory at `first` one the server mirrors, for a graph.
-fn mirror_span(conn: &Conn, first: Option<u64>, len: Option<u64>) -> Result<(), Unmirrored> {
+/// The first byte of a box at (x, y, z) in memory at `base` with rows of `pitch` bytes and
+/// `rows` rows per slice; None past the address space.
+fn box_start(base: u64, (x, y, z): (u64, u64, u64), pitch: u64, rows: u64) -> Option<u64> {
+    let off = z.checked_mul(pitch.checked_mul(rows.max(1))?)?.checked_add(y.checked_mul(pitch)?)?.checked_add(x)?;
+    base.checked_add(off)
+}
+
+/// Make the box of `width` × `height` × `depth` bytes at (x, y, z) of the program's memory at
+/// `base` (rows of `pitch` bytes, `rows` a slice) one the server mirrors, for a graph.
+fn mirror_box(
+    conn: &Conn,
+    base: u64,
+    at: (u64, u64, u64),
+    (pitch, rows): (u64, u64),
+    (width, height, depth): (Option<u64>, u64, u64),
+) -> Result<(), Unmirrored> {
+    let first = box_start(base, at, pitch, rows);
+    let len = width.and_then(|w| span_3d(pitch, rows, w, height, depth));
     let (Some(first), Some(len)) = (first, len) else {
         return Err(Unmirrored::Status(chidori_cuda::consts::cudaError::cudaErrorInvalidValue));
     };
@@ -564,20 +579,11 @@ fn mirror_sides_3d(conn: &Conn, m: &Memcpy3DParms) -> Result<(), Unmirrored> {
         1
     };
     let [w, h, d] = m.extent;
-    let width = w.checked_mul(elem);
     for (side, p, pos) in [(src, &m.src_ptr, &m.src_pos), (dst, &m.dst_ptr, &m.dst_pos)] {
-        if side != Side::Host {
-            continue;
+        if side == Side::Host {
+            let at = (pos[0], pos[1], pos[2]);
+            mirror_box(conn, p.ptr, at, (p.pitch, p.ysize), (w.checked_mul(elem), h, d))?;
         }
-        let rows = p.ysize.max(1);
-        let first = p
-            .pitch
-            .checked_mul(rows)
-            .and_then(|slice| pos[2].checked_mul(slice))
-            .and_then(|z| z.checked_add(pos[1].checked_mul(p.pitch)?))
-            .and_then(|off| off.checked_add(pos[0]))
-            .and_then(|off| p.ptr.checked_add(off));
-        mirror_span(conn, first, width.and_then(|w| span_3d(p.pitch, rows, w, h, d)))?;
     }
     Ok(())
 }
@@ -607,11 +613,7 @@ fn capturing(stream: Option<u64>) -> bool {
 fn unmirrored(e: Unmirrored) -> u32 {
     match e {
         Unmirrored::Status(s) => s,
-        Unmirrored::Why(why) => {
-            let why = format!("a copy on a capturing stream: the graph replays on the server: {why}");
-            crate::log::once_owned(&why, || tracing::warn!("{why}"));
-            super::capture::CAPTURE_UNSUPPORTED
-        }
+        Unmirrored::Why(why) => memory::refused_in_capture(why),
     }
 }
 
@@ -963,24 +965,13 @@ pub(crate) unsafe fn node_copy_3d(conn: &Conn, p: *const c_void) -> Result<Vec<u
 /// A driver copy (unified sides resolved) that a graph replays on the server: each host side
 /// becomes memory the server mirrors, named as device memory at its address.
 fn mirror_host_sides_driver(conn: &Conn, m: &mut CuMemcpy3D) -> Result<(), Unmirrored> {
-    let (w, h, d) = (m.width, m.height.max(1), m.depth.max(1));
-    let span = |host: u64, x: u64, y: u64, z: u64, pitch: u64, rows: u64| {
-        let first = pitch
-            .checked_mul(rows.max(1))
-            .and_then(|slice| z.checked_mul(slice))
-            .and_then(|off| off.checked_add(y.checked_mul(pitch)?))
-            .and_then(|off| off.checked_add(x))
-            .and_then(|off| host.checked_add(off));
-        (first, span_3d(pitch, rows, w, h, d))
-    };
+    let size = (Some(m.width), m.height.max(1), m.depth.max(1));
     if m.src_type == HOST {
-        let (first, len) = span(m.src_host, m.src_x, m.src_y, m.src_z, m.src_pitch, m.src_height);
-        mirror_span(conn, first, len)?;
+        mirror_box(conn, m.src_host, (m.src_x, m.src_y, m.src_z), (m.src_pitch, m.src_height), size)?;
         (m.src_type, m.src_device) = (DEVICE, m.src_host);
     }
     if m.dst_type == HOST {
-        let (first, len) = span(m.dst_host, m.dst_x, m.dst_y, m.dst_z, m.dst_pitch, m.dst_height);
-        mirror_span(conn, first, len)?;
+        mirror_box(conn, m.dst_host, (m.dst_x, m.dst_y, m.dst_z), (m.dst_pitch, m.dst_height), size)?;
         (m.dst_type, m.dst_device) = (DEVICE, m.dst_host);
     }
     Ok(())

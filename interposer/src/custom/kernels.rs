@@ -638,13 +638,16 @@ fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
         let conn = connection()?;
         // On a capturing stream, host rows are the server's mirror of them (the graph keeps
         // the addresses it copies).
-        let span = |pitch: usize| (c.height.saturating_sub(1) * pitch + c.width) as u64;
-        let direction =
-            memory::captured(&conn, tail.first().copied(), (c.dst, span(c.dpitch)), (c.src, span(c.spitch)), direction)
-                .map_err(|why| {
-                    crate::log::once_owned(&why, || tracing::warn!("{why}"));
-                    super::capture::CAPTURE_UNSUPPORTED
-                })?;
+        let span = |pitch: usize| {
+            super::arrays::span_3d(pitch as u64, 1, c.width as u64, c.height as u64, 1).unwrap_or(u64::MAX)
+        };
+        let direction = memory::captured(
+            &conn,
+            tail.first().copied(),
+            (c.dst, span(c.dpitch)),
+            (c.src, span(c.spitch)),
+            direction,
+        )?;
         let n = c.width * c.height;
         let with = |dst: u64, dpitch: usize, src: u64, spitch: usize, kind: u64| -> Vec<u64> {
             let mut a = vec![dst, dpitch as u64, src, spitch as u64, c.width as u64, c.height as u64, kind];

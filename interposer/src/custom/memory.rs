@@ -232,26 +232,34 @@ pub fn direction(kind: u32, dst: u64, src: u64) -> Option<(bool, bool)> {
 /// graph, which replays there: each side in the program's memory (`(address, bytes spanned)`)
 /// becomes memory the server mirrors ([`crate::mirror::for_graph`]), and the copy one between
 /// addresses the server has. Returns the direction to send (the one given while nothing
-/// captures); Err: the program's memory cannot be mirrored (why).
+/// captures); Err: the program's memory cannot be mirrored ([`refused_in_capture`]).
 pub fn captured(
     conn: &Conn,
     stream: Option<u64>,
     dst: (u64, u64),
     src: (u64, u64),
     direction: (bool, bool),
-) -> Result<(bool, bool), String> {
+) -> Result<(bool, bool), u32> {
     let Some(stream) = stream else { return Ok(direction) };
     if direction == (true, true) || !super::capture::stream_capturing(stream, false) {
         return Ok(direction);
     }
     for (on_server, (side, len)) in [(direction.0, dst), (direction.1, src)] {
         if !on_server {
-            crate::mirror::for_graph(conn, side, len).map_err(|e| {
-                format!("a copy on a capturing stream: the graph replays on the server, which needs the program's memory mirrored: {e}")
-            })?;
+            crate::mirror::for_graph(conn, side, len).map_err(refused_in_capture)?;
         }
     }
     Ok((true, true))
+}
+
+/// A copy on a capturing stream whose side in the program's memory cannot be mirrored
+/// (`why`): logged once, cudaErrorStreamCaptureUnsupported (the driver's code is the same).
+pub fn refused_in_capture(why: String) -> u32 {
+    let why = format!(
+        "a copy on a capturing stream: the graph replays on the server, which needs the program's memory mirrored: {why}"
+    );
+    crate::log::once_owned(&why, || tracing::warn!("{why}"));
+    super::capture::CAPTURE_UNSUPPORTED
 }
 
 /// Copy `count` bytes. `tail` holds the arguments after (dst, src, count, kind), e.g. the
@@ -277,10 +285,7 @@ pub unsafe fn copy(
     let stream = tail.first().copied().filter(|_| asynchronous);
     let (dst_dev, src_dev) = match captured(conn, stream, (dst, count), (src, count), (dst_dev, src_dev)) {
         Ok(direction) => direction,
-        Err(why) => {
-            crate::log::once_owned(&why, || tracing::warn!("{why}"));
-            return u64::from(super::capture::CAPTURE_UNSUPPORTED);
-        }
+        Err(status) => return u64::from(status),
     };
     // The runtime's copies pass their kind after the count (its value is the form's); the
     // driver's unified copies (cuMemcpy) have none.
@@ -332,7 +337,7 @@ pub unsafe fn copy(
         (true, true) => {
             // SAFETY: both sides are device addresses, passed through.
             let status = unsafe { runtime::call_on(conn, forms.d2d, &args(dst, src, count, 3)) };
-            if asynchronous || status != runtime::success(forms.d2d) || !state::is_pinned(dst) {
+            if asynchronous || status != runtime::success(forms.d2d) || !crate::mirror::is_mirrored(dst) {
                 return status;
             }
             // A synchronous copy into the program's mirrored memory: it returns once the

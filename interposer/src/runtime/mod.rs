@@ -220,7 +220,7 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
     crate::mirror::prepare(conn, devices);
-    if desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch") {
+    if crate::mirror::active() && (desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch")) {
         crate::mirror::prepare_graph(conn);
     }
 }
@@ -306,7 +306,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     // waiting call returns, and after a synchronization so have the GPU's writes into
     // mirrored memory.
     crate::state::wait_deferred();
-    if settles(desc, ret) {
+    if crate::mirror::pending() && settles(desc, ret) {
         crate::mirror::pull(conn);
     }
     crate::trace::record(desc, sent_bytes, slot.received() as usize, start);
