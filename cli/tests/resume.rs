@@ -157,7 +157,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, moved: &AtomicU64) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
-/// Copies to the GPU and back, verified, for about `SECONDS`: the data must survive cuts.
+/// Copies to the GPU and back, verified, for at most `SECONDS` or until the file `STOP` (if
+/// given) exists: the data must survive cuts. A stop file, not a fixed time, ends the runs that
+/// are cut: on a loaded machine a fixed time could run out before the third cut.
 const COPIES: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +170,7 @@ const COPIES: &str = r#"
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 3.0;
+  const char *stop = argc > 2 ? argv[2] : 0;
   unsigned char *host = malloc(N), *back = malloc(N), *pinned = 0, *dev = 0;
   cudaStream_t stream;
   if (cudaMalloc((void **)&dev, N) || cudaMallocHost((void **)&pinned, N) || cudaStreamCreate(&stream)) {
@@ -176,7 +179,7 @@ int main(int argc, char **argv) {
   }
   double start = now();
   long rounds = 0;
-  while (now() - start < seconds) {
+  while (now() - start < seconds && !(stop && fopen(stop, "r"))) {
     for (int i = 0; i < N; i++) host[i] = (unsigned char)(i * 7 + rounds);
     cudaError_t e = cudaMemcpy(dev, host, N, cudaMemcpyHostToDevice);
     if (!e) e = cudaMemset(dev + 100, (int)(rounds & 0xff), 1000);
@@ -225,15 +228,19 @@ fn copies_program() -> PathBuf {
         .clone()
 }
 
-/// Run the copies program through `relay` for `seconds`, with `env`; `during` runs while
-/// it does (the cuts).
-fn run_copies(relay: &Relay, seconds: &str, env: &[(&str, &str)], during: impl FnOnce(&Relay)) -> Output {
+/// Run the copies program through `relay` for at most `seconds`, with `env`; `during` runs
+/// while it does (the cuts); with `stop`, the program stops once `during` has returned.
+fn run_copies(relay: &Relay, seconds: &str, stop: bool, env: &[(&str, &str)], during: impl FnOnce(&Relay)) -> Output {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let stop_file =
+        chidori_tests::scratch(&format!("resume-stop-{}", RUNS.fetch_add(1, Ordering::SeqCst))).join("stop");
     let mut cmd = Command::new(chidori());
     cmd.args(["run", "--no-check", "-s", &relay.address, "--lib-dir"])
         .arg(chidori_tests::shim_dir())
         .arg("--")
         .arg(copies_program())
         .arg(seconds)
+        .arg(&stop_file)
         .env("CHIDORI_RESUME", "1")
         .env("CHIDORI_RESUME_GRACE_SECS", "20")
         .env("CHIDORI_HEARTBEAT_SECS", "1")
@@ -245,6 +252,9 @@ fn run_copies(relay: &Relay, seconds: &str, env: &[(&str, &str)], during: impl F
     }
     let child = cmd.spawn().unwrap();
     during(relay);
+    if stop {
+        std::fs::write(&stop_file, b"").unwrap();
+    }
     child.wait_with_output().unwrap()
 }
 
@@ -258,6 +268,13 @@ fn cut_three_times(relay: &Relay) {
             std::thread::sleep(Duration::from_millis(10));
         }
         relay.cut();
+    }
+    // And the program goes on moving data after the last cut.
+    let before = relay.relayed.load(Ordering::SeqCst);
+    let start = Instant::now();
+    while relay.relayed.load(Ordering::SeqCst) < before + (8 << 20) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no traffic after the last cut");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -278,7 +295,7 @@ fn check_survived(out: &Output, relay: &Relay, server: &Server) {
 fn a_session_survives_its_connection_being_cut_three_times() {
     let server = Server::start("resume-plain", &[]);
     let relay = Relay::start(&server.address);
-    let out = run_copies(&relay, "4", &[], cut_three_times);
+    let out = run_copies(&relay, "60", true, &[], cut_three_times);
     check_survived(&out, &relay, &server);
 }
 
@@ -289,7 +306,7 @@ fn a_tls_session_survives_its_connection_being_cut_three_times() {
     let relay = Relay::start(&server.address);
     // The relay's address is the one the client pins the certificate for.
     let env = [("CHIDORI_TOKEN", token.as_str()), ("CHIDORI_FINGERPRINT", fingerprint.as_str())];
-    let out = run_copies(&relay, "4", &env, cut_three_times);
+    let out = run_copies(&relay, "60", true, &env, cut_three_times);
     check_survived(&out, &relay, &server);
 }
 
@@ -298,7 +315,7 @@ fn a_client_that_cannot_come_back_in_time_gets_a_clear_error() {
     let server = Server::start("resume-expired", &[]);
     let relay = Relay::start(&server.address);
     let started = Instant::now();
-    let out = run_copies(&relay, "30", &[("CHIDORI_RESUME_GRACE_SECS", "2")], |relay| {
+    let out = run_copies(&relay, "30", false, &[("CHIDORI_RESUME_GRACE_SECS", "2")], |relay| {
         while relay.relayed.load(Ordering::SeqCst) < (4 << 20) {
             std::thread::sleep(Duration::from_millis(10));
         }
