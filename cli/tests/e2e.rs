@@ -3425,6 +3425,73 @@ fn nvidia_smi_runs_on_the_server_for_queries_only() {
     }
 }
 
+const NVML_LISTS: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_t;
+extern int nvmlInit_v2(void);
+extern int nvmlDeviceGetHandleByIndex_v2(unsigned int, void **);
+extern int nvmlDeviceGetSupportedMemoryClocks(void *, unsigned int *, unsigned int *);
+extern int nvmlDeviceGetComputeRunningProcesses_v3(void *, unsigned int *, proc_t *);
+extern int nvmlSystemGetProcessName(unsigned int, char *, unsigned int);
+extern int nvmlVgpuTypeGetName(unsigned int, char *, unsigned int *);
+int main(void) {
+  void *dev = 0, *mem = 0;
+  if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &dev) || cudaMalloc(&mem, 1 << 20)) { printf("setup\n"); return 1; }
+  unsigned int n = 0, clocks[8];
+  for (int i = 0; i < 8; i++) clocks[i] = 77;
+  int s = nvmlDeviceGetSupportedMemoryClocks(dev, &n, 0);
+  printf("clocks query %d n %u;", s, n);
+  n = 2; s = nvmlDeviceGetSupportedMemoryClocks(dev, &n, clocks);
+  printf(" short %d n %u c0 %u;", s, n, clocks[0]);
+  n = 8; s = nvmlDeviceGetSupportedMemoryClocks(dev, &n, clocks);
+  printf(" full %d n %u: %u %u %u %u;", s, n, clocks[0], clocks[1], clocks[2], clocks[3]);
+  n = 5; s = nvmlDeviceGetSupportedMemoryClocks(dev, &n, 0);
+  printf(" null %d;", s);
+  proc_t procs[4];
+  memset(procs, 0xab, sizeof procs);
+  n = 0; s = nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, 0);
+  printf(" procs query %d n %u;", s, n);
+  n = 4; s = nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs);
+  printf(" procs %d n %u mine %d used %llu next %x;", s, n, procs[0].pid == (unsigned)getpid(), procs[0].used, procs[1].pid);
+  char name[256];
+  s = nvmlSystemGetProcessName(procs[0].pid, name, sizeof name);
+  const char *base = strrchr(name, '/');
+  printf(" name %d %s;", s, base ? base + 1 : name);
+  char shorter[8], vname[64];
+  unsigned int size = sizeof shorter;
+  s = nvmlVgpuTypeGetName(1, shorter, &size);
+  printf(" vgpu short %d size %u;", s, size);
+  size = sizeof vname;
+  s = nvmlVgpuTypeGetName(1, vname, &size);
+  printf(" vgpu %d %s\n", s, vname);
+  return 0;
+}
+"#;
+
+/// NVML's lists whose length the caller passes by pointer (`inout[*count]`): the count
+/// query, a too-short array (the count needed, the array untouched), a full one (the
+/// elements past the count keep the caller's bytes), a char buffer before its size; and
+/// the GPU's process list cut to the program's own process, under its PID here, whose name
+/// this machine gives.
+#[test]
+fn nvml_lists_sized_by_pointer_and_only_the_programs_own_process() {
+    let server = server();
+    let exe = program_with("nvml_lists", NVML_LISTS, &["-l:libnvidia-ml.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "clocks query 7 n 3; short 7 n 3 c0 77; full 0 n 3: 4800 3201 1593 77; null 2; \
+         procs query 7 n 3; procs 0 n 1 mine 1 used 1048576 next abababab; name 0 nvml_lists; \
+         vgpu short 7 size 16; vgpu 0 GRID H200-1-18C",
+        "{stderr}"
+    );
+}
+
 /// Token ids to the GPU and back (int64 below 32,000: 4 of every 8 bytes are zero).
 const TOKEN_IDS: &str = r#"
 #include <stdio.h>

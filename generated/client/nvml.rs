@@ -83,6 +83,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAccountingMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetActiveVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetActiveVgpus(
+    device: *mut c_void,
+    vgpuCount: *mut c_void,
+    vgpuInstances: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetActiveVgpus,
+            &[
+                (device) as usize as u64,
+                (vgpuCount) as usize as u64,
+                (vgpuInstances) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetAdaptiveClockInfoStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAdaptiveClockInfoStatus(
@@ -371,6 +389,146 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetComputeRunningProcesses",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v2(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetComputeRunningProcesses_v2",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses_v2__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetComputeRunningProcesses_v3` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3__cu118(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetComputeRunningProcesses_v3",
+                version: "12.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses_v3__cu118__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3__cu126(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetComputeRunningProcesses_v3",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses_v3__cu126__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`nvmlDeviceGetConfComputeGpuAttestationReport` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationReport(
@@ -510,6 +668,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope(
                 (cpuSetSize) as u64,
                 (cpuSet) as usize as u64,
                 (scope) as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetCreatableVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCreatableVgpus(
+    device: *mut c_void,
+    vgpuCount: *mut c_void,
+    vgpuTypeIds: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetCreatableVgpus,
+            &[
+                (device) as usize as u64,
+                (vgpuCount) as usize as u64,
+                (vgpuTypeIds) as usize as u64,
             ],
         ) as u32
     }
@@ -800,6 +976,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderCapacity(
         ) as u32
     }
 }
+///`nvmlDeviceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderSessions(
+    device: *mut c_void,
+    sessionCount: *mut c_void,
+    sessionInfos: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetEncoderSessions,
+            &[
+                (device) as usize as u64,
+                (sessionCount) as usize as u64,
+                (sessionInfos) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderStats(
@@ -848,6 +1042,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEnforcedPowerLimit(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetEnforcedPowerLimit,
             &[(device) as usize as u64, (limit) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCSessions(
+    device: *mut c_void,
+    sessionCount: *mut c_void,
+    sessionInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetFBCSessions,
+            &[
+                (device) as usize as u64,
+                (sessionCount) as usize as u64,
+                (sessionInfo) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -1149,6 +1361,146 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuOperationMode(
                 (pending) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`nvmlDeviceGetGraphicsRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGraphicsRunningProcesses",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetGraphicsRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses_v2__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetGraphicsRunningProcesses_v3` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3__cu118(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                version: "12.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses_v3__cu118__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetGraphicsRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3__cu126(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses_v3__cu126__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`nvmlDeviceGetGridLicensableFeatures` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1458,6 +1810,146 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetLastBBXFlushTime(
                 (durationUs) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`nvmlDeviceGetMPSComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetMPSComputeRunningProcesses",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetMPSComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v2(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses_v2__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetMPSComputeRunningProcesses_v3` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v3__cu118(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                version: "12.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses_v3__cu118__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`nvmlDeviceGetMPSComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v3__cu126(
+    device: *mut c_void,
+    infoCount: *mut c_void,
+    infos: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses_v3__cu126__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (infoCount) as usize as u64,
+                    (infos) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`nvmlDeviceGetMarginTemperature` for CUDA 12.8, 13.0, 13.1 (sync).
@@ -2206,6 +2698,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPersistenceMode(
         ) as u32
     }
 }
+///`nvmlDeviceGetPgpuMetadataString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPgpuMetadataString(
+    device: *mut c_void,
+    pgpuMetadata: *mut c_void,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetPgpuMetadataString,
+            &[
+                (device) as usize as u64,
+                (pgpuMetadata) as usize as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetPlatformInfo` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPlatformInfo(
@@ -2341,6 +2851,43 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerUsage(
         ) as u32
     }
 }
+///`nvmlDeviceGetProcessUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetProcessUtilization(
+    device: *mut c_void,
+    utilization: *mut c_void,
+    processSamplesCount: *mut c_void,
+    lastSeenTimeStamp: u64,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetProcessUtilization",
+                version: "13.1",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetProcessUtilization__processes,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::processes(
+                &CTX,
+                &[
+                    (device) as usize as u64,
+                    (utilization) as usize as u64,
+                    (processSamplesCount) as usize as u64,
+                    (lastSeenTimeStamp) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`nvmlDeviceGetRemappedRows` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRemappedRows(
@@ -2376,6 +2923,26 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRepairStatus(
         ) as u32
     }
 }
+///`nvmlDeviceGetRetiredPages` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages(
+    device: *mut c_void,
+    cause: u32,
+    pageCount: *mut c_void,
+    addresses: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetRetiredPages,
+            &[
+                (device) as usize as u64,
+                (cause) as u64,
+                (pageCount) as usize as u64,
+                (addresses) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetRetiredPagesPendingStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
@@ -2389,6 +2956,28 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
         ) as u32
     }
 }
+///`nvmlDeviceGetRetiredPages_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages_v2(
+    device: *mut c_void,
+    cause: u32,
+    pageCount: *mut c_void,
+    addresses: *mut c_void,
+    timestamps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetRetiredPages_v2,
+            &[
+                (device) as usize as u64,
+                (cause) as u64,
+                (pageCount) as usize as u64,
+                (addresses) as usize as u64,
+                (timestamps) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetRowRemapperHistogram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRowRemapperHistogram(
@@ -2399,6 +2988,54 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRowRemapperHistogram(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetRowRemapperHistogram,
             &[(device) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSamples` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSamples__cu118(
+    device: *mut c_void,
+    r#type: u32,
+    lastSeenTimeStamp: u64,
+    sampleValType: *mut c_void,
+    sampleCount: *mut c_void,
+    samples: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSamples__cu118,
+            &[
+                (device) as usize as u64,
+                (r#type) as u64,
+                (lastSeenTimeStamp) as u64,
+                (sampleValType) as usize as u64,
+                (sampleCount) as usize as u64,
+                (samples) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSamples` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSamples__cu126(
+    device: *mut c_void,
+    r#type: u32,
+    lastSeenTimeStamp: u64,
+    sampleValType: *mut c_void,
+    sampleCount: *mut c_void,
+    samples: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSamples__cu126,
+            &[
+                (device) as usize as u64,
+                (r#type) as u64,
+                (lastSeenTimeStamp) as u64,
+                (sampleValType) as usize as u64,
+                (sampleCount) as usize as u64,
+                (samples) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2468,6 +3105,58 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedEventTypes(
         ) as u32
     }
 }
+///`nvmlDeviceGetSupportedGraphicsClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedGraphicsClocks(
+    device: *mut c_void,
+    memoryClockMHz: u32,
+    count: *mut c_void,
+    clocksMHz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSupportedGraphicsClocks,
+            &[
+                (device) as usize as u64,
+                (memoryClockMHz) as u64,
+                (count) as usize as u64,
+                (clocksMHz) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSupportedMemoryClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedMemoryClocks(
+    device: *mut c_void,
+    count: *mut c_void,
+    clocksMHz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSupportedMemoryClocks,
+            &[
+                (device) as usize as u64,
+                (count) as usize as u64,
+                (clocksMHz) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSupportedPerformanceStates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedPerformanceStates(
+    device: *mut c_void,
+    pstates: *mut c_void,
+    size: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSupportedPerformanceStates,
+            &[(device) as usize as u64, (pstates) as usize as u64, (size) as u64],
+        ) as u32
+    }
+}
 ///`nvmlDeviceGetSupportedPowerModes` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedPowerModes(
@@ -2478,6 +3167,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedPowerModes(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetSupportedPowerModes,
             &[(device) as usize as u64, (supportedPowerModes) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetSupportedVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedVgpus(
+    device: *mut c_void,
+    vgpuCount: *mut c_void,
+    vgpuTypeIds: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetSupportedVgpus,
+            &[
+                (device) as usize as u64,
+                (vgpuCount) as usize as u64,
+                (vgpuTypeIds) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2722,6 +3429,50 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerState(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuSchedulerState,
             &[(device) as usize as u64, (pSchedulerState) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuUtilization` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu118(
+    device: *mut c_void,
+    lastSeenTimeStamp: u64,
+    sampleValType: *mut c_void,
+    vgpuInstanceSamplesCount: *mut c_void,
+    utilizationSamples: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuUtilization__cu118,
+            &[
+                (device) as usize as u64,
+                (lastSeenTimeStamp) as u64,
+                (sampleValType) as usize as u64,
+                (vgpuInstanceSamplesCount) as usize as u64,
+                (utilizationSamples) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlDeviceGetVgpuUtilization` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu126(
+    device: *mut c_void,
+    lastSeenTimeStamp: u64,
+    sampleValType: *mut c_void,
+    vgpuInstanceSamplesCount: *mut c_void,
+    utilizationSamples: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceGetVgpuUtilization__cu126,
+            &[
+                (device) as usize as u64,
+                (lastSeenTimeStamp) as u64,
+                (sampleValType) as usize as u64,
+                (vgpuInstanceSamplesCount) as usize as u64,
+                (utilizationSamples) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -3236,6 +3987,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetDriverVersion(
         ) as u32
     }
 }
+///`nvmlSystemGetHicVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetHicVersion(
+    hwbcCount: *mut c_void,
+    hwbcEntries: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlSystemGetHicVersion,
+            &[(hwbcCount) as usize as u64, (hwbcEntries) as usize as u64],
+        ) as u32
+    }
+}
 ///`nvmlSystemGetNVMLVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNVMLVersion(
@@ -3259,6 +4023,30 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNvlinkBwMode(
             &chidori_cuda::calls::nvml::nvmlSystemGetNvlinkBwMode,
             &[(nvlinkBwMode) as usize as u64],
         ) as u32
+    }
+}
+///`nvmlSystemGetProcessName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetProcessName(
+    pid: u32,
+    name: *mut c_void,
+    length: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvmlSystemGetProcessName",
+            version: "13.1",
+            library: "nvml",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3i64,
+                unavailable: 9i64,
+                invalid_handle: 2i64,
+                invalid_value: 2i64,
+            },
+        };
+        crate::custom::nvml::process_name(&CTX, pid, name, length)
     }
 }
 ///`nvmlUnitGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3389,6 +4177,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderCapacity(
         ) as u32
     }
 }
+///`nvmlVgpuInstanceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderSessions(
+    vgpuInstance: u32,
+    sessionCount: *mut c_void,
+    sessionInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetEncoderSessions,
+            &[
+                (vgpuInstance) as u64,
+                (sessionCount) as usize as u64,
+                (sessionInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlVgpuInstanceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderStats(
@@ -3405,6 +4211,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderStats(
                 (sessionCount) as usize as u64,
                 (averageFps) as usize as u64,
                 (averageLatency) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCSessions(
+    vgpuInstance: u32,
+    sessionCount: *mut c_void,
+    sessionInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetFBCSessions,
+            &[
+                (vgpuInstance) as u64,
+                (sessionCount) as usize as u64,
+                (sessionInfo) as usize as u64,
             ],
         ) as u32
     }
@@ -3458,6 +4282,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuInstanceId(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetGpuInstanceId,
             &[(vgpuInstance) as u64, (gpuInstanceId) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuInstanceGetGpuPciId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuPciId(
+    vgpuInstance: u32,
+    vgpuPciId: *mut c_void,
+    length: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuInstanceGetGpuPciId,
+            &[
+                (vgpuInstance) as u64,
+                (vgpuPciId) as usize as u64,
+                (length) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -3628,6 +4470,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetCapabilities(
         ) as u32
     }
 }
+///`nvmlVgpuTypeGetClass` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetClass(
+    vgpuTypeId: u32,
+    vgpuTypeClass: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuTypeGetClass,
+            &[
+                (vgpuTypeId) as u64,
+                (vgpuTypeClass) as usize as u64,
+                (size) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`nvmlVgpuTypeGetDeviceID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetDeviceID(
@@ -3769,6 +4629,24 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerVm(
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlVgpuTypeGetMaxInstancesPerVm,
             &[(vgpuTypeId) as u64, (vgpuInstanceCountPerVm) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlVgpuTypeGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetName(
+    vgpuTypeId: u32,
+    vgpuTypeName: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlVgpuTypeGetName,
+            &[
+                (vgpuTypeId) as u64,
+                (vgpuTypeName) as usize as u64,
+                (size) as usize as u64,
+            ],
         ) as u32
     }
 }

@@ -130,10 +130,7 @@ nvmlDeviceGetAccountingStats:
     .globl nvmlDeviceGetActiveVgpus
     .type nvmlDeviceGetActiveVgpus, @function
 nvmlDeviceGetActiveVgpus:
-    leaq .Lname12(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetActiveVgpus@PLT
     .size nvmlDeviceGetActiveVgpus, .-nvmlDeviceGetActiveVgpus
     .globl nvmlDeviceGetAdaptiveClockInfoStatus
     .type nvmlDeviceGetAdaptiveClockInfoStatus, @function
@@ -243,26 +240,17 @@ nvmlDeviceGetComputeMode:
     .globl nvmlDeviceGetComputeRunningProcesses
     .type nvmlDeviceGetComputeRunningProcesses, @function
 nvmlDeviceGetComputeRunningProcesses:
-    leaq .Lname13(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetComputeRunningProcesses@PLT
     .size nvmlDeviceGetComputeRunningProcesses, .-nvmlDeviceGetComputeRunningProcesses
     .globl nvmlDeviceGetComputeRunningProcesses_v2
     .type nvmlDeviceGetComputeRunningProcesses_v2, @function
 nvmlDeviceGetComputeRunningProcesses_v2:
-    leaq .Lname14(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v2@PLT
     .size nvmlDeviceGetComputeRunningProcesses_v2, .-nvmlDeviceGetComputeRunningProcesses_v2
     .globl nvmlDeviceGetComputeRunningProcesses_v3
     .type nvmlDeviceGetComputeRunningProcesses_v3, @function
 nvmlDeviceGetComputeRunningProcesses_v3:
-    leaq .Lname15(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3__cu126@PLT
     .size nvmlDeviceGetComputeRunningProcesses_v3, .-nvmlDeviceGetComputeRunningProcesses_v3
     .globl nvmlDeviceGetConfComputeGpuAttestationReport
     .type nvmlDeviceGetConfComputeGpuAttestationReport, @function
@@ -312,10 +300,7 @@ nvmlDeviceGetCpuAffinityWithinScope:
     .globl nvmlDeviceGetCreatableVgpus
     .type nvmlDeviceGetCreatableVgpus, @function
 nvmlDeviceGetCreatableVgpus:
-    leaq .Lname16(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetCreatableVgpus@PLT
     .size nvmlDeviceGetCreatableVgpus, .-nvmlDeviceGetCreatableVgpus
     .globl nvmlDeviceGetCudaComputeCapability
     .type nvmlDeviceGetCudaComputeCapability, @function
@@ -415,10 +400,7 @@ nvmlDeviceGetEncoderCapacity:
     .globl nvmlDeviceGetEncoderSessions
     .type nvmlDeviceGetEncoderSessions, @function
 nvmlDeviceGetEncoderSessions:
-    leaq .Lname17(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetEncoderSessions@PLT
     .size nvmlDeviceGetEncoderSessions, .-nvmlDeviceGetEncoderSessions
     .globl nvmlDeviceGetEncoderStats
     .type nvmlDeviceGetEncoderStats, @function
@@ -438,10 +420,7 @@ nvmlDeviceGetEnforcedPowerLimit:
     .globl nvmlDeviceGetFBCSessions
     .type nvmlDeviceGetFBCSessions, @function
 nvmlDeviceGetFBCSessions:
-    leaq .Lname18(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetFBCSessions@PLT
     .size nvmlDeviceGetFBCSessions, .-nvmlDeviceGetFBCSessions
     .globl nvmlDeviceGetFBCStats
     .type nvmlDeviceGetFBCStats, @function
@@ -506,7 +485,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -514,7 +493,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -542,7 +521,7 @@ nvmlDeviceGetGpuInstanceRemainingCapacity:
     .globl nvmlDeviceGetGpuInstances
     .type nvmlDeviceGetGpuInstances, @function
 nvmlDeviceGetGpuInstances:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -560,26 +539,17 @@ nvmlDeviceGetGpuOperationMode:
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
-    leaq .Lname22(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses@PLT
     .size nvmlDeviceGetGraphicsRunningProcesses, .-nvmlDeviceGetGraphicsRunningProcesses
     .globl nvmlDeviceGetGraphicsRunningProcesses_v2
     .type nvmlDeviceGetGraphicsRunningProcesses_v2, @function
 nvmlDeviceGetGraphicsRunningProcesses_v2:
-    leaq .Lname23(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v2@PLT
     .size nvmlDeviceGetGraphicsRunningProcesses_v2, .-nvmlDeviceGetGraphicsRunningProcesses_v2
     .globl nvmlDeviceGetGraphicsRunningProcesses_v3
     .type nvmlDeviceGetGraphicsRunningProcesses_v3, @function
 nvmlDeviceGetGraphicsRunningProcesses_v3:
-    leaq .Lname24(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3__cu126@PLT
     .size nvmlDeviceGetGraphicsRunningProcesses_v3, .-nvmlDeviceGetGraphicsRunningProcesses_v3
     .globl nvmlDeviceGetGridLicensableFeatures
     .type nvmlDeviceGetGridLicensableFeatures, @function
@@ -694,26 +664,17 @@ nvmlDeviceGetLastBBXFlushTime:
     .globl nvmlDeviceGetMPSComputeRunningProcesses
     .type nvmlDeviceGetMPSComputeRunningProcesses, @function
 nvmlDeviceGetMPSComputeRunningProcesses:
-    leaq .Lname25(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses@PLT
     .size nvmlDeviceGetMPSComputeRunningProcesses, .-nvmlDeviceGetMPSComputeRunningProcesses
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v2
     .type nvmlDeviceGetMPSComputeRunningProcesses_v2, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v2:
-    leaq .Lname26(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v2@PLT
     .size nvmlDeviceGetMPSComputeRunningProcesses_v2, .-nvmlDeviceGetMPSComputeRunningProcesses_v2
     .globl nvmlDeviceGetMPSComputeRunningProcesses_v3
     .type nvmlDeviceGetMPSComputeRunningProcesses_v3, @function
 nvmlDeviceGetMPSComputeRunningProcesses_v3:
-    leaq .Lname27(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v3__cu126@PLT
     .size nvmlDeviceGetMPSComputeRunningProcesses_v3, .-nvmlDeviceGetMPSComputeRunningProcesses_v3
     .globl nvmlDeviceGetMarginTemperature
     .type nvmlDeviceGetMarginTemperature, @function
@@ -968,10 +929,7 @@ nvmlDeviceGetPersistenceMode:
     .globl nvmlDeviceGetPgpuMetadataString
     .type nvmlDeviceGetPgpuMetadataString, @function
 nvmlDeviceGetPgpuMetadataString:
-    leaq .Lname28(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetPgpuMetadataString@PLT
     .size nvmlDeviceGetPgpuMetadataString, .-nvmlDeviceGetPgpuMetadataString
     .globl nvmlDeviceGetPlatformInfo
     .type nvmlDeviceGetPlatformInfo, @function
@@ -1026,15 +984,12 @@ nvmlDeviceGetPowerUsage:
     .globl nvmlDeviceGetProcessUtilization
     .type nvmlDeviceGetProcessUtilization, @function
 nvmlDeviceGetProcessUtilization:
-    leaq .Lname29(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetProcessUtilization@PLT
     .size nvmlDeviceGetProcessUtilization, .-nvmlDeviceGetProcessUtilization
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,10 +1007,7 @@ nvmlDeviceGetRepairStatus:
     .globl nvmlDeviceGetRetiredPages
     .type nvmlDeviceGetRetiredPages, @function
 nvmlDeviceGetRetiredPages:
-    leaq .Lname31(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRetiredPages@PLT
     .size nvmlDeviceGetRetiredPages, .-nvmlDeviceGetRetiredPages
     .globl nvmlDeviceGetRetiredPagesPendingStatus
     .type nvmlDeviceGetRetiredPagesPendingStatus, @function
@@ -1065,10 +1017,7 @@ nvmlDeviceGetRetiredPagesPendingStatus:
     .globl nvmlDeviceGetRetiredPages_v2
     .type nvmlDeviceGetRetiredPages_v2, @function
 nvmlDeviceGetRetiredPages_v2:
-    leaq .Lname32(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetRetiredPages_v2@PLT
     .size nvmlDeviceGetRetiredPages_v2, .-nvmlDeviceGetRetiredPages_v2
     .globl nvmlDeviceGetRowRemapperHistogram
     .type nvmlDeviceGetRowRemapperHistogram, @function
@@ -1078,7 +1027,7 @@ nvmlDeviceGetRowRemapperHistogram:
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1086,10 +1035,7 @@ nvmlDeviceGetRunningProcessDetailList:
     .globl nvmlDeviceGetSamples
     .type nvmlDeviceGetSamples, @function
 nvmlDeviceGetSamples:
-    leaq .Lname34(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSamples__cu126@PLT
     .size nvmlDeviceGetSamples, .-nvmlDeviceGetSamples
     .globl nvmlDeviceGetSerial
     .type nvmlDeviceGetSerial, @function
@@ -1104,7 +1050,7 @@ nvmlDeviceGetSramEccErrorStatus:
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1127,26 +1073,17 @@ nvmlDeviceGetSupportedEventTypes:
     .globl nvmlDeviceGetSupportedGraphicsClocks
     .type nvmlDeviceGetSupportedGraphicsClocks, @function
 nvmlDeviceGetSupportedGraphicsClocks:
-    leaq .Lname36(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSupportedGraphicsClocks@PLT
     .size nvmlDeviceGetSupportedGraphicsClocks, .-nvmlDeviceGetSupportedGraphicsClocks
     .globl nvmlDeviceGetSupportedMemoryClocks
     .type nvmlDeviceGetSupportedMemoryClocks, @function
 nvmlDeviceGetSupportedMemoryClocks:
-    leaq .Lname37(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSupportedMemoryClocks@PLT
     .size nvmlDeviceGetSupportedMemoryClocks, .-nvmlDeviceGetSupportedMemoryClocks
     .globl nvmlDeviceGetSupportedPerformanceStates
     .type nvmlDeviceGetSupportedPerformanceStates, @function
 nvmlDeviceGetSupportedPerformanceStates:
-    leaq .Lname38(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSupportedPerformanceStates@PLT
     .size nvmlDeviceGetSupportedPerformanceStates, .-nvmlDeviceGetSupportedPerformanceStates
     .globl nvmlDeviceGetSupportedPowerModes
     .type nvmlDeviceGetSupportedPowerModes, @function
@@ -1156,10 +1093,7 @@ nvmlDeviceGetSupportedPowerModes:
     .globl nvmlDeviceGetSupportedVgpus
     .type nvmlDeviceGetSupportedVgpus, @function
 nvmlDeviceGetSupportedVgpus:
-    leaq .Lname39(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetSupportedVgpus@PLT
     .size nvmlDeviceGetSupportedVgpus, .-nvmlDeviceGetSupportedVgpus
     .globl nvmlDeviceGetTargetFanSpeed
     .type nvmlDeviceGetTargetFanSpeed, @function
@@ -1194,7 +1128,7 @@ nvmlDeviceGetTopologyCommonAncestor:
     .globl nvmlDeviceGetTopologyNearestGpus
     .type nvmlDeviceGetTopologyNearestGpus, @function
 nvmlDeviceGetTopologyNearestGpus:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1242,7 +1176,7 @@ nvmlDeviceGetVgpuHeterogeneousMode:
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1250,7 +1184,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1258,7 +1192,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1266,7 +1200,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1289,7 +1223,7 @@ nvmlDeviceGetVgpuSchedulerState:
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,7 +1231,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1305,10 +1239,7 @@ nvmlDeviceGetVgpuTypeSupportedPlacements:
     .globl nvmlDeviceGetVgpuUtilization
     .type nvmlDeviceGetVgpuUtilization, @function
 nvmlDeviceGetVgpuUtilization:
-    leaq .Lname47(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu126@PLT
     .size nvmlDeviceGetVgpuUtilization, .-nvmlDeviceGetVgpuUtilization
     .globl nvmlDeviceGetViolationStatus
     .type nvmlDeviceGetViolationStatus, @function
@@ -1328,7 +1259,7 @@ nvmlDeviceIsMigDeviceHandle:
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1341,7 +1272,7 @@ nvmlDeviceOnSameBoard:
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1349,7 +1280,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1357,7 +1288,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1370,7 +1301,7 @@ nvmlDeviceQueryDrainState:
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1309,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1386,7 +1317,7 @@ nvmlDeviceReadWritePRM_v1:
     .globl nvmlDeviceRegisterEvents
     .type nvmlDeviceRegisterEvents, @function
 nvmlDeviceRegisterEvents:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1325,7 @@ nvmlDeviceRegisterEvents:
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1402,7 +1333,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1410,7 +1341,7 @@ nvmlDeviceRemoveGpu_v2:
     .globl nvmlDeviceResetApplicationsClocks
     .type nvmlDeviceResetApplicationsClocks, @function
 nvmlDeviceResetApplicationsClocks:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1418,7 +1349,7 @@ nvmlDeviceResetApplicationsClocks:
     .globl nvmlDeviceResetGpuLockedClocks
     .type nvmlDeviceResetGpuLockedClocks, @function
 nvmlDeviceResetGpuLockedClocks:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1426,7 +1357,7 @@ nvmlDeviceResetGpuLockedClocks:
     .globl nvmlDeviceResetMemoryLockedClocks
     .type nvmlDeviceResetMemoryLockedClocks, @function
 nvmlDeviceResetMemoryLockedClocks:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,7 +1365,7 @@ nvmlDeviceResetMemoryLockedClocks:
     .globl nvmlDeviceResetNvLinkErrorCounters
     .type nvmlDeviceResetNvLinkErrorCounters, @function
 nvmlDeviceResetNvLinkErrorCounters:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1442,7 +1373,7 @@ nvmlDeviceResetNvLinkErrorCounters:
     .globl nvmlDeviceResetNvLinkUtilizationCounter
     .type nvmlDeviceResetNvLinkUtilizationCounter, @function
 nvmlDeviceResetNvLinkUtilizationCounter:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1381,7 @@ nvmlDeviceResetNvLinkUtilizationCounter:
     .globl nvmlDeviceSetAPIRestriction
     .type nvmlDeviceSetAPIRestriction, @function
 nvmlDeviceSetAPIRestriction:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1458,7 +1389,7 @@ nvmlDeviceSetAPIRestriction:
     .globl nvmlDeviceSetAccountingMode
     .type nvmlDeviceSetAccountingMode, @function
 nvmlDeviceSetAccountingMode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1466,7 +1397,7 @@ nvmlDeviceSetAccountingMode:
     .globl nvmlDeviceSetApplicationsClocks
     .type nvmlDeviceSetApplicationsClocks, @function
 nvmlDeviceSetApplicationsClocks:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1474,7 +1405,7 @@ nvmlDeviceSetApplicationsClocks:
     .globl nvmlDeviceSetAutoBoostedClocksEnabled
     .type nvmlDeviceSetAutoBoostedClocksEnabled, @function
 nvmlDeviceSetAutoBoostedClocksEnabled:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1482,7 +1413,7 @@ nvmlDeviceSetAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1490,7 +1421,7 @@ nvmlDeviceSetClockOffsets:
     .globl nvmlDeviceSetComputeMode
     .type nvmlDeviceSetComputeMode, @function
 nvmlDeviceSetComputeMode:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1498,7 +1429,7 @@ nvmlDeviceSetComputeMode:
     .globl nvmlDeviceSetConfComputeUnprotectedMemSize
     .type nvmlDeviceSetConfComputeUnprotectedMemSize, @function
 nvmlDeviceSetConfComputeUnprotectedMemSize:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1506,7 +1437,7 @@ nvmlDeviceSetConfComputeUnprotectedMemSize:
     .globl nvmlDeviceSetCpuAffinity
     .type nvmlDeviceSetCpuAffinity, @function
 nvmlDeviceSetCpuAffinity:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1514,7 +1445,7 @@ nvmlDeviceSetCpuAffinity:
     .globl nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .type nvmlDeviceSetDefaultAutoBoostedClocksEnabled, @function
 nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1522,7 +1453,7 @@ nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetDefaultFanSpeed_v2
     .type nvmlDeviceSetDefaultFanSpeed_v2, @function
 nvmlDeviceSetDefaultFanSpeed_v2:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1530,7 +1461,7 @@ nvmlDeviceSetDefaultFanSpeed_v2:
     .globl nvmlDeviceSetDramEncryptionMode
     .type nvmlDeviceSetDramEncryptionMode, @function
 nvmlDeviceSetDramEncryptionMode:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1538,7 +1469,7 @@ nvmlDeviceSetDramEncryptionMode:
     .globl nvmlDeviceSetDriverModel
     .type nvmlDeviceSetDriverModel, @function
 nvmlDeviceSetDriverModel:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1546,7 +1477,7 @@ nvmlDeviceSetDriverModel:
     .globl nvmlDeviceSetEccMode
     .type nvmlDeviceSetEccMode, @function
 nvmlDeviceSetEccMode:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1554,7 +1485,7 @@ nvmlDeviceSetEccMode:
     .globl nvmlDeviceSetFanControlPolicy
     .type nvmlDeviceSetFanControlPolicy, @function
 nvmlDeviceSetFanControlPolicy:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1562,7 +1493,7 @@ nvmlDeviceSetFanControlPolicy:
     .globl nvmlDeviceSetFanSpeed_v2
     .type nvmlDeviceSetFanSpeed_v2, @function
 nvmlDeviceSetFanSpeed_v2:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1570,7 +1501,7 @@ nvmlDeviceSetFanSpeed_v2:
     .globl nvmlDeviceSetGpcClkVfOffset
     .type nvmlDeviceSetGpcClkVfOffset, @function
 nvmlDeviceSetGpcClkVfOffset:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,7 +1509,7 @@ nvmlDeviceSetGpcClkVfOffset:
     .globl nvmlDeviceSetGpuLockedClocks
     .type nvmlDeviceSetGpuLockedClocks, @function
 nvmlDeviceSetGpuLockedClocks:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1586,7 +1517,7 @@ nvmlDeviceSetGpuLockedClocks:
     .globl nvmlDeviceSetGpuOperationMode
     .type nvmlDeviceSetGpuOperationMode, @function
 nvmlDeviceSetGpuOperationMode:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1594,7 +1525,7 @@ nvmlDeviceSetGpuOperationMode:
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1602,7 +1533,7 @@ nvmlDeviceSetHostname_v1:
     .globl nvmlDeviceSetMemClkVfOffset
     .type nvmlDeviceSetMemClkVfOffset, @function
 nvmlDeviceSetMemClkVfOffset:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1610,7 +1541,7 @@ nvmlDeviceSetMemClkVfOffset:
     .globl nvmlDeviceSetMemoryLockedClocks
     .type nvmlDeviceSetMemoryLockedClocks, @function
 nvmlDeviceSetMemoryLockedClocks:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1618,7 +1549,7 @@ nvmlDeviceSetMemoryLockedClocks:
     .globl nvmlDeviceSetMigMode
     .type nvmlDeviceSetMigMode, @function
 nvmlDeviceSetMigMode:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1626,7 +1557,7 @@ nvmlDeviceSetMigMode:
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1634,7 +1565,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1642,7 +1573,7 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1650,7 +1581,7 @@ nvmlDeviceSetNvlinkBwMode:
     .globl nvmlDeviceSetPersistenceMode
     .type nvmlDeviceSetPersistenceMode, @function
 nvmlDeviceSetPersistenceMode:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1658,7 +1589,7 @@ nvmlDeviceSetPersistenceMode:
     .globl nvmlDeviceSetPowerManagementLimit
     .type nvmlDeviceSetPowerManagementLimit, @function
 nvmlDeviceSetPowerManagementLimit:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1666,7 +1597,7 @@ nvmlDeviceSetPowerManagementLimit:
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1674,7 +1605,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1682,7 +1613,7 @@ nvmlDeviceSetPowerMizerMode_v1:
     .globl nvmlDeviceSetPowerMode
     .type nvmlDeviceSetPowerMode, @function
 nvmlDeviceSetPowerMode:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1690,7 +1621,7 @@ nvmlDeviceSetPowerMode:
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1629,7 @@ nvmlDeviceSetRusdSettings_v1:
     .globl nvmlDeviceSetTemperatureThreshold
     .type nvmlDeviceSetTemperatureThreshold, @function
 nvmlDeviceSetTemperatureThreshold:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1706,7 +1637,7 @@ nvmlDeviceSetTemperatureThreshold:
     .globl nvmlDeviceSetVgpuCapabilities
     .type nvmlDeviceSetVgpuCapabilities, @function
 nvmlDeviceSetVgpuCapabilities:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1714,7 +1645,7 @@ nvmlDeviceSetVgpuCapabilities:
     .globl nvmlDeviceSetVgpuHeterogeneousMode
     .type nvmlDeviceSetVgpuHeterogeneousMode, @function
 nvmlDeviceSetVgpuHeterogeneousMode:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1722,7 +1653,7 @@ nvmlDeviceSetVgpuHeterogeneousMode:
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1730,7 +1661,7 @@ nvmlDeviceSetVgpuSchedulerState:
     .globl nvmlDeviceSetVirtualizationMode
     .type nvmlDeviceSetVirtualizationMode, @function
 nvmlDeviceSetVirtualizationMode:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1743,7 +1674,7 @@ nvmlDeviceValidateInforom:
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1692,7 @@ nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1700,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,7 +1713,7 @@ nvmlErrorString:
     .globl nvmlEventSetCreate
     .type nvmlEventSetCreate, @function
 nvmlEventSetCreate:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1790,7 +1721,7 @@ nvmlEventSetCreate:
     .globl nvmlEventSetFree
     .type nvmlEventSetFree, @function
 nvmlEventSetFree:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1798,7 +1729,7 @@ nvmlEventSetFree:
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1806,7 +1737,7 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1824,7 +1755,7 @@ nvmlGetExcludedDeviceInfoByIndex:
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1842,7 +1773,7 @@ nvmlGetVgpuVersion:
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1811,7 @@ nvmlGpmSampleGet:
     .globl nvmlGpmSetStreamingEnabled
     .type nvmlGpmSetStreamingEnabled, @function
 nvmlGpmSetStreamingEnabled:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1819,7 @@ nvmlGpmSetStreamingEnabled:
     .globl nvmlGpuInstanceCreateComputeInstance
     .type nvmlGpuInstanceCreateComputeInstance, @function
 nvmlGpuInstanceCreateComputeInstance:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,7 +1827,7 @@ nvmlGpuInstanceCreateComputeInstance:
     .globl nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .type nvmlGpuInstanceCreateComputeInstanceWithPlacement, @function
 nvmlGpuInstanceCreateComputeInstanceWithPlacement:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1835,7 @@ nvmlGpuInstanceCreateComputeInstanceWithPlacement:
     .globl nvmlGpuInstanceDestroy
     .type nvmlGpuInstanceDestroy, @function
 nvmlGpuInstanceDestroy:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1843,7 @@ nvmlGpuInstanceDestroy:
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1925,7 +1856,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1869,7 @@ nvmlGpuInstanceGetComputeInstanceProfileInfo:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1951,7 +1882,7 @@ nvmlGpuInstanceGetComputeInstanceRemainingCapacity:
     .globl nvmlGpuInstanceGetComputeInstances
     .type nvmlGpuInstanceGetComputeInstances, @function
 nvmlGpuInstanceGetComputeInstances:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1959,7 +1890,7 @@ nvmlGpuInstanceGetComputeInstances:
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1918,7 @@ nvmlGpuInstanceGetVgpuSchedulerState:
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1995,7 +1926,7 @@ nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
     .globl nvmlGpuInstanceSetVgpuHeterogeneousMode
     .type nvmlGpuInstanceSetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceSetVgpuHeterogeneousMode:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2003,7 +1934,7 @@ nvmlGpuInstanceSetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2031,7 +1962,7 @@ nvmlInternalGetExportTable:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2044,7 +1975,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2052,7 +1983,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2060,7 +1991,7 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2103,7 +2034,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2116,10 +2047,7 @@ nvmlSystemGetDriverVersion:
     .globl nvmlSystemGetHicVersion
     .type nvmlSystemGetHicVersion, @function
 nvmlSystemGetHicVersion:
-    leaq .Lname124(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetHicVersion@PLT
     .size nvmlSystemGetHicVersion, .-nvmlSystemGetHicVersion
     .globl nvmlSystemGetNVMLVersion
     .type nvmlSystemGetNVMLVersion, @function
@@ -2134,15 +2062,12 @@ nvmlSystemGetNvlinkBwMode:
     .globl nvmlSystemGetProcessName
     .type nvmlSystemGetProcessName, @function
 nvmlSystemGetProcessName:
-    leaq .Lname125(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlSystemGetProcessName@PLT
     .size nvmlSystemGetProcessName, .-nvmlSystemGetProcessName
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2150,7 +2075,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2158,7 +2083,7 @@ nvmlSystemRegisterEvents:
     .globl nvmlSystemSetConfComputeGpusReadyState
     .type nvmlSystemSetConfComputeGpusReadyState, @function
 nvmlSystemSetConfComputeGpusReadyState:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2166,7 +2091,7 @@ nvmlSystemSetConfComputeGpusReadyState:
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2174,7 +2099,7 @@ nvmlSystemSetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemSetNvlinkBwMode
     .type nvmlSystemSetNvlinkBwMode, @function
 nvmlSystemSetNvlinkBwMode:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2187,7 +2112,7 @@ nvmlUnitGetCount:
     .globl nvmlUnitGetDevices
     .type nvmlUnitGetDevices, @function
 nvmlUnitGetDevices:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2225,7 +2150,7 @@ nvmlUnitGetUnitInfo:
     .globl nvmlUnitSetLedState
     .type nvmlUnitSetLedState, @function
 nvmlUnitSetLedState:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2233,7 +2158,7 @@ nvmlUnitSetLedState:
     .globl nvmlVgpuInstanceClearAccountingPids
     .type nvmlVgpuInstanceClearAccountingPids, @function
 nvmlVgpuInstanceClearAccountingPids:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2246,7 +2171,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2254,7 +2179,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2272,10 +2197,7 @@ nvmlVgpuInstanceGetEncoderCapacity:
     .globl nvmlVgpuInstanceGetEncoderSessions
     .type nvmlVgpuInstanceGetEncoderSessions, @function
 nvmlVgpuInstanceGetEncoderSessions:
-    leaq .Lname136(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetEncoderSessions@PLT
     .size nvmlVgpuInstanceGetEncoderSessions, .-nvmlVgpuInstanceGetEncoderSessions
     .globl nvmlVgpuInstanceGetEncoderStats
     .type nvmlVgpuInstanceGetEncoderStats, @function
@@ -2285,10 +2207,7 @@ nvmlVgpuInstanceGetEncoderStats:
     .globl nvmlVgpuInstanceGetFBCSessions
     .type nvmlVgpuInstanceGetFBCSessions, @function
 nvmlVgpuInstanceGetFBCSessions:
-    leaq .Lname137(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetFBCSessions@PLT
     .size nvmlVgpuInstanceGetFBCSessions, .-nvmlVgpuInstanceGetFBCSessions
     .globl nvmlVgpuInstanceGetFBCStats
     .type nvmlVgpuInstanceGetFBCStats, @function
@@ -2313,10 +2232,7 @@ nvmlVgpuInstanceGetGpuInstanceId:
     .globl nvmlVgpuInstanceGetGpuPciId
     .type nvmlVgpuInstanceGetGpuPciId, @function
 nvmlVgpuInstanceGetGpuPciId:
-    leaq .Lname138(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuInstanceGetGpuPciId@PLT
     .size nvmlVgpuInstanceGetGpuPciId, .-nvmlVgpuInstanceGetGpuPciId
     .globl nvmlVgpuInstanceGetLicenseInfo
     .type nvmlVgpuInstanceGetLicenseInfo, @function
@@ -2341,7 +2257,7 @@ nvmlVgpuInstanceGetMdevUUID:
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2379,7 +2295,7 @@ nvmlVgpuInstanceGetVmID:
     .globl nvmlVgpuInstanceSetEncoderCapacity
     .type nvmlVgpuInstanceSetEncoderCapacity, @function
 nvmlVgpuInstanceSetEncoderCapacity:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2397,10 +2313,7 @@ nvmlVgpuTypeGetCapabilities:
     .globl nvmlVgpuTypeGetClass
     .type nvmlVgpuTypeGetClass, @function
 nvmlVgpuTypeGetClass:
-    leaq .Lname141(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetClass@PLT
     .size nvmlVgpuTypeGetClass, .-nvmlVgpuTypeGetClass
     .globl nvmlVgpuTypeGetDeviceID
     .type nvmlVgpuTypeGetDeviceID, @function
@@ -2455,10 +2368,7 @@ nvmlVgpuTypeGetMaxInstancesPerVm:
     .globl nvmlVgpuTypeGetName
     .type nvmlVgpuTypeGetName, @function
 nvmlVgpuTypeGetName:
-    leaq .Lname142(%rip), %rdi
-    movq $3, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvml_nvmlVgpuTypeGetName@PLT
     .size nvmlVgpuTypeGetName, .-nvmlVgpuTypeGetName
     .globl nvmlVgpuTypeGetNumDisplayHeads
     .type nvmlVgpuTypeGetNumDisplayHeads, @function
@@ -2496,265 +2406,205 @@ nvmlVgpuTypeGetResolution:
 .Lname11:
     .asciz "nvmlDeviceGetAccountingStats"
 .Lname12:
-    .asciz "nvmlDeviceGetActiveVgpus"
-.Lname13:
-    .asciz "nvmlDeviceGetComputeRunningProcesses"
-.Lname14:
-    .asciz "nvmlDeviceGetComputeRunningProcesses_v2"
-.Lname15:
-    .asciz "nvmlDeviceGetComputeRunningProcesses_v3"
-.Lname16:
-    .asciz "nvmlDeviceGetCreatableVgpus"
-.Lname17:
-    .asciz "nvmlDeviceGetEncoderSessions"
-.Lname18:
-    .asciz "nvmlDeviceGetFBCSessions"
-.Lname19:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
-.Lname20:
+.Lname13:
     .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
-.Lname21:
+.Lname14:
     .asciz "nvmlDeviceGetGpuInstances"
-.Lname22:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses"
-.Lname23:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v2"
-.Lname24:
-    .asciz "nvmlDeviceGetGraphicsRunningProcesses_v3"
-.Lname25:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses"
-.Lname26:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v2"
-.Lname27:
-    .asciz "nvmlDeviceGetMPSComputeRunningProcesses_v3"
-.Lname28:
-    .asciz "nvmlDeviceGetPgpuMetadataString"
-.Lname29:
-    .asciz "nvmlDeviceGetProcessUtilization"
-.Lname30:
+.Lname15:
     .asciz "nvmlDeviceGetProcessesUtilizationInfo"
-.Lname31:
-    .asciz "nvmlDeviceGetRetiredPages"
-.Lname32:
-    .asciz "nvmlDeviceGetRetiredPages_v2"
-.Lname33:
+.Lname16:
     .asciz "nvmlDeviceGetRunningProcessDetailList"
-.Lname34:
-    .asciz "nvmlDeviceGetSamples"
-.Lname35:
+.Lname17:
     .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
-.Lname36:
-    .asciz "nvmlDeviceGetSupportedGraphicsClocks"
-.Lname37:
-    .asciz "nvmlDeviceGetSupportedMemoryClocks"
-.Lname38:
-    .asciz "nvmlDeviceGetSupportedPerformanceStates"
-.Lname39:
-    .asciz "nvmlDeviceGetSupportedVgpus"
-.Lname40:
+.Lname18:
     .asciz "nvmlDeviceGetTopologyNearestGpus"
-.Lname41:
+.Lname19:
     .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
-.Lname42:
+.Lname20:
     .asciz "nvmlDeviceGetVgpuMetadata"
-.Lname43:
+.Lname21:
     .asciz "nvmlDeviceGetVgpuProcessUtilization"
-.Lname44:
+.Lname22:
     .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
-.Lname45:
+.Lname23:
     .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
-.Lname46:
+.Lname24:
     .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
-.Lname47:
-    .asciz "nvmlDeviceGetVgpuUtilization"
-.Lname48:
+.Lname25:
     .asciz "nvmlDeviceModifyDrainState"
-.Lname49:
+.Lname26:
     .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
-.Lname50:
+.Lname27:
     .asciz "nvmlDevicePowerSmoothingSetState"
-.Lname51:
+.Lname28:
     .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
-.Lname52:
+.Lname29:
     .asciz "nvmlDeviceReadPRMCounters_v1"
-.Lname53:
+.Lname30:
     .asciz "nvmlDeviceReadWritePRM_v1"
-.Lname54:
+.Lname31:
     .asciz "nvmlDeviceRegisterEvents"
-.Lname55:
+.Lname32:
     .asciz "nvmlDeviceRemoveGpu"
-.Lname56:
+.Lname33:
     .asciz "nvmlDeviceRemoveGpu_v2"
-.Lname57:
+.Lname34:
     .asciz "nvmlDeviceResetApplicationsClocks"
-.Lname58:
+.Lname35:
     .asciz "nvmlDeviceResetGpuLockedClocks"
-.Lname59:
+.Lname36:
     .asciz "nvmlDeviceResetMemoryLockedClocks"
-.Lname60:
+.Lname37:
     .asciz "nvmlDeviceResetNvLinkErrorCounters"
-.Lname61:
+.Lname38:
     .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
-.Lname62:
+.Lname39:
     .asciz "nvmlDeviceSetAPIRestriction"
-.Lname63:
+.Lname40:
     .asciz "nvmlDeviceSetAccountingMode"
-.Lname64:
+.Lname41:
     .asciz "nvmlDeviceSetApplicationsClocks"
-.Lname65:
+.Lname42:
     .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
-.Lname66:
+.Lname43:
     .asciz "nvmlDeviceSetClockOffsets"
-.Lname67:
+.Lname44:
     .asciz "nvmlDeviceSetComputeMode"
-.Lname68:
+.Lname45:
     .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
-.Lname69:
+.Lname46:
     .asciz "nvmlDeviceSetCpuAffinity"
-.Lname70:
+.Lname47:
     .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
-.Lname71:
+.Lname48:
     .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
-.Lname72:
+.Lname49:
     .asciz "nvmlDeviceSetDramEncryptionMode"
-.Lname73:
+.Lname50:
     .asciz "nvmlDeviceSetDriverModel"
-.Lname74:
+.Lname51:
     .asciz "nvmlDeviceSetEccMode"
-.Lname75:
+.Lname52:
     .asciz "nvmlDeviceSetFanControlPolicy"
-.Lname76:
+.Lname53:
     .asciz "nvmlDeviceSetFanSpeed_v2"
-.Lname77:
+.Lname54:
     .asciz "nvmlDeviceSetGpcClkVfOffset"
-.Lname78:
+.Lname55:
     .asciz "nvmlDeviceSetGpuLockedClocks"
-.Lname79:
+.Lname56:
     .asciz "nvmlDeviceSetGpuOperationMode"
-.Lname80:
+.Lname57:
     .asciz "nvmlDeviceSetHostname_v1"
-.Lname81:
+.Lname58:
     .asciz "nvmlDeviceSetMemClkVfOffset"
-.Lname82:
+.Lname59:
     .asciz "nvmlDeviceSetMemoryLockedClocks"
-.Lname83:
+.Lname60:
     .asciz "nvmlDeviceSetMigMode"
-.Lname84:
+.Lname61:
     .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
-.Lname85:
+.Lname62:
     .asciz "nvmlDeviceSetNvLinkUtilizationControl"
-.Lname86:
+.Lname63:
     .asciz "nvmlDeviceSetNvlinkBwMode"
-.Lname87:
+.Lname64:
     .asciz "nvmlDeviceSetPersistenceMode"
-.Lname88:
+.Lname65:
     .asciz "nvmlDeviceSetPowerManagementLimit"
-.Lname89:
+.Lname66:
     .asciz "nvmlDeviceSetPowerManagementLimit_v2"
-.Lname90:
+.Lname67:
     .asciz "nvmlDeviceSetPowerMizerMode_v1"
-.Lname91:
+.Lname68:
     .asciz "nvmlDeviceSetPowerMode"
-.Lname92:
+.Lname69:
     .asciz "nvmlDeviceSetRusdSettings_v1"
-.Lname93:
+.Lname70:
     .asciz "nvmlDeviceSetTemperatureThreshold"
-.Lname94:
+.Lname71:
     .asciz "nvmlDeviceSetVgpuCapabilities"
-.Lname95:
+.Lname72:
     .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
-.Lname96:
+.Lname73:
     .asciz "nvmlDeviceSetVgpuSchedulerState"
-.Lname97:
+.Lname74:
     .asciz "nvmlDeviceSetVirtualizationMode"
-.Lname98:
+.Lname75:
     .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
-.Lname99:
+.Lname76:
     .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
-.Lname100:
+.Lname77:
     .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
-.Lname101:
+.Lname78:
     .asciz "nvmlEventSetCreate"
-.Lname102:
+.Lname79:
     .asciz "nvmlEventSetFree"
-.Lname103:
+.Lname80:
     .asciz "nvmlEventSetWait"
-.Lname104:
+.Lname81:
     .asciz "nvmlEventSetWait_v2"
-.Lname105:
+.Lname82:
     .asciz "nvmlGetVgpuCompatibility"
-.Lname106:
+.Lname83:
     .asciz "nvmlGpmMetricsGet"
-.Lname107:
+.Lname84:
     .asciz "nvmlGpmSetStreamingEnabled"
-.Lname108:
+.Lname85:
     .asciz "nvmlGpuInstanceCreateComputeInstance"
-.Lname109:
+.Lname86:
     .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
-.Lname110:
+.Lname87:
     .asciz "nvmlGpuInstanceDestroy"
-.Lname111:
+.Lname88:
     .asciz "nvmlGpuInstanceGetActiveVgpus"
-.Lname112:
+.Lname89:
     .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
-.Lname113:
+.Lname90:
     .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
-.Lname114:
+.Lname91:
     .asciz "nvmlGpuInstanceGetComputeInstances"
-.Lname115:
+.Lname92:
     .asciz "nvmlGpuInstanceGetCreatableVgpus"
-.Lname116:
+.Lname93:
     .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
-.Lname117:
+.Lname94:
     .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
-.Lname118:
+.Lname95:
     .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
-.Lname119:
+.Lname96:
     .asciz "nvmlSetVgpuVersion"
-.Lname120:
+.Lname97:
     .asciz "nvmlSystemEventSetCreate"
-.Lname121:
+.Lname98:
     .asciz "nvmlSystemEventSetFree"
-.Lname122:
+.Lname99:
     .asciz "nvmlSystemEventSetWait"
-.Lname123:
+.Lname100:
     .asciz "nvmlSystemGetDriverBranch"
-.Lname124:
-    .asciz "nvmlSystemGetHicVersion"
-.Lname125:
-    .asciz "nvmlSystemGetProcessName"
-.Lname126:
+.Lname101:
     .asciz "nvmlSystemGetTopologyGpuSet"
-.Lname127:
+.Lname102:
     .asciz "nvmlSystemRegisterEvents"
-.Lname128:
+.Lname103:
     .asciz "nvmlSystemSetConfComputeGpusReadyState"
-.Lname129:
+.Lname104:
     .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
-.Lname130:
+.Lname105:
     .asciz "nvmlSystemSetNvlinkBwMode"
-.Lname131:
+.Lname106:
     .asciz "nvmlUnitGetDevices"
-.Lname132:
+.Lname107:
     .asciz "nvmlUnitSetLedState"
-.Lname133:
+.Lname108:
     .asciz "nvmlVgpuInstanceClearAccountingPids"
-.Lname134:
+.Lname109:
     .asciz "nvmlVgpuInstanceGetAccountingPids"
-.Lname135:
+.Lname110:
     .asciz "nvmlVgpuInstanceGetAccountingStats"
-.Lname136:
-    .asciz "nvmlVgpuInstanceGetEncoderSessions"
-.Lname137:
-    .asciz "nvmlVgpuInstanceGetFBCSessions"
-.Lname138:
-    .asciz "nvmlVgpuInstanceGetGpuPciId"
-.Lname139:
+.Lname111:
     .asciz "nvmlVgpuInstanceGetMetadata"
-.Lname140:
+.Lname112:
     .asciz "nvmlVgpuInstanceSetEncoderCapacity"
-.Lname141:
-    .asciz "nvmlVgpuTypeGetClass"
-.Lname142:
-    .asciz "nvmlVgpuTypeGetName"
     .section .note.GNU-stack,"",@progbits

@@ -3,7 +3,10 @@
 GPU its name, UUID, PCI bus id, total memory and BAR1 size, and that utilization and used
 memory read; then the facts of nvidia-smi's screens that stay put on an idle GPU (thresholds,
 power limits, maximum clocks, modes, infoROM and firmware versions, CPU affinity) and that
-the readings which move (temperatures, ECC and encoder counters, PCIe throughput) answer.
+the readings which move (temperatures, ECC and encoder counters, PCIe throughput) answer;
+then the lists whose length the caller passes by pointer (supported clocks and P-states,
+encoder and frame-capture sessions, samples) and, with a CUDA context of its own (torch),
+that the GPU's process list shows this process, under its PID and name, using memory.
 
 Prints only values that do not change from run to run: what moves is printed as its type,
 a refusal as its NVML status (a GPU without ECC refuses the same way natively and remotely).
@@ -11,6 +14,8 @@ Run natively and through `chidori run`, the two outputs must be equal.
 """
 
 import ctypes
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import pynvml
@@ -95,6 +100,41 @@ def readings(handle: Any) -> None:
           kind(lambda: pynvml.nvmlDeviceGetViolationStatus(handle, pynvml.NVML_PERF_POLICY_POWER).violationTime))
 
 
+def lists(handle: Any) -> None:
+    """Arrays the caller sizes by pointer: the fixed ones printed, the moving ones typed."""
+    memory_clocks = ask(lambda: pynvml.nvmlDeviceGetSupportedMemoryClocks(handle))
+    print("  memory clocks", memory_clocks)
+    if isinstance(memory_clocks, list) and memory_clocks:
+        graphics = ask(lambda: pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, memory_clocks[0]))
+        print("  graphics clocks", graphics if isinstance(graphics, str) else len(graphics))
+    print("  pstates", ask(lambda: pynvml.nvmlDeviceGetSupportedPerformanceStates(handle)))
+    print("  encoder sessions", ask(lambda: len(pynvml.nvmlDeviceGetEncoderSessions(handle))),
+          "fbc sessions", ask(lambda: len(pynvml.nvmlDeviceGetFBCSessions(handle))),
+          "retired pages", ask(lambda: len(pynvml.nvmlDeviceGetRetiredPages(
+              handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS))))
+    print("  samples", kind(lambda: pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_TOTAL_POWER_SAMPLES, 0)))
+
+
+def own_process(handle: Any) -> None:
+    """With a CUDA context of this process: the process list shows it (its PID, name and
+    some memory), and torch's summary, which reads the same list, counts one process."""
+    try:
+        import torch
+    except ImportError:
+        print("  processes: no torch")
+        return
+    torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    mine = [p for p in listed if p.pid == os.getpid()]
+    print("  processes: mine", len(mine), "using memory", bool(mine) and (mine[0].usedGpuMemory or 0) > 0)
+    if mine:
+        name = text(pynvml.nvmlSystemGetProcessName(mine[0].pid))
+        started_as = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
+        print("  process name", os.path.basename(name) == os.path.basename(started_as))
+    print("  torch lists", torch.cuda.list_gpu_processes(0).count("process"), "process")
+
+
 def main() -> None:
     pynvml.nvmlInit()
     print("driver", text(pynvml.nvmlSystemGetDriverVersion()), "nvml", text(pynvml.nvmlSystemGetNVMLVersion()))
@@ -112,6 +152,8 @@ def main() -> None:
               text(pci.busId), "memory", memory.total, "bar1", bar1.bar1Total)
         fixed_facts(handle)
         readings(handle)
+        lists(handle)
+    own_process(pynvml.nvmlDeviceGetHandleByIndex(0))
     pynvml.nvmlShutdown()
 
 

@@ -26,7 +26,7 @@
 //! | `Handles` | the client's address | 8 × count, or [`NULL_LEN`] | the handles |
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
 
-use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire};
+use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire, word_at};
 use crate::messages::{COMPRESS_MAX, COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
 
 /// Largest host buffer one call may move (a frame's bulk section is no larger).
@@ -41,6 +41,9 @@ pub trait Client {
     fn scalar_mode(&mut self, mode: u64) -> ScalarMode;
     /// A new name for a handle the client names itself.
     fn new_name(&mut self) -> u64;
+    /// The integer of `bytes` (4 or 8, little-endian) at the non-null `addr` in the
+    /// program's memory: a length the caller passes by pointer ([`Len::Deref`]).
+    fn word(&mut self, addr: u64, bytes: u64) -> Option<u64>;
 }
 
 /// What the client knows of a handle's scalars.
@@ -81,6 +84,17 @@ fn count_of(len: Option<&'static Len>, args: &[u64]) -> Option<u64> {
     match len {
         Some(expr) => expr.eval(args),
         None => Some(1),
+    }
+}
+
+/// Bytes of the integer a [`Len::Deref`] of parameter `p` reads: `p` must be a one-element
+/// buffer of 4 or 8 bytes the caller fills (`in` or `inout`).
+pub fn deref_bytes(desc: &CallDesc, p: u8) -> Option<u64> {
+    match desc.params.get(usize::from(p))? {
+        &Wire::Buf { dir: Dir::In | Dir::InOut, elem: elem @ (4 | 8), len: None, record: None, .. } => {
+            Some(u64::from(elem))
+        }
+        _ => None,
     }
 }
 
@@ -166,7 +180,15 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(bytes));
             }
             Wire::Buf { dir, elem, len, .. } => {
-                let Some(bytes) = count_of(len, args).and_then(|c| bounded(c, u64::from(elem))) else { continue };
+                let count = match len {
+                    Some(expr) if expr.derefs() => expr.eval_with(args, &mut |p| {
+                        let bytes = deref_bytes(desc, p)?;
+                        let addr = args.get(usize::from(p)).copied().filter(|&a| a != 0)?;
+                        client.word(addr, bytes)
+                    }),
+                    _ => count_of(len, args),
+                };
+                let Some(bytes) = count.and_then(|c| bounded(c, u64::from(elem))) else { continue };
                 lens[i] = bytes;
                 if dir != Dir::Out {
                     inputs.push(span(bytes));
@@ -372,6 +394,10 @@ pub fn decode<'f>(
     }
     let mut bulk = Bulk { bytes: bulk, at: 0 };
     let mut out = Vec::with_capacity(n);
+    // Buffers whose length is behind a pointer parameter, perhaps a later one: (parameter,
+    // its length expression, element bytes, the bytes the client declared or None at NULL),
+    // checked once every parameter is decoded.
+    let mut deferred: Vec<(usize, &'static Len, u64, Option<u64>)> = Vec::new();
     for (i, wire) in desc.params.iter().enumerate() {
         let (a, len) = (args[i], lens[i]);
         let null = |what: String| DecodeError::Null { param: i, what };
@@ -474,6 +500,24 @@ pub fn decode<'f>(
                 }
                 Arg::Handles(Some(mapped))
             }
+            Wire::Buf { dir, elem, len: Some(expr), .. } if expr.derefs() => {
+                let elem = u64::from(elem);
+                if len == NULL_LEN {
+                    deferred.push((i, expr, elem, None));
+                    Arg::Buf(BufArg::Absent)
+                } else {
+                    // Only plain bytes (the client sends no other form for such a buffer).
+                    if len & (CONTENT_FLAG | COMPRESSED_FLAG) != 0 {
+                        return Err(DecodeError::Content { param: i });
+                    }
+                    if len > MAX_BUFFER {
+                        return Err(DecodeError::TooLarge { param: i, count: len / elem.max(1), elem });
+                    }
+                    deferred.push((i, expr, elem, Some(len)));
+                    let input = if dir == Dir::Out { None } else { Some(bulk.take(i, len)?) };
+                    Arg::Buf(BufArg::Present { len, input })
+                }
+            }
             Wire::Buf { dir, elem, len: count, record, optional } => {
                 let count = count_of(count, args).ok_or(DecodeError::NoLength { param: i })?;
                 let elem = u64::from(elem);
@@ -544,6 +588,27 @@ pub fn decode<'f>(
     }
     if bulk.at != bulk.bytes.len() {
         return Err(DecodeError::Leftover(bulk.bytes.len() - bulk.at));
+    }
+    for (i, expr, elem, len) in deferred {
+        let count = expr
+            .eval_with(args, &mut |p| match out.get(usize::from(p))? {
+                Arg::Buf(BufArg::Present { input: Some(bytes), .. }) => word_at(bytes, deref_bytes(desc, p)?),
+                _ => None,
+            })
+            .ok_or(DecodeError::NoLength { param: i })?;
+        match len {
+            // An array at NULL is an empty one, or the library would write through NULL.
+            None if count > 0 => {
+                return Err(DecodeError::Null { param: i, what: format!("NULL for {count} elements") });
+            }
+            None => {}
+            Some(len) => {
+                let expected = bounded(count, elem).ok_or(DecodeError::TooLarge { param: i, count, elem })?;
+                if expected != len {
+                    return Err(DecodeError::Length { param: i, got: len, expected });
+                }
+            }
+        }
     }
     Ok(out)
 }

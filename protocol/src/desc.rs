@@ -72,6 +72,9 @@ pub enum Form {
     /// tables): the first parameter's output buffer is the table's size, and the worker
     /// replaces the pointer the library wrote there with the bytes it points at.
     Table,
+    /// A list of the GPU's processes (NVML's): the worker keeps the entries of the session's
+    /// own worker process, under the program's PID.
+    Processes,
 }
 
 impl Form {
@@ -94,6 +97,7 @@ impl Form {
         Form::A2d,
         Form::Handles,
         Form::Table,
+        Form::Processes,
     ];
 
     /// The form's name in the specs (`wire.h2d`).
@@ -116,6 +120,7 @@ impl Form {
             Form::A2d => "a2d",
             Form::Handles => "handles",
             Form::Table => "table",
+            Form::Processes => "processes",
         }
     }
 
@@ -144,6 +149,7 @@ impl Form {
             Form::A2d => "A2d",
             Form::Handles => "Handles",
             Form::Table => "Table",
+            Form::Processes => "Processes",
         }
     }
 }
@@ -165,24 +171,57 @@ pub enum Len {
     /// None (no length) where it would be negative.
     Sub(&'static Len, &'static Len),
     Mul(&'static Len, &'static Len),
+    /// `a / b`, rounded down; None where `b` is 0.
+    Div(&'static Len, &'static Len),
     /// Element size by the enum value of parameter `.0` (None outside the table).
     Table(u8, &'static [u32]),
+    /// The integer parameter `.0` points at, as the caller passed it: a length the caller
+    /// gives by pointer and the library overwrites (NVML's `unsigned int *count`). That
+    /// parameter is a one-element `inout` buffer of 4 or 8 bytes.
+    Deref(u8),
 }
 
 impl Len {
-    /// Evaluate over the raw parameter values; None on overflow or a bad index.
+    /// Evaluate over the raw parameter values; None on overflow, a bad index, or a length
+    /// behind a pointer ([`Len::Deref`]: see [`Len::eval_with`]).
     pub fn eval(&self, args: &[u64]) -> Option<u64> {
+        self.eval_with(args, &mut |_| None)
+    }
+
+    /// Evaluate, with `deref(p)` giving the integer parameter `p` points at.
+    pub fn eval_with(&self, args: &[u64], deref: &mut dyn FnMut(u8) -> Option<u64>) -> Option<u64> {
         match *self {
             Len::Lit(n) => Some(n),
             Len::Param(i) => args.get(usize::from(i)).copied(),
-            Len::Add(a, b) => a.eval(args)?.checked_add(b.eval(args)?),
-            Len::Sub(a, b) => a.eval(args)?.checked_sub(b.eval(args)?),
-            Len::Mul(a, b) => a.eval(args)?.checked_mul(b.eval(args)?),
+            Len::Add(a, b) => a.eval_with(args, deref)?.checked_add(b.eval_with(args, deref)?),
+            Len::Sub(a, b) => a.eval_with(args, deref)?.checked_sub(b.eval_with(args, deref)?),
+            Len::Mul(a, b) => a.eval_with(args, deref)?.checked_mul(b.eval_with(args, deref)?),
+            Len::Div(a, b) => a.eval_with(args, deref)?.checked_div(b.eval_with(args, deref)?),
             Len::Table(i, sizes) => {
                 let v = usize::try_from(*args.get(usize::from(i))?).ok()?;
                 sizes.get(v).map(|s| u64::from(*s))
             }
+            Len::Deref(p) => deref(p),
         }
+    }
+
+    /// Whether the length depends on a value behind a pointer.
+    pub fn derefs(&self) -> bool {
+        match *self {
+            Len::Lit(_) | Len::Param(_) | Len::Table(..) => false,
+            Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) | Len::Div(a, b) => a.derefs() || b.derefs(),
+            Len::Deref(_) => true,
+        }
+    }
+}
+
+/// The integer of `bytes` (4 or 8, little-endian) at the start of `buf`; None for other
+/// sizes or a shorter buffer.
+pub fn word_at(buf: &[u8], bytes: u64) -> Option<u64> {
+    match bytes {
+        4 => buf.first_chunk::<4>().map(|w| u64::from(u32::from_le_bytes(*w))),
+        8 => buf.first_chunk::<8>().map(|w| u64::from_le_bytes(*w)),
+        _ => None,
     }
 }
 

@@ -33,6 +33,7 @@ pub mod mirror;
 pub mod nvjitlink;
 pub mod nvrtc;
 pub mod output;
+pub mod processes;
 pub mod profile;
 pub mod real;
 pub mod records;

@@ -104,6 +104,8 @@ struct Session {
     warned: Mutex<std::collections::HashSet<&'static str>>,
     /// Further connections carrying large copies (None: the session has none).
     lanes: Option<Arc<Lanes>>,
+    /// The program's PID on the client's machine: its processes in NVML's lists.
+    program_pid: u32,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -288,6 +290,7 @@ pub fn run(
         content: content.map(|(_, c)| c),
         warned: Mutex::new(std::collections::HashSet::new()),
         lanes: lanes.map(|(_, lanes)| lanes),
+        program_pid: hello.pid,
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -1092,6 +1095,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         raw[4] = data_pointers.as_ptr() as u64;
         kept = Some(values);
     }
+    // A process list: the caller's bytes of the array, which the entries not kept get back.
+    let process_list = (desc.form == Some(Form::Processes)).then(|| crate::processes::list(desc)).flatten();
+    let sent_entries = process_list.and_then(|l| buffers[l.array].as_ref().map(|b| b.bytes().to_vec()));
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
     let call = crate::fatal::running(desc.name);
     let ret = if desc.form == Some(Form::Host) {
@@ -1149,6 +1155,25 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         && let Err(why) = crate::tables::fill(b.bytes_mut())
     {
         return fail(desc.codes.not_supported, format!("{}: {why}", desc.name));
+    }
+    // Of the GPU's processes, the session's own (`crate::processes`).
+    if desc.form == Some(Form::Processes) {
+        let Some(list) = process_list else {
+            return fail(desc.codes.not_supported, format!("{}: no process list in its descriptor", desc.name));
+        };
+        if let (Some(sent), true) = (sent_entries, ok) {
+            let (array, count) = two_mut(&mut buffers, list.array, list.count);
+            if let (Some(entries), Some(count)) = (array.and_then(|b| b.as_mut()), count.and_then(|b| b.as_mut())) {
+                crate::processes::keep_own(
+                    entries.bytes_mut(),
+                    &sent,
+                    count.bytes_mut(),
+                    list.entry,
+                    std::process::id(),
+                    session.program_pid,
+                );
+            }
+        }
     }
     // A new handle reaches the client as its name: the client's own, or an id given now;
     // never the library's pointer. After a failure only a handle the client knows (the node
@@ -1308,6 +1333,21 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     send_reply(session, h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
 
+/// Two different elements of `v`, mutably (None for both where they are the same or one is
+/// out of range).
+fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (Option<&mut T>, Option<&mut T>) {
+    if a == b || a >= v.len() || b >= v.len() {
+        return (None, None);
+    }
+    if a < b {
+        let (left, right) = v.split_at_mut(b);
+        (left.get_mut(a), right.first_mut())
+    } else {
+        let (left, right) = v.split_at_mut(a);
+        (right.first_mut(), left.get_mut(b))
+    }
+}
+
 /// What the GPU printed since the last reply goes first: the program prints it before the
 /// call that waited returns (a synchronization is where the driver writes it).
 fn send_output(session: &Session, thread: u32) -> Result<(), Fatal> {
@@ -1419,6 +1459,7 @@ impl Harness {
             content: None,
             warned: Mutex::new(std::collections::HashSet::new()),
             lanes: None,
+            program_pid: 0,
         });
         Harness { session }
     }

@@ -1352,17 +1352,22 @@ fn len_static(l: &Len, statics: &mut Vec<TokenStream>, prefix: &str) -> Ident {
             let i = *i as u8;
             quote!(Len::Param(#i))
         }
+        Len::Deref(i) => {
+            let i = *i as u8;
+            quote!(Len::Deref(#i))
+        }
         Len::Table(i, sizes) => {
             let i = *i as u8;
             let sizes = sizes.iter().map(|s| *s as u32);
             quote!(Len::Table(#i, &[#(#sizes),*]))
         }
-        Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) => {
+        Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) | Len::Div(a, b) => {
             let a = len_static(a, statics, prefix);
             let b = len_static(b, statics, prefix);
             match l {
                 Len::Add(..) => quote!(Len::Add(&#a, &#b)),
                 Len::Sub(..) => quote!(Len::Sub(&#a, &#b)),
+                Len::Div(..) => quote!(Len::Div(&#a, &#b)),
                 _ => quote!(Len::Mul(&#a, &#b)),
             }
         }

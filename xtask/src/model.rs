@@ -285,8 +285,11 @@ pub enum Len {
     Add(Box<Len>, Box<Len>),
     Sub(Box<Len>, Box<Len>),
     Mul(Box<Len>, Box<Len>),
+    Div(Box<Len>, Box<Len>),
     /// Element size by the enum value of parameter `.0`: `.1[value]` (None: out of range).
     Table(usize, Vec<u64>),
+    /// The integer parameter `.0` points at, as the caller passed it (`*count`).
+    Deref(usize),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -896,6 +899,7 @@ fn classify_call(
             Err(why) => return Ok(Disposition::Unsupported { reason: format!("parameter {}: {why}", p.name) }),
         }
     }
+    check_derefs(decl, &wires)?;
     let class = class.unwrap_or(Class::Sync);
     if class == Class::Async {
         // A handle created here may be named by the client (the emitter checks its kind).
@@ -1115,6 +1119,47 @@ fn looks_like_length(name: &str) -> bool {
     ["count", "size", "len", "num"].iter().any(|w| lower.contains(w))
 }
 
+/// A length behind a pointer (`out[*count]`) sizes an output or in-out array (the only
+/// kind the worker checks after the count's bytes arrive) and reads a one-element input
+/// integer of 4 or 8 bytes that the caller fills.
+fn check_derefs(decl: &Function, wires: &[Wire]) -> Result<()> {
+    fn derefs(len: &Len, out: &mut Vec<usize>) {
+        match len {
+            Len::Deref(p) => out.push(*p),
+            Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) | Len::Div(a, b) => {
+                derefs(a, out);
+                derefs(b, out);
+            }
+            Len::Lit(_) | Len::Param(_) | Len::Table(..) => {}
+        }
+    }
+    for (i, wire) in wires.iter().enumerate() {
+        let mut sources = Vec::new();
+        match wire {
+            Wire::Buf { len: Some(len), .. } | Wire::Handles { len, .. } => derefs(len, &mut sources),
+            Wire::Scalar { size: Some(len), .. } => derefs(len, &mut sources),
+            _ => {}
+        }
+        if sources.is_empty() {
+            continue;
+        }
+        let name = &decl.params[i].name;
+        if !matches!(wire, Wire::Buf { dir: Dir::Out | Dir::InOut, .. }) {
+            bail!("{}: {name}: only an `out` or `inout` array may have its length behind a pointer", decl.name);
+        }
+        for p in sources {
+            if !matches!(wires[p], Wire::Buf { dir: Dir::In | Dir::InOut, elem: 4 | 8, len: None, record: None, .. }) {
+                bail!(
+                    "{}: {name}'s length *{} must point at one 4- or 8-byte integer the caller fills (`inout`)",
+                    decl.name,
+                    decl.params[p].name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) -> Result<Len> {
     let index = |name: &str| -> Result<usize> {
         decl.params.iter().position(|p| p.name == name).with_context(|| format!("no parameter {name}"))
@@ -1122,6 +1167,7 @@ fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) ->
     Ok(match e {
         LenExpr::Lit(n) => Len::Lit(*n),
         LenExpr::Param(name) => Len::Param(index(name)?),
+        LenExpr::Deref(name) => Len::Deref(index(name)?),
         LenExpr::Add(a, b) => {
             Len::Add(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
         }
@@ -1130,6 +1176,9 @@ fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) ->
         }
         LenExpr::Mul(a, b) => {
             Len::Mul(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
+        }
+        LenExpr::Div(a, b) => {
+            Len::Div(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
         }
         LenExpr::Size(name, named_table) => {
             let i = index(name)?;

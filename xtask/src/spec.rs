@@ -84,7 +84,8 @@
 //! (a handle released by the call), `named` (a handle the call creates, named by the client so
 //! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
-//! other parameters: names, integer literals, `+`, `*` and parentheses. `scalar@h`,
+//! other parameters: names, integer literals, `+`, `-`, `*`, `/` (rounded down), parentheses
+//! and `*p`, the integer parameter `p` points at (a count passed by pointer, `inout`). `scalar@h`,
 //! `scalar_out@h` and `scalar_inout@h`: a BLAS scalar (alpha, beta, a dot product's result), a host value or a
 //! device address depending on the pointer mode the client recorded for parameter `h`;
 //! `scalar[n]@h` (and the other two) for n of them (rotm's five-element parameter array).
@@ -377,18 +378,23 @@ pub enum LenExpr {
     /// `a - b`; a length that would be negative is refused where it is evaluated.
     Sub(Box<LenExpr>, Box<LenExpr>),
     Mul(Box<LenExpr>, Box<LenExpr>),
+    /// `a / b`, rounded down (a byte count given for an array of larger elements).
+    Div(Box<LenExpr>, Box<LenExpr>),
     /// `size(p)`: the element size the spec's table for `p`'s type gives for its enum value;
     /// `size(p, table)`: the same from `[size.table]` (another property of the same enum,
     /// such as how many components a value of a data type has).
     Size(String, Option<String>),
+    /// `*p`: the integer parameter `p` points at, as the caller passed it (a count the
+    /// caller gives by pointer and the library overwrites: NVML's `unsigned int *count`).
+    Deref(String),
 }
 
 impl LenExpr {
     pub fn params(&self, out: &mut Vec<String>) {
         match self {
             LenExpr::Lit(_) => {}
-            LenExpr::Param(p) | LenExpr::Size(p, _) => out.push(p.clone()),
-            LenExpr::Add(a, b) | LenExpr::Sub(a, b) | LenExpr::Mul(a, b) => {
+            LenExpr::Param(p) | LenExpr::Size(p, _) | LenExpr::Deref(p) => out.push(p.clone()),
+            LenExpr::Add(a, b) | LenExpr::Sub(a, b) | LenExpr::Mul(a, b) | LenExpr::Div(a, b) => {
                 a.params(out);
                 b.params(out);
             }
@@ -488,7 +494,7 @@ fn tokenize(s: &str) -> Result<Vec<String>> {
     while let Some(&c) = chars.peek() {
         if c.is_whitespace() {
             chars.next();
-        } else if "+-*(),".contains(c) {
+        } else if "+-*/(),".contains(c) {
             out.push(c.to_string());
             chars.next();
         } else if c.is_ascii_alphanumeric() || c == '_' {
@@ -528,11 +534,19 @@ fn sum(t: &[String], pos: &mut usize) -> Result<LenExpr> {
 
 fn product(t: &[String], pos: &mut usize) -> Result<LenExpr> {
     let mut left = atom(t, pos)?;
-    while t.get(*pos).map(String::as_str) == Some("*") {
-        *pos += 1;
-        left = LenExpr::Mul(Box::new(left), Box::new(atom(t, pos)?));
+    loop {
+        match t.get(*pos).map(String::as_str) {
+            Some("*") => {
+                *pos += 1;
+                left = LenExpr::Mul(Box::new(left), Box::new(atom(t, pos)?));
+            }
+            Some("/") => {
+                *pos += 1;
+                left = LenExpr::Div(Box::new(left), Box::new(atom(t, pos)?));
+            }
+            _ => return Ok(left),
+        }
     }
-    Ok(left)
 }
 
 fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
@@ -565,6 +579,13 @@ fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
             _ => bail!("size(...) takes a parameter name and, optionally, a table name"),
         }
     }
+    if tok == "*" {
+        // `*count`: the integer the parameter points at (a length passed by pointer).
+        let name = t.get(*pos).filter(|n| n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_'));
+        let name = name.context("`*` before a length names a parameter: `*count`")?.clone();
+        *pos += 1;
+        return Ok(LenExpr::Deref(name));
+    }
     if tok.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') {
         return Ok(LenExpr::Param(tok.clone()));
     }
@@ -573,6 +594,21 @@ fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_length_behind_a_pointer_parses() {
+        assert_eq!(parse_param("inout[*count]").unwrap(), ParamSpec::InOutBuf(LenExpr::Deref("count".into())));
+        assert_eq!(
+            parse_expr("n * *count").unwrap(),
+            LenExpr::Mul(Box::new(LenExpr::Param("n".into())), Box::new(LenExpr::Deref("count".into())))
+        );
+        assert_eq!(
+            parse_expr("size / 4").unwrap(),
+            LenExpr::Div(Box::new(LenExpr::Param("size".into())), Box::new(LenExpr::Lit(4)))
+        );
+        assert!(parse_expr("*").is_err());
+        assert!(parse_expr("*3").is_err());
+    }
+
     use super::*;
 
     #[test]
@@ -633,7 +669,8 @@ mod tests {
         assert!(parse_param("sideways").is_err());
         assert!(parse_param("in[a +]").is_err());
         assert!(parse_param("in[a - b]").is_ok(), "subtraction (a tensor map's rank - 1 strides)");
-        assert!(parse_param("in[a / b]").is_err());
+        assert!(parse_param("in[a / b]").is_ok(), "division (a byte count of 4-byte elements)");
+        assert!(parse_param("in[a %  b]").is_err());
     }
 
     #[test]

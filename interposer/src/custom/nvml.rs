@@ -1,16 +1,19 @@
 //! NVML initialization and device count, answered on the client (the worker initializes
 //! NVML itself before the first NVML call it forwards). `torch.cuda.device_count()` asks
-//! NVML before CUDA: this keeps it free of round trips.
+//! NVML before CUDA: this keeps it free of round trips. Process lists go as their own wire
+//! form (the worker keeps the program's own process), and process names are this machine's.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
 
 use chidori_cuda::desc::Ctx;
+use chidori_protocol::desc::Form;
 
 const SUCCESS: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_SUCCESS;
 const INVALID_ARGUMENT: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_INVALID_ARGUMENT;
 const DRIVER_NOT_LOADED: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_DRIVER_NOT_LOADED;
 const NOT_SUPPORTED: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_NOT_SUPPORTED;
+const NOT_FOUND: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_NOT_FOUND;
 
 fn init(name: &'static str) -> u32 {
     crate::guard::ffi(name, DRIVER_NOT_LOADED, || {
@@ -74,4 +77,60 @@ pub unsafe fn nvmlShutdown() -> u32 {
 /// nvmlDeviceGetCount and its `_v2`.
 pub unsafe fn device_count(ctx: &Ctx, out: *mut c_void) -> u32 {
     count(ctx.name, out)
+}
+
+/// The GPU's process lists (`nvmlDevice*RunningProcesses*`, `nvmlDeviceGetProcessUtilization`):
+/// sent as the `processes` form, whose answer the worker has cut to the program's own
+/// process (`worker/src/processes.rs`).
+pub unsafe fn processes(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, u64::from(DRIVER_NOT_LOADED), || {
+        // SAFETY: the program's arguments, as the API defines them; the descriptor's lengths
+        // come from its count.
+        unsafe { crate::runtime::call(ctx.form(Form::Processes), args) }
+    })
+}
+
+/// nvmlSystemGetProcessName: the processes a program is shown are its own, under their PIDs
+/// on this machine, so the name is this machine's: the first word of the process's command
+/// line (its executable as started), as NVML gives it.
+pub unsafe fn process_name(ctx: &Ctx, pid: u32, name: *mut c_void, length: u32) -> u32 {
+    crate::guard::ffi(ctx.name, INVALID_ARGUMENT, || {
+        crate::trace::local(ctx.name);
+        if name.is_null() || length == 0 {
+            return INVALID_ARGUMENT;
+        }
+        let Some(found) = local_process_name(pid) else { return NOT_FOUND };
+        let n = found.len().min(length as usize - 1);
+        // SAFETY: the caller's buffer of `length` bytes, checked non-null; n + 1 <= length.
+        unsafe {
+            std::ptr::copy_nonoverlapping(found.as_ptr(), name as *mut u8, n);
+            *(name as *mut u8).add(n) = 0;
+        }
+        SUCCESS
+    })
+}
+
+/// The first word of `pid`'s command line on this machine, or its short name (a kernel
+/// thread has no command line); None where there is no such process.
+fn local_process_name(pid: u32) -> Option<Vec<u8>> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+    if !first.is_empty() {
+        return Some(first.to_vec());
+    }
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    Some(comm.strip_suffix(b"\n").unwrap_or(&comm).to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_named_by_its_command_line_here() {
+        let mine = local_process_name(std::process::id()).expect("this process");
+        let exe = std::env::args_os().next().expect("argv[0]");
+        assert_eq!(mine, exe.as_encoded_bytes());
+        assert_eq!(local_process_name(u32::MAX), None);
+    }
 }

@@ -73,6 +73,18 @@ impl codec::Client for ThisClient {
     fn new_name(&mut self) -> u64 {
         next_handle_name()
     }
+
+    fn word(&mut self, addr: u64, bytes: u64) -> Option<u64> {
+        // SAFETY: the encoder asks only for a non-null pointer parameter the API reads as a
+        // length (`unsigned int *count`), of the integer width the descriptor gives.
+        unsafe {
+            match bytes {
+                4 => Some(u64::from(std::ptr::read_unaligned(addr as *const u32))),
+                8 => Some(std::ptr::read_unaligned(addr as *const u64)),
+                _ => None,
+            }
+        }
+    }
 }
 
 /// Marshal raw arguments by the descriptor ([`codec::encode`]), reading the inputs from the

@@ -33,6 +33,10 @@ impl Client for FakeClient {
         self.next_name += 1;
         crate::desc::CLIENT_NAME_TAG | self.next_name
     }
+
+    fn word(&mut self, addr: u64, bytes: u64) -> Option<u64> {
+        word_at(self.memory.get(&addr)?, bytes)
+    }
 }
 
 impl FakeClient {
@@ -575,4 +579,74 @@ fn an_input_sent_compressed_is_its_frame_and_only_plain_inputs_may_be() {
     let big = COMPRESS_MAX + 1;
     let e = refused(vec![count, buf(Dir::In, None)], &[big, 0x1000], &[0, big | COMPRESSED_FLAG], &bulk);
     assert_eq!(e, DecodeError::Compressed { param: 1 });
+}
+
+#[test]
+fn an_array_sized_by_a_count_behind_a_pointer_round_trips_and_is_checked() {
+    static FIRST: Len = Len::Deref(0);
+    static LAST: Len = Len::Deref(1);
+    let count = Wire::Buf { dir: Dir::InOut, elem: 4, len: None, record: None, optional: false };
+    let array =
+        |len: &'static Len| Wire::Buf { dir: Dir::InOut, elem: 8, len: Some(len), record: None, optional: false };
+    let tables = &mut FakeTables::default();
+    // The count before its array (NVML's process lists) and after it (NVML's char buffers).
+    for (params, count_at) in [(vec![count, array(&FIRST)], 0), (vec![array(&LAST), count], 1)] {
+        let desc = desc(params);
+        let mut client = FakeClient::default();
+        let mut args = vec![0; 2];
+        args[count_at] = client.put(3u32.to_le_bytes().to_vec());
+        args[1 - count_at] = client.put((0u8..24).collect());
+        let encoded = encode(desc, &args, &mut client);
+        let mut lens = vec![4; 2];
+        lens[1 - count_at] = 24;
+        assert_eq!(encoded.call.lens, lens, "three 8-byte elements and the count");
+        assert_eq!(encoded.outputs.len(), 2);
+        let bulk = client.bulk(&encoded);
+        let got = decode(desc, &encoded.call.args, &encoded.call.lens, &bulk, tables).unwrap();
+        assert_eq!(
+            got[1 - count_at],
+            Arg::Buf(BufArg::Present {
+                len: 24,
+                input: Some(Box::leak((0u8..24).collect::<Vec<_>>().into_boxed_slice()))
+            })
+        );
+        // A length other than the count's: the client broke the protocol.
+        let mut bad = encoded.call.lens.clone();
+        bad[1 - count_at] = 16;
+        let short: Vec<u8> = if count_at == 0 {
+            [&bulk[..4], &bulk[4..20]].concat()
+        } else {
+            bulk[..16].iter().chain(&bulk[24..]).copied().collect()
+        };
+        let e = decode(desc, &encoded.call.args, &bad, &short, tables).unwrap_err();
+        assert_eq!(e, DecodeError::Length { param: 1 - count_at, got: 16, expected: 24 });
+        assert_eq!(e.refusal(), Refusal::Fatal);
+        // The array at NULL: a count of 0 asks for the count; any other is refused.
+        let mut null_args = args.clone();
+        null_args[1 - count_at] = 0;
+        let mut null_lens = vec![4; 2];
+        null_lens[1 - count_at] = NULL_LEN;
+        let e = decode(desc, &null_args, &null_lens, &3u32.to_le_bytes(), tables).unwrap_err();
+        assert!(matches!(e, DecodeError::Null { .. }), "{e:?}");
+        assert_eq!(e.refusal(), Refusal::InvalidValueQuietly);
+        let zero = 0u32.to_le_bytes();
+        let got = decode(desc, &null_args, &null_lens, &zero, tables).unwrap();
+        assert_eq!(got[1 - count_at], Arg::Buf(BufArg::Absent));
+        // The count at NULL: no length, the library's invalid value.
+        let mut no_count = args.clone();
+        no_count[count_at] = 0;
+        let encoded = encode(desc, &no_count, &mut client);
+        assert_eq!(encoded.call.lens[count_at], NULL_LEN);
+        let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap_err();
+        assert_eq!(e, DecodeError::NoLength { param: 1 - count_at });
+        assert_eq!(e.refusal(), Refusal::InvalidValue);
+    }
+    // A count past what a call may carry is not read from the program.
+    let desc = desc(vec![count, array(&FIRST)]);
+    let mut client = FakeClient::default();
+    let args = [client.put(u32::MAX.to_le_bytes().to_vec()), 0x9000];
+    let encoded = encode(desc, &args, &mut client);
+    assert_eq!(encoded.inputs.len(), 1, "only the count");
+    let e = decode(desc, &encoded.call.args, &encoded.call.lens, &client.bulk(&encoded), tables).unwrap_err();
+    assert_eq!(e, DecodeError::TooLarge { param: 1, count: u64::from(u32::MAX), elem: 8 });
 }

@@ -337,6 +337,10 @@ impl Emulated {
             // SAFETY: as below.
             return unsafe { self.invoke_cublaslt(desc, name, a) };
         }
+        if desc.library == "nvml" {
+            // SAFETY: as below.
+            return unsafe { self.invoke_nvml(name, a) };
+        }
         // Every function here reads its single input records (descriptions, extents,
         // parameters): NULL for one is an invalid value, as it is natively.
         let null_input = desc.params.iter().zip(a).any(|(w, &v)| match w {
@@ -801,6 +805,91 @@ impl Emulated {
                     }
                     put_u32(a[9], n as u32);
                     SUCCESS
+                }
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
+    /// NVML's lists whose length the caller passes by pointer, as a GPU with memory clocks,
+    /// vGPU types and three processes answers them: one of them this worker (with the bytes
+    /// the session has allocated), two of other users, which the session must not show.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`].
+    unsafe fn invoke_nvml(&self, name: &str, a: &[u64]) -> Option<u64> {
+        use chidori_cuda::consts::nvmlReturn_enum as r;
+        const HANDLE: u64 = 0x4e56_4d4c_0000;
+        let insufficient = u64::from(r::NVML_ERROR_INSUFFICIENT_SIZE);
+        let invalid = u64::from(r::NVML_ERROR_INVALID_ARGUMENT);
+        let device_ok = |d: u64| d.checked_sub(HANDLE).is_some_and(|i| i < self.profile.devices.len() as u64);
+        // A list of `n` entries into an array of `*count` (NULL with 0 asks for the count).
+        // SAFETY: `count` is the session's 4-byte buffer, checked non-null.
+        let room = |count: u64, n: usize| -> Result<(), u64> {
+            if count == 0 {
+                return Err(invalid);
+            }
+            let have = unsafe { std::ptr::read_unaligned(count as *const u32) } as usize;
+            // SAFETY: as above.
+            unsafe { put_u32(count, n as u32) };
+            if have < n { Err(insufficient) } else { Ok(()) }
+        };
+        // SAFETY (all arms): out-parameters are the session's buffers, sized by the descriptor.
+        let status = unsafe {
+            match name {
+                "nvmlDeviceGetHandleByIndex" | "nvmlDeviceGetHandleByIndex_v2" => {
+                    if a[0] >= self.profile.devices.len() as u64 {
+                        return Some(invalid);
+                    }
+                    put_u64(a[1], HANDLE + a[0]);
+                    SUCCESS
+                }
+                "nvmlDeviceGetSupportedMemoryClocks" | "nvmlDeviceGetComputeRunningProcesses_v3"
+                    if !device_ok(a[0]) =>
+                {
+                    invalid
+                }
+                "nvmlDeviceGetSupportedMemoryClocks" => {
+                    const CLOCKS: [u32; 3] = [4800, 3201, 1593];
+                    match room(a[1], CLOCKS.len()) {
+                        Err(status) => status,
+                        Ok(()) => {
+                            for (i, c) in CLOCKS.iter().enumerate() {
+                                put_u32(a[2] + 4 * i as u64, *c);
+                            }
+                            SUCCESS
+                        }
+                    }
+                }
+                "nvmlDeviceGetComputeRunningProcesses_v3" => {
+                    let used = self.state().allocations.values().map(|b| b.len() as u64).sum::<u64>();
+                    let listed = [(1u32, 1 << 30), (std::process::id(), used), (2u32, 5 << 20)];
+                    match room(a[1], listed.len()) {
+                        Err(status) => status,
+                        Ok(()) => {
+                            for (i, (pid, bytes)) in listed.iter().enumerate() {
+                                // nvmlProcessInfo_v2_t: pid, usedGpuMemory, gpuInstanceId,
+                                // computeInstanceId (no MIG: 0xffffffff each).
+                                let at = a[2] + 24 * i as u64;
+                                put_u32(at, *pid);
+                                put_u64(at + 8, *bytes);
+                                put_u32(at + 16, u32::MAX);
+                                put_u32(at + 20, u32::MAX);
+                            }
+                            SUCCESS
+                        }
+                    }
+                }
+                "nvmlVgpuTypeGetName" => {
+                    const NAME: &[u8] = b"GRID H200-1-18C\0";
+                    match room(a[2], NAME.len()) {
+                        Err(status) => status,
+                        Ok(()) => {
+                            std::ptr::copy_nonoverlapping(NAME.as_ptr(), a[1] as *mut u8, NAME.len());
+                            SUCCESS
+                        }
+                    }
                 }
                 _ => return None,
             }
