@@ -748,6 +748,54 @@ pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit(
         ) as u32
     }
 }
+///`cuDevSmResourceSplitByCount` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplitByCount__cu126(
+    result: *mut c_void,
+    nbGroups: *mut c_void,
+    input: *mut c_void,
+    remaining: *mut c_void,
+    useFlags: u32,
+    minCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevSmResourceSplitByCount__cu126,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as usize as u64,
+                (input) as usize as u64,
+                (remaining) as usize as u64,
+                (useFlags) as u64,
+                (minCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDevSmResourceSplitByCount` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplitByCount__cu131(
+    result: *mut c_void,
+    nbGroups: *mut c_void,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    minCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevSmResourceSplitByCount__cu131,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as usize as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (minCount) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(

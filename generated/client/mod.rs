@@ -182,6 +182,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDevSmResourceSplit" => {
             Some(driver::__chidori_driver_cuDevSmResourceSplit as *const c_void)
         }
+        "cuDevSmResourceSplitByCount" => {
+            Some(
+                driver::__chidori_driver_cuDevSmResourceSplitByCount__cu131
+                    as *const c_void,
+            )
+        }
         "cuDeviceCanAccessPeer" => {
             Some(driver::__chidori_driver_cuDeviceCanAccessPeer as *const c_void)
         }

@@ -343,10 +343,7 @@ cuDevSmResourceSplit:
     .globl cuDevSmResourceSplitByCount
     .type cuDevSmResourceSplitByCount, @function
 cuDevSmResourceSplitByCount:
-    leaq .Lname8(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDevSmResourceSplitByCount__cu131@PLT
     .size cuDevSmResourceSplitByCount, .-cuDevSmResourceSplitByCount
     .globl cuDeviceCanAccessPeer
     .type cuDeviceCanAccessPeer, @function
@@ -421,7 +418,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -509,7 +506,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -697,7 +694,7 @@ cuGetProcAddress_v2:
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -735,7 +732,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -743,7 +740,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +793,7 @@ cuGraphAddNode_v2:
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +801,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -867,7 +864,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -895,7 +892,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +900,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -961,7 +958,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,7 +966,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +974,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +982,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1233,7 +1230,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,7 +1238,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1314,7 +1311,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1322,7 +1319,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1337,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1345,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1416,7 +1413,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1499,7 +1496,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1567,7 +1564,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1575,7 +1572,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1583,7 +1580,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1616,7 +1613,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1659,7 +1656,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1709,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1747,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1778,7 +1775,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1806,7 +1803,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1839,7 +1836,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1872,7 +1869,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1877,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1898,7 +1895,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1906,7 +1903,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1999,7 +1996,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2007,7 +2004,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2025,7 +2022,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2053,7 +2050,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2061,7 +2058,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2264,7 +2261,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2272,7 +2269,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2330,7 +2327,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2338,7 +2335,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2756,7 +2753,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2764,7 +2761,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3377,7 +3374,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3395,7 +3392,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3403,7 +3400,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3426,105 +3423,103 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname7:
     .asciz "cuCoredumpSetAttributeGlobal"
 .Lname8:
-    .asciz "cuDevSmResourceSplitByCount"
-.Lname9:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname10:
+.Lname9:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname11:
+.Lname10:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname12:
+.Lname11:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname13:
+.Lname12:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname14:
+.Lname13:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname15:
+.Lname14:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname16:
+.Lname15:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname17:
+.Lname16:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname18:
+.Lname17:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname19:
+.Lname18:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname20:
+.Lname19:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname21:
+.Lname20:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname22:
+.Lname21:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname23:
+.Lname22:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname24:
+.Lname23:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname25:
+.Lname24:
     .asciz "cuImportExternalMemory"
-.Lname26:
+.Lname25:
     .asciz "cuImportExternalSemaphore"
-.Lname27:
+.Lname26:
     .asciz "cuIpcGetEventHandle"
-.Lname28:
+.Lname27:
     .asciz "cuIpcGetMemHandle"
-.Lname29:
+.Lname28:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname30:
+.Lname29:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname31:
+.Lname30:
     .asciz "cuLogsDumpToFile"
-.Lname32:
+.Lname31:
     .asciz "cuLogsDumpToMemory"
-.Lname33:
+.Lname32:
     .asciz "cuLogsRegisterCallback"
-.Lname34:
+.Lname33:
     .asciz "cuMemAlloc"
-.Lname35:
+.Lname34:
     .asciz "cuMemAllocPitch"
-.Lname36:
+.Lname35:
     .asciz "cuMemExportToShareableHandle"
-.Lname37:
+.Lname36:
     .asciz "cuMemGetAddressRange"
-.Lname38:
+.Lname37:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname39:
+.Lname38:
     .asciz "cuMemHostGetDevicePointer"
-.Lname40:
+.Lname39:
     .asciz "cuMemImportFromShareableHandle"
-.Lname41:
+.Lname40:
     .asciz "cuMemPoolExportPointer"
-.Lname42:
+.Lname41:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname43:
+.Lname42:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname44:
+.Lname43:
     .asciz "cuMemPoolImportPointer"
-.Lname45:
+.Lname44:
     .asciz "cuMemcpy2D"
-.Lname46:
+.Lname45:
     .asciz "cuMemcpy2DAsync"
-.Lname47:
+.Lname46:
     .asciz "cuMemcpy2DUnaligned"
-.Lname48:
+.Lname47:
     .asciz "cuMemcpy3D"
-.Lname49:
+.Lname48:
     .asciz "cuMemcpy3DAsync"
-.Lname50:
+.Lname49:
     .asciz "cuMemcpyDtoH"
-.Lname51:
+.Lname50:
     .asciz "cuMemcpyDtoHAsync"
-.Lname52:
+.Lname51:
     .asciz "cuMemcpyHtoD"
-.Lname53:
+.Lname52:
     .asciz "cuMemcpyHtoDAsync"
-.Lname54:
+.Lname53:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname55:
+.Lname54:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname56:
+.Lname55:
     .asciz "cuUserObjectCreate"
-.Lname57:
+.Lname56:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname58:
+.Lname57:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -26,7 +26,7 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
-       graph_host_memory)
+       graph_host_memory green_ctx)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -65,6 +65,7 @@ recipe() {
     textures|copies_3d|graph_build|mem_pools|peer_functions)
                     nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations "src/$name/main.cpp" "src/$name/kernels.cu" \
                       -o "$out" ;;
+    green_ctx)      nv "${LINK[@]}" src/green_ctx/main.cpp src/green_ctx/kernels.cu -o "$out" -lcuda ;;
     fft)            nv "${LINK[@]}" src/fft.cu -o "$out" $(library_dir cufft) ;;
     rand)           nv "${LINK[@]}" src/rand.cu -o "$out" $(library_dir curand) ;;
     # Host code only (checked by check.sh); cuSolverSP and cuSolverRF are deprecated in 13.0.

@@ -350,7 +350,8 @@ fn edge_data(name: &str) -> bool {
 }
 
 /// Functions whose output array may be NULL with a nonzero count, to ask for the count:
-/// cuDNN's `cudnnBackendGetAttribute`, and the graph queries of the runtime and the driver.
+/// cuDNN's `cudnnBackendGetAttribute`, the graph queries of the runtime and the driver, the
+/// driver's split of SM resources and NVML's samples.
 fn counts_only_at_null(name: &str) -> bool {
     let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
     name == "cudnnBackendGetAttribute"
@@ -360,6 +361,8 @@ fn counts_only_at_null(name: &str) -> bool {
                 .any(|q| name.contains(q))
         || name.starts_with("cudaStreamGetCaptureInfo")
         || name.starts_with("cuStreamGetCaptureInfo")
+        || name == "cuDevSmResourceSplitByCount"
+        || name == "nvmlDeviceGetSamples"
 }
 
 /// The bulk section, taken buffer by buffer.
@@ -597,8 +600,9 @@ pub fn decode<'f>(
             })
             .ok_or(DecodeError::NoLength { param: i })?;
         match len {
-            // An array at NULL is an empty one, or the library would write through NULL.
-            None if count > 0 => {
+            // An array at NULL is an empty one, or the library would write through NULL,
+            // except where the API makes a NULL array ask for the count.
+            None if count > 0 && !counts_only_at_null(desc.name) => {
                 return Err(DecodeError::Null { param: i, what: format!("NULL for {count} elements") });
             }
             None => {}
