@@ -22,11 +22,11 @@
 //! | `OutHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
 //! | `Str` | the client's address | bytes with the NUL, or [`NULL_LEN`] | the string |
 //! | `Scalar` (host mode) | the client's address | its bytes ([`scalar_bytes`]), or [`NULL_LEN`] | the value, unless `Out` |
-//! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`] | — |
+//! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`], or [`device_len`] of its width | — |
 //! | `Handles` | the client's address | 8 × count, or [`NULL_LEN`] | the handles |
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
 
-use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire, word_at};
+use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire, device_len, device_width, word_at};
 use crate::messages::{COMPRESS_MAX, COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
 
 /// Largest host buffer one call may move (a frame's bulk section is no larger).
@@ -156,7 +156,10 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
             Wire::Scalar { dir, mode, size, bytes: widest } => {
                 let known = client.scalar_mode(args.get(usize::from(mode)).copied().unwrap_or(0));
                 if known.device {
-                    lens[i] = DEVICE_LEN;
+                    // The width the client knows of an untyped scalar (its handle's scale
+                    // type) goes along: the worker checks that much device memory.
+                    let told = known.bytes.filter(|&b| size.is_none() && b > 0 && b < u64::from(widest));
+                    lens[i] = told.map_or(DEVICE_LEN, device_len);
                     continue;
                 }
                 let told = match (dir, size) {
@@ -443,13 +446,17 @@ pub fn decode<'f>(
                 let Some(bytes) = scalar_bytes(wire, args) else {
                     return Err(DecodeError::NoLength { param: i });
                 };
-                if len == DEVICE_LEN {
+                if let Some(told) = device_width(len) {
                     if a == 0 {
                         return Err(DecodeError::Device {
                             param: i,
                             why: "a NULL scalar in device pointer mode".into(),
                         });
                     }
+                    // A width the client told, where no argument gives one: no wider than
+                    // the parameter may be.
+                    let untyped = matches!(wire, Wire::Scalar { size: None, .. });
+                    let bytes = if told > 0 && untyped { told.min(bytes) } else { bytes };
                     tables.device(i, a, Some(bytes)).map_err(|why| DecodeError::Device { param: i, why })?;
                     Arg::ScalarDevice(a)
                 } else {

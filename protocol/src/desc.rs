@@ -390,8 +390,26 @@ pub enum RecordRefused {
     Value(String),
 }
 
-/// Length on the wire of a [`Wire::Scalar`] passed as a device address.
+/// Length on the wire of a [`Wire::Scalar`] passed as a device address, of a width the
+/// client does not know (the worker checks the widest the parameter may be).
 pub const DEVICE_LEN: u64 = u64::MAX - 1;
+
+/// Widest scalar whose width a device length can tell.
+pub const DEVICE_LEN_MAX_WIDTH: u64 = 255;
+
+/// Length on the wire of a [`Wire::Scalar`] passed as a device address of `bytes` (1 to
+/// [`DEVICE_LEN_MAX_WIDTH`]): an untyped scalar whose width the client knows from the
+/// handle's scale type, of which the worker checks only that many bytes of device memory
+/// (a float alpha in a 4-byte allocation).
+pub const fn device_len(bytes: u64) -> u64 {
+    DEVICE_LEN - bytes
+}
+
+/// Of a scalar's wire length: None where it is no device length, else the width it tells
+/// (0: not told, [`DEVICE_LEN`]).
+pub fn device_width(len: u64) -> Option<u64> {
+    (DEVICE_LEN - DEVICE_LEN_MAX_WIDTH..=DEVICE_LEN).contains(&len).then(|| DEVICE_LEN - len)
+}
 
 /// How the return value travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

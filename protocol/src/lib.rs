@@ -24,6 +24,6 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (20: a host callback carries the
-/// mirrored bytes the GPU changed before it, `messages::HostCallback::mirror_runs`).
-pub const PROTOCOL_VERSION: u16 = 20;
+/// Bumped on any incompatible change to frames or messages (21: a scalar in device pointer
+/// mode may carry its width, [`desc::device_len`]).
+pub const PROTOCOL_VERSION: u16 = 21;

@@ -386,6 +386,28 @@ fn scalars_are_their_size_not_null_and_device_ones_are_the_sessions() {
 }
 
 #[test]
+fn a_device_scalar_of_a_told_width_is_checked_for_that_many_bytes() {
+    let mode = Wire::Handle { kind: 1, destroy: false };
+    let untyped = Wire::Scalar { dir: Dir::In, bytes: 16, mode: 0, size: None };
+    let tables = &mut FakeTables::default();
+    let desc = desc(vec![mode, untyped]);
+    // A float at the last 4 bytes of the session's memory: the widest (16) would overrun it.
+    let last = DEVICE + (1 << 20) - 4;
+    let e = decode(desc, &[1, last], &[0, DEVICE_LEN], &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Device { param: 1, .. }), "{e}");
+    assert_eq!(decode(desc, &[1, last], &[0, device_len(4)], &[], tables).unwrap()[1], Arg::ScalarDevice(last));
+    // No wider than the parameter may be, whatever the client says.
+    let e = decode(desc, &[1, last], &[0, device_len(200)], &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Device { param: 1, .. }), "{e}");
+    // The encoder tells the width the client knows (a cuBLASLt scale type).
+    let mut client = FakeClient { device_mode: vec![1], ..FakeClient::default() };
+    client.scalar_sizes.insert(1, 4);
+    assert_eq!(encode(desc, &[1, last], &mut client).call.lens[1], device_len(4));
+    client.scalar_sizes.clear();
+    assert_eq!(encode(desc, &[1, last], &mut client).call.lens[1], DEVICE_LEN);
+}
+
+#[test]
 fn handle_arrays_are_checked_element_by_element() {
     let count = Wire::Val { bytes: 4, float: false };
     let handles = Wire::Handles { kind: 2, len: &COUNT };
