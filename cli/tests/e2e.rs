@@ -2998,6 +2998,54 @@ fn nccl_collectives_run_in_the_worker() {
     assert!(bytes_sent(&stderr, "ncclAllReduce") < 1024, "{stderr}");
 }
 
+const LT_TRANSFORM: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+extern int cublasLtCreate(void **);
+extern int cublasLtMatrixTransformDescCreate(void **, int);
+extern int cublasLtMatrixTransformDescSetAttribute(void *, int, const void *, size_t);
+extern int cublasLtMatrixTransformDescDestroy(void *);
+extern int cublasLtMatrixTransform(void *, void *, const void *, const void *, void *, const void *, const void *,
+                                   void *, void *, void *, cudaStream_t);
+extern const char *cublasLtGetStatusName(int);
+#define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
+int main(void) {
+  void *lt, *t;
+  float *d, host[5] = {10, 100, 0, 20, 30}, got = 0;
+  C(cublasLtCreate(&lt));
+  C(cudaMalloc((void **)&d, 5 * sizeof(float)));
+  C(cudaMemcpy(d, host, sizeof host, cudaMemcpyHostToDevice));
+  C(cublasLtMatrixTransformDescCreate(&t, 0 /* CUDA_R_32F */));
+  /* Host pointer mode: alpha and beta are the program's values. */
+  float alpha = 2, beta = 3;
+  C(cublasLtMatrixTransform(lt, t, &alpha, d, 0, &beta, d + 1, 0, d + 2, 0, 0));
+  C(cudaMemcpy(&got, d + 2, sizeof got, cudaMemcpyDeviceToHost));
+  printf("host %g;", got);
+  /* Device pointer mode: alpha and beta are at device addresses (20 and 30). */
+  int device_mode = 1;
+  C(cublasLtMatrixTransformDescSetAttribute(t, 1 /* POINTER_MODE */, &device_mode, sizeof device_mode));
+  C(cublasLtMatrixTransform(lt, t, d + 3, d, 0, d + 4, d + 1, 0, d + 2, 0, 0));
+  C(cudaMemcpy(&got, d + 2, sizeof got, cudaMemcpyDeviceToHost));
+  printf(" device %g;", got);
+  C(cublasLtMatrixTransformDescDestroy(t));
+  printf(" %s\n", cublasLtGetStatusName(7));
+  return 0;
+}
+"#;
+
+/// cuBLASLt's matrix transform: alpha and beta follow the transform descriptor's pointer
+/// mode (host values, then device addresses), as the client recorded it without a round
+/// trip; status names come from the headers.
+#[test]
+fn cublaslt_transform_scalars_follow_the_descriptors_pointer_mode() {
+    let server = server();
+    let exe = program_with("lt_transform", LT_TRANSFORM, &["-l:libcublasLt.so.13"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "host 320; device 3200; CUBLAS_STATUS_INVALID_VALUE", "{stderr}");
+}
+
 const LT_HEURISTIC: &str = r#"
 #include <stdio.h>
 #include <stdint.h>

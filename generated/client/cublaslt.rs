@@ -100,6 +100,24 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetProperty(
         ) as u32
     }
 }
+///`cublasLtGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetStatusName(
+    status: u32,
+) -> *mut c_void {
+    unsafe {
+        crate::runtime::error_name("13.1", "cublaslt", status as i64) as *mut c_void
+    }
+}
+///`cublasLtGetStatusString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetStatusString(
+    status: u32,
+) -> *mut c_void {
+    unsafe {
+        crate::runtime::error_string("13.1", "cublaslt", status as i64) as *mut c_void
+    }
+}
 ///`cublasLtGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetVersion() -> usize {
@@ -1193,28 +1211,108 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
         )
     }
 }
-///`cublasLtMatrixTransformDescCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixTransform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform(
+    lightHandle: *mut c_void,
+    transformDesc: *mut c_void,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Adesc: *mut c_void,
+    beta: *mut c_void,
+    B: *mut c_void,
+    Bdesc: *mut c_void,
+    C: *mut c_void,
+    Cdesc: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransform,
+            &[
+                (lightHandle) as usize as u64,
+                (transformDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Adesc) as usize as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (Bdesc) as usize as u64,
+                (C) as usize as u64,
+                (Cdesc) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatrixTransformDescCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescCreate(
     transformDesc: *mut c_void,
     scaleType: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescCreate,
-            &[(transformDesc) as usize as u64, (scaleType) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixTransformDescCreate",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescCreate__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::transform_desc_create(&CTX, transformDesc, scaleType)
     }
 }
-///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescDestroy(
     transformDesc: *mut c_void,
 ) -> u32 {
     unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixTransformDescDestroy",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescDestroy__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, transformDesc)
+    }
+}
+///`cublasLtMatrixTransformDescGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescGetAttribute(
+    transformDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescDestroy,
-            &[(transformDesc) as usize as u64],
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescGetAttribute,
+            &[
+                (transformDesc) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -1230,5 +1328,38 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescInit_inte
             &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescInit_internal,
             &[(transformDesc) as usize as u64, (size) as u64, (scaleType) as u64],
         ) as u32
+    }
+}
+///`cublasLtMatrixTransformDescSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescSetAttribute(
+    transformDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixTransformDescSetAttribute",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescSetAttribute__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
+            transformDesc,
+            attr,
+            buf,
+            sizeInBytes,
+        )
     }
 }

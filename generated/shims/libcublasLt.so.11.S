@@ -784,18 +784,12 @@ cublasLtGetProperty:
     .globl cublasLtGetStatusName
     .type cublasLtGetStatusName, @function
 cublasLtGetStatusName:
-    leaq .Lname95(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusName@PLT
     .size cublasLtGetStatusName, .-cublasLtGetStatusName
     .globl cublasLtGetStatusString
     .type cublasLtGetStatusString, @function
 cublasLtGetStatusString:
-    leaq .Lname96(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusString@PLT
     .size cublasLtGetStatusString, .-cublasLtGetStatusString
     .globl cublasLtGetVersion
     .type cublasLtGetVersion, @function
@@ -805,7 +799,7 @@ cublasLtGetVersion:
     .globl cublasLtHHHMatmul
     .type cublasLtHHHMatmul, @function
 cublasLtHHHMatmul:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -813,7 +807,7 @@ cublasLtHHHMatmul:
     .globl cublasLtHHHMatmulAlgoCapGetAttribute
     .type cublasLtHHHMatmulAlgoCapGetAttribute, @function
 cublasLtHHHMatmulAlgoCapGetAttribute:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -821,7 +815,7 @@ cublasLtHHHMatmulAlgoCapGetAttribute:
     .globl cublasLtHHHMatmulAlgoCheck
     .type cublasLtHHHMatmulAlgoCheck, @function
 cublasLtHHHMatmulAlgoCheck:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,7 +823,7 @@ cublasLtHHHMatmulAlgoCheck:
     .globl cublasLtHHHMatmulAlgoGetHeuristic
     .type cublasLtHHHMatmulAlgoGetHeuristic, @function
 cublasLtHHHMatmulAlgoGetHeuristic:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -837,7 +831,7 @@ cublasLtHHHMatmulAlgoGetHeuristic:
     .globl cublasLtHHHMatmulAlgoGetIds
     .type cublasLtHHHMatmulAlgoGetIds, @function
 cublasLtHHHMatmulAlgoGetIds:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +839,7 @@ cublasLtHHHMatmulAlgoGetIds:
     .globl cublasLtHHHMatmulAlgoInit
     .type cublasLtHHHMatmulAlgoInit, @function
 cublasLtHHHMatmulAlgoInit:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -853,7 +847,7 @@ cublasLtHHHMatmulAlgoInit:
     .globl cublasLtHSHMatmul
     .type cublasLtHSHMatmul, @function
 cublasLtHSHMatmul:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -861,7 +855,7 @@ cublasLtHSHMatmul:
     .globl cublasLtHSHMatmulAlgoCapGetAttribute
     .type cublasLtHSHMatmulAlgoCapGetAttribute, @function
 cublasLtHSHMatmulAlgoCapGetAttribute:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -869,7 +863,7 @@ cublasLtHSHMatmulAlgoCapGetAttribute:
     .globl cublasLtHSHMatmulAlgoCheck
     .type cublasLtHSHMatmulAlgoCheck, @function
 cublasLtHSHMatmulAlgoCheck:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -877,7 +871,7 @@ cublasLtHSHMatmulAlgoCheck:
     .globl cublasLtHSHMatmulAlgoGetHeuristic
     .type cublasLtHSHMatmulAlgoGetHeuristic, @function
 cublasLtHSHMatmulAlgoGetHeuristic:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -885,7 +879,7 @@ cublasLtHSHMatmulAlgoGetHeuristic:
     .globl cublasLtHSHMatmulAlgoGetIds
     .type cublasLtHSHMatmulAlgoGetIds, @function
 cublasLtHSHMatmulAlgoGetIds:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -893,7 +887,7 @@ cublasLtHSHMatmulAlgoGetIds:
     .globl cublasLtHSHMatmulAlgoInit
     .type cublasLtHSHMatmulAlgoInit, @function
 cublasLtHSHMatmulAlgoInit:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -901,7 +895,7 @@ cublasLtHSHMatmulAlgoInit:
     .globl cublasLtHSSMatmul
     .type cublasLtHSSMatmul, @function
 cublasLtHSSMatmul:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -909,7 +903,7 @@ cublasLtHSSMatmul:
     .globl cublasLtHSSMatmulAlgoCapGetAttribute
     .type cublasLtHSSMatmulAlgoCapGetAttribute, @function
 cublasLtHSSMatmulAlgoCapGetAttribute:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -917,7 +911,7 @@ cublasLtHSSMatmulAlgoCapGetAttribute:
     .globl cublasLtHSSMatmulAlgoCheck
     .type cublasLtHSSMatmulAlgoCheck, @function
 cublasLtHSSMatmulAlgoCheck:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -925,7 +919,7 @@ cublasLtHSSMatmulAlgoCheck:
     .globl cublasLtHSSMatmulAlgoGetHeuristic
     .type cublasLtHSSMatmulAlgoGetHeuristic, @function
 cublasLtHSSMatmulAlgoGetHeuristic:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -933,7 +927,7 @@ cublasLtHSSMatmulAlgoGetHeuristic:
     .globl cublasLtHSSMatmulAlgoGetIds
     .type cublasLtHSSMatmulAlgoGetIds, @function
 cublasLtHSSMatmulAlgoGetIds:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -941,7 +935,7 @@ cublasLtHSSMatmulAlgoGetIds:
     .globl cublasLtHSSMatmulAlgoInit
     .type cublasLtHSSMatmulAlgoInit, @function
 cublasLtHSSMatmulAlgoInit:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,7 +943,7 @@ cublasLtHSSMatmulAlgoInit:
     .globl cublasLtHeuristicLutSerializeEntry
     .type cublasLtHeuristicLutSerializeEntry, @function
 cublasLtHeuristicLutSerializeEntry:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -967,7 +961,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -975,7 +969,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -983,7 +977,7 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,7 +985,7 @@ cublasLtKCCMatmulAlgoCheck:
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,7 +993,7 @@ cublasLtKCCMatmulAlgoGetHeuristic:
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +1001,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +1009,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1023,7 +1017,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1031,7 +1025,7 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1039,7 +1033,7 @@ cublasLtKCKMatmulAlgoCheck:
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1047,7 +1041,7 @@ cublasLtKCKMatmulAlgoGetHeuristic:
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,7 +1049,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1063,7 +1057,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1071,7 +1065,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1079,7 +1073,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1087,7 +1081,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1095,7 +1089,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1103,7 +1097,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1111,7 +1105,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1119,7 +1113,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1127,7 +1121,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1135,7 +1129,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1143,7 +1137,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1151,7 +1145,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmUtilizationCCC
     .type cublasLtLegacyGemmUtilizationCCC, @function
 cublasLtLegacyGemmUtilizationCCC:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1159,7 +1153,7 @@ cublasLtLegacyGemmUtilizationCCC:
     .globl cublasLtLegacyGemmUtilizationDDD
     .type cublasLtLegacyGemmUtilizationDDD, @function
 cublasLtLegacyGemmUtilizationDDD:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1167,7 +1161,7 @@ cublasLtLegacyGemmUtilizationDDD:
     .globl cublasLtLegacyGemmUtilizationZZZ
     .type cublasLtLegacyGemmUtilizationZZZ, @function
 cublasLtLegacyGemmUtilizationZZZ:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1175,7 +1169,7 @@ cublasLtLegacyGemmUtilizationZZZ:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1182,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1190,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1198,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1242,7 +1236,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1345,10 +1339,7 @@ cublasLtMatrixLayoutSetAttribute:
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname147(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransform@PLT
     .size cublasLtMatrixTransform, .-cublasLtMatrixTransform
     .globl cublasLtMatrixTransformDescCreate
     .type cublasLtMatrixTransformDescCreate, @function
@@ -1363,10 +1354,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescGetAttribute@PLT
     .size cublasLtMatrixTransformDescGetAttribute, .-cublasLtMatrixTransformDescGetAttribute
     .globl cublasLtMatrixTransformDescInit_internal
     .type cublasLtMatrixTransformDescInit_internal, @function
@@ -1376,15 +1364,12 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname149(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescSetAttribute@PLT
     .size cublasLtMatrixTransformDescSetAttribute, .-cublasLtMatrixTransformDescSetAttribute
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1392,7 +1377,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1400,7 +1385,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1408,7 +1393,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1416,7 +1401,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1424,7 +1409,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1432,7 +1417,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1440,7 +1425,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1448,7 +1433,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1456,7 +1441,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1464,7 +1449,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1472,7 +1457,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1480,7 +1465,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1488,7 +1473,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1496,7 +1481,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1489,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1512,7 +1497,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1520,7 +1505,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1528,7 +1513,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1521,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1544,7 +1529,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1552,7 +1537,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1560,7 +1545,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1568,7 +1553,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1576,7 +1561,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1584,7 +1569,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1592,7 +1577,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1600,7 +1585,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1608,7 +1593,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1616,7 +1601,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1624,7 +1609,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1632,7 +1617,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1640,7 +1625,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1648,7 +1633,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1656,7 +1641,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1664,7 +1649,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1672,7 +1657,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1680,7 +1665,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1688,7 +1673,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1696,7 +1681,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_CCC
     .type cublasLt_for_cublas_CCC, @function
 cublasLt_for_cublas_CCC:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1704,7 +1689,7 @@ cublasLt_for_cublas_CCC:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1697,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1705,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1728,7 +1713,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1736,7 +1721,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1744,7 +1729,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,7 +1737,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1760,7 +1745,7 @@ cublasLt_for_cublas_TST:
     .globl cublasLt_for_cublas_ZZZ
     .type cublasLt_for_cublas_ZZZ, @function
 cublasLt_for_cublas_ZZZ:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1957,209 +1942,199 @@ cublasLt_for_cublas_ZZZ:
 .Lname94:
     .asciz "cublasLtE5m2E4m3Fp32Fp32Fp32MatmulAlgoInit"
 .Lname95:
-    .asciz "cublasLtGetStatusName"
-.Lname96:
-    .asciz "cublasLtGetStatusString"
-.Lname97:
     .asciz "cublasLtHHHMatmul"
-.Lname98:
+.Lname96:
     .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
-.Lname99:
+.Lname97:
     .asciz "cublasLtHHHMatmulAlgoCheck"
-.Lname100:
+.Lname98:
     .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
-.Lname101:
+.Lname99:
     .asciz "cublasLtHHHMatmulAlgoGetIds"
-.Lname102:
+.Lname100:
     .asciz "cublasLtHHHMatmulAlgoInit"
-.Lname103:
+.Lname101:
     .asciz "cublasLtHSHMatmul"
-.Lname104:
+.Lname102:
     .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
-.Lname105:
+.Lname103:
     .asciz "cublasLtHSHMatmulAlgoCheck"
-.Lname106:
+.Lname104:
     .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
-.Lname107:
+.Lname105:
     .asciz "cublasLtHSHMatmulAlgoGetIds"
-.Lname108:
+.Lname106:
     .asciz "cublasLtHSHMatmulAlgoInit"
-.Lname109:
+.Lname107:
     .asciz "cublasLtHSSMatmul"
-.Lname110:
+.Lname108:
     .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
-.Lname111:
+.Lname109:
     .asciz "cublasLtHSSMatmulAlgoCheck"
-.Lname112:
+.Lname110:
     .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
-.Lname113:
+.Lname111:
     .asciz "cublasLtHSSMatmulAlgoGetIds"
-.Lname114:
+.Lname112:
     .asciz "cublasLtHSSMatmulAlgoInit"
-.Lname115:
+.Lname113:
     .asciz "cublasLtHeuristicLutSerializeEntry"
-.Lname116:
+.Lname114:
     .asciz "cublasLtKCCMatmul"
-.Lname117:
+.Lname115:
     .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
-.Lname118:
+.Lname116:
     .asciz "cublasLtKCCMatmulAlgoCheck"
-.Lname119:
+.Lname117:
     .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
-.Lname120:
+.Lname118:
     .asciz "cublasLtKCCMatmulAlgoGetIds"
-.Lname121:
+.Lname119:
     .asciz "cublasLtKCCMatmulAlgoInit"
-.Lname122:
+.Lname120:
     .asciz "cublasLtKCKMatmul"
-.Lname123:
+.Lname121:
     .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
-.Lname124:
+.Lname122:
     .asciz "cublasLtKCKMatmulAlgoCheck"
-.Lname125:
+.Lname123:
     .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
-.Lname126:
+.Lname124:
     .asciz "cublasLtKCKMatmulAlgoGetIds"
-.Lname127:
+.Lname125:
     .asciz "cublasLtKCKMatmulAlgoInit"
-.Lname128:
+.Lname126:
     .asciz "cublasLtLegacyGemmACC"
-.Lname129:
+.Lname127:
     .asciz "cublasLtLegacyGemmBII"
-.Lname130:
+.Lname128:
     .asciz "cublasLtLegacyGemmBSS"
-.Lname131:
+.Lname129:
     .asciz "cublasLtLegacyGemmCCC"
-.Lname132:
+.Lname130:
     .asciz "cublasLtLegacyGemmDDD"
-.Lname133:
+.Lname131:
     .asciz "cublasLtLegacyGemmHHH"
-.Lname134:
+.Lname132:
     .asciz "cublasLtLegacyGemmHSH"
-.Lname135:
+.Lname133:
     .asciz "cublasLtLegacyGemmHSS"
-.Lname136:
+.Lname134:
     .asciz "cublasLtLegacyGemmSSS"
-.Lname137:
+.Lname135:
     .asciz "cublasLtLegacyGemmTSS"
-.Lname138:
+.Lname136:
     .asciz "cublasLtLegacyGemmTST"
-.Lname139:
+.Lname137:
     .asciz "cublasLtLegacyGemmUtilizationCCC"
-.Lname140:
+.Lname138:
     .asciz "cublasLtLegacyGemmUtilizationDDD"
-.Lname141:
+.Lname139:
     .asciz "cublasLtLegacyGemmUtilizationZZZ"
-.Lname142:
+.Lname140:
     .asciz "cublasLtLegacyGemmZZZ"
-.Lname143:
+.Lname141:
     .asciz "cublasLtLoggerOpenFile"
-.Lname144:
+.Lname142:
     .asciz "cublasLtLoggerSetCallback"
-.Lname145:
+.Lname143:
     .asciz "cublasLtLoggerSetFile"
-.Lname146:
+.Lname144:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname147:
-    .asciz "cublasLtMatrixTransform"
-.Lname148:
-    .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname149:
-    .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname150:
+.Lname145:
     .asciz "cublasLtSSSMatmul"
-.Lname151:
+.Lname146:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname152:
+.Lname147:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname153:
+.Lname148:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname154:
+.Lname149:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname155:
+.Lname150:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname156:
+.Lname151:
     .asciz "cublasLtShutdownCtx"
-.Lname157:
+.Lname152:
     .asciz "cublasLtTSSMatmul"
-.Lname158:
+.Lname153:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname159:
+.Lname154:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname160:
+.Lname155:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname161:
+.Lname156:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname162:
+.Lname157:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname163:
+.Lname158:
     .asciz "cublasLtTSTMatmul"
-.Lname164:
+.Lname159:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname165:
+.Lname160:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname166:
+.Lname161:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname167:
+.Lname162:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname168:
+.Lname163:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname169:
+.Lname164:
     .asciz "cublasLtVCCMatmul"
-.Lname170:
+.Lname165:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname171:
+.Lname166:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname172:
+.Lname167:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname173:
+.Lname168:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname174:
+.Lname169:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname175:
+.Lname170:
     .asciz "cublasLtVCVMatmul"
-.Lname176:
+.Lname171:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname177:
+.Lname172:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname178:
+.Lname173:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname179:
+.Lname174:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname180:
+.Lname175:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname181:
+.Lname176:
     .asciz "cublasLtZZZMatmul"
-.Lname182:
+.Lname177:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname183:
+.Lname178:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname184:
+.Lname179:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname185:
+.Lname180:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname186:
+.Lname181:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname187:
+.Lname182:
     .asciz "cublasLt_for_cublas_BII"
-.Lname188:
+.Lname183:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname189:
+.Lname184:
     .asciz "cublasLt_for_cublas_CCC"
-.Lname190:
+.Lname185:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname191:
+.Lname186:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname192:
+.Lname187:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname193:
+.Lname188:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname194:
+.Lname189:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname195:
+.Lname190:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname196:
+.Lname191:
     .asciz "cublasLt_for_cublas_TST"
-.Lname197:
+.Lname192:
     .asciz "cublasLt_for_cublas_ZZZ"
     .section .note.GNU-stack,"",@progbits

@@ -789,18 +789,12 @@ cublasLtGetProperty:
     .globl cublasLtGetStatusName
     .type cublasLtGetStatusName, @function
 cublasLtGetStatusName:
-    leaq .Lname95(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusName@PLT
     .size cublasLtGetStatusName, .-cublasLtGetStatusName
     .globl cublasLtGetStatusString
     .type cublasLtGetStatusString, @function
 cublasLtGetStatusString:
-    leaq .Lname96(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusString@PLT
     .size cublasLtGetStatusString, .-cublasLtGetStatusString
     .globl cublasLtGetVersion
     .type cublasLtGetVersion, @function
@@ -810,7 +804,7 @@ cublasLtGetVersion:
     .globl cublasLtHHHMatmul
     .type cublasLtHHHMatmul, @function
 cublasLtHHHMatmul:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -818,7 +812,7 @@ cublasLtHHHMatmul:
     .globl cublasLtHHHMatmulAlgoCapGetAttribute
     .type cublasLtHHHMatmulAlgoCapGetAttribute, @function
 cublasLtHHHMatmulAlgoCapGetAttribute:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -826,7 +820,7 @@ cublasLtHHHMatmulAlgoCapGetAttribute:
     .globl cublasLtHHHMatmulAlgoCheck
     .type cublasLtHHHMatmulAlgoCheck, @function
 cublasLtHHHMatmulAlgoCheck:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -834,7 +828,7 @@ cublasLtHHHMatmulAlgoCheck:
     .globl cublasLtHHHMatmulAlgoGetHeuristic
     .type cublasLtHHHMatmulAlgoGetHeuristic, @function
 cublasLtHHHMatmulAlgoGetHeuristic:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -842,7 +836,7 @@ cublasLtHHHMatmulAlgoGetHeuristic:
     .globl cublasLtHHHMatmulAlgoGetIds
     .type cublasLtHHHMatmulAlgoGetIds, @function
 cublasLtHHHMatmulAlgoGetIds:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -850,7 +844,7 @@ cublasLtHHHMatmulAlgoGetIds:
     .globl cublasLtHHHMatmulAlgoInit
     .type cublasLtHHHMatmulAlgoInit, @function
 cublasLtHHHMatmulAlgoInit:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -858,7 +852,7 @@ cublasLtHHHMatmulAlgoInit:
     .globl cublasLtHSHMatmul
     .type cublasLtHSHMatmul, @function
 cublasLtHSHMatmul:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -866,7 +860,7 @@ cublasLtHSHMatmul:
     .globl cublasLtHSHMatmulAlgoCapGetAttribute
     .type cublasLtHSHMatmulAlgoCapGetAttribute, @function
 cublasLtHSHMatmulAlgoCapGetAttribute:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -874,7 +868,7 @@ cublasLtHSHMatmulAlgoCapGetAttribute:
     .globl cublasLtHSHMatmulAlgoCheck
     .type cublasLtHSHMatmulAlgoCheck, @function
 cublasLtHSHMatmulAlgoCheck:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -882,7 +876,7 @@ cublasLtHSHMatmulAlgoCheck:
     .globl cublasLtHSHMatmulAlgoGetHeuristic
     .type cublasLtHSHMatmulAlgoGetHeuristic, @function
 cublasLtHSHMatmulAlgoGetHeuristic:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -890,7 +884,7 @@ cublasLtHSHMatmulAlgoGetHeuristic:
     .globl cublasLtHSHMatmulAlgoGetIds
     .type cublasLtHSHMatmulAlgoGetIds, @function
 cublasLtHSHMatmulAlgoGetIds:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -898,7 +892,7 @@ cublasLtHSHMatmulAlgoGetIds:
     .globl cublasLtHSHMatmulAlgoInit
     .type cublasLtHSHMatmulAlgoInit, @function
 cublasLtHSHMatmulAlgoInit:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -906,7 +900,7 @@ cublasLtHSHMatmulAlgoInit:
     .globl cublasLtHSSMatmul
     .type cublasLtHSSMatmul, @function
 cublasLtHSSMatmul:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -914,7 +908,7 @@ cublasLtHSSMatmul:
     .globl cublasLtHSSMatmulAlgoCapGetAttribute
     .type cublasLtHSSMatmulAlgoCapGetAttribute, @function
 cublasLtHSSMatmulAlgoCapGetAttribute:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -922,7 +916,7 @@ cublasLtHSSMatmulAlgoCapGetAttribute:
     .globl cublasLtHSSMatmulAlgoCheck
     .type cublasLtHSSMatmulAlgoCheck, @function
 cublasLtHSSMatmulAlgoCheck:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -930,7 +924,7 @@ cublasLtHSSMatmulAlgoCheck:
     .globl cublasLtHSSMatmulAlgoGetHeuristic
     .type cublasLtHSSMatmulAlgoGetHeuristic, @function
 cublasLtHSSMatmulAlgoGetHeuristic:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -938,7 +932,7 @@ cublasLtHSSMatmulAlgoGetHeuristic:
     .globl cublasLtHSSMatmulAlgoGetIds
     .type cublasLtHSSMatmulAlgoGetIds, @function
 cublasLtHSSMatmulAlgoGetIds:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -946,7 +940,7 @@ cublasLtHSSMatmulAlgoGetIds:
     .globl cublasLtHSSMatmulAlgoInit
     .type cublasLtHSSMatmulAlgoInit, @function
 cublasLtHSSMatmulAlgoInit:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -954,7 +948,7 @@ cublasLtHSSMatmulAlgoInit:
     .globl cublasLtHeuristicLutSerializeEntry
     .type cublasLtHeuristicLutSerializeEntry, @function
 cublasLtHeuristicLutSerializeEntry:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -972,7 +966,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -980,7 +974,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -988,7 +982,7 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -996,7 +990,7 @@ cublasLtKCCMatmulAlgoCheck:
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1004,7 +998,7 @@ cublasLtKCCMatmulAlgoGetHeuristic:
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1012,7 +1006,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1020,7 +1014,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1028,7 +1022,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1036,7 +1030,7 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1044,7 +1038,7 @@ cublasLtKCKMatmulAlgoCheck:
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,7 +1046,7 @@ cublasLtKCKMatmulAlgoGetHeuristic:
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1054,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +1062,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1070,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1078,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,7 +1086,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1094,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1102,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1110,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1118,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1126,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1134,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1142,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1150,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmUtilizationCCC
     .type cublasLtLegacyGemmUtilizationCCC, @function
 cublasLtLegacyGemmUtilizationCCC:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1158,7 @@ cublasLtLegacyGemmUtilizationCCC:
     .globl cublasLtLegacyGemmUtilizationDDD
     .type cublasLtLegacyGemmUtilizationDDD, @function
 cublasLtLegacyGemmUtilizationDDD:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1166,7 @@ cublasLtLegacyGemmUtilizationDDD:
     .globl cublasLtLegacyGemmUtilizationZZZ
     .type cublasLtLegacyGemmUtilizationZZZ, @function
 cublasLtLegacyGemmUtilizationZZZ:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1174,7 @@ cublasLtLegacyGemmUtilizationZZZ:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1193,7 +1187,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1201,7 +1195,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1209,7 +1203,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1241,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1350,10 +1344,7 @@ cublasLtMatrixLayoutSetAttribute:
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname147(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransform@PLT
     .size cublasLtMatrixTransform, .-cublasLtMatrixTransform
     .globl cublasLtMatrixTransformDescCreate
     .type cublasLtMatrixTransformDescCreate, @function
@@ -1368,10 +1359,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescGetAttribute@PLT
     .size cublasLtMatrixTransformDescGetAttribute, .-cublasLtMatrixTransformDescGetAttribute
     .globl cublasLtMatrixTransformDescInit_internal
     .type cublasLtMatrixTransformDescInit_internal, @function
@@ -1381,15 +1369,12 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname149(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescSetAttribute@PLT
     .size cublasLtMatrixTransformDescSetAttribute, .-cublasLtMatrixTransformDescSetAttribute
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1382,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1390,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1398,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1406,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1429,7 +1414,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1422,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1430,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1453,7 +1438,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1446,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1469,7 +1454,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1477,7 +1462,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,7 +1470,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1478,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1486,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1494,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1517,7 +1502,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1525,7 +1510,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,7 +1518,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1541,7 +1526,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,7 +1534,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1557,7 +1542,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,7 +1550,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1573,7 +1558,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1581,7 +1566,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1589,7 +1574,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1597,7 +1582,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1605,7 +1590,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1613,7 +1598,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1621,7 +1606,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1629,7 +1614,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1637,7 +1622,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1645,7 +1630,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1653,7 +1638,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1661,7 +1646,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1669,7 +1654,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1677,7 +1662,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1685,7 +1670,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1678,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1701,7 +1686,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_CCC
     .type cublasLt_for_cublas_CCC, @function
 cublasLt_for_cublas_CCC:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1694,7 @@ cublasLt_for_cublas_CCC:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1717,7 +1702,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1725,7 +1710,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1733,7 +1718,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1741,7 +1726,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1734,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1757,7 +1742,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1765,7 +1750,7 @@ cublasLt_for_cublas_TST:
     .globl cublasLt_for_cublas_ZZZ
     .type cublasLt_for_cublas_ZZZ, @function
 cublasLt_for_cublas_ZZZ:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,209 +1947,199 @@ cublasLt_for_cublas_ZZZ:
 .Lname94:
     .asciz "cublasLtE5m2E4m3Fp32Fp32Fp32MatmulAlgoInit"
 .Lname95:
-    .asciz "cublasLtGetStatusName"
-.Lname96:
-    .asciz "cublasLtGetStatusString"
-.Lname97:
     .asciz "cublasLtHHHMatmul"
-.Lname98:
+.Lname96:
     .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
-.Lname99:
+.Lname97:
     .asciz "cublasLtHHHMatmulAlgoCheck"
-.Lname100:
+.Lname98:
     .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
-.Lname101:
+.Lname99:
     .asciz "cublasLtHHHMatmulAlgoGetIds"
-.Lname102:
+.Lname100:
     .asciz "cublasLtHHHMatmulAlgoInit"
-.Lname103:
+.Lname101:
     .asciz "cublasLtHSHMatmul"
-.Lname104:
+.Lname102:
     .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
-.Lname105:
+.Lname103:
     .asciz "cublasLtHSHMatmulAlgoCheck"
-.Lname106:
+.Lname104:
     .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
-.Lname107:
+.Lname105:
     .asciz "cublasLtHSHMatmulAlgoGetIds"
-.Lname108:
+.Lname106:
     .asciz "cublasLtHSHMatmulAlgoInit"
-.Lname109:
+.Lname107:
     .asciz "cublasLtHSSMatmul"
-.Lname110:
+.Lname108:
     .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
-.Lname111:
+.Lname109:
     .asciz "cublasLtHSSMatmulAlgoCheck"
-.Lname112:
+.Lname110:
     .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
-.Lname113:
+.Lname111:
     .asciz "cublasLtHSSMatmulAlgoGetIds"
-.Lname114:
+.Lname112:
     .asciz "cublasLtHSSMatmulAlgoInit"
-.Lname115:
+.Lname113:
     .asciz "cublasLtHeuristicLutSerializeEntry"
-.Lname116:
+.Lname114:
     .asciz "cublasLtKCCMatmul"
-.Lname117:
+.Lname115:
     .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
-.Lname118:
+.Lname116:
     .asciz "cublasLtKCCMatmulAlgoCheck"
-.Lname119:
+.Lname117:
     .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
-.Lname120:
+.Lname118:
     .asciz "cublasLtKCCMatmulAlgoGetIds"
-.Lname121:
+.Lname119:
     .asciz "cublasLtKCCMatmulAlgoInit"
-.Lname122:
+.Lname120:
     .asciz "cublasLtKCKMatmul"
-.Lname123:
+.Lname121:
     .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
-.Lname124:
+.Lname122:
     .asciz "cublasLtKCKMatmulAlgoCheck"
-.Lname125:
+.Lname123:
     .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
-.Lname126:
+.Lname124:
     .asciz "cublasLtKCKMatmulAlgoGetIds"
-.Lname127:
+.Lname125:
     .asciz "cublasLtKCKMatmulAlgoInit"
-.Lname128:
+.Lname126:
     .asciz "cublasLtLegacyGemmACC"
-.Lname129:
+.Lname127:
     .asciz "cublasLtLegacyGemmBII"
-.Lname130:
+.Lname128:
     .asciz "cublasLtLegacyGemmBSS"
-.Lname131:
+.Lname129:
     .asciz "cublasLtLegacyGemmCCC"
-.Lname132:
+.Lname130:
     .asciz "cublasLtLegacyGemmDDD"
-.Lname133:
+.Lname131:
     .asciz "cublasLtLegacyGemmHHH"
-.Lname134:
+.Lname132:
     .asciz "cublasLtLegacyGemmHSH"
-.Lname135:
+.Lname133:
     .asciz "cublasLtLegacyGemmHSS"
-.Lname136:
+.Lname134:
     .asciz "cublasLtLegacyGemmSSS"
-.Lname137:
+.Lname135:
     .asciz "cublasLtLegacyGemmTSS"
-.Lname138:
+.Lname136:
     .asciz "cublasLtLegacyGemmTST"
-.Lname139:
+.Lname137:
     .asciz "cublasLtLegacyGemmUtilizationCCC"
-.Lname140:
+.Lname138:
     .asciz "cublasLtLegacyGemmUtilizationDDD"
-.Lname141:
+.Lname139:
     .asciz "cublasLtLegacyGemmUtilizationZZZ"
-.Lname142:
+.Lname140:
     .asciz "cublasLtLegacyGemmZZZ"
-.Lname143:
+.Lname141:
     .asciz "cublasLtLoggerOpenFile"
-.Lname144:
+.Lname142:
     .asciz "cublasLtLoggerSetCallback"
-.Lname145:
+.Lname143:
     .asciz "cublasLtLoggerSetFile"
-.Lname146:
+.Lname144:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname147:
-    .asciz "cublasLtMatrixTransform"
-.Lname148:
-    .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname149:
-    .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname150:
+.Lname145:
     .asciz "cublasLtSSSMatmul"
-.Lname151:
+.Lname146:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname152:
+.Lname147:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname153:
+.Lname148:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname154:
+.Lname149:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname155:
+.Lname150:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname156:
+.Lname151:
     .asciz "cublasLtShutdownCtx"
-.Lname157:
+.Lname152:
     .asciz "cublasLtTSSMatmul"
-.Lname158:
+.Lname153:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname159:
+.Lname154:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname160:
+.Lname155:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname161:
+.Lname156:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname162:
+.Lname157:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname163:
+.Lname158:
     .asciz "cublasLtTSTMatmul"
-.Lname164:
+.Lname159:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname165:
+.Lname160:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname166:
+.Lname161:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname167:
+.Lname162:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname168:
+.Lname163:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname169:
+.Lname164:
     .asciz "cublasLtVCCMatmul"
-.Lname170:
+.Lname165:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname171:
+.Lname166:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname172:
+.Lname167:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname173:
+.Lname168:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname174:
+.Lname169:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname175:
+.Lname170:
     .asciz "cublasLtVCVMatmul"
-.Lname176:
+.Lname171:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname177:
+.Lname172:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname178:
+.Lname173:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname179:
+.Lname174:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname180:
+.Lname175:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname181:
+.Lname176:
     .asciz "cublasLtZZZMatmul"
-.Lname182:
+.Lname177:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname183:
+.Lname178:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname184:
+.Lname179:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname185:
+.Lname180:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname186:
+.Lname181:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname187:
+.Lname182:
     .asciz "cublasLt_for_cublas_BII"
-.Lname188:
+.Lname183:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname189:
+.Lname184:
     .asciz "cublasLt_for_cublas_CCC"
-.Lname190:
+.Lname185:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname191:
+.Lname186:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname192:
+.Lname187:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname193:
+.Lname188:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname194:
+.Lname189:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname195:
+.Lname190:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname196:
+.Lname191:
     .asciz "cublasLt_for_cublas_TST"
-.Lname197:
+.Lname192:
     .asciz "cublasLt_for_cublas_ZZZ"
     .section .note.GNU-stack,"",@progbits

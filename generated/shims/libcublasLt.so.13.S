@@ -380,18 +380,12 @@ cublasLtGetProperty:
     .globl cublasLtGetStatusName
     .type cublasLtGetStatusName, @function
 cublasLtGetStatusName:
-    leaq .Lname42(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusName@PLT
     .size cublasLtGetStatusName, .-cublasLtGetStatusName
     .globl cublasLtGetStatusString
     .type cublasLtGetStatusString, @function
 cublasLtGetStatusString:
-    leaq .Lname43(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtGetStatusString@PLT
     .size cublasLtGetStatusString, .-cublasLtGetStatusString
     .globl cublasLtGetVersion
     .type cublasLtGetVersion, @function
@@ -401,7 +395,7 @@ cublasLtGetVersion:
     .globl cublasLtHHHMatmul
     .type cublasLtHHHMatmul, @function
 cublasLtHHHMatmul:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -409,7 +403,7 @@ cublasLtHHHMatmul:
     .globl cublasLtHHHMatmulAlgoCapGetAttribute
     .type cublasLtHHHMatmulAlgoCapGetAttribute, @function
 cublasLtHHHMatmulAlgoCapGetAttribute:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -417,7 +411,7 @@ cublasLtHHHMatmulAlgoCapGetAttribute:
     .globl cublasLtHHHMatmulAlgoCheck
     .type cublasLtHHHMatmulAlgoCheck, @function
 cublasLtHHHMatmulAlgoCheck:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -425,7 +419,7 @@ cublasLtHHHMatmulAlgoCheck:
     .globl cublasLtHHHMatmulAlgoGetHeuristic
     .type cublasLtHHHMatmulAlgoGetHeuristic, @function
 cublasLtHHHMatmulAlgoGetHeuristic:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -433,7 +427,7 @@ cublasLtHHHMatmulAlgoGetHeuristic:
     .globl cublasLtHHHMatmulAlgoGetIds
     .type cublasLtHHHMatmulAlgoGetIds, @function
 cublasLtHHHMatmulAlgoGetIds:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -441,7 +435,7 @@ cublasLtHHHMatmulAlgoGetIds:
     .globl cublasLtHHHMatmulAlgoInit
     .type cublasLtHHHMatmulAlgoInit, @function
 cublasLtHHHMatmulAlgoInit:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -449,7 +443,7 @@ cublasLtHHHMatmulAlgoInit:
     .globl cublasLtHSHMatmul
     .type cublasLtHSHMatmul, @function
 cublasLtHSHMatmul:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -457,7 +451,7 @@ cublasLtHSHMatmul:
     .globl cublasLtHSHMatmulAlgoCapGetAttribute
     .type cublasLtHSHMatmulAlgoCapGetAttribute, @function
 cublasLtHSHMatmulAlgoCapGetAttribute:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -465,7 +459,7 @@ cublasLtHSHMatmulAlgoCapGetAttribute:
     .globl cublasLtHSHMatmulAlgoCheck
     .type cublasLtHSHMatmulAlgoCheck, @function
 cublasLtHSHMatmulAlgoCheck:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -473,7 +467,7 @@ cublasLtHSHMatmulAlgoCheck:
     .globl cublasLtHSHMatmulAlgoGetHeuristic
     .type cublasLtHSHMatmulAlgoGetHeuristic, @function
 cublasLtHSHMatmulAlgoGetHeuristic:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -481,7 +475,7 @@ cublasLtHSHMatmulAlgoGetHeuristic:
     .globl cublasLtHSHMatmulAlgoGetIds
     .type cublasLtHSHMatmulAlgoGetIds, @function
 cublasLtHSHMatmulAlgoGetIds:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -489,7 +483,7 @@ cublasLtHSHMatmulAlgoGetIds:
     .globl cublasLtHSHMatmulAlgoInit
     .type cublasLtHSHMatmulAlgoInit, @function
 cublasLtHSHMatmulAlgoInit:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -497,7 +491,7 @@ cublasLtHSHMatmulAlgoInit:
     .globl cublasLtHSSMatmul
     .type cublasLtHSSMatmul, @function
 cublasLtHSSMatmul:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -505,7 +499,7 @@ cublasLtHSSMatmul:
     .globl cublasLtHSSMatmulAlgoCapGetAttribute
     .type cublasLtHSSMatmulAlgoCapGetAttribute, @function
 cublasLtHSSMatmulAlgoCapGetAttribute:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -513,7 +507,7 @@ cublasLtHSSMatmulAlgoCapGetAttribute:
     .globl cublasLtHSSMatmulAlgoCheck
     .type cublasLtHSSMatmulAlgoCheck, @function
 cublasLtHSSMatmulAlgoCheck:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +515,7 @@ cublasLtHSSMatmulAlgoCheck:
     .globl cublasLtHSSMatmulAlgoGetHeuristic
     .type cublasLtHSSMatmulAlgoGetHeuristic, @function
 cublasLtHSSMatmulAlgoGetHeuristic:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +523,7 @@ cublasLtHSSMatmulAlgoGetHeuristic:
     .globl cublasLtHSSMatmulAlgoGetIds
     .type cublasLtHSSMatmulAlgoGetIds, @function
 cublasLtHSSMatmulAlgoGetIds:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +531,7 @@ cublasLtHSSMatmulAlgoGetIds:
     .globl cublasLtHSSMatmulAlgoInit
     .type cublasLtHSSMatmulAlgoInit, @function
 cublasLtHSSMatmulAlgoInit:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +539,7 @@ cublasLtHSSMatmulAlgoInit:
     .globl cublasLtHeuristicLutSerializeEntry
     .type cublasLtHeuristicLutSerializeEntry, @function
 cublasLtHeuristicLutSerializeEntry:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +547,7 @@ cublasLtHeuristicLutSerializeEntry:
     .globl cublasLtHeuristicsCacheCreate
     .type cublasLtHeuristicsCacheCreate, @function
 cublasLtHeuristicsCacheCreate:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,7 +555,7 @@ cublasLtHeuristicsCacheCreate:
     .globl cublasLtHeuristicsCacheDestroy
     .type cublasLtHeuristicsCacheDestroy, @function
 cublasLtHeuristicsCacheDestroy:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +563,7 @@ cublasLtHeuristicsCacheDestroy:
     .globl cublasLtHeuristicsCacheGet
     .type cublasLtHeuristicsCacheGet, @function
 cublasLtHeuristicsCacheGet:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -582,7 +576,7 @@ cublasLtHeuristicsCacheGetCapacity:
     .globl cublasLtHeuristicsCachePut
     .type cublasLtHeuristicsCachePut, @function
 cublasLtHeuristicsCachePut:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -595,7 +589,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -603,7 +597,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -611,7 +605,7 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -619,7 +613,7 @@ cublasLtKCCMatmulAlgoCheck:
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -627,7 +621,7 @@ cublasLtKCCMatmulAlgoGetHeuristic:
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -635,7 +629,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -643,7 +637,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -651,7 +645,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -659,7 +653,7 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -667,7 +661,7 @@ cublasLtKCKMatmulAlgoCheck:
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -675,7 +669,7 @@ cublasLtKCKMatmulAlgoGetHeuristic:
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -683,7 +677,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -691,7 +685,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -699,7 +693,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -707,7 +701,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -715,7 +709,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -723,7 +717,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -731,7 +725,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -739,7 +733,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -747,7 +741,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -755,7 +749,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -763,7 +757,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -771,7 +765,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -779,7 +773,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,7 +786,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -800,7 +794,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -808,7 +802,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -846,7 +840,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,10 +943,7 @@ cublasLtMatrixLayoutSetAttribute:
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname95(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransform@PLT
     .size cublasLtMatrixTransform, .-cublasLtMatrixTransform
     .globl cublasLtMatrixTransformDescCreate
     .type cublasLtMatrixTransformDescCreate, @function
@@ -967,10 +958,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname96(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescGetAttribute@PLT
     .size cublasLtMatrixTransformDescGetAttribute, .-cublasLtMatrixTransformDescGetAttribute
     .globl cublasLtMatrixTransformDescInit_internal
     .type cublasLtMatrixTransformDescInit_internal, @function
@@ -980,15 +968,12 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransformDescSetAttribute@PLT
     .size cublasLtMatrixTransformDescSetAttribute, .-cublasLtMatrixTransformDescSetAttribute
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -996,7 +981,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1004,7 +989,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1012,7 +997,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1020,7 +1005,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1028,7 +1013,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1036,7 +1021,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtSetEnvironmentMode
     .type cublasLtSetEnvironmentMode, @function
 cublasLtSetEnvironmentMode:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1044,7 +1029,7 @@ cublasLtSetEnvironmentMode:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,7 +1037,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1045,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +1053,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1061,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1069,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,7 +1077,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1085,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1093,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1101,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1109,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1117,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1125,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1133,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1141,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1149,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1157,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1165,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1173,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1181,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1189,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1197,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1220,7 +1205,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1213,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1221,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,7 +1229,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1252,7 +1237,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1260,7 +1245,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1253,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,7 +1261,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1269,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1277,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,7 +1285,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1308,7 +1293,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,7 +1301,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1309,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1317,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1325,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1333,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1341,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1447,209 +1432,199 @@ cublasLt_for_cublas_TST:
 .Lname41:
     .asciz "cublasLtGetEnvironmentMode"
 .Lname42:
-    .asciz "cublasLtGetStatusName"
-.Lname43:
-    .asciz "cublasLtGetStatusString"
-.Lname44:
     .asciz "cublasLtHHHMatmul"
-.Lname45:
+.Lname43:
     .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
-.Lname46:
+.Lname44:
     .asciz "cublasLtHHHMatmulAlgoCheck"
-.Lname47:
+.Lname45:
     .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
-.Lname48:
+.Lname46:
     .asciz "cublasLtHHHMatmulAlgoGetIds"
-.Lname49:
+.Lname47:
     .asciz "cublasLtHHHMatmulAlgoInit"
-.Lname50:
+.Lname48:
     .asciz "cublasLtHSHMatmul"
-.Lname51:
+.Lname49:
     .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
-.Lname52:
+.Lname50:
     .asciz "cublasLtHSHMatmulAlgoCheck"
-.Lname53:
+.Lname51:
     .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
-.Lname54:
+.Lname52:
     .asciz "cublasLtHSHMatmulAlgoGetIds"
-.Lname55:
+.Lname53:
     .asciz "cublasLtHSHMatmulAlgoInit"
-.Lname56:
+.Lname54:
     .asciz "cublasLtHSSMatmul"
-.Lname57:
+.Lname55:
     .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
-.Lname58:
+.Lname56:
     .asciz "cublasLtHSSMatmulAlgoCheck"
-.Lname59:
+.Lname57:
     .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
-.Lname60:
+.Lname58:
     .asciz "cublasLtHSSMatmulAlgoGetIds"
-.Lname61:
+.Lname59:
     .asciz "cublasLtHSSMatmulAlgoInit"
-.Lname62:
+.Lname60:
     .asciz "cublasLtHeuristicLutSerializeEntry"
-.Lname63:
+.Lname61:
     .asciz "cublasLtHeuristicsCacheCreate"
-.Lname64:
+.Lname62:
     .asciz "cublasLtHeuristicsCacheDestroy"
-.Lname65:
+.Lname63:
     .asciz "cublasLtHeuristicsCacheGet"
-.Lname66:
+.Lname64:
     .asciz "cublasLtHeuristicsCachePut"
-.Lname67:
+.Lname65:
     .asciz "cublasLtKCCMatmul"
-.Lname68:
+.Lname66:
     .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
-.Lname69:
+.Lname67:
     .asciz "cublasLtKCCMatmulAlgoCheck"
-.Lname70:
+.Lname68:
     .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
-.Lname71:
+.Lname69:
     .asciz "cublasLtKCCMatmulAlgoGetIds"
-.Lname72:
+.Lname70:
     .asciz "cublasLtKCCMatmulAlgoInit"
-.Lname73:
+.Lname71:
     .asciz "cublasLtKCKMatmul"
-.Lname74:
+.Lname72:
     .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
-.Lname75:
+.Lname73:
     .asciz "cublasLtKCKMatmulAlgoCheck"
-.Lname76:
+.Lname74:
     .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
-.Lname77:
+.Lname75:
     .asciz "cublasLtKCKMatmulAlgoGetIds"
-.Lname78:
+.Lname76:
     .asciz "cublasLtKCKMatmulAlgoInit"
-.Lname79:
+.Lname77:
     .asciz "cublasLtLegacyGemmACC"
-.Lname80:
+.Lname78:
     .asciz "cublasLtLegacyGemmBII"
-.Lname81:
+.Lname79:
     .asciz "cublasLtLegacyGemmBSS"
-.Lname82:
+.Lname80:
     .asciz "cublasLtLegacyGemmCCC"
-.Lname83:
+.Lname81:
     .asciz "cublasLtLegacyGemmDDD"
-.Lname84:
+.Lname82:
     .asciz "cublasLtLegacyGemmHHH"
-.Lname85:
+.Lname83:
     .asciz "cublasLtLegacyGemmHSH"
-.Lname86:
+.Lname84:
     .asciz "cublasLtLegacyGemmHSS"
-.Lname87:
+.Lname85:
     .asciz "cublasLtLegacyGemmSSS"
-.Lname88:
+.Lname86:
     .asciz "cublasLtLegacyGemmTSS"
-.Lname89:
+.Lname87:
     .asciz "cublasLtLegacyGemmTST"
-.Lname90:
+.Lname88:
     .asciz "cublasLtLegacyGemmZZZ"
-.Lname91:
+.Lname89:
     .asciz "cublasLtLoggerOpenFile"
-.Lname92:
+.Lname90:
     .asciz "cublasLtLoggerSetCallback"
-.Lname93:
+.Lname91:
     .asciz "cublasLtLoggerSetFile"
-.Lname94:
+.Lname92:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname95:
-    .asciz "cublasLtMatrixTransform"
-.Lname96:
-    .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname97:
-    .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname98:
+.Lname93:
     .asciz "cublasLtSSSMatmul"
-.Lname99:
+.Lname94:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname100:
+.Lname95:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname101:
+.Lname96:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname102:
+.Lname97:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname103:
+.Lname98:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname104:
+.Lname99:
     .asciz "cublasLtSetEnvironmentMode"
-.Lname105:
+.Lname100:
     .asciz "cublasLtShutdownCtx"
-.Lname106:
+.Lname101:
     .asciz "cublasLtTSSMatmul"
-.Lname107:
+.Lname102:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname108:
+.Lname103:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname109:
+.Lname104:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname110:
+.Lname105:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname111:
+.Lname106:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname112:
+.Lname107:
     .asciz "cublasLtTSTMatmul"
-.Lname113:
+.Lname108:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname114:
+.Lname109:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname115:
+.Lname110:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname116:
+.Lname111:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname117:
+.Lname112:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname118:
+.Lname113:
     .asciz "cublasLtVCCMatmul"
-.Lname119:
+.Lname114:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname120:
+.Lname115:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname121:
+.Lname116:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname122:
+.Lname117:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname123:
+.Lname118:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname124:
+.Lname119:
     .asciz "cublasLtVCVMatmul"
-.Lname125:
+.Lname120:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname126:
+.Lname121:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname127:
+.Lname122:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname128:
+.Lname123:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname129:
+.Lname124:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname130:
+.Lname125:
     .asciz "cublasLtZZZMatmul"
-.Lname131:
+.Lname126:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname132:
+.Lname127:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname133:
+.Lname128:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname134:
+.Lname129:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname135:
+.Lname130:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname136:
+.Lname131:
     .asciz "cublasLt_for_cublas_BII"
-.Lname137:
+.Lname132:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname138:
+.Lname133:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname139:
+.Lname134:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname140:
+.Lname135:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname141:
+.Lname136:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname142:
+.Lname137:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname143:
+.Lname138:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname144:
+.Lname139:
     .asciz "cublasLt_for_cublas_TST"
     .section .note.GNU-stack,"",@progbits

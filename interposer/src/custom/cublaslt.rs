@@ -2,10 +2,11 @@
 //! named by the client (specs/cublaslt.toml: `client_named`), so creating, configuring and
 //! destroying them is sent without waiting. The client also records what each descriptor
 //! says, which lets it
-//! * keep each matmul descriptor's pointer mode (`CUBLASLT_MATMUL_DESC_POINTER_MODE`),
-//!   which decides whether `cublasLtMatmul`'s alpha and beta travel as values or pass as
-//!   device addresses (`crate::scalars`), and its scale type, which gives their width (a
-//!   float alpha is read as 4 bytes, not as the widest 16);
+//! * keep each matmul (and matrix transform) descriptor's pointer mode
+//!   (`CUBLASLT_MATMUL_DESC_POINTER_MODE`), which decides whether `cublasLtMatmul`'s (and
+//!   `cublasLtMatrixTransform`'s) alpha and beta travel as values or pass as device
+//!   addresses (`crate::scalars`), and its scale type, which gives their width (a float
+//!   alpha is read as 4 bytes, not as the widest 16);
 //! * answer `cublasLtMatmulAlgoGetHeuristic` for a problem it has asked about before: the
 //!   heuristic is a pure function of the descriptors (torch asks before every matmul). An
 //!   answer from an earlier session on the same server identity is given too, and checked
@@ -26,6 +27,10 @@ const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const DESC_POINTER_MODE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_POINTER_MODE;
 const DESC_SCALE_TYPE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SCALE_TYPE;
+const TRANSFORM_POINTER_MODE: u32 =
+    chidori_cuda::consts::cublasLtMatrixTransformDescAttributes_t::CUBLASLT_MATRIX_TRANSFORM_DESC_POINTER_MODE;
+const TRANSFORM_SCALE_TYPE: u32 =
+    chidori_cuda::consts::cublasLtMatrixTransformDescAttributes_t::CUBLASLT_MATRIX_TRANSFORM_DESC_SCALE_TYPE;
 /// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
 /// scale and amax pointers). A heuristic depends on their alignment, not their value.
 const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
@@ -40,6 +45,20 @@ enum DescKind {
     Matmul,
     Layout,
     Preference,
+    /// A matrix transform's descriptor: like a matmul's, it says how alpha and beta travel.
+    Transform,
+}
+
+impl DescKind {
+    /// Whether the descriptor decides how scalars travel (a pointer mode and a scale type),
+    /// and the attributes that say them: (pointer mode, scale type).
+    fn scalar_attributes(self) -> Option<(u32, u32)> {
+        match self {
+            DescKind::Matmul => Some((DESC_POINTER_MODE, DESC_SCALE_TYPE)),
+            DescKind::Transform => Some((TRANSFORM_POINTER_MODE, TRANSFORM_SCALE_TYPE)),
+            DescKind::Layout | DescKind::Preference => None,
+        }
+    }
 }
 
 /// What a descriptor says: how it was created and its attributes (last value wins).
@@ -68,10 +87,16 @@ fn create(name: &'static str, desc: &'static CallDesc, kind: DescKind, args: &[u
             let handle = unsafe { std::ptr::read_unaligned(out as *const u64) };
             let record = Record { kind, create: args[1..].to_vec(), attrs: BTreeMap::new() };
             records().get_or_insert_with(HashMap::new).insert(handle, record);
-            if kind == DescKind::Matmul {
+            // cublasLtMatmulDescCreate(desc, computeType, scaleType),
+            // cublasLtMatrixTransformDescCreate(desc, scaleType): host pointer mode.
+            let scale_type = match kind {
+                DescKind::Matmul => args.get(2),
+                DescKind::Transform => args.get(1),
+                DescKind::Layout | DescKind::Preference => None,
+            };
+            if kind.scalar_attributes().is_some() {
                 crate::scalars::set_device_mode(handle, false);
-                // cublasLtMatmulDescCreate(desc, computeType, scaleType).
-                crate::scalars::set_size(handle, args.get(2).and_then(|&t| crate::scalars::data_type_bytes(t)));
+                crate::scalars::set_size(handle, scale_type.and_then(|&t| crate::scalars::data_type_bytes(t)));
             }
         }
         s
@@ -93,15 +118,16 @@ fn set_attribute(name: &'static str, desc: &'static CallDesc, handle: u64, attr:
             if size == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec() };
         let mut guard = records();
         if let Some(r) = guard.as_mut().and_then(|m| m.get_mut(&handle)) {
-            if r.kind == DescKind::Matmul && attr == DESC_POINTER_MODE && value.len() >= 4 {
-                // cublasLtPointerMode_t is a 32-bit enum; every mode but HOST (0) puts
-                // alpha on the device.
-                let mode = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
-                crate::scalars::set_device_mode(handle, mode != 0);
-            }
-            if r.kind == DescKind::Matmul && attr == DESC_SCALE_TYPE && value.len() >= 4 {
-                let t = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
-                crate::scalars::set_size(handle, crate::scalars::data_type_bytes(u64::from(t)));
+            let word = value.first_chunk::<4>().map(|w| u32::from_le_bytes(*w));
+            if let (Some((pointer_mode, scale_type)), Some(word)) = (r.kind.scalar_attributes(), word) {
+                if attr == pointer_mode {
+                    // cublasLtPointerMode_t is a 32-bit enum; every mode but HOST (0) puts
+                    // alpha on the device.
+                    crate::scalars::set_device_mode(handle, word != 0);
+                }
+                if attr == scale_type {
+                    crate::scalars::set_size(handle, crate::scalars::data_type_bytes(u64::from(word)));
+                }
             }
             r.attrs.insert(attr, value);
         }
@@ -112,7 +138,7 @@ fn set_attribute(name: &'static str, desc: &'static CallDesc, handle: u64, attr:
 fn destroy(name: &'static str, desc: &'static CallDesc, handle: u64) -> u32 {
     crate::guard::ffi(name, INVALID_VALUE, || {
         if let Some(m) = records().as_mut()
-            && m.remove(&handle).is_some_and(|r| r.kind == DescKind::Matmul)
+            && m.remove(&handle).is_some_and(|r| r.kind.scalar_attributes().is_some())
         {
             crate::scalars::forget(handle);
         }
@@ -301,12 +327,17 @@ pub unsafe fn matrix_layout_create(
     create(ctx.name, ctx.form(Form::Call), DescKind::Layout, &args)
 }
 
+pub unsafe fn transform_desc_create(ctx: &Ctx, transformDesc: *mut c_void, scaleType: u32) -> u32 {
+    let args = [transformDesc as u64, u64::from(scaleType)];
+    create(ctx.name, ctx.form(Form::Call), DescKind::Transform, &args)
+}
+
 pub unsafe fn preference_create(ctx: &Ctx, pref: *mut c_void) -> u32 {
     create(ctx.name, ctx.form(Form::Call), DescKind::Preference, &[pref as u64])
 }
 
 /// cublasLtMatmulDescSetAttribute, cublasLtMatrixLayoutSetAttribute,
-/// cublasLtMatmulPreferenceSetAttribute.
+/// cublasLtMatmulPreferenceSetAttribute, cublasLtMatrixTransformDescSetAttribute.
 pub unsafe fn descriptor_set_attribute(
     ctx: &Ctx,
     descriptor: *mut c_void,
@@ -317,7 +348,8 @@ pub unsafe fn descriptor_set_attribute(
     set_attribute(ctx.name, ctx.form(Form::Call), descriptor as u64, attr, buf as u64, sizeInBytes)
 }
 
-/// cublasLtMatmulDescDestroy, cublasLtMatrixLayoutDestroy, cublasLtMatmulPreferenceDestroy.
+/// cublasLtMatmulDescDestroy, cublasLtMatrixLayoutDestroy, cublasLtMatmulPreferenceDestroy,
+/// cublasLtMatrixTransformDescDestroy.
 pub unsafe fn descriptor_destroy(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
     destroy(ctx.name, ctx.form(Form::Call), descriptor as u64)
 }

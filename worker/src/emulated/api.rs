@@ -766,6 +766,7 @@ impl Emulated {
             match name {
                 "cublasLtCreate"
                 | "cublasLtMatmulDescCreate"
+                | "cublasLtMatrixTransformDescCreate"
                 | "cublasLtMatrixLayoutCreate"
                 | "cublasLtMatmulPreferenceCreate" => {
                     let h = self.state().handle();
@@ -778,7 +779,34 @@ impl Emulated {
                 | "cublasLtMatmulPreferenceDestroy"
                 | "cublasLtMatmulDescSetAttribute"
                 | "cublasLtMatrixLayoutSetAttribute"
-                | "cublasLtMatmulPreferenceSetAttribute" => SUCCESS,
+                | "cublasLtMatmulPreferenceSetAttribute"
+                | "cublasLtMatrixTransformDescDestroy"
+                | "cublasLtMatrixTransformDescSetAttribute" => SUCCESS,
+                // Only the first element, float (C[0] = alpha A[0] + beta B[0]): enough to
+                // see alpha and beta arrive as host values or at device addresses.
+                "cublasLtMatrixTransform" => {
+                    let mut state = self.state();
+                    let mut float_at = |addr: u64| -> Option<f32> {
+                        match state.find(addr, 4) {
+                            Some(bytes) => Some(f32::from_le_bytes(bytes[..4].try_into().ok()?)),
+                            // A host scalar: the session's buffer of it.
+                            None if addr != 0 => Some(std::ptr::read_unaligned(addr as *const f32)),
+                            None => None,
+                        }
+                    };
+                    let (Some(alpha), Some(a0), Some(beta), Some(b0)) =
+                        (float_at(a[2]), float_at(a[3]), float_at(a[5]), float_at(a[6]))
+                    else {
+                        return Some(INVALID_VALUE);
+                    };
+                    match state.find(a[8], 4) {
+                        Some(c) => {
+                            c[..4].copy_from_slice(&(alpha * a0 + beta * b0).to_le_bytes());
+                            SUCCESS
+                        }
+                        None => INVALID_VALUE,
+                    }
+                }
                 "cublasLtMatmulAlgoGetHeuristic" => {
                     let elem = match desc.params.get(8) {
                         Some(Wire::Buf { elem, .. }) => *elem as usize,
