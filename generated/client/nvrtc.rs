@@ -112,6 +112,62 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetErrorString(
         crate::runtime::error_string("13.1", "nvrtc", result as i64) as *mut c_void
     }
 }
+///`nvrtcGetLTOIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIR(
+    prog: *mut c_void,
+    LTOIR: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetLTOIR",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (LTOIR) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`nvrtcGetLTOIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIRSize(
+    prog: *mut c_void,
+    LTOIRSizeRet: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetLTOIRSize",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (LTOIRSizeRet) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`nvrtcGetLoweredName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLoweredName(
@@ -121,6 +177,62 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLoweredName(
 ) -> u32 {
     unsafe {
         crate::custom::nvrtc::nvrtcGetLoweredName(prog, name_expression, lowered_name)
+    }
+}
+///`nvrtcGetNVVM` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNVVM(
+    prog: *mut c_void,
+    nvvm: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetNVVM",
+                version: "12.8",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (nvvm) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`nvrtcGetNVVMSize` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNVVMSize(
+    prog: *mut c_void,
+    nvvmSizeRet: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetNVVMSize",
+                version: "12.8",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (nvvmSizeRet) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`nvrtcGetNumSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -135,6 +247,84 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNumSupportedArchs(
         ) as u32
     }
 }
+///`nvrtcGetOptiXIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIR(
+    prog: *mut c_void,
+    optixir: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetOptiXIR",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (optixir) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`nvrtcGetOptiXIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIRSize(
+    prog: *mut c_void,
+    optixirSizeRet: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvrtcGetOptiXIRSize",
+                version: "13.1",
+                library: "nvrtc",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 11i64,
+                    unavailable: 11i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvrtc::output(
+                &CTX,
+                &[(prog) as usize as u64, (optixirSizeRet) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`nvrtcGetPCHCreateStatus` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHCreateStatus(
+    prog: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvrtcGetPCHCreateStatus",
+            version: "13.1",
+            library: "nvrtc",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 11i64,
+                unavailable: 11i64,
+                invalid_handle: 4i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvrtc::pch_create_status(&CTX, prog)
+    }
+}
 ///`nvrtcGetPCHHeapSize` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -> u32 {
@@ -143,6 +333,29 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -
             &chidori_cuda::calls::nvrtc::nvrtcGetPCHHeapSize,
             &[(ret) as usize as u64],
         ) as u32
+    }
+}
+///`nvrtcGetPCHHeapSizeRequired` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired(
+    prog: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "nvrtcGetPCHHeapSizeRequired",
+            version: "13.1",
+            library: "nvrtc",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 11i64,
+                unavailable: 11i64,
+                invalid_handle: 4i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvrtc::pch_heap_size_required(&CTX, prog, size)
     }
 }
 ///`nvrtcGetPTX` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

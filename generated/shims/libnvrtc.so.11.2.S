@@ -44,18 +44,12 @@ nvrtcGetLoweredName:
     .globl nvrtcGetNVVM
     .type nvrtcGetNVVM, @function
 nvrtcGetNVVM:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetNVVM@PLT
     .size nvrtcGetNVVM, .-nvrtcGetNVVM
     .globl nvrtcGetNVVMSize
     .type nvrtcGetNVVMSize, @function
 nvrtcGetNVVMSize:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetNVVMSize@PLT
     .size nvrtcGetNVVMSize, .-nvrtcGetNVVMSize
     .globl nvrtcGetNumSupportedArchs
     .type nvrtcGetNumSupportedArchs, @function
@@ -93,8 +87,4 @@ nvrtcVersion:
     jmp __chidori_nvrtc_nvrtcVersion@PLT
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
-.Lname0:
-    .asciz "nvrtcGetNVVM"
-.Lname1:
-    .asciz "nvrtcGetNVVMSize"
     .section .note.GNU-stack,"",@progbits

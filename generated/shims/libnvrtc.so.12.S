@@ -39,18 +39,12 @@ nvrtcGetErrorString:
     .globl nvrtcGetLTOIR
     .type nvrtcGetLTOIR, @function
 nvrtcGetLTOIR:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLTOIR@PLT
     .size nvrtcGetLTOIR, .-nvrtcGetLTOIR
     .globl nvrtcGetLTOIRSize
     .type nvrtcGetLTOIRSize, @function
 nvrtcGetLTOIRSize:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLTOIRSize@PLT
     .size nvrtcGetLTOIRSize, .-nvrtcGetLTOIRSize
     .globl nvrtcGetLoweredName
     .type nvrtcGetLoweredName, @function
@@ -60,18 +54,12 @@ nvrtcGetLoweredName:
     .globl nvrtcGetNVVM
     .type nvrtcGetNVVM, @function
 nvrtcGetNVVM:
-    leaq .Lname2(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetNVVM@PLT
     .size nvrtcGetNVVM, .-nvrtcGetNVVM
     .globl nvrtcGetNVVMSize
     .type nvrtcGetNVVMSize, @function
 nvrtcGetNVVMSize:
-    leaq .Lname3(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetNVVMSize@PLT
     .size nvrtcGetNVVMSize, .-nvrtcGetNVVMSize
     .globl nvrtcGetNumSupportedArchs
     .type nvrtcGetNumSupportedArchs, @function
@@ -81,26 +69,17 @@ nvrtcGetNumSupportedArchs:
     .globl nvrtcGetOptiXIR
     .type nvrtcGetOptiXIR, @function
 nvrtcGetOptiXIR:
-    leaq .Lname4(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetOptiXIR@PLT
     .size nvrtcGetOptiXIR, .-nvrtcGetOptiXIR
     .globl nvrtcGetOptiXIRSize
     .type nvrtcGetOptiXIRSize, @function
 nvrtcGetOptiXIRSize:
-    leaq .Lname5(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetOptiXIRSize@PLT
     .size nvrtcGetOptiXIRSize, .-nvrtcGetOptiXIRSize
     .globl nvrtcGetPCHCreateStatus
     .type nvrtcGetPCHCreateStatus, @function
 nvrtcGetPCHCreateStatus:
-    leaq .Lname6(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPCHCreateStatus@PLT
     .size nvrtcGetPCHCreateStatus, .-nvrtcGetPCHCreateStatus
     .globl nvrtcGetPCHHeapSize
     .type nvrtcGetPCHHeapSize, @function
@@ -110,10 +89,7 @@ nvrtcGetPCHHeapSize:
     .globl nvrtcGetPCHHeapSizeRequired
     .type nvrtcGetPCHHeapSizeRequired, @function
 nvrtcGetPCHHeapSizeRequired:
-    leaq .Lname7(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired@PLT
     .size nvrtcGetPCHHeapSizeRequired, .-nvrtcGetPCHHeapSizeRequired
     .globl nvrtcGetPTX
     .type nvrtcGetPTX, @function
@@ -143,7 +119,7 @@ nvrtcGetSupportedArchs:
     .globl nvrtcSetFlowCallback
     .type nvrtcSetFlowCallback, @function
 nvrtcSetFlowCallback:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -160,21 +136,5 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
-    .asciz "nvrtcGetLTOIR"
-.Lname1:
-    .asciz "nvrtcGetLTOIRSize"
-.Lname2:
-    .asciz "nvrtcGetNVVM"
-.Lname3:
-    .asciz "nvrtcGetNVVMSize"
-.Lname4:
-    .asciz "nvrtcGetOptiXIR"
-.Lname5:
-    .asciz "nvrtcGetOptiXIRSize"
-.Lname6:
-    .asciz "nvrtcGetPCHCreateStatus"
-.Lname7:
-    .asciz "nvrtcGetPCHHeapSizeRequired"
-.Lname8:
     .asciz "nvrtcSetFlowCallback"
     .section .note.GNU-stack,"",@progbits

@@ -39,18 +39,12 @@ nvrtcGetErrorString:
     .globl nvrtcGetLTOIR
     .type nvrtcGetLTOIR, @function
 nvrtcGetLTOIR:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLTOIR@PLT
     .size nvrtcGetLTOIR, .-nvrtcGetLTOIR
     .globl nvrtcGetLTOIRSize
     .type nvrtcGetLTOIRSize, @function
 nvrtcGetLTOIRSize:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLTOIRSize@PLT
     .size nvrtcGetLTOIRSize, .-nvrtcGetLTOIRSize
     .globl nvrtcGetLoweredName
     .type nvrtcGetLoweredName, @function
@@ -65,26 +59,17 @@ nvrtcGetNumSupportedArchs:
     .globl nvrtcGetOptiXIR
     .type nvrtcGetOptiXIR, @function
 nvrtcGetOptiXIR:
-    leaq .Lname2(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetOptiXIR@PLT
     .size nvrtcGetOptiXIR, .-nvrtcGetOptiXIR
     .globl nvrtcGetOptiXIRSize
     .type nvrtcGetOptiXIRSize, @function
 nvrtcGetOptiXIRSize:
-    leaq .Lname3(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetOptiXIRSize@PLT
     .size nvrtcGetOptiXIRSize, .-nvrtcGetOptiXIRSize
     .globl nvrtcGetPCHCreateStatus
     .type nvrtcGetPCHCreateStatus, @function
 nvrtcGetPCHCreateStatus:
-    leaq .Lname4(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPCHCreateStatus@PLT
     .size nvrtcGetPCHCreateStatus, .-nvrtcGetPCHCreateStatus
     .globl nvrtcGetPCHHeapSize
     .type nvrtcGetPCHHeapSize, @function
@@ -94,10 +79,7 @@ nvrtcGetPCHHeapSize:
     .globl nvrtcGetPCHHeapSizeRequired
     .type nvrtcGetPCHHeapSizeRequired, @function
 nvrtcGetPCHHeapSizeRequired:
-    leaq .Lname5(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired@PLT
     .size nvrtcGetPCHHeapSizeRequired, .-nvrtcGetPCHHeapSizeRequired
     .globl nvrtcGetPTX
     .type nvrtcGetPTX, @function
@@ -127,7 +109,7 @@ nvrtcGetSupportedArchs:
     .globl nvrtcSetFlowCallback
     .type nvrtcSetFlowCallback, @function
 nvrtcSetFlowCallback:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -144,17 +126,5 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
-    .asciz "nvrtcGetLTOIR"
-.Lname1:
-    .asciz "nvrtcGetLTOIRSize"
-.Lname2:
-    .asciz "nvrtcGetOptiXIR"
-.Lname3:
-    .asciz "nvrtcGetOptiXIRSize"
-.Lname4:
-    .asciz "nvrtcGetPCHCreateStatus"
-.Lname5:
-    .asciz "nvrtcGetPCHHeapSizeRequired"
-.Lname6:
     .asciz "nvrtcSetFlowCallback"
     .section .note.GNU-stack,"",@progbits

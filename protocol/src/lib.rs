@@ -25,5 +25,6 @@ pub mod sock;
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages (21: a scalar in device pointer
-/// mode may carry its width, [`desc::device_len`]).
+/// mode may carry its width, [`desc::device_len`]; a compile brings back LTO, OptiX and NVVM
+/// IR and the precompiled header's status).
 pub const PROTOCOL_VERSION: u16 = 21;

@@ -443,7 +443,9 @@ pub struct CompileRequest {
 }
 
 /// What an NVRTC compile produced: `status` in NVRTC's codes, the log, PTX and CUBIN
-/// (empty when the options asked for none), each name expression's lowered name.
+/// (empty when the options asked for none), each name expression's lowered name; the LTO IR
+/// (`-dlto`), OptiX IR (`--optix-ir`) and NVVM IR (NVRTC 12) where the options made them,
+/// and the precompiled header's creation status and heap size (`-pch`, NVRTC 12.8+).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct CompileResult {
     pub status: i64,
@@ -451,6 +453,13 @@ pub struct CompileResult {
     pub ptx: Vec<u8>,
     pub cubin: Vec<u8>,
     pub lowered: Vec<(String, String)>,
+    pub ltoir: Vec<u8>,
+    pub optixir: Vec<u8>,
+    pub nvvm: Vec<u8>,
+    /// nvrtcGetPCHCreateStatus's answer (None: this NVRTC has none).
+    pub pch_status: Option<i64>,
+    /// nvrtcGetPCHHeapSizeRequired's answer: (its status, the size).
+    pub pch_heap: Option<(i64, u64)>,
 }
 
 /// A record of cuDNN's variant-pack data pointers as the `hostvalues` wire form of

@@ -1,7 +1,8 @@
 //! NVRTC compiles for clients. A client keeps its NVRTC programs itself and sends one
 //! request per compile (source, headers, options, name expressions); this runs the server's
-//! NVRTC on it and returns everything the client may ask afterwards (log, PTX, CUBIN,
-//! lowered names), so only the compile costs a round trip.
+//! NVRTC on it and returns everything the client may ask afterwards (log, PTX, CUBIN, LTO,
+//! OptiX and NVVM IR, lowered names, the precompiled header's status), so only the compile
+//! costs a round trip.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 
@@ -35,7 +36,17 @@ struct Api {
     cubin: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
     lowered: unsafe extern "C" fn(Program, *const c_char, *mut *const c_char) -> c_int,
     destroy: unsafe extern "C" fn(*mut Program) -> c_int,
+    /// Outputs only some NVRTC releases have: LTO IR (12.0+), OptiX IR (12.0+), NVVM IR
+    /// (12.x, gone in 13), each as (size, copy).
+    ltoir: Option<(SizeFn, CopyFn)>,
+    optixir: Option<(SizeFn, CopyFn)>,
+    nvvm: Option<(SizeFn, CopyFn)>,
+    pch_status: Option<unsafe extern "C" fn(Program) -> c_int>,
+    pch_heap: Option<unsafe extern "C" fn(Program, *mut usize) -> c_int>,
 }
+
+type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> c_int;
+type CopyFn = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
 
 impl Api {
     fn load(lib: &Library) -> Result<Api, String> {
@@ -55,15 +66,25 @@ impl Api {
             cubin: get(lib, "nvrtcGetCUBIN")?,
             lowered: get(lib, "nvrtcGetLoweredName")?,
             destroy: get(lib, "nvrtcDestroyProgram")?,
+            ltoir: get(lib, "nvrtcGetLTOIRSize").and_then(|s| Ok((s, get(lib, "nvrtcGetLTOIR")?))).ok(),
+            optixir: get(lib, "nvrtcGetOptiXIRSize").and_then(|s| Ok((s, get(lib, "nvrtcGetOptiXIR")?))).ok(),
+            nvvm: get(lib, "nvrtcGetNVVMSize").and_then(|s| Ok((s, get(lib, "nvrtcGetNVVM")?))).ok(),
+            pch_status: get(lib, "nvrtcGetPCHCreateStatus").ok(),
+            pch_heap: get(lib, "nvrtcGetPCHHeapSizeRequired").ok(),
         })
     }
 }
 
-fn c_string(s: &str) -> Result<CString, CompileResult> {
-    CString::new(s).map_err(|_| CompileResult {
-        status: INVALID_INPUT,
-        log: b"a string of the program holds a NUL byte\0".to_vec(),
-        ..CompileResult::default()
+/// A compile that ended early: its result (boxed: an error path, and a large value).
+type Early = Box<CompileResult>;
+
+fn c_string(s: &str) -> Result<CString, Early> {
+    CString::new(s).map_err(|_| {
+        Box::new(CompileResult {
+            status: INVALID_INPUT,
+            log: b"a string of the program holds a NUL byte\0".to_vec(),
+            ..CompileResult::default()
+        })
     })
 }
 
@@ -73,10 +94,10 @@ pub fn compile(lib: &Library, req: &CompileRequest) -> Result<CompileResult, Str
     static BUILTINS: std::sync::OnceLock<Vec<Library>> = std::sync::OnceLock::new();
     BUILTINS.get_or_init(|| crate::loader::load_beside(lib, "libnvrtc-builtins.so"));
     let api = Api::load(lib)?;
-    Ok(run(&api, req).unwrap_or_else(|r| r))
+    Ok(run(&api, req).unwrap_or_else(|r| *r))
 }
 
-fn run(api: &Api, req: &CompileRequest) -> Result<CompileResult, CompileResult> {
+fn run(api: &Api, req: &CompileRequest) -> Result<CompileResult, Early> {
     let source = c_string(&req.source)?;
     let name = req.name.as_deref().map(c_string).transpose()?;
     let contents = req.headers.iter().map(|(_, c)| c_string(c)).collect::<Result<Vec<_>, _>>()?;
@@ -85,7 +106,7 @@ fn run(api: &Api, req: &CompileRequest) -> Result<CompileResult, CompileResult> 
     let names = req.name_expressions.iter().map(|e| c_string(e)).collect::<Result<Vec<_>, _>>()?;
     let ptrs = |v: &[CString]| v.iter().map(|s| s.as_ptr()).collect::<Vec<_>>();
     let (contents_p, includes_p, options_p) = (ptrs(&contents), ptrs(&includes), ptrs(&options));
-    let failed = |status: c_int| CompileResult { status: i64::from(status), ..CompileResult::default() };
+    let failed = |status: c_int| Box::new(CompileResult { status: i64::from(status), ..CompileResult::default() });
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY (block): every pointer is a live CString or an array of them, with the counts
     // NVRTC's API takes; `prog` is the program created here and destroyed at the end.
@@ -111,9 +132,22 @@ fn run(api: &Api, req: &CompileRequest) -> Result<CompileResult, CompileResult> 
         }
         result.status = i64::from((api.compile)(prog, options_p.len() as c_int, options_p.as_ptr()));
         result.log = read(prog, api.log_size, api.log);
+        // Whether a precompiled header was made is asked after any compile (a failed one
+        // included: its status says why none was).
+        result.pch_status = api.pch_status.map(|f| i64::from(f(prog)));
+        result.pch_heap = api.pch_heap.map(|f| {
+            let mut n = 0usize;
+            let s = f(prog, &mut n);
+            (i64::from(s), n as u64)
+        });
         if result.status == i64::from(SUCCESS) {
             result.ptx = read(prog, api.ptx_size, api.ptx);
             result.cubin = read(prog, api.cubin_size, api.cubin);
+            let optional =
+                |pair: Option<(SizeFn, CopyFn)>| pair.map(|(size, get)| read(prog, size, get)).unwrap_or_default();
+            result.ltoir = optional(api.ltoir);
+            result.optixir = optional(api.optixir);
+            result.nvvm = optional(api.nvvm);
             for (expr, n) in req.name_expressions.iter().zip(&names) {
                 let mut lowered: *const c_char = std::ptr::null();
                 if (api.lowered)(prog, n.as_ptr(), &mut lowered) == SUCCESS && !lowered.is_null() {
@@ -173,6 +207,14 @@ mod tests {
         assert!(r.ptx.starts_with(b"//") && r.ptx.ends_with(b"\0"), "PTX text, NUL-terminated");
         assert!(r.cubin.starts_with(b"\x7fELF"), "a CUBIN for a real architecture");
         assert_eq!(r.lowered, vec![("k<float>".to_owned(), "_Z1kIfEvPT_".to_owned())]);
+        assert!(r.ltoir.is_empty() && r.optixir.is_empty(), "no IR the options did not ask for");
+        assert!(r.pch_status.is_some(), "NVRTC 13 says whether a precompiled header was made");
+        // LTO IR for nvJitLink (NVIDIA's jitLto sample compiles with -dlto).
+        let mut lto = req.clone();
+        lto.options.push("-dlto".into());
+        let r = compile(&lib, &lto).expect("NVRTC has every function");
+        assert_eq!(r.status, 0, "log: {}", String::from_utf8_lossy(&r.log));
+        assert!(!r.ltoir.is_empty(), "LTO IR with -dlto");
         let bad = compile(&lib, &CompileRequest { source: "this is not C++".into(), ..req }).unwrap();
         assert_eq!(bad.status, 6, "NVRTC_ERROR_COMPILATION");
         assert!(String::from_utf8_lossy(&bad.log).contains("error"), "the log says why");

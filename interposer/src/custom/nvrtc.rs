@@ -23,6 +23,7 @@ const NO_LOWERED_NAMES_BEFORE_COMPILATION: u32 =
     chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION;
 const NAME_EXPRESSION_NOT_VALID: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID;
 const INTERNAL_ERROR: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR;
+const NO_PCH_CREATE_ATTEMPTED: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NO_PCH_CREATE_ATTEMPTED;
 
 pub struct Program {
     request: CompileRequest,
@@ -159,7 +160,10 @@ pub unsafe fn nvrtcCompileProgram(prog: *mut c_void, numOptions: i32, options: *
                 CompileResult { status: i64::from(INTERNAL_ERROR), log, ..CompileResult::default() }
             }
         };
-        let received = (result.log.len() + result.ptx.len() + result.cubin.len()) as u64;
+        let received = [&result.log, &result.ptx, &result.cubin, &result.ltoir, &result.optixir, &result.nvvm]
+            .iter()
+            .map(|b| b.len() as u64)
+            .sum();
         crate::trace::bytes("nvrtcCompileProgram", 1, request.source.len() as u64, received, start.elapsed());
         let status = u32::try_from(result.status).unwrap_or(INTERNAL_ERROR);
         let lowered = result
@@ -189,6 +193,24 @@ enum Output {
     Log,
     Ptx,
     Cubin,
+    LtoIr,
+    OptixIr,
+    Nvvm,
+}
+
+impl Output {
+    /// The output an NVRTC getter (or its `…Size` query) of this name reads.
+    fn of(name: &str) -> Output {
+        let base = name.trim_start_matches("nvrtcGet").trim_end_matches("Size");
+        match base {
+            "PTX" => Output::Ptx,
+            "CUBIN" => Output::Cubin,
+            "LTOIR" => Output::LtoIr,
+            "OptiXIR" => Output::OptixIr,
+            "NVVM" => Output::Nvvm,
+            _ => Output::Log,
+        }
+    }
 }
 
 /// The bytes of `what`, or the status for a program that has none.
@@ -204,21 +226,19 @@ fn with_output<T>(prog: *mut c_void, what: Output, f: impl FnOnce(&[u8]) -> T) -
         (Some((r, _)), _) if r.status != 0 => Err(INVALID_PROGRAM),
         (Some((r, _)), Output::Ptx) => Ok(f(&r.ptx)),
         (Some((r, _)), Output::Cubin) => Ok(f(&r.cubin)),
+        (Some((r, _)), Output::LtoIr) => Ok(f(&r.ltoir)),
+        (Some((r, _)), Output::OptixIr) => Ok(f(&r.optixir)),
+        (Some((r, _)), Output::Nvvm) => Ok(f(&r.nvvm)),
     }
 }
 
-/// A compile's log, PTX or CUBIN (nvrtcGetProgramLog, nvrtcGetPTX, nvrtcGetCUBIN) and their
-/// `…Size` queries, answered from the program on the client: `args` are the program and the
-/// caller's size_t* (a size query) or its buffer of that size.
+/// A compile's log, PTX, CUBIN, LTO, OptiX or NVVM IR (nvrtcGetProgramLog, nvrtcGetPTX,
+/// nvrtcGetCUBIN, nvrtcGetLTOIR, …) and their `…Size` queries, answered from the program on
+/// the client: `args` are the program and the caller's size_t* (a size query) or its buffer
+/// of that size. An output the options did not ask for has size 0, as NVRTC answers.
 pub unsafe fn output(ctx: &Ctx, args: &[u64]) -> u64 {
     let name = ctx.name;
-    let what = if name.contains("PTX") {
-        Output::Ptx
-    } else if name.contains("CUBIN") {
-        Output::Cubin
-    } else {
-        Output::Log
-    };
+    let what = Output::of(name);
     let (prog, out) = (args[0] as *mut c_void, args[1] as *mut c_void);
     let status = local(name, || {
         if out.is_null() {
@@ -234,6 +254,36 @@ pub unsafe fn output(ctx: &Ctx, args: &[u64]) -> u64 {
         written.map_or_else(|s| s, |()| SUCCESS)
     });
     u64::from(status)
+}
+
+/// nvrtcGetPCHCreateStatus: the compile's answer, kept on the client (before a compile, or
+/// from an NVRTC without precompiled headers: none was attempted).
+pub unsafe fn pch_create_status(ctx: &Ctx, prog: *mut c_void) -> u32 {
+    local(ctx.name, || {
+        let all = programs();
+        let Some(p) = all.as_ref().and_then(|m| m.get(&(prog as u64))) else { return INVALID_PROGRAM };
+        match &p.compiled {
+            Some((r, _)) => r.pch_status.and_then(|s| u32::try_from(s).ok()).unwrap_or(NO_PCH_CREATE_ATTEMPTED),
+            None => NO_PCH_CREATE_ATTEMPTED,
+        }
+    })
+}
+
+/// nvrtcGetPCHHeapSizeRequired: the compile's answer, kept on the client.
+pub unsafe fn pch_heap_size_required(ctx: &Ctx, prog: *mut c_void, size: *mut c_void) -> u32 {
+    local(ctx.name, || {
+        if size.is_null() {
+            return INVALID_INPUT;
+        }
+        let all = programs();
+        let Some(p) = all.as_ref().and_then(|m| m.get(&(prog as u64))) else { return INVALID_PROGRAM };
+        let Some((status, bytes)) = p.compiled.as_ref().and_then(|(r, _)| r.pch_heap) else {
+            return NO_PCH_CREATE_ATTEMPTED;
+        };
+        // SAFETY: the caller's size_t*, checked non-null.
+        unsafe { std::ptr::write_unaligned(size as *mut usize, bytes as usize) };
+        u32::try_from(status).unwrap_or(INTERNAL_ERROR)
+    })
 }
 
 pub unsafe fn nvrtcGetLoweredName(prog: *mut c_void, name_expression: *mut c_void, lowered_name: *mut c_void) -> u32 {
@@ -313,8 +363,8 @@ mod tests {
         prog
     }
 
-    /// [`output`] as the export named `name` calls it.
-    unsafe fn get(name: &'static str, prog: *mut c_void, out: *mut c_void) -> u32 {
+    /// The context the export named `name` passes.
+    fn ctx(name: &'static str) -> Ctx {
         let codes = chidori_cuda::desc::Codes {
             success: 0,
             not_supported: INTERNAL_ERROR.into(),
@@ -322,9 +372,13 @@ mod tests {
             invalid_handle: INVALID_PROGRAM.into(),
             invalid_value: INVALID_INPUT.into(),
         };
-        let ctx = Ctx { name, version: "13.0", library: "nvrtc", forms: &[], codes };
+        Ctx { name, version: "13.0", library: "nvrtc", forms: &[], codes }
+    }
+
+    /// [`output`] as the export named `name` calls it.
+    unsafe fn get(name: &'static str, prog: *mut c_void, out: *mut c_void) -> u32 {
         // SAFETY: the caller's arguments.
-        unsafe { output(&ctx, &[prog as u64, out as u64]) as u32 }
+        unsafe { output(&ctx(name), &[prog as u64, out as u64]) as u32 }
     }
 
     #[test]
@@ -350,6 +404,9 @@ mod tests {
                 ptx: b"// ptx\0".to_vec(),
                 cubin: b"\x7fELF".to_vec(),
                 lowered: vec![("k".into(), "_Z1kv".into())],
+                ltoir: b"\x7fLTO".to_vec(),
+                pch_status: Some(i64::from(NO_PCH_CREATE_ATTEMPTED)),
+                ..CompileResult::default()
             };
             let lowered_c = vec![("k".to_owned(), CString::new("_Z1kv").unwrap())];
             programs().as_mut().unwrap().get_mut(&prog).unwrap().compiled = Some((result, lowered_c));
@@ -358,6 +415,17 @@ mod tests {
             let mut ptx = vec![0u8; n];
             assert_eq!(get("nvrtcGetPTX", p, ptx.as_mut_ptr() as *mut c_void), SUCCESS);
             assert_eq!(ptx, b"// ptx\0");
+            // LTO IR (`-dlto`, NVIDIA's jitLto sample) as the compile brought it; no OptiX IR.
+            assert_eq!(get("nvrtcGetLTOIRSize", p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(n, 4);
+            let mut ltoir = vec![0u8; n];
+            assert_eq!(get("nvrtcGetLTOIR", p, ltoir.as_mut_ptr() as *mut c_void), SUCCESS);
+            assert_eq!(ltoir, b"\x7fLTO");
+            assert_eq!(get("nvrtcGetOptiXIRSize", p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(n, 0, "not asked for: size 0, as NVRTC answers");
+            assert_eq!(pch_create_status(&ctx("nvrtcGetPCHCreateStatus"), p), NO_PCH_CREATE_ATTEMPTED);
+            let heap = ctx("nvrtcGetPCHHeapSizeRequired");
+            assert_eq!(pch_heap_size_required(&heap, p, &mut n as *mut usize as *mut c_void), NO_PCH_CREATE_ATTEMPTED);
             assert_eq!(nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp), SUCCESS);
             assert_eq!(CStr::from_ptr(lowered).to_str().unwrap(), "_Z1kv");
             let other = CString::new("nope").unwrap();
