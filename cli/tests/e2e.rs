@@ -2998,6 +2998,70 @@ fn nccl_collectives_run_in_the_worker() {
     assert!(bytes_sent(&stderr, "ncclAllReduce") < 1024, "{stderr}");
 }
 
+const CUBLAS_XT: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+#include <cuda_runtime_api.h>
+extern int cublasXtCreate(void **);
+extern int cublasXtDestroy(void *);
+extern int cublasXtDeviceSelect(void *, int, int *);
+extern int cublasXtSgemm(void *, int, int, size_t, size_t, size_t, const float *, const float *, size_t,
+                         const float *, size_t, const float *, float *, size_t);
+enum { M = 70, N = 50, K = 40 };
+static float A[M * K], B[K * N], C[M * N], want[M * N];
+static float check(float alpha, float beta, const float *c0) {
+  float worst = 0;
+  for (int j = 0; j < N; j++)
+    for (int i = 0; i < M; i++) {
+      float dot = 0;
+      for (int p = 0; p < K; p++) dot += A[i + p * M] * B[p + j * K];
+      float w = alpha * dot + beta * c0[i + j * M], d = fabsf(w - C[i + j * M]);
+      if (d > worst) worst = d;
+    }
+  return worst;
+}
+int main(void) {
+  void *xt;
+  int dev = 0;
+  if (cublasXtCreate(&xt) || cublasXtDeviceSelect(xt, 1, &dev)) { printf("setup\n"); return 1; }
+  for (int i = 0; i < M * K; i++) A[i] = (float)(i % 7) - 3;
+  for (int i = 0; i < K * N; i++) B[i] = (float)(i % 5) * 0.5f;
+  float *c0 = malloc(sizeof C);
+  for (int i = 0; i < M * N; i++) C[i] = c0[i] = 1;
+  float alpha = 2, beta = 0.5f;
+  int s = cublasXtSgemm(xt, 0, 0, M, N, K, &alpha, A, M, B, K, &beta, C, M);
+  printf("host %d worst %g;", s, check(alpha, beta, c0));
+  /* The program changes A between calls: the server's copy follows. */
+  for (int i = 0; i < M * K; i++) A[i] = (float)(i % 3);
+  for (int i = 0; i < M * N; i++) c0[i] = C[i];
+  s = cublasXtSgemm(xt, 0, 0, M, N, K, &alpha, A, M, B, K, &beta, C, M);
+  printf(" again %d worst %g;", s, check(alpha, beta, c0));
+  /* B on the GPU, A and C on the host. */
+  float *dB;
+  if (cudaMalloc((void **)&dB, sizeof B) || cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice)) return 1;
+  for (int i = 0; i < M * N; i++) c0[i] = C[i];
+  s = cublasXtSgemm(xt, 0, 0, M, N, K, &alpha, A, M, dB, K, &beta, C, M);
+  printf(" device B %d worst %g;", s, check(alpha, beta, c0));
+  printf(" %d\n", cublasXtDestroy(xt));
+  return 0;
+}
+"#;
+
+/// cuBLASXt with host matrices (NVIDIA's simpleCUBLASXT): the program's host matrices are
+/// mirrored to the server at their own addresses, the library writes C there, and C is back
+/// in the program's memory when the call returns; a changed input travels again; a device
+/// matrix passes as it is.
+#[test]
+fn cublas_xt_reads_and_writes_the_programs_host_matrices() {
+    let server = server();
+    let exe = program_with("cublas_xt", CUBLAS_XT, &["-l:libcublas.so.13", "-lm"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "host 0 worst 0; again 0 worst 0; device B 0 worst 0; 0", "{stderr}");
+}
+
 const LT_TRANSFORM: &str = r#"
 #include <stdio.h>
 #include <cuda_runtime_api.h>

@@ -15627,7 +15627,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasUint8gemmBias(
         ) as u32
     }
 }
-///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
     handle: *mut c_void,
@@ -15646,28 +15646,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCgemm,
-            &[
-                (handle) as usize as u64,
-                (transa) as u64,
-                (transb) as u64,
-                (m) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCgemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCgemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (transa) as u64,
+                    (transb) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
     handle: *mut c_void,
@@ -15685,27 +15700,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtChemm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtChemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtChemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
     handle: *mut c_void,
@@ -15723,27 +15753,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCher2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCher2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCher2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
     handle: *mut c_void,
@@ -15759,25 +15804,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCherk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCherk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCherk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
     handle: *mut c_void,
@@ -15795,24 +15855,39 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCherkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCherkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCherkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cublasXtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -15825,7 +15900,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCreate(handle: *mut c_void) ->
         ) as u32
     }
 }
-///`cublasXtCspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
     handle: *mut c_void,
@@ -15842,26 +15917,41 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCspmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (AP) as usize as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCspmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCspmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (AP) as usize as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
     handle: *mut c_void,
@@ -15879,27 +15969,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCsymm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCsymm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCsymm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
     handle: *mut c_void,
@@ -15917,27 +16022,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCsyr2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCsyr2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCsyr2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
     handle: *mut c_void,
@@ -15953,25 +16073,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCsyrk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCsyrk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCsyrk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
     handle: *mut c_void,
@@ -15989,27 +16124,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCsyrkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCsyrkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCsyrkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
     handle: *mut c_void,
@@ -16028,28 +16178,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCtrmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCtrmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCtrmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
     handle: *mut c_void,
@@ -16066,23 +16231,38 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
     ldb: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtCtrsm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtCtrsm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtCtrsm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cublasXtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -16095,7 +16275,25 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDestroy(handle: *mut c_void) -
         ) as u32
     }
 }
-///`cublasXtDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDeviceSelect` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDeviceSelect(
+    handle: *mut c_void,
+    nbDevices: i32,
+    deviceId: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDeviceSelect,
+            &[
+                (handle) as usize as u64,
+                (nbDevices) as i64 as u64,
+                (deviceId) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
     handle: *mut c_void,
@@ -16114,28 +16312,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDgemm,
-            &[
-                (handle) as usize as u64,
-                (transa) as u64,
-                (transb) as u64,
-                (m) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDgemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDgemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (transa) as u64,
+                    (transb) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
     handle: *mut c_void,
@@ -16152,26 +16365,41 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDspmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (AP) as usize as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDspmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDspmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (AP) as usize as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
     handle: *mut c_void,
@@ -16189,27 +16417,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDsymm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDsymm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDsymm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
     handle: *mut c_void,
@@ -16227,27 +16470,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDsyr2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDsyr2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDsyr2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
     handle: *mut c_void,
@@ -16263,25 +16521,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDsyrk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDsyrk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDsyrk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
     handle: *mut c_void,
@@ -16299,27 +16572,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDsyrkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDsyrkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDsyrkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
     handle: *mut c_void,
@@ -16338,28 +16626,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDtrmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDtrmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDtrmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
     handle: *mut c_void,
@@ -16376,21 +16679,67 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
     ldb: usize,
 ) -> u32 {
     unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtDtrsm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtDtrsm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cublasXtGetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtGetBlockDim(
+    handle: *mut c_void,
+    blockDim: *mut c_void,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtDtrsm,
+            &chidori_cuda::calls::cublas::cublasXtGetBlockDim,
+            &[(handle) as usize as u64, (blockDim) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasXtGetNumBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtGetNumBoards(
+    nbDevices: i32,
+    deviceId: *mut c_void,
+    nbBoards: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtGetNumBoards,
             &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
+                (nbDevices) as i64 as u64,
+                (deviceId) as usize as u64,
+                (nbBoards) as usize as u64,
             ],
         ) as u32
     }
@@ -16405,6 +16754,18 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtGetPinningMemMode(
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasXtGetPinningMemMode,
             &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasXtMaxBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtMaxBoards(
+    nbGpuBoards: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtMaxBoards,
+            &[(nbGpuBoards) as usize as u64],
         ) as u32
     }
 }
@@ -16454,7 +16815,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetPinningMemMode(
         ) as u32
     }
 }
-///`cublasXtSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
     handle: *mut c_void,
@@ -16473,28 +16834,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSgemm,
-            &[
-                (handle) as usize as u64,
-                (transa) as u64,
-                (transb) as u64,
-                (m) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSgemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSgemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (transa) as u64,
+                    (transb) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtSspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
     handle: *mut c_void,
@@ -16511,26 +16887,41 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSspmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (AP) as usize as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSspmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSspmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (AP) as usize as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
     handle: *mut c_void,
@@ -16548,27 +16939,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSsymm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSsymm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSsymm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
     handle: *mut c_void,
@@ -16586,27 +16992,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSsyr2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSsyr2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSsyr2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
     handle: *mut c_void,
@@ -16622,25 +17043,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSsyrk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSsyrk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSsyrk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
     handle: *mut c_void,
@@ -16658,27 +17094,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtSsyrkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtSsyrkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtSsyrkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
     handle: *mut c_void,
@@ -16697,28 +17148,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtStrmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtStrmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtStrmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
     handle: *mut c_void,
@@ -16735,26 +17201,41 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
     ldb: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtStrsm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtStrsm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtStrsm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
     handle: *mut c_void,
@@ -16773,28 +17254,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZgemm,
-            &[
-                (handle) as usize as u64,
-                (transa) as u64,
-                (transb) as u64,
-                (m) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZgemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZgemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (transa) as u64,
+                    (transb) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
     handle: *mut c_void,
@@ -16812,27 +17308,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZhemm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZhemm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZhemm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
     handle: *mut c_void,
@@ -16850,27 +17361,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZher2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZher2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZher2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
     handle: *mut c_void,
@@ -16886,25 +17412,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZherk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZherk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZherk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
     handle: *mut c_void,
@@ -16922,27 +17463,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZherkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZherkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZherkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
     handle: *mut c_void,
@@ -16959,26 +17515,41 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZspmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (AP) as usize as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZspmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZspmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (AP) as usize as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
     handle: *mut c_void,
@@ -16996,27 +17567,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZsymm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZsymm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZsymm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
     handle: *mut c_void,
@@ -17034,27 +17620,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZsyr2k,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZsyr2k",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZsyr2k__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
     handle: *mut c_void,
@@ -17070,25 +17671,40 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZsyrk,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZsyrk",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZsyrk__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
     handle: *mut c_void,
@@ -17106,27 +17722,42 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZsyrkx,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (n) as u64,
-                (k) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (beta) as usize as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZsyrkx",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZsyrkx__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (n) as u64,
+                    (k) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (beta) as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
     handle: *mut c_void,
@@ -17145,28 +17776,43 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
     ldc: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZtrmm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-                (C) as usize as u64,
-                (ldc) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZtrmm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZtrmm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                    (C) as usize as u64,
+                    (ldc) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cublasXtZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
     handle: *mut c_void,
@@ -17183,23 +17829,38 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
     ldb: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasXtZtrsm,
-            &[
-                (handle) as usize as u64,
-                (side) as u64,
-                (uplo) as u64,
-                (trans) as u64,
-                (diag) as u64,
-                (m) as u64,
-                (n) as u64,
-                (alpha) as usize as u64,
-                (A) as usize as u64,
-                (lda) as u64,
-                (B) as usize as u64,
-                (ldb) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cublasXtZtrsm",
+                version: "13.1",
+                library: "cublas",
+                forms: &[&chidori_cuda::calls::cublas::cublasXtZtrsm__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 15i64,
+                    unavailable: 1i64,
+                    invalid_handle: 1i64,
+                    invalid_value: 7i64,
+                },
+            };
+            crate::custom::cublas::xt(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (side) as u64,
+                    (uplo) as u64,
+                    (trans) as u64,
+                    (diag) as u64,
+                    (m) as u64,
+                    (n) as u64,
+                    (alpha) as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as u64,
+                    (B) as usize as u64,
+                    (ldb) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cublasZaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).

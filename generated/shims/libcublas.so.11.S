@@ -1956,10 +1956,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname24(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDeviceSelect@PLT
     .size cublasXtDeviceSelect, .-cublasXtDeviceSelect
     .globl cublasXtDgemm
     .type cublasXtDgemm, @function
@@ -2004,18 +2001,12 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname25(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetBlockDim@PLT
     .size cublasXtGetBlockDim, .-cublasXtGetBlockDim
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname26(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetNumBoards@PLT
     .size cublasXtGetNumBoards, .-cublasXtGetNumBoards
     .globl cublasXtGetPinningMemMode
     .type cublasXtGetPinningMemMode, @function
@@ -2025,10 +2016,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname27(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtMaxBoards@PLT
     .size cublasXtMaxBoards, .-cublasXtMaxBoards
     .globl cublasXtSetBlockDim
     .type cublasXtSetBlockDim, @function
@@ -2043,7 +2031,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2166,7 +2154,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2189,7 +2177,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2202,7 +2190,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2682,19 +2670,11 @@ cublasZtrttp:
 .Lname23:
     .asciz "cublasXerbla"
 .Lname24:
-    .asciz "cublasXtDeviceSelect"
-.Lname25:
-    .asciz "cublasXtGetBlockDim"
-.Lname26:
-    .asciz "cublasXtGetNumBoards"
-.Lname27:
-    .asciz "cublasXtMaxBoards"
-.Lname28:
     .asciz "cublasXtSetCpuRoutine"
-.Lname29:
+.Lname25:
     .asciz "cublasZbdmm"
-.Lname30:
+.Lname26:
     .asciz "cublasZdotc"
-.Lname31:
+.Lname27:
     .asciz "cublasZdotu"
     .section .note.GNU-stack,"",@progbits

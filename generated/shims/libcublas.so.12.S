@@ -2924,10 +2924,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDeviceSelect@PLT
     .size cublasXtDeviceSelect, .-cublasXtDeviceSelect
     .globl cublasXtDgemm
     .type cublasXtDgemm, @function
@@ -2972,18 +2969,12 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetBlockDim@PLT
     .size cublasXtGetBlockDim, .-cublasXtGetBlockDim
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetNumBoards@PLT
     .size cublasXtGetNumBoards, .-cublasXtGetNumBoards
     .globl cublasXtGetPinningMemMode
     .type cublasXtGetPinningMemMode, @function
@@ -2993,10 +2984,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtMaxBoards@PLT
     .size cublasXtMaxBoards, .-cublasXtMaxBoards
     .globl cublasXtSetBlockDim
     .type cublasXtSetBlockDim, @function
@@ -3011,7 +2999,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3139,7 +3127,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3172,7 +3160,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3190,7 +3178,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3912,19 +3900,11 @@ cublasZtrttp:
 .Lname34:
     .asciz "cublasXerbla"
 .Lname35:
-    .asciz "cublasXtDeviceSelect"
-.Lname36:
-    .asciz "cublasXtGetBlockDim"
-.Lname37:
-    .asciz "cublasXtGetNumBoards"
-.Lname38:
-    .asciz "cublasXtMaxBoards"
-.Lname39:
     .asciz "cublasXtSetCpuRoutine"
-.Lname40:
+.Lname36:
     .asciz "cublasZbdmm"
-.Lname41:
+.Lname37:
     .asciz "cublasZdotc"
-.Lname42:
+.Lname38:
     .asciz "cublasZdotu"
     .section .note.GNU-stack,"",@progbits

@@ -3018,10 +3018,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname43(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDeviceSelect@PLT
     .size cublasXtDeviceSelect, .-cublasXtDeviceSelect
     .globl cublasXtDgemm
     .type cublasXtDgemm, @function
@@ -3066,18 +3063,12 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname44(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetBlockDim@PLT
     .size cublasXtGetBlockDim, .-cublasXtGetBlockDim
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname45(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetNumBoards@PLT
     .size cublasXtGetNumBoards, .-cublasXtGetNumBoards
     .globl cublasXtGetPinningMemMode
     .type cublasXtGetPinningMemMode, @function
@@ -3087,10 +3078,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname46(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtMaxBoards@PLT
     .size cublasXtMaxBoards, .-cublasXtMaxBoards
     .globl cublasXtSetBlockDim
     .type cublasXtSetBlockDim, @function
@@ -3105,7 +3093,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3233,7 +3221,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3266,7 +3254,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3284,7 +3272,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4022,19 +4010,11 @@ cublasZtrttp:
 .Lname42:
     .asciz "cublasXerbla"
 .Lname43:
-    .asciz "cublasXtDeviceSelect"
-.Lname44:
-    .asciz "cublasXtGetBlockDim"
-.Lname45:
-    .asciz "cublasXtGetNumBoards"
-.Lname46:
-    .asciz "cublasXtMaxBoards"
-.Lname47:
     .asciz "cublasXtSetCpuRoutine"
-.Lname48:
+.Lname44:
     .asciz "cublasZbdmm"
-.Lname49:
+.Lname45:
     .asciz "cublasZdotc"
-.Lname50:
+.Lname46:
     .asciz "cublasZdotu"
     .section .note.GNU-stack,"",@progbits

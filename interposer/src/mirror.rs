@@ -8,7 +8,8 @@
 //! GPU's writes at the synchronization that would show them natively.
 //!
 //! A graph replays on the server, so a copy node (made call by call or captured) whose one
-//! side is the program's memory copies that memory's mirror instead ([`for_graph`]): pinned
+//! side is the program's memory copies that memory's mirror instead ([`for_server`], which
+//! cuBLASXt's host matrices use too): pinned
 //! memory is mirrored as for kernels; pageable memory (a stack variable, a `malloc`ed buffer)
 //! is mirrored by whole pages, a *stand-in*. Every mirror is brought up to date before each
 //! graph launch, and what the GPU wrote comes back at the next waiting call, or before a host
@@ -287,10 +288,12 @@ pub fn prepare_graph(conn: &Conn) {
 }
 
 /// A graph's copy (a node, or a copy on a capturing stream) has one side in the program's
-/// memory at `[addr, addr + len)`: make that memory one the server mirrors, with its
-/// contents now, so the node can name it by its address. Pinned, registered and managed
-/// memory is mirrored whole; other memory by the pages that hold it.
-pub fn for_graph(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
+/// memory at `[addr, addr + len)`, or a library reads and writes the program's host memory
+/// itself (cuBLASXt's host matrices): make that memory one the server mirrors, with its
+/// contents now, so the server can name it by its address. Pinned, registered and managed
+/// memory is mirrored whole; other memory by the pages that hold it. What the server
+/// writes there comes back at the next [`pull`].
+pub fn for_server(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
     if let Some(r) = pinned(addr) {
         if addr.checked_add(len).is_none_or(|end| end > r.base + r.len) {
             return Err(format!("{len} bytes at {addr:#x} run past the program's pinned range at {:#x}", r.base));

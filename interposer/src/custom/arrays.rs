@@ -562,12 +562,12 @@ fn mirror_box(
     let (Some(first), Some(len)) = (first, len) else {
         return Err(Unmirrored::Status(chidori_cuda::consts::cudaError::cudaErrorInvalidValue));
     };
-    crate::mirror::for_graph(conn, first, len).map_err(Unmirrored::Why)
+    crate::mirror::for_server(conn, first, len).map_err(Unmirrored::Why)
 }
 
 /// A runtime 3D copy that a graph replays on the server (a node, or a copy on a capturing
 /// stream): each pointer side in the program's memory becomes memory the server mirrors,
-/// which the graph then names by its address (`mirror::for_graph`).
+/// which the graph then names by its address (`mirror::for_server`).
 fn mirror_sides_3d(conn: &Conn, m: &Memcpy3DParms) -> Result<(), Unmirrored> {
     let (src, dst) = sides_3d(m).map_err(Unmirrored::Status)?;
     if src != Side::Host && dst != Side::Host {

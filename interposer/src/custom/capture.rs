@@ -4,7 +4,7 @@
 //! server's driver records it. The client remembers which streams it began capturing so
 //! that, while none is, capture status (which torch asks before many operations) is
 //! answered without a round trip, and so that a copy between the program's memory and a
-//! capturing stream names the server's mirror of that memory (`crate::mirror::for_graph`),
+//! capturing stream names the server's mirror of that memory (`crate::mirror::for_server`),
 //! not a staging buffer the graph would keep the address of (DESIGN §5, notes §7.2).
 //!
 //! While a capture is active, a stream's capture status, id and graph, once the worker

@@ -200,8 +200,112 @@ matrix_copy!(cublasGetMatrixAsync, i32, D2H, stream);
 matrix_copy!(cublasSetMatrixAsync_64, i64, H2D, stream);
 matrix_copy!(cublasGetMatrixAsync_64, i64, D2H, stream);
 
+// ---- cuBLASXt: matrices in the program's host memory ----
+
+/// The matrices of a cuBLASXt routine `name` with arguments `args`, as (parameter, bytes
+/// the routine reads or writes): column-major, `ld × (columns - 1) + rows` elements each, of
+/// the routine's type (S, D, C, Z). None for a routine this does not know.
+fn xt_matrices(name: &str, args: &[u64]) -> Option<Vec<(usize, u64)>> {
+    const OP_N: u64 = chidori_cuda::consts::cublasOperation_t::CUBLAS_OP_N as u64;
+    const LEFT: u64 = chidori_cuda::consts::cublasSideMode_t::CUBLAS_SIDE_LEFT as u64;
+    let rest = name.strip_prefix("cublasXt")?;
+    let elem = match rest.as_bytes().first()? {
+        b'S' => 4,
+        b'D' | b'C' => 8,
+        b'Z' => 16,
+        _ => return None,
+    };
+    let a = |i: usize| args.get(i).copied().unwrap_or(0);
+    // (parameter, rows, columns, leading dimension): a dense matrix's extent.
+    let dense = |(param, rows, cols, ld): (usize, u64, u64, u64)| -> (usize, u64) {
+        let elements = match cols {
+            0 => Some(0),
+            _ => ld.checked_mul(cols - 1).and_then(|e| e.checked_add(rows)),
+        };
+        (param, elements.and_then(|e| e.checked_mul(elem)).unwrap_or(u64::MAX))
+    };
+    let matrices = match &rest[1..] {
+        "gemm" => {
+            let (m, n, k) = (a(3), a(4), a(5));
+            let (a_rows, a_cols) = if a(1) == OP_N { (m, k) } else { (k, m) };
+            let (b_rows, b_cols) = if a(2) == OP_N { (k, n) } else { (n, k) };
+            vec![dense((7, a_rows, a_cols, a(8))), dense((9, b_rows, b_cols, a(10))), dense((12, m, n, a(13)))]
+        }
+        "symm" | "hemm" => {
+            let (m, n) = (a(3), a(4));
+            let order = if a(1) == LEFT { m } else { n };
+            vec![dense((6, order, order, a(7))), dense((8, m, n, a(9))), dense((11, m, n, a(12)))]
+        }
+        "syrk" | "herk" => {
+            let (n, k) = (a(3), a(4));
+            let (rows, cols) = if a(2) == OP_N { (n, k) } else { (k, n) };
+            vec![dense((6, rows, cols, a(7))), dense((9, n, n, a(10)))]
+        }
+        "syr2k" | "her2k" | "syrkx" | "herkx" => {
+            let (n, k) = (a(3), a(4));
+            let (rows, cols) = if a(2) == OP_N { (n, k) } else { (k, n) };
+            vec![dense((6, rows, cols, a(7))), dense((8, rows, cols, a(9))), dense((11, n, n, a(12)))]
+        }
+        "trsm" | "trmm" => {
+            let (m, n) = (a(5), a(6));
+            let order = if a(1) == LEFT { m } else { n };
+            let mut v = vec![dense((8, order, order, a(9))), dense((10, m, n, a(11)))];
+            if &rest[1..] == "trmm" {
+                v.push(dense((12, m, n, a(13))));
+            }
+            v
+        }
+        "spmm" => {
+            let (m, n) = (a(3), a(4));
+            let order = if a(1) == LEFT { m } else { n };
+            // The packed triangle: order × (order + 1) / 2 elements.
+            let packed = order.checked_mul(order + 1).map(|e| e / 2).and_then(|e| e.checked_mul(elem));
+            vec![(6, packed.unwrap_or(u64::MAX)), dense((7, m, n, a(8))), dense((10, m, n, a(11)))]
+        }
+        _ => return None,
+    };
+    Some(matrices)
+}
+
+/// A cuBLASXt routine (`cublasXt<t>gemm`, `symm`, `syrk`, `trsm`, …): its matrices may be
+/// the program's host memory, which the library tiles onto the GPU itself. Each host matrix
+/// becomes memory the server mirrors at its own address (`crate::mirror::for_server`), so
+/// the server's library reads and writes it there; the call waits, as cuBLASXt does with
+/// host matrices, and what it wrote comes back into the program's memory before it returns.
+/// Device matrices pass as they are.
+pub unsafe fn xt(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, u64::from(INVALID_VALUE), || {
+        let desc = ctx.form(chidori_protocol::desc::Form::Call);
+        let conn = match crate::conn::get() {
+            Ok(c) => c,
+            // SAFETY: the program's arguments; the call reports the missing server.
+            Err(_) => return unsafe { crate::runtime::call(desc, args) },
+        };
+        let mut mirrored = false;
+        for (param, bytes) in xt_matrices(ctx.name, args).unwrap_or_default() {
+            let addr = args.get(param).copied().unwrap_or(0);
+            if addr == 0 || bytes == 0 || crate::state::is_device(addr) {
+                continue;
+            }
+            match crate::mirror::for_server(&conn, addr, bytes) {
+                Ok(()) => mirrored = true,
+                // Not the program's host memory either (device memory the client did not
+                // see allocated): the server checks it as device memory.
+                Err(why) => tracing::debug!("{}: argument {param} stays as it is: {why}", ctx.name),
+            }
+        }
+        // SAFETY: the program's arguments, as the routine defines them.
+        let status = unsafe { crate::runtime::call(desc, args) };
+        if mirrored {
+            crate::mirror::pull(&conn);
+        }
+        status
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::xt_matrices;
     use chidori_cuda::calls::cublas as calls;
     use chidori_protocol::desc::{Dir, Wire};
 
@@ -220,5 +324,29 @@ mod tests {
             calls::cublasDrotmg_v2.params[1],
             Wire::Scalar { dir: Dir::InOut, bytes: 8, mode: 0, size: None }
         ));
+    }
+
+    #[test]
+    fn cublas_xt_matrices_span_their_columns() {
+        // Sgemm 70×40 · 40×50, leading dimensions 80, 40, 70: A is 80 × 39 + 70 floats.
+        let args = [0, 0, 0, 70, 50, 40, 0, 0xa0, 80, 0xb0, 40, 0, 0xc0, 70];
+        assert_eq!(
+            xt_matrices("cublasXtSgemm", &args),
+            Some(vec![(7, (80 * 39 + 70) * 4), (9, (40 * 49 + 40) * 4), (12, (70 * 49 + 70) * 4)])
+        );
+        // Transposed A (k × m stored): 40 rows, 70 columns.
+        let mut t = args;
+        t[1] = 1;
+        assert_eq!(xt_matrices("cublasXtSgemm", &t).unwrap()[0], (7, (80 * 69 + 40) * 4));
+        // Ztrsm on the right: A is n × n, 16 bytes each; B is m × n.
+        let trsm = [0, 1, 0, 0, 0, 3, 5, 0, 0xa0, 5, 0xb0, 3];
+        assert_eq!(xt_matrices("cublasXtZtrsm", &trsm), Some(vec![(8, (5 * 4 + 5) * 16), (10, (3 * 4 + 3) * 16)]));
+        // A packed triangle, an empty matrix, an unknown routine, a size past the address space.
+        let spmm = [0, 0, 0, 4, 2, 0, 0xa0, 0xb0, 4, 0, 0xc0, 4];
+        assert_eq!(xt_matrices("cublasXtDspmm", &spmm).unwrap()[0], (6, 10 * 8));
+        assert_eq!(xt_matrices("cublasXtSsyrk", &[0, 0, 0, 0, 0, 0, 0xa0, 1, 0, 0xc0, 1]), Some(vec![(6, 0), (9, 0)]));
+        assert_eq!(xt_matrices("cublasXtSgemv", &args), None);
+        let huge = [0, 0, 0, u64::MAX, 2, 2, 0, 0xa0, u64::MAX, 0xb0, 2, 0, 0xc0, u64::MAX];
+        assert_eq!(xt_matrices("cublasXtSgemm", &huge).unwrap()[0].1, u64::MAX);
     }
 }

@@ -8,7 +8,7 @@
 //! * Host nodes: the function stays on the client (a registered callback); the server's
 //!   node runs a trampoline that asks the client to run it on every replay.
 //! * Memcpy nodes: a graph replayed on the server cannot touch the program's memory, so a
-//!   side there is the server's mirror of it (`crate::mirror::for_graph`: pinned memory
+//!   side there is the server's mirror of it (`crate::mirror::for_server`: pinned memory
 //!   whole, pageable memory by its pages), brought up to date before every launch and read
 //!   back at the next wait; `cudaMemcpyDefault` is resolved here.
 //! * Node arrays come from the worker (`Service::GraphList`), which makes every node in them
@@ -680,7 +680,7 @@ fn memcpy_1d(ctx: &Ctx, target: Target, dst: u64, src: u64, count: u64, kind: u3
             .ok_or(chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection)?;
         for (on_server, side) in [(dst_dev, dst), (src_dev, src)] {
             if !on_server {
-                crate::mirror::for_graph(conn, side, count)
+                crate::mirror::for_server(conn, side, count)
                     .map_err(|why| unmirrored(ctx, super::arrays::Unmirrored::Why(why)))?;
             }
         }

@@ -230,7 +230,7 @@ pub fn direction(kind: u32, dst: u64, src: u64) -> Option<(bool, bool)> {
 
 /// A copy on a capturing `stream` (None: a synchronous copy) becomes a node of the server's
 /// graph, which replays there: each side in the program's memory (`(address, bytes spanned)`)
-/// becomes memory the server mirrors ([`crate::mirror::for_graph`]), and the copy one between
+/// becomes memory the server mirrors ([`crate::mirror::for_server`]), and the copy one between
 /// addresses the server has. Returns the direction to send (the one given while nothing
 /// captures); Err: the program's memory cannot be mirrored ([`refused_in_capture`]).
 pub fn captured(
@@ -246,7 +246,7 @@ pub fn captured(
     }
     for (on_server, (side, len)) in [(direction.0, dst), (direction.1, src)] {
         if !on_server {
-            crate::mirror::for_graph(conn, side, len).map_err(refused_in_capture)?;
+            crate::mirror::for_server(conn, side, len).map_err(refused_in_capture)?;
         }
     }
     Ok((true, true))

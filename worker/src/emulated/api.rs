@@ -341,6 +341,10 @@ impl Emulated {
             // SAFETY: as below.
             return unsafe { self.invoke_nvml(name, a) };
         }
+        if desc.library == "cublas" && name.starts_with("cublasXt") {
+            // SAFETY: as below.
+            return unsafe { self.invoke_cublas_xt(name, a) };
+        }
         // Every function here reads its single input records (descriptions, extents,
         // parameters): NULL for one is an invalid value, as it is natively.
         let null_input = desc.params.iter().zip(a).any(|(w, &v)| match w {
@@ -832,6 +836,69 @@ impl Emulated {
                         }
                     }
                     put_u32(a[9], n as u32);
+                    SUCCESS
+                }
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
+    /// cuBLASXt's handles, device selection and `cublasXtSgemm` without transposes, computed
+    /// on the CPU: its matrices may be device memory (the emulation's allocations) or the
+    /// program's host memory, which the worker mirrors at the program's addresses.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`]; host matrices are the worker's mirrors of the sizes the
+    /// client computed.
+    unsafe fn invoke_cublas_xt(&self, name: &str, a: &[u64]) -> Option<u64> {
+        const NOT_SUPPORTED_XT: u64 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED as u64;
+        const INVALID: u64 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE as u64;
+        // SAFETY (all arms): out-parameters are the session's buffers, sized by the descriptor.
+        let status = unsafe {
+            match name {
+                "cublasXtCreate" => {
+                    put_u64(a[0], self.state().handle());
+                    SUCCESS
+                }
+                "cublasXtDestroy" => SUCCESS,
+                "cublasXtDeviceSelect" => {
+                    let devices = std::slice::from_raw_parts(a[2] as *const i32, a[1] as usize);
+                    if devices.iter().all(|&d| self.is_device(d)) { SUCCESS } else { INVALID }
+                }
+                "cublasXtSgemm" => {
+                    let [transa, transb, m, n, k] = [a[1], a[2], a[3], a[4], a[5]];
+                    if transa != 0 || transb != 0 {
+                        return Some(NOT_SUPPORTED_XT);
+                    }
+                    let (lda, ldb, ldc) = (a[8] as usize, a[10] as usize, a[13] as usize);
+                    let (m, n, k) = (m as usize, n as usize, k as usize);
+                    let alpha = std::ptr::read_unaligned(a[6] as *const f32);
+                    let beta = std::ptr::read_unaligned(a[11] as *const f32);
+                    let matrix = |addr: u64, ld: usize, cols: usize, rows: usize| -> Option<Vec<f32>> {
+                        let len = (ld * cols.saturating_sub(1) + rows) * 4;
+                        let bytes = match self.state().find(addr, len as u64) {
+                            Some(b) => b.to_vec(),
+                            None => std::slice::from_raw_parts(addr as *const u8, len).to_vec(),
+                        };
+                        Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+                    };
+                    let (Some(ma), Some(mb), Some(mut mc)) =
+                        (matrix(a[7], lda, k, m), matrix(a[9], ldb, n, k), matrix(a[12], ldc, n, m))
+                    else {
+                        return Some(INVALID);
+                    };
+                    for j in 0..n {
+                        for i in 0..m {
+                            let dot: f32 = (0..k).map(|p| ma[i + p * lda] * mb[p + j * ldb]).sum();
+                            mc[i + j * ldc] = alpha * dot + beta * mc[i + j * ldc];
+                        }
+                    }
+                    let out: Vec<u8> = mc.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    match self.state().find(a[12], out.len() as u64) {
+                        Some(b) => b.copy_from_slice(&out),
+                        None => std::ptr::copy_nonoverlapping(out.as_ptr(), a[12] as *mut u8, out.len()),
+                    }
                     SUCCESS
                 }
                 _ => return None,
