@@ -863,28 +863,49 @@ impl Emulated {
                 }
                 "cublasXtDestroy" => SUCCESS,
                 "cublasXtDeviceSelect" => {
-                    let devices = std::slice::from_raw_parts(a[2] as *const i32, a[1] as usize);
+                    let n = a[1] as i32;
+                    if n <= 0 || a[2] == 0 {
+                        return Some(INVALID);
+                    }
+                    // The decoder gave the array the count's elements.
+                    let devices = std::slice::from_raw_parts(a[2] as *const i32, n as usize);
                     if devices.iter().all(|&d| self.is_device(d)) { SUCCESS } else { INVALID }
                 }
                 "cublasXtSgemm" => {
                     let [transa, transb, m, n, k] = [a[1], a[2], a[3], a[4], a[5]];
-                    if transa != 0 || transb != 0 {
+                    // A CPU multiply: small problems only (a hostile size is refused, not run).
+                    let work = m.checked_mul(n).and_then(|mn| mn.checked_mul(k.max(1)));
+                    if transa != 0 || transb != 0 || work.is_none_or(|w| w > 1 << 26) {
                         return Some(NOT_SUPPORTED_XT);
                     }
                     let (lda, ldb, ldc) = (a[8] as usize, a[10] as usize, a[13] as usize);
                     let (m, n, k) = (m as usize, n as usize, k as usize);
                     let alpha = std::ptr::read_unaligned(a[6] as *const f32);
                     let beta = std::ptr::read_unaligned(a[11] as *const f32);
-                    let matrix = |addr: u64, ld: usize, cols: usize, rows: usize| -> Option<Vec<f32>> {
-                        let len = (ld * cols.saturating_sub(1) + rows) * 4;
+                    // A matrix's floats: in the emulation's device memory, or host memory
+                    // (the worker's mirror of the program's), read through the kernel so a
+                    // bad address is an error, never a fault.
+                    let extent = |ld: usize, cols: usize, rows: usize| {
+                        ld.checked_mul(cols.saturating_sub(1))?
+                            .checked_add(rows)?
+                            .checked_mul(4)
+                            .filter(|&b| b <= 1 << 28)
+                    };
+                    let matrix = |addr: u64, len: usize| -> Option<Vec<f32>> {
                         let bytes = match self.state().find(addr, len as u64) {
                             Some(b) => b.to_vec(),
-                            None => std::slice::from_raw_parts(addr as *const u8, len).to_vec(),
+                            None => {
+                                let mut b = vec![0u8; len];
+                                chidori_protocol::mirror::read_own(addr, &mut b).then_some(b)?
+                            }
                         };
                         Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
                     };
-                    let (Some(ma), Some(mb), Some(mut mc)) =
-                        (matrix(a[7], lda, k, m), matrix(a[9], ldb, n, k), matrix(a[12], ldc, n, m))
+                    let (Some(la), Some(lb), Some(lc)) = (extent(lda, k, m), extent(ldb, n, k), extent(ldc, n, m))
+                    else {
+                        return Some(INVALID);
+                    };
+                    let (Some(ma), Some(mb), Some(mut mc)) = (matrix(a[7], la), matrix(a[9], lb), matrix(a[12], lc))
                     else {
                         return Some(INVALID);
                     };
@@ -895,11 +916,14 @@ impl Emulated {
                         }
                     }
                     let out: Vec<u8> = mc.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    match self.state().find(a[12], out.len() as u64) {
-                        Some(b) => b.copy_from_slice(&out),
-                        None => std::ptr::copy_nonoverlapping(out.as_ptr(), a[12] as *mut u8, out.len()),
-                    }
-                    SUCCESS
+                    let written = match self.state().find(a[12], out.len() as u64) {
+                        Some(b) => {
+                            b.copy_from_slice(&out);
+                            true
+                        }
+                        None => chidori_protocol::mirror::write_own(a[12], &out),
+                    };
+                    if written { SUCCESS } else { INVALID }
                 }
                 _ => return None,
             }
