@@ -855,6 +855,65 @@ fn a_host_workspace_sized_by_a_query_is_the_workers_own() {
     assert_eq!(trace_row(&stderr, "cusolverSpXcsrpermHost"), ["1", "1"], "{stderr}");
 }
 
+/// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a
+/// factorization into the program's workspace, a solve from it. The host arrays reach the
+/// library at the program's own addresses (mirrored), the workspace keeps the factor from
+/// the factorization to the solve (the emulated Cholesky writes it there, as a library may),
+/// and x comes back.
+const LOWLEVEL_CHOLESKY: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+typedef void *h_t;
+int cusolverSpCreate(h_t *h);
+int cusolverSpDestroy(h_t h);
+int cusparseCreateMatDescr(h_t *d);
+int cusolverSpCreateCsrcholInfoHost(h_t *info);
+int cusolverSpDestroyCsrcholInfoHost(h_t info);
+int cusolverSpXcsrcholAnalysisHost(h_t h, int n, int nnz, h_t descr, const int *rows, const int *cols, h_t info);
+int cusolverSpDcsrcholBufferInfoHost(h_t h, int n, int nnz, h_t descr, const double *vals, const int *rows,
+                                     const int *cols, h_t info, size_t *internal, size_t *workspace);
+int cusolverSpDcsrcholFactorHost(h_t h, int n, int nnz, h_t descr, const double *vals, const int *rows,
+                                 const int *cols, h_t info, void *buffer);
+int cusolverSpDcsrcholZeroPivotHost(h_t h, h_t info, double tol, int *position);
+int cusolverSpDcsrcholSolveHost(h_t h, int n, const double *b, double *x, h_t info, void *buffer);
+int main(void) {
+  enum { N = 600 };
+  static int rows[N + 1], cols[N];
+  static double vals[N], b[N], x[N];
+  for (int i = 0; i < N; i++) { rows[i] = i; cols[i] = i; vals[i] = (double)((i % 9) + 1) * ((i % 9) + 1); b[i] = i; }
+  rows[N] = N;
+  h_t h = 0, info = 0, d = 0;
+  size_t internal = 0, workspace = 0;
+  int position = 0;
+  if (cusolverSpCreate(&h) || cusparseCreateMatDescr(&d) || cusolverSpCreateCsrcholInfoHost(&info)) return 2;
+  if (cusolverSpXcsrcholAnalysisHost(h, N, N, d, rows, cols, info)) return 3;
+  if (cusolverSpDcsrcholBufferInfoHost(h, N, N, d, vals, rows, cols, info, &internal, &workspace)) return 4;
+  void *buffer = malloc(workspace);
+  int f = cusolverSpDcsrcholFactorHost(h, N, N, d, vals, rows, cols, info, buffer);
+  int z = cusolverSpDcsrcholZeroPivotHost(h, info, 1e-12, &position);
+  int s = cusolverSpDcsrcholSolveHost(h, N, b, x, info, buffer);
+  double worst = 0;
+  for (int i = 0; i < N; i++) {
+    double d = x[i] * vals[i] - b[i];
+    if (d < 0) d = -d;
+    if (d > worst) worst = d;
+  }
+  printf("workspace %zu factor %d pivot %d %d solve %d close %d\n", workspace, f, z, position, s, worst < 1e-9);
+  free(buffer);
+  return cusolverSpDestroyCsrcholInfoHost(info) || cusolverSpDestroy(h);
+}
+"#;
+
+#[test]
+fn low_level_sparse_cholesky_on_the_host_keeps_its_arrays_across_calls() {
+    let server = server();
+    let exe = program_with("lowlevel-cholesky", LOWLEVEL_CHOLESKY, &["-l:libcusolver.so.12", "-l:libcusparse.so.12"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "workspace 4800 factor 0 pivot 0 -1 solve 0 close 1", "{stderr}");
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);

@@ -13023,6 +13023,300 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSolve(
         ) as u32
     }
 }
+///`cusolverSpCcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfo(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrcholBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrcholBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrcholBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholDiag(
+    handle: *mut c_void,
+    info: *mut c_void,
+    diag: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrcholDiag,
+            &[(handle) as usize as u64, (info) as usize as u64, (diag) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactor(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrcholFactor,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrcholFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrcholFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolve(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrcholSolve,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrcholSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrcholSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrcholZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits() as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrcholZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrcholZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cusolverSpCcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigsHost(
@@ -13351,6 +13645,271 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqrHost(
         ) as u32
     }
 }
+///`cusolverSpCcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrluBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrluBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluExtractHost(
+    handle: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    descrL: *mut c_void,
+    csrValL: *mut c_void,
+    csrRowPtrL: *mut c_void,
+    csrColIndL: *mut c_void,
+    descrU: *mut c_void,
+    csrValU: *mut c_void,
+    csrRowPtrU: *mut c_void,
+    csrColIndU: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrluExtractHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrluExtractHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (P) as usize as u64,
+                    (Q) as usize as u64,
+                    (descrL) as usize as u64,
+                    (csrValL) as usize as u64,
+                    (csrRowPtrL) as usize as u64,
+                    (csrColIndL) as usize as u64,
+                    (descrU) as usize as u64,
+                    (csrValU) as usize as u64,
+                    (csrRowPtrU) as usize as u64,
+                    (csrColIndU) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pivot_threshold: f32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrluFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrluFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pivot_threshold).to_bits() as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrluSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrluSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrluZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrluZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfo(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpCcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched(
@@ -13385,6 +13944,337 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched(
                 (workspaceInBytes) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpCcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrqrBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrqrBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactor(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrFactor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactorHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrqrFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrqrFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetup(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: chidori_cuda::types::float2,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSetup,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu) as *const _ as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetupHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: chidori_cuda::types::float2,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrqrSetupHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSetupHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    &(mu) as *const _ as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolve(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSolve,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolveHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrqrSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpCcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCcsrqrZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits() as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpCcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpCcsrqrZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpCcsrqrZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpCcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -13467,6 +14357,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreate(
         ) as u32
     }
 }
+///`cusolverSpCreateCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfo(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCreateCsrcholInfo,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpCreateCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCreateCsrcholInfoHost,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpCreateCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrluInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCreateCsrluInfoHost,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverSpCreateCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
@@ -13477,6 +14403,312 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
             &chidori_cuda::calls::cusolver::cusolverSpCreateCsrqrInfo,
             &[(info) as usize as u64],
         ) as u32
+    }
+}
+///`cusolverSpCreateCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpCreateCsrqrInfoHost,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfo(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrcholBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrcholBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrcholBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholDiag(
+    handle: *mut c_void,
+    info: *mut c_void,
+    diag: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrcholDiag,
+            &[(handle) as usize as u64, (info) as usize as u64, (diag) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactor(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrcholFactor,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrcholFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrcholFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolve(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrcholSolve,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrcholSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrcholSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrcholZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits(),
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrcholZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrcholZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpDcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -13807,6 +15039,271 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqrHost(
         ) as u32
     }
 }
+///`cusolverSpDcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrluBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrluBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluExtractHost(
+    handle: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    descrL: *mut c_void,
+    csrValL: *mut c_void,
+    csrRowPtrL: *mut c_void,
+    csrColIndL: *mut c_void,
+    descrU: *mut c_void,
+    csrValU: *mut c_void,
+    csrRowPtrU: *mut c_void,
+    csrColIndU: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrluExtractHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrluExtractHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (P) as usize as u64,
+                    (Q) as usize as u64,
+                    (descrL) as usize as u64,
+                    (csrValL) as usize as u64,
+                    (csrRowPtrL) as usize as u64,
+                    (csrColIndL) as usize as u64,
+                    (descrU) as usize as u64,
+                    (csrValU) as usize as u64,
+                    (csrRowPtrU) as usize as u64,
+                    (csrColIndU) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pivot_threshold: f64,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrluFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrluFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pivot_threshold).to_bits(),
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrluSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrluSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrluZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrluZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfo(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpDcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched(
@@ -13841,6 +15338,337 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched(
                 (workspaceInBytes) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpDcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrqrBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrqrBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactor(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrFactor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactorHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrqrFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrqrFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetup(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: f64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSetup,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu).to_bits(),
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetupHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: f64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrqrSetupHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSetupHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (mu).to_bits(),
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolve(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSolve,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolveHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrqrSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpDcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDcsrqrZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits(),
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpDcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDcsrqrZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDcsrqrZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpDcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -13923,6 +15751,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroy(
         ) as u32
     }
 }
+///`cusolverSpDestroyCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfo(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrcholInfo,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDestroyCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrcholInfoHost,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDestroyCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrluInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrluInfoHost,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
@@ -13931,6 +15795,18 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrqrInfo,
+            &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpDestroyCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost(
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrqrInfoHost,
             &[(info) as usize as u64],
         ) as u32
     }
@@ -13946,6 +15822,300 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpGetStream(
             &chidori_cuda::calls::cusolver::cusolverSpGetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
         ) as u32
+    }
+}
+///`cusolverSpScsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfo(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrcholBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrcholBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrcholBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholDiag(
+    handle: *mut c_void,
+    info: *mut c_void,
+    diag: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrcholDiag,
+            &[(handle) as usize as u64, (info) as usize as u64, (diag) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpScsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactor(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrcholFactor,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrcholFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrcholFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolve(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrcholSolve,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrcholSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrcholSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrcholZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits() as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrcholZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrcholZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpScsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -14276,6 +16446,271 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqrHost(
         ) as u32
     }
 }
+///`cusolverSpScsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrluBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrluBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluExtractHost(
+    handle: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    descrL: *mut c_void,
+    csrValL: *mut c_void,
+    csrRowPtrL: *mut c_void,
+    csrColIndL: *mut c_void,
+    descrU: *mut c_void,
+    csrValU: *mut c_void,
+    csrRowPtrU: *mut c_void,
+    csrColIndU: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrluExtractHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrluExtractHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (P) as usize as u64,
+                    (Q) as usize as u64,
+                    (descrL) as usize as u64,
+                    (csrValL) as usize as u64,
+                    (csrRowPtrL) as usize as u64,
+                    (csrColIndL) as usize as u64,
+                    (descrU) as usize as u64,
+                    (csrValU) as usize as u64,
+                    (csrRowPtrU) as usize as u64,
+                    (csrColIndU) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pivot_threshold: f32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrluFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrluFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pivot_threshold).to_bits() as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrluSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrluSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrluZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrluZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfo(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpScsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched(
@@ -14310,6 +16745,337 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched(
                 (workspaceInBytes) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpScsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrqrBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrqrBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactor(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrFactor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactorHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrqrFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrqrFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetup(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: f32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrSetup,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (mu).to_bits() as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetupHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: f32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrqrSetupHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrqrSetupHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (mu).to_bits() as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolve(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrSolve,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolveHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrqrSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrqrSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpScsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpScsrqrZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits() as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpScsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f32,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpScsrqrZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpScsrqrZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits() as u64,
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpScsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -14393,6 +17159,75 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
         ) as u32
     }
 }
+///`cusolverSpXcsrcholAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysis(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrcholAnalysis,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpXcsrcholAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysisHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpXcsrcholAnalysisHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpXcsrcholAnalysisHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cusolverSpXcsrissymHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrissymHost(
@@ -14419,6 +17254,84 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrissymHost(
                 (issym) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpXcsrluAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluAnalysisHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpXcsrluAnalysisHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpXcsrluAnalysisHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpXcsrluNnzHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluNnzHost(
+    handle: *mut c_void,
+    nnzLRef: *mut c_void,
+    nnzURef: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpXcsrluNnzHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[&chidori_cuda::calls::cusolver::cusolverSpXcsrluNnzHost__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (nnzLRef) as usize as u64,
+                    (nnzURef) as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpXcsrmetisndHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -14526,6 +17439,34 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost(
         ) as u32
     }
 }
+///`cusolverSpXcsrqrAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysis(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpXcsrqrAnalysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpXcsrqrAnalysisBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched(
@@ -14552,6 +17493,51 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched(
                 (info) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpXcsrqrAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpXcsrqrAnalysisHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpXcsrqrAnalysisHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpXcsrsymamdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -14630,6 +17616,300 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymrcmHost(
                 (p) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpZcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfo(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrcholBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrcholBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrcholBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholDiag(
+    handle: *mut c_void,
+    info: *mut c_void,
+    diag: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrcholDiag,
+            &[(handle) as usize as u64, (info) as usize as u64, (diag) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactor(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrcholFactor,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrcholFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrcholFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolve(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrcholSolve,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrcholSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrcholSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrcholZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits(),
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrcholZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrcholZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpZcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -14960,6 +18240,271 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqrHost(
         ) as u32
     }
 }
+///`cusolverSpZcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluBufferInfoHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrluBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrluBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluExtractHost(
+    handle: *mut c_void,
+    P: *mut c_void,
+    Q: *mut c_void,
+    descrL: *mut c_void,
+    csrValL: *mut c_void,
+    csrRowPtrL: *mut c_void,
+    csrColIndL: *mut c_void,
+    descrU: *mut c_void,
+    csrValU: *mut c_void,
+    csrRowPtrU: *mut c_void,
+    csrColIndU: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrluExtractHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrluExtractHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (P) as usize as u64,
+                    (Q) as usize as u64,
+                    (descrL) as usize as u64,
+                    (csrValL) as usize as u64,
+                    (csrRowPtrL) as usize as u64,
+                    (csrColIndL) as usize as u64,
+                    (descrU) as usize as u64,
+                    (csrValU) as usize as u64,
+                    (csrRowPtrU) as usize as u64,
+                    (csrColIndU) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluFactorHost(
+    handle: *mut c_void,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    pivot_threshold: f64,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrluFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrluFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (pivot_threshold).to_bits(),
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluSolveHost(
+    handle: *mut c_void,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrluSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrluSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrluZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrluZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfo(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrBufferInfo,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (info) as usize as u64,
+                (internalDataInBytes) as usize as u64,
+                (workspaceInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverSpZcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched(
@@ -14994,6 +18539,337 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched(
                 (workspaceInBytes) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cusolverSpZcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    info: *mut c_void,
+    internalDataInBytes: *mut c_void,
+    workspaceInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrqrBufferInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrqrBufferInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    (info) as usize as u64,
+                    (internalDataInBytes) as usize as u64,
+                    (workspaceInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactor(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrFactor,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactorHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrqrFactorHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrqrFactorHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetup(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: chidori_cuda::types::double2,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSetup,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrValA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                &(mu) as *const _ as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetupHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrValA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    mu: chidori_cuda::types::double2,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrqrSetupHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSetupHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (nnzA) as i64 as u64,
+                    (descrA) as usize as u64,
+                    (csrValA) as usize as u64,
+                    (csrRowPtrA) as usize as u64,
+                    (csrColIndA) as usize as u64,
+                    &(mu) as *const _ as usize as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolve(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSolve,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (b) as usize as u64,
+                (x) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolveHost(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    b: *mut c_void,
+    x: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrqrSolveHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSolveHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (b) as usize as u64,
+                    (x) as usize as u64,
+                    (info) as usize as u64,
+                    (pBuffer) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverSpZcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverSpZcsrqrZeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (tol).to_bits(),
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverSpZcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost(
+    handle: *mut c_void,
+    info: *mut c_void,
+    tol: f64,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpZcsrqrZeroPivotHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpZcsrqrZeroPivotHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (info) as usize as u64,
+                    (tol).to_bits(),
+                    (position) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverSpZcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).

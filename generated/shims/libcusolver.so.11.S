@@ -4005,74 +4005,47 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname247(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholBufferInfo@PLT
     .size cusolverSpCcsrcholBufferInfo, .-cusolverSpCcsrcholBufferInfo
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname248(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost@PLT
     .size cusolverSpCcsrcholBufferInfoHost, .-cusolverSpCcsrcholBufferInfoHost
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname249(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholDiag@PLT
     .size cusolverSpCcsrcholDiag, .-cusolverSpCcsrcholDiag
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname250(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholFactor@PLT
     .size cusolverSpCcsrcholFactor, .-cusolverSpCcsrcholFactor
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname251(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholFactorHost@PLT
     .size cusolverSpCcsrcholFactorHost, .-cusolverSpCcsrcholFactorHost
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname252(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholSolve@PLT
     .size cusolverSpCcsrcholSolve, .-cusolverSpCcsrcholSolve
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname253(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholSolveHost@PLT
     .size cusolverSpCcsrcholSolveHost, .-cusolverSpCcsrcholSolveHost
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname254(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholZeroPivot@PLT
     .size cusolverSpCcsrcholZeroPivot, .-cusolverSpCcsrcholZeroPivot
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname255(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost@PLT
     .size cusolverSpCcsrcholZeroPivotHost, .-cusolverSpCcsrcholZeroPivotHost
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
@@ -4122,7 +4095,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4130,15 +4103,12 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname257(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluBufferInfoHost@PLT
     .size cusolverSpCcsrluBufferInfoHost, .-cusolverSpCcsrluBufferInfoHost
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4146,15 +4116,12 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname259(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluExtractHost@PLT
     .size cusolverSpCcsrluExtractHost, .-cusolverSpCcsrluExtractHost
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4162,31 +4129,22 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname261(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluFactorHost@PLT
     .size cusolverSpCcsrluFactorHost, .-cusolverSpCcsrluFactorHost
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname262(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluSolveHost@PLT
     .size cusolverSpCcsrluSolveHost, .-cusolverSpCcsrluSolveHost
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname263(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluZeroPivotHost@PLT
     .size cusolverSpCcsrluZeroPivotHost, .-cusolverSpCcsrluZeroPivotHost
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4194,10 +4152,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname265(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfo@PLT
     .size cusolverSpCcsrqrBufferInfo, .-cusolverSpCcsrqrBufferInfo
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
@@ -4207,79 +4162,52 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname266(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost@PLT
     .size cusolverSpCcsrqrBufferInfoHost, .-cusolverSpCcsrqrBufferInfoHost
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname267(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrFactor@PLT
     .size cusolverSpCcsrqrFactor, .-cusolverSpCcsrqrFactor
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname268(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrFactorHost@PLT
     .size cusolverSpCcsrqrFactorHost, .-cusolverSpCcsrqrFactorHost
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname269(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSetup@PLT
     .size cusolverSpCcsrqrSetup, .-cusolverSpCcsrqrSetup
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname270(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSetupHost@PLT
     .size cusolverSpCcsrqrSetupHost, .-cusolverSpCcsrqrSetupHost
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname271(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSolve@PLT
     .size cusolverSpCcsrqrSolve, .-cusolverSpCcsrqrSolve
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname272(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSolveHost@PLT
     .size cusolverSpCcsrqrSolveHost, .-cusolverSpCcsrqrSolveHost
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname273(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrZeroPivot@PLT
     .size cusolverSpCcsrqrZeroPivot, .-cusolverSpCcsrqrZeroPivot
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname274(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost@PLT
     .size cusolverSpCcsrqrZeroPivotHost, .-cusolverSpCcsrqrZeroPivotHost
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4292,7 +4220,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4305,7 +4233,7 @@ cusolverSpCcsrzfdHost:
     .globl cusolverSpClangeHost
     .type cusolverSpClangeHost, @function
 cusolverSpClangeHost:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4313,7 +4241,7 @@ cusolverSpClangeHost:
     .globl cusolverSpCndsydmHost
     .type cusolverSpCndsydmHost, @function
 cusolverSpCndsydmHost:
-    leaq .Lname278(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4326,26 +4254,17 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname279(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrcholInfo@PLT
     .size cusolverSpCreateCsrcholInfo, .-cusolverSpCreateCsrcholInfo
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname280(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrcholInfoHost@PLT
     .size cusolverSpCreateCsrcholInfoHost, .-cusolverSpCreateCsrcholInfoHost
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname281(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrluInfoHost@PLT
     .size cusolverSpCreateCsrluInfoHost, .-cusolverSpCreateCsrluInfoHost
     .globl cusolverSpCreateCsrqrInfo
     .type cusolverSpCreateCsrqrInfo, @function
@@ -4355,15 +4274,12 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname282(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrqrInfoHost@PLT
     .size cusolverSpCreateCsrqrInfoHost, .-cusolverSpCreateCsrqrInfoHost
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4371,7 +4287,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4379,7 +4295,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4387,7 +4303,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4395,7 +4311,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4403,7 +4319,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4411,7 +4327,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4419,7 +4335,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4427,74 +4343,47 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname291(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholBufferInfo@PLT
     .size cusolverSpDcsrcholBufferInfo, .-cusolverSpDcsrcholBufferInfo
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname292(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost@PLT
     .size cusolverSpDcsrcholBufferInfoHost, .-cusolverSpDcsrcholBufferInfoHost
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname293(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholDiag@PLT
     .size cusolverSpDcsrcholDiag, .-cusolverSpDcsrcholDiag
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname294(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholFactor@PLT
     .size cusolverSpDcsrcholFactor, .-cusolverSpDcsrcholFactor
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname295(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholFactorHost@PLT
     .size cusolverSpDcsrcholFactorHost, .-cusolverSpDcsrcholFactorHost
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname296(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholSolve@PLT
     .size cusolverSpDcsrcholSolve, .-cusolverSpDcsrcholSolve
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname297(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholSolveHost@PLT
     .size cusolverSpDcsrcholSolveHost, .-cusolverSpDcsrcholSolveHost
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname298(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholZeroPivot@PLT
     .size cusolverSpDcsrcholZeroPivot, .-cusolverSpDcsrcholZeroPivot
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname299(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost@PLT
     .size cusolverSpDcsrcholZeroPivotHost, .-cusolverSpDcsrcholZeroPivotHost
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
@@ -4544,7 +4433,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname300(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4552,15 +4441,12 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname301(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluBufferInfoHost@PLT
     .size cusolverSpDcsrluBufferInfoHost, .-cusolverSpDcsrluBufferInfoHost
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4568,15 +4454,12 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluExtractHost@PLT
     .size cusolverSpDcsrluExtractHost, .-cusolverSpDcsrluExtractHost
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4584,31 +4467,22 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname305(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluFactorHost@PLT
     .size cusolverSpDcsrluFactorHost, .-cusolverSpDcsrluFactorHost
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname306(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluSolveHost@PLT
     .size cusolverSpDcsrluSolveHost, .-cusolverSpDcsrluSolveHost
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname307(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluZeroPivotHost@PLT
     .size cusolverSpDcsrluZeroPivotHost, .-cusolverSpDcsrluZeroPivotHost
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4616,10 +4490,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname309(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfo@PLT
     .size cusolverSpDcsrqrBufferInfo, .-cusolverSpDcsrqrBufferInfo
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
@@ -4629,79 +4500,52 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname310(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost@PLT
     .size cusolverSpDcsrqrBufferInfoHost, .-cusolverSpDcsrqrBufferInfoHost
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname311(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrFactor@PLT
     .size cusolverSpDcsrqrFactor, .-cusolverSpDcsrqrFactor
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname312(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrFactorHost@PLT
     .size cusolverSpDcsrqrFactorHost, .-cusolverSpDcsrqrFactorHost
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname313(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSetup@PLT
     .size cusolverSpDcsrqrSetup, .-cusolverSpDcsrqrSetup
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname314(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSetupHost@PLT
     .size cusolverSpDcsrqrSetupHost, .-cusolverSpDcsrqrSetupHost
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname315(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSolve@PLT
     .size cusolverSpDcsrqrSolve, .-cusolverSpDcsrqrSolve
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname316(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSolveHost@PLT
     .size cusolverSpDcsrqrSolveHost, .-cusolverSpDcsrqrSolveHost
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname317(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrZeroPivot@PLT
     .size cusolverSpDcsrqrZeroPivot, .-cusolverSpDcsrqrZeroPivot
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname318(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost@PLT
     .size cusolverSpDcsrqrZeroPivotHost, .-cusolverSpDcsrqrZeroPivotHost
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4714,7 +4558,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4732,26 +4576,17 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname321(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrcholInfo@PLT
     .size cusolverSpDestroyCsrcholInfo, .-cusolverSpDestroyCsrcholInfo
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname322(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost@PLT
     .size cusolverSpDestroyCsrcholInfoHost, .-cusolverSpDestroyCsrcholInfoHost
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname323(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrluInfoHost@PLT
     .size cusolverSpDestroyCsrluInfoHost, .-cusolverSpDestroyCsrluInfoHost
     .globl cusolverSpDestroyCsrqrInfo
     .type cusolverSpDestroyCsrqrInfo, @function
@@ -4761,15 +4596,12 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost@PLT
     .size cusolverSpDestroyCsrqrInfoHost, .-cusolverSpDestroyCsrqrInfoHost
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4777,7 +4609,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4785,7 +4617,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4793,7 +4625,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4801,7 +4633,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4809,7 +4641,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4817,7 +4649,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4825,7 +4657,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4833,7 +4665,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4841,7 +4673,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4849,7 +4681,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4857,7 +4689,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDlangeHost
     .type cusolverSpDlangeHost, @function
 cusolverSpDlangeHost:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4865,7 +4697,7 @@ cusolverSpDlangeHost:
     .globl cusolverSpDndsydmHost
     .type cusolverSpDndsydmHost, @function
 cusolverSpDndsydmHost:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4873,7 +4705,7 @@ cusolverSpDndsydmHost:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4881,7 +4713,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4889,7 +4721,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4897,7 +4729,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4905,7 +4737,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4913,7 +4745,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4926,7 +4758,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4934,7 +4766,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4942,7 +4774,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4950,7 +4782,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4958,7 +4790,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4966,7 +4798,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname349(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4974,7 +4806,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4982,7 +4814,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4990,7 +4822,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4998,7 +4830,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5006,7 +4838,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5014,7 +4846,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5022,7 +4854,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname356(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5030,7 +4862,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5038,7 +4870,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5046,74 +4878,47 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname359(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholBufferInfo@PLT
     .size cusolverSpScsrcholBufferInfo, .-cusolverSpScsrcholBufferInfo
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname360(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholBufferInfoHost@PLT
     .size cusolverSpScsrcholBufferInfoHost, .-cusolverSpScsrcholBufferInfoHost
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname361(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholDiag@PLT
     .size cusolverSpScsrcholDiag, .-cusolverSpScsrcholDiag
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname362(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholFactor@PLT
     .size cusolverSpScsrcholFactor, .-cusolverSpScsrcholFactor
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname363(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholFactorHost@PLT
     .size cusolverSpScsrcholFactorHost, .-cusolverSpScsrcholFactorHost
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname364(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholSolve@PLT
     .size cusolverSpScsrcholSolve, .-cusolverSpScsrcholSolve
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname365(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholSolveHost@PLT
     .size cusolverSpScsrcholSolveHost, .-cusolverSpScsrcholSolveHost
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname366(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholZeroPivot@PLT
     .size cusolverSpScsrcholZeroPivot, .-cusolverSpScsrcholZeroPivot
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname367(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholZeroPivotHost@PLT
     .size cusolverSpScsrcholZeroPivotHost, .-cusolverSpScsrcholZeroPivotHost
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
@@ -5163,7 +4968,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5171,15 +4976,12 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname369(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluBufferInfoHost@PLT
     .size cusolverSpScsrluBufferInfoHost, .-cusolverSpScsrluBufferInfoHost
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5187,15 +4989,12 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname371(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluExtractHost@PLT
     .size cusolverSpScsrluExtractHost, .-cusolverSpScsrluExtractHost
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5203,31 +5002,22 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname373(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluFactorHost@PLT
     .size cusolverSpScsrluFactorHost, .-cusolverSpScsrluFactorHost
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname374(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluSolveHost@PLT
     .size cusolverSpScsrluSolveHost, .-cusolverSpScsrluSolveHost
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname375(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluZeroPivotHost@PLT
     .size cusolverSpScsrluZeroPivotHost, .-cusolverSpScsrluZeroPivotHost
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5235,10 +5025,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname377(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfo@PLT
     .size cusolverSpScsrqrBufferInfo, .-cusolverSpScsrqrBufferInfo
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
@@ -5248,79 +5035,52 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname378(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfoHost@PLT
     .size cusolverSpScsrqrBufferInfoHost, .-cusolverSpScsrqrBufferInfoHost
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname379(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrFactor@PLT
     .size cusolverSpScsrqrFactor, .-cusolverSpScsrqrFactor
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname380(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrFactorHost@PLT
     .size cusolverSpScsrqrFactorHost, .-cusolverSpScsrqrFactorHost
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname381(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSetup@PLT
     .size cusolverSpScsrqrSetup, .-cusolverSpScsrqrSetup
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname382(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSetupHost@PLT
     .size cusolverSpScsrqrSetupHost, .-cusolverSpScsrqrSetupHost
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname383(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSolve@PLT
     .size cusolverSpScsrqrSolve, .-cusolverSpScsrqrSolve
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname384(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSolveHost@PLT
     .size cusolverSpScsrqrSolveHost, .-cusolverSpScsrqrSolveHost
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname385(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrZeroPivot@PLT
     .size cusolverSpScsrqrZeroPivot, .-cusolverSpScsrqrZeroPivot
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname386(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrZeroPivotHost@PLT
     .size cusolverSpScsrqrZeroPivotHost, .-cusolverSpScsrqrZeroPivotHost
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5333,7 +5093,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5351,7 +5111,7 @@ cusolverSpSetStream:
     .globl cusolverSpSlangeHost
     .type cusolverSpSlangeHost, @function
 cusolverSpSlangeHost:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5359,7 +5119,7 @@ cusolverSpSlangeHost:
     .globl cusolverSpSndsydmHost
     .type cusolverSpSndsydmHost, @function
 cusolverSpSndsydmHost:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5367,7 +5127,7 @@ cusolverSpSndsydmHost:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5375,7 +5135,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5383,7 +5143,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5391,7 +5151,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5399,7 +5159,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5407,7 +5167,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5415,7 +5175,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5423,7 +5183,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrbndHost
     .type cusolverSpXcsrbndHost, @function
 cusolverSpXcsrbndHost:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5431,18 +5191,12 @@ cusolverSpXcsrbndHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname399(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrcholAnalysis@PLT
     .size cusolverSpXcsrcholAnalysis, .-cusolverSpXcsrcholAnalysis
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname400(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrcholAnalysisHost@PLT
     .size cusolverSpXcsrcholAnalysisHost, .-cusolverSpXcsrcholAnalysisHost
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
@@ -5452,15 +5206,12 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname401(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrluAnalysisHost@PLT
     .size cusolverSpXcsrluAnalysisHost, .-cusolverSpXcsrluAnalysisHost
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname402(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5468,15 +5219,12 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname403(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrluNnzHost@PLT
     .size cusolverSpXcsrluNnzHost, .-cusolverSpXcsrluNnzHost
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5489,7 +5237,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrndHost
     .type cusolverSpXcsrndHost, @function
 cusolverSpXcsrndHost:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5497,7 +5245,7 @@ cusolverSpXcsrndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5515,10 +5263,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname407(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysis@PLT
     .size cusolverSpXcsrqrAnalysis, .-cusolverSpXcsrqrAnalysis
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
@@ -5528,15 +5273,12 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname408(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysisHost@PLT
     .size cusolverSpXcsrqrAnalysisHost, .-cusolverSpXcsrqrAnalysisHost
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5544,7 +5286,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5552,7 +5294,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5570,7 +5312,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5578,7 +5320,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5591,7 +5333,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5599,7 +5341,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXndsydmNnzHost
     .type cusolverSpXndsydmNnzHost, @function
 cusolverSpXndsydmNnzHost:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5607,7 +5349,7 @@ cusolverSpXndsydmNnzHost:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5615,7 +5357,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5623,7 +5365,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5631,7 +5373,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5639,7 +5381,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5647,7 +5389,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5655,74 +5397,47 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname422(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholBufferInfo@PLT
     .size cusolverSpZcsrcholBufferInfo, .-cusolverSpZcsrcholBufferInfo
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname423(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost@PLT
     .size cusolverSpZcsrcholBufferInfoHost, .-cusolverSpZcsrcholBufferInfoHost
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname424(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholDiag@PLT
     .size cusolverSpZcsrcholDiag, .-cusolverSpZcsrcholDiag
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname425(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholFactor@PLT
     .size cusolverSpZcsrcholFactor, .-cusolverSpZcsrcholFactor
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname426(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholFactorHost@PLT
     .size cusolverSpZcsrcholFactorHost, .-cusolverSpZcsrcholFactorHost
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname427(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholSolve@PLT
     .size cusolverSpZcsrcholSolve, .-cusolverSpZcsrcholSolve
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname428(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholSolveHost@PLT
     .size cusolverSpZcsrcholSolveHost, .-cusolverSpZcsrcholSolveHost
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname429(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholZeroPivot@PLT
     .size cusolverSpZcsrcholZeroPivot, .-cusolverSpZcsrcholZeroPivot
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname430(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost@PLT
     .size cusolverSpZcsrcholZeroPivotHost, .-cusolverSpZcsrcholZeroPivotHost
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
@@ -5772,7 +5487,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5780,15 +5495,12 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname432(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluBufferInfoHost@PLT
     .size cusolverSpZcsrluBufferInfoHost, .-cusolverSpZcsrluBufferInfoHost
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5796,15 +5508,12 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname434(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluExtractHost@PLT
     .size cusolverSpZcsrluExtractHost, .-cusolverSpZcsrluExtractHost
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5812,31 +5521,22 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname436(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluFactorHost@PLT
     .size cusolverSpZcsrluFactorHost, .-cusolverSpZcsrluFactorHost
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname437(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluSolveHost@PLT
     .size cusolverSpZcsrluSolveHost, .-cusolverSpZcsrluSolveHost
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname438(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluZeroPivotHost@PLT
     .size cusolverSpZcsrluZeroPivotHost, .-cusolverSpZcsrluZeroPivotHost
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5844,10 +5544,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname440(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfo@PLT
     .size cusolverSpZcsrqrBufferInfo, .-cusolverSpZcsrqrBufferInfo
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
@@ -5857,79 +5554,52 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname441(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost@PLT
     .size cusolverSpZcsrqrBufferInfoHost, .-cusolverSpZcsrqrBufferInfoHost
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname442(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrFactor@PLT
     .size cusolverSpZcsrqrFactor, .-cusolverSpZcsrqrFactor
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname443(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrFactorHost@PLT
     .size cusolverSpZcsrqrFactorHost, .-cusolverSpZcsrqrFactorHost
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname444(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSetup@PLT
     .size cusolverSpZcsrqrSetup, .-cusolverSpZcsrqrSetup
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname445(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSetupHost@PLT
     .size cusolverSpZcsrqrSetupHost, .-cusolverSpZcsrqrSetupHost
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname446(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSolve@PLT
     .size cusolverSpZcsrqrSolve, .-cusolverSpZcsrqrSolve
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname447(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSolveHost@PLT
     .size cusolverSpZcsrqrSolveHost, .-cusolverSpZcsrqrSolveHost
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname448(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrZeroPivot@PLT
     .size cusolverSpZcsrqrZeroPivot, .-cusolverSpZcsrqrZeroPivot
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname449(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost@PLT
     .size cusolverSpZcsrqrZeroPivotHost, .-cusolverSpZcsrqrZeroPivotHost
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5942,7 +5612,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname451(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5955,7 +5625,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZlangeHost
     .type cusolverSpZlangeHost, @function
 cusolverSpZlangeHost:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5963,7 +5633,7 @@ cusolverSpZlangeHost:
     .globl cusolverSpZndsydmHost
     .type cusolverSpZndsydmHost, @function
 cusolverSpZndsydmHost:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5971,7 +5641,7 @@ cusolverSpZndsydmHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5979,7 +5649,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5987,7 +5657,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5995,7 +5665,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6003,7 +5673,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6011,7 +5681,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6512,429 +6182,209 @@ cusolverXcsrqr_dump:
 .Lname246:
     .asciz "cusolverSpCcsrbtfHost"
 .Lname247:
-    .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname248:
-    .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname249:
-    .asciz "cusolverSpCcsrcholDiag"
-.Lname250:
-    .asciz "cusolverSpCcsrcholFactor"
-.Lname251:
-    .asciz "cusolverSpCcsrcholFactorHost"
-.Lname252:
-    .asciz "cusolverSpCcsrcholSolve"
-.Lname253:
-    .asciz "cusolverSpCcsrcholSolveHost"
-.Lname254:
-    .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname255:
-    .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname256:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname257:
-    .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname258:
+.Lname248:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname259:
-    .asciz "cusolverSpCcsrluExtractHost"
-.Lname260:
+.Lname249:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname261:
-    .asciz "cusolverSpCcsrluFactorHost"
-.Lname262:
-    .asciz "cusolverSpCcsrluSolveHost"
-.Lname263:
-    .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname264:
+.Lname250:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname265:
-    .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname266:
-    .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname267:
-    .asciz "cusolverSpCcsrqrFactor"
-.Lname268:
-    .asciz "cusolverSpCcsrqrFactorHost"
-.Lname269:
-    .asciz "cusolverSpCcsrqrSetup"
-.Lname270:
-    .asciz "cusolverSpCcsrqrSetupHost"
-.Lname271:
-    .asciz "cusolverSpCcsrqrSolve"
-.Lname272:
-    .asciz "cusolverSpCcsrqrSolveHost"
-.Lname273:
-    .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname274:
-    .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname275:
+.Lname251:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname276:
+.Lname252:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname277:
+.Lname253:
     .asciz "cusolverSpClangeHost"
-.Lname278:
+.Lname254:
     .asciz "cusolverSpCndsydmHost"
-.Lname279:
-    .asciz "cusolverSpCreateCsrcholInfo"
-.Lname280:
-    .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname281:
-    .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname282:
-    .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname283:
+.Lname255:
     .asciz "cusolverSpCreateGluInfo"
-.Lname284:
+.Lname256:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname285:
+.Lname257:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname286:
+.Lname258:
     .asciz "cusolverSpCsnluFactor"
-.Lname287:
+.Lname259:
     .asciz "cusolverSpCsnluSolve"
-.Lname288:
+.Lname260:
     .asciz "cusolverSpCsymgthr"
-.Lname289:
+.Lname261:
     .asciz "cusolverSpCsymgthrHost"
-.Lname290:
+.Lname262:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname291:
-    .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname292:
-    .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname293:
-    .asciz "cusolverSpDcsrcholDiag"
-.Lname294:
-    .asciz "cusolverSpDcsrcholFactor"
-.Lname295:
-    .asciz "cusolverSpDcsrcholFactorHost"
-.Lname296:
-    .asciz "cusolverSpDcsrcholSolve"
-.Lname297:
-    .asciz "cusolverSpDcsrcholSolveHost"
-.Lname298:
-    .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname299:
-    .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname300:
+.Lname263:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname301:
-    .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname302:
+.Lname264:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname303:
-    .asciz "cusolverSpDcsrluExtractHost"
-.Lname304:
+.Lname265:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname305:
-    .asciz "cusolverSpDcsrluFactorHost"
-.Lname306:
-    .asciz "cusolverSpDcsrluSolveHost"
-.Lname307:
-    .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname308:
+.Lname266:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname309:
-    .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname310:
-    .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname311:
-    .asciz "cusolverSpDcsrqrFactor"
-.Lname312:
-    .asciz "cusolverSpDcsrqrFactorHost"
-.Lname313:
-    .asciz "cusolverSpDcsrqrSetup"
-.Lname314:
-    .asciz "cusolverSpDcsrqrSetupHost"
-.Lname315:
-    .asciz "cusolverSpDcsrqrSolve"
-.Lname316:
-    .asciz "cusolverSpDcsrqrSolveHost"
-.Lname317:
-    .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname318:
-    .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname319:
+.Lname267:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname320:
+.Lname268:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname321:
-    .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname322:
-    .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname323:
-    .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname324:
-    .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname325:
+.Lname269:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname326:
+.Lname270:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname327:
+.Lname271:
     .asciz "cusolverSpDgluAnalysis"
-.Lname328:
+.Lname272:
     .asciz "cusolverSpDgluBufferSize"
-.Lname329:
+.Lname273:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname330:
+.Lname274:
     .asciz "cusolverSpDgluFactor"
-.Lname331:
+.Lname275:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname332:
+.Lname276:
     .asciz "cusolverSpDgluReset"
-.Lname333:
+.Lname277:
     .asciz "cusolverSpDgluSetup"
-.Lname334:
+.Lname278:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname335:
+.Lname279:
     .asciz "cusolverSpDgluSolve"
-.Lname336:
+.Lname280:
     .asciz "cusolverSpDlangeHost"
-.Lname337:
+.Lname281:
     .asciz "cusolverSpDndsydmHost"
-.Lname338:
+.Lname282:
     .asciz "cusolverSpDnrminf"
-.Lname339:
+.Lname283:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname340:
+.Lname284:
     .asciz "cusolverSpDsnluFactor"
-.Lname341:
+.Lname285:
     .asciz "cusolverSpDsnluSolve"
-.Lname342:
+.Lname286:
     .asciz "cusolverSpDsymgthr"
-.Lname343:
+.Lname287:
     .asciz "cusolverSpDsymgthrHost"
-.Lname344:
+.Lname288:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname345:
+.Lname289:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname346:
+.Lname290:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname347:
+.Lname291:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname348:
+.Lname292:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname349:
+.Lname293:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname350:
+.Lname294:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname351:
+.Lname295:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname352:
+.Lname296:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname353:
+.Lname297:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname354:
+.Lname298:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname355:
+.Lname299:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname356:
+.Lname300:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname357:
+.Lname301:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname358:
+.Lname302:
     .asciz "cusolverSpScsrbtfHost"
-.Lname359:
-    .asciz "cusolverSpScsrcholBufferInfo"
-.Lname360:
-    .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname361:
-    .asciz "cusolverSpScsrcholDiag"
-.Lname362:
-    .asciz "cusolverSpScsrcholFactor"
-.Lname363:
-    .asciz "cusolverSpScsrcholFactorHost"
-.Lname364:
-    .asciz "cusolverSpScsrcholSolve"
-.Lname365:
-    .asciz "cusolverSpScsrcholSolveHost"
-.Lname366:
-    .asciz "cusolverSpScsrcholZeroPivot"
-.Lname367:
-    .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname368:
+.Lname303:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname369:
-    .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname370:
+.Lname304:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname371:
-    .asciz "cusolverSpScsrluExtractHost"
-.Lname372:
+.Lname305:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname373:
-    .asciz "cusolverSpScsrluFactorHost"
-.Lname374:
-    .asciz "cusolverSpScsrluSolveHost"
-.Lname375:
-    .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname376:
+.Lname306:
     .asciz "cusolverSpScsrlucondHost"
-.Lname377:
-    .asciz "cusolverSpScsrqrBufferInfo"
-.Lname378:
-    .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname379:
-    .asciz "cusolverSpScsrqrFactor"
-.Lname380:
-    .asciz "cusolverSpScsrqrFactorHost"
-.Lname381:
-    .asciz "cusolverSpScsrqrSetup"
-.Lname382:
-    .asciz "cusolverSpScsrqrSetupHost"
-.Lname383:
-    .asciz "cusolverSpScsrqrSolve"
-.Lname384:
-    .asciz "cusolverSpScsrqrSolveHost"
-.Lname385:
-    .asciz "cusolverSpScsrqrZeroPivot"
-.Lname386:
-    .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname387:
+.Lname307:
     .asciz "cusolverSpScsrqrrcond"
-.Lname388:
+.Lname308:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname389:
+.Lname309:
     .asciz "cusolverSpSlangeHost"
-.Lname390:
+.Lname310:
     .asciz "cusolverSpSndsydmHost"
-.Lname391:
+.Lname311:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname392:
+.Lname312:
     .asciz "cusolverSpSsnluFactor"
-.Lname393:
+.Lname313:
     .asciz "cusolverSpSsnluSolve"
-.Lname394:
+.Lname314:
     .asciz "cusolverSpSsymgthr"
-.Lname395:
+.Lname315:
     .asciz "cusolverSpSsymgthrHost"
-.Lname396:
+.Lname316:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname397:
+.Lname317:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname398:
+.Lname318:
     .asciz "cusolverSpXcsrbndHost"
-.Lname399:
-    .asciz "cusolverSpXcsrcholAnalysis"
-.Lname400:
-    .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname401:
-    .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname402:
+.Lname319:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname403:
-    .asciz "cusolverSpXcsrluNnzHost"
-.Lname404:
+.Lname320:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname405:
+.Lname321:
     .asciz "cusolverSpXcsrndHost"
-.Lname406:
+.Lname322:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname407:
-    .asciz "cusolverSpXcsrqrAnalysis"
-.Lname408:
-    .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname409:
+.Lname323:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname410:
+.Lname324:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname411:
+.Lname325:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname412:
+.Lname326:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname413:
+.Lname327:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname414:
+.Lname328:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname415:
+.Lname329:
     .asciz "cusolverSpXndsydmNnzHost"
-.Lname416:
+.Lname330:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname417:
+.Lname331:
     .asciz "cusolverSpXsnluFlops"
-.Lname418:
+.Lname332:
     .asciz "cusolverSpXsnluReport"
-.Lname419:
+.Lname333:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname420:
+.Lname334:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname421:
+.Lname335:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname422:
-    .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname423:
-    .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname424:
-    .asciz "cusolverSpZcsrcholDiag"
-.Lname425:
-    .asciz "cusolverSpZcsrcholFactor"
-.Lname426:
-    .asciz "cusolverSpZcsrcholFactorHost"
-.Lname427:
-    .asciz "cusolverSpZcsrcholSolve"
-.Lname428:
-    .asciz "cusolverSpZcsrcholSolveHost"
-.Lname429:
-    .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname430:
-    .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname431:
+.Lname336:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname432:
-    .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname433:
+.Lname337:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname434:
-    .asciz "cusolverSpZcsrluExtractHost"
-.Lname435:
+.Lname338:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname436:
-    .asciz "cusolverSpZcsrluFactorHost"
-.Lname437:
-    .asciz "cusolverSpZcsrluSolveHost"
-.Lname438:
-    .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname439:
+.Lname339:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname440:
-    .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname441:
-    .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname442:
-    .asciz "cusolverSpZcsrqrFactor"
-.Lname443:
-    .asciz "cusolverSpZcsrqrFactorHost"
-.Lname444:
-    .asciz "cusolverSpZcsrqrSetup"
-.Lname445:
-    .asciz "cusolverSpZcsrqrSetupHost"
-.Lname446:
-    .asciz "cusolverSpZcsrqrSolve"
-.Lname447:
-    .asciz "cusolverSpZcsrqrSolveHost"
-.Lname448:
-    .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname449:
-    .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname450:
+.Lname340:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname451:
+.Lname341:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname452:
+.Lname342:
     .asciz "cusolverSpZlangeHost"
-.Lname453:
+.Lname343:
     .asciz "cusolverSpZndsydmHost"
-.Lname454:
+.Lname344:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname455:
+.Lname345:
     .asciz "cusolverSpZsnluFactor"
-.Lname456:
+.Lname346:
     .asciz "cusolverSpZsnluSolve"
-.Lname457:
+.Lname347:
     .asciz "cusolverSpZsymgthr"
-.Lname458:
+.Lname348:
     .asciz "cusolverSpZsymgthrHost"
-.Lname459:
+.Lname349:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -3187,74 +3187,47 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname151(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholBufferInfo@PLT
     .size cusolverSpCcsrcholBufferInfo, .-cusolverSpCcsrcholBufferInfo
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname152(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost@PLT
     .size cusolverSpCcsrcholBufferInfoHost, .-cusolverSpCcsrcholBufferInfoHost
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname153(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholDiag@PLT
     .size cusolverSpCcsrcholDiag, .-cusolverSpCcsrcholDiag
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname154(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholFactor@PLT
     .size cusolverSpCcsrcholFactor, .-cusolverSpCcsrcholFactor
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname155(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholFactorHost@PLT
     .size cusolverSpCcsrcholFactorHost, .-cusolverSpCcsrcholFactorHost
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname156(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholSolve@PLT
     .size cusolverSpCcsrcholSolve, .-cusolverSpCcsrcholSolve
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname157(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholSolveHost@PLT
     .size cusolverSpCcsrcholSolveHost, .-cusolverSpCcsrcholSolveHost
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname158(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholZeroPivot@PLT
     .size cusolverSpCcsrcholZeroPivot, .-cusolverSpCcsrcholZeroPivot
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname159(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost@PLT
     .size cusolverSpCcsrcholZeroPivotHost, .-cusolverSpCcsrcholZeroPivotHost
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
@@ -3304,7 +3277,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3312,15 +3285,12 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname161(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluBufferInfoHost@PLT
     .size cusolverSpCcsrluBufferInfoHost, .-cusolverSpCcsrluBufferInfoHost
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3328,15 +3298,12 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname163(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluExtractHost@PLT
     .size cusolverSpCcsrluExtractHost, .-cusolverSpCcsrluExtractHost
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3344,31 +3311,22 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname165(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluFactorHost@PLT
     .size cusolverSpCcsrluFactorHost, .-cusolverSpCcsrluFactorHost
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname166(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluSolveHost@PLT
     .size cusolverSpCcsrluSolveHost, .-cusolverSpCcsrluSolveHost
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname167(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrluZeroPivotHost@PLT
     .size cusolverSpCcsrluZeroPivotHost, .-cusolverSpCcsrluZeroPivotHost
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3376,10 +3334,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname169(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfo@PLT
     .size cusolverSpCcsrqrBufferInfo, .-cusolverSpCcsrqrBufferInfo
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
@@ -3389,79 +3344,52 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname170(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost@PLT
     .size cusolverSpCcsrqrBufferInfoHost, .-cusolverSpCcsrqrBufferInfoHost
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname171(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrFactor@PLT
     .size cusolverSpCcsrqrFactor, .-cusolverSpCcsrqrFactor
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname172(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrFactorHost@PLT
     .size cusolverSpCcsrqrFactorHost, .-cusolverSpCcsrqrFactorHost
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname173(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSetup@PLT
     .size cusolverSpCcsrqrSetup, .-cusolverSpCcsrqrSetup
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname174(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSetupHost@PLT
     .size cusolverSpCcsrqrSetupHost, .-cusolverSpCcsrqrSetupHost
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname175(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSolve@PLT
     .size cusolverSpCcsrqrSolve, .-cusolverSpCcsrqrSolve
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname176(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrSolveHost@PLT
     .size cusolverSpCcsrqrSolveHost, .-cusolverSpCcsrqrSolveHost
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname177(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrZeroPivot@PLT
     .size cusolverSpCcsrqrZeroPivot, .-cusolverSpCcsrqrZeroPivot
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname178(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost@PLT
     .size cusolverSpCcsrqrZeroPivotHost, .-cusolverSpCcsrqrZeroPivotHost
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3474,7 +3402,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3492,26 +3420,17 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname181(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrcholInfo@PLT
     .size cusolverSpCreateCsrcholInfo, .-cusolverSpCreateCsrcholInfo
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname182(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrcholInfoHost@PLT
     .size cusolverSpCreateCsrcholInfoHost, .-cusolverSpCreateCsrcholInfoHost
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname183(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrluInfoHost@PLT
     .size cusolverSpCreateCsrluInfoHost, .-cusolverSpCreateCsrluInfoHost
     .globl cusolverSpCreateCsrqrInfo
     .type cusolverSpCreateCsrqrInfo, @function
@@ -3521,15 +3440,12 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname184(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpCreateCsrqrInfoHost@PLT
     .size cusolverSpCreateCsrqrInfoHost, .-cusolverSpCreateCsrqrInfoHost
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3537,7 +3453,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3545,7 +3461,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3553,7 +3469,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3561,7 +3477,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3569,7 +3485,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3577,7 +3493,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3585,7 +3501,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3593,74 +3509,47 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname193(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholBufferInfo@PLT
     .size cusolverSpDcsrcholBufferInfo, .-cusolverSpDcsrcholBufferInfo
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname194(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost@PLT
     .size cusolverSpDcsrcholBufferInfoHost, .-cusolverSpDcsrcholBufferInfoHost
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname195(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholDiag@PLT
     .size cusolverSpDcsrcholDiag, .-cusolverSpDcsrcholDiag
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname196(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholFactor@PLT
     .size cusolverSpDcsrcholFactor, .-cusolverSpDcsrcholFactor
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname197(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholFactorHost@PLT
     .size cusolverSpDcsrcholFactorHost, .-cusolverSpDcsrcholFactorHost
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname198(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholSolve@PLT
     .size cusolverSpDcsrcholSolve, .-cusolverSpDcsrcholSolve
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname199(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholSolveHost@PLT
     .size cusolverSpDcsrcholSolveHost, .-cusolverSpDcsrcholSolveHost
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname200(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholZeroPivot@PLT
     .size cusolverSpDcsrcholZeroPivot, .-cusolverSpDcsrcholZeroPivot
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname201(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost@PLT
     .size cusolverSpDcsrcholZeroPivotHost, .-cusolverSpDcsrcholZeroPivotHost
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
@@ -3710,7 +3599,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3718,15 +3607,12 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname203(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluBufferInfoHost@PLT
     .size cusolverSpDcsrluBufferInfoHost, .-cusolverSpDcsrluBufferInfoHost
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3734,15 +3620,12 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname205(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluExtractHost@PLT
     .size cusolverSpDcsrluExtractHost, .-cusolverSpDcsrluExtractHost
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3750,31 +3633,22 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname207(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluFactorHost@PLT
     .size cusolverSpDcsrluFactorHost, .-cusolverSpDcsrluFactorHost
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname208(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluSolveHost@PLT
     .size cusolverSpDcsrluSolveHost, .-cusolverSpDcsrluSolveHost
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname209(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrluZeroPivotHost@PLT
     .size cusolverSpDcsrluZeroPivotHost, .-cusolverSpDcsrluZeroPivotHost
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3782,10 +3656,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname211(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfo@PLT
     .size cusolverSpDcsrqrBufferInfo, .-cusolverSpDcsrqrBufferInfo
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
@@ -3795,79 +3666,52 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname212(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost@PLT
     .size cusolverSpDcsrqrBufferInfoHost, .-cusolverSpDcsrqrBufferInfoHost
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname213(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrFactor@PLT
     .size cusolverSpDcsrqrFactor, .-cusolverSpDcsrqrFactor
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname214(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrFactorHost@PLT
     .size cusolverSpDcsrqrFactorHost, .-cusolverSpDcsrqrFactorHost
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname215(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSetup@PLT
     .size cusolverSpDcsrqrSetup, .-cusolverSpDcsrqrSetup
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname216(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSetupHost@PLT
     .size cusolverSpDcsrqrSetupHost, .-cusolverSpDcsrqrSetupHost
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname217(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSolve@PLT
     .size cusolverSpDcsrqrSolve, .-cusolverSpDcsrqrSolve
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname218(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrSolveHost@PLT
     .size cusolverSpDcsrqrSolveHost, .-cusolverSpDcsrqrSolveHost
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname219(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrZeroPivot@PLT
     .size cusolverSpDcsrqrZeroPivot, .-cusolverSpDcsrqrZeroPivot
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname220(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost@PLT
     .size cusolverSpDcsrqrZeroPivotHost, .-cusolverSpDcsrqrZeroPivotHost
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3880,7 +3724,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3898,26 +3742,17 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname223(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrcholInfo@PLT
     .size cusolverSpDestroyCsrcholInfo, .-cusolverSpDestroyCsrcholInfo
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname224(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost@PLT
     .size cusolverSpDestroyCsrcholInfoHost, .-cusolverSpDestroyCsrcholInfoHost
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname225(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrluInfoHost@PLT
     .size cusolverSpDestroyCsrluInfoHost, .-cusolverSpDestroyCsrluInfoHost
     .globl cusolverSpDestroyCsrqrInfo
     .type cusolverSpDestroyCsrqrInfo, @function
@@ -3927,15 +3762,12 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname226(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost@PLT
     .size cusolverSpDestroyCsrqrInfoHost, .-cusolverSpDestroyCsrqrInfoHost
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3943,7 +3775,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3951,7 +3783,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3959,7 +3791,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3967,7 +3799,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3975,7 +3807,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3983,7 +3815,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3991,7 +3823,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3999,7 +3831,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4007,7 +3839,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4015,7 +3847,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4023,7 +3855,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4031,7 +3863,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4039,7 +3871,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4047,7 +3879,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4055,7 +3887,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4063,7 +3895,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4076,7 +3908,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4084,7 +3916,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4092,7 +3924,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4100,7 +3932,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4108,7 +3940,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4116,7 +3948,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4124,7 +3956,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4132,7 +3964,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4140,7 +3972,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4148,7 +3980,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4156,7 +3988,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4164,7 +3996,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4172,7 +4004,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4180,7 +4012,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4188,7 +4020,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4196,74 +4028,47 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname259(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholBufferInfo@PLT
     .size cusolverSpScsrcholBufferInfo, .-cusolverSpScsrcholBufferInfo
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname260(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholBufferInfoHost@PLT
     .size cusolverSpScsrcholBufferInfoHost, .-cusolverSpScsrcholBufferInfoHost
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname261(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholDiag@PLT
     .size cusolverSpScsrcholDiag, .-cusolverSpScsrcholDiag
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname262(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholFactor@PLT
     .size cusolverSpScsrcholFactor, .-cusolverSpScsrcholFactor
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname263(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholFactorHost@PLT
     .size cusolverSpScsrcholFactorHost, .-cusolverSpScsrcholFactorHost
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname264(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholSolve@PLT
     .size cusolverSpScsrcholSolve, .-cusolverSpScsrcholSolve
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname265(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholSolveHost@PLT
     .size cusolverSpScsrcholSolveHost, .-cusolverSpScsrcholSolveHost
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname266(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholZeroPivot@PLT
     .size cusolverSpScsrcholZeroPivot, .-cusolverSpScsrcholZeroPivot
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname267(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrcholZeroPivotHost@PLT
     .size cusolverSpScsrcholZeroPivotHost, .-cusolverSpScsrcholZeroPivotHost
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
@@ -4313,7 +4118,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4321,15 +4126,12 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname269(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluBufferInfoHost@PLT
     .size cusolverSpScsrluBufferInfoHost, .-cusolverSpScsrluBufferInfoHost
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4337,15 +4139,12 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname271(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluExtractHost@PLT
     .size cusolverSpScsrluExtractHost, .-cusolverSpScsrluExtractHost
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4353,31 +4152,22 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname273(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluFactorHost@PLT
     .size cusolverSpScsrluFactorHost, .-cusolverSpScsrluFactorHost
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname274(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluSolveHost@PLT
     .size cusolverSpScsrluSolveHost, .-cusolverSpScsrluSolveHost
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname275(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrluZeroPivotHost@PLT
     .size cusolverSpScsrluZeroPivotHost, .-cusolverSpScsrluZeroPivotHost
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4385,10 +4175,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname277(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfo@PLT
     .size cusolverSpScsrqrBufferInfo, .-cusolverSpScsrqrBufferInfo
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
@@ -4398,79 +4185,52 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname278(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrBufferInfoHost@PLT
     .size cusolverSpScsrqrBufferInfoHost, .-cusolverSpScsrqrBufferInfoHost
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname279(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrFactor@PLT
     .size cusolverSpScsrqrFactor, .-cusolverSpScsrqrFactor
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname280(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrFactorHost@PLT
     .size cusolverSpScsrqrFactorHost, .-cusolverSpScsrqrFactorHost
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname281(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSetup@PLT
     .size cusolverSpScsrqrSetup, .-cusolverSpScsrqrSetup
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname282(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSetupHost@PLT
     .size cusolverSpScsrqrSetupHost, .-cusolverSpScsrqrSetupHost
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname283(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSolve@PLT
     .size cusolverSpScsrqrSolve, .-cusolverSpScsrqrSolve
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname284(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrSolveHost@PLT
     .size cusolverSpScsrqrSolveHost, .-cusolverSpScsrqrSolveHost
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname285(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrZeroPivot@PLT
     .size cusolverSpScsrqrZeroPivot, .-cusolverSpScsrqrZeroPivot
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname286(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpScsrqrZeroPivotHost@PLT
     .size cusolverSpScsrqrZeroPivotHost, .-cusolverSpScsrqrZeroPivotHost
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4483,7 +4243,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4501,7 +4261,7 @@ cusolverSpSetStream:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4509,7 +4269,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4517,7 +4277,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4525,7 +4285,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4533,7 +4293,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname293(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4541,7 +4301,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4549,7 +4309,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4557,18 +4317,12 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname296(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrcholAnalysis@PLT
     .size cusolverSpXcsrcholAnalysis, .-cusolverSpXcsrcholAnalysis
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname297(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrcholAnalysisHost@PLT
     .size cusolverSpXcsrcholAnalysisHost, .-cusolverSpXcsrcholAnalysisHost
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
@@ -4578,15 +4332,12 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname298(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrluAnalysisHost@PLT
     .size cusolverSpXcsrluAnalysisHost, .-cusolverSpXcsrluAnalysisHost
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname299(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4594,15 +4345,12 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname300(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrluNnzHost@PLT
     .size cusolverSpXcsrluNnzHost, .-cusolverSpXcsrluNnzHost
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4615,7 +4363,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4633,10 +4381,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysis@PLT
     .size cusolverSpXcsrqrAnalysis, .-cusolverSpXcsrqrAnalysis
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
@@ -4646,15 +4391,12 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname304(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpXcsrqrAnalysisHost@PLT
     .size cusolverSpXcsrqrAnalysisHost, .-cusolverSpXcsrqrAnalysisHost
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4662,7 +4404,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4670,7 +4412,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4688,7 +4430,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4696,7 +4438,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4709,7 +4451,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4717,7 +4459,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4725,7 +4467,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4733,7 +4475,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4741,7 +4483,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4749,7 +4491,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4757,7 +4499,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4765,74 +4507,47 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname317(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholBufferInfo@PLT
     .size cusolverSpZcsrcholBufferInfo, .-cusolverSpZcsrcholBufferInfo
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname318(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost@PLT
     .size cusolverSpZcsrcholBufferInfoHost, .-cusolverSpZcsrcholBufferInfoHost
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname319(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholDiag@PLT
     .size cusolverSpZcsrcholDiag, .-cusolverSpZcsrcholDiag
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname320(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholFactor@PLT
     .size cusolverSpZcsrcholFactor, .-cusolverSpZcsrcholFactor
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname321(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholFactorHost@PLT
     .size cusolverSpZcsrcholFactorHost, .-cusolverSpZcsrcholFactorHost
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname322(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholSolve@PLT
     .size cusolverSpZcsrcholSolve, .-cusolverSpZcsrcholSolve
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname323(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholSolveHost@PLT
     .size cusolverSpZcsrcholSolveHost, .-cusolverSpZcsrcholSolveHost
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholZeroPivot@PLT
     .size cusolverSpZcsrcholZeroPivot, .-cusolverSpZcsrcholZeroPivot
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname325(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost@PLT
     .size cusolverSpZcsrcholZeroPivotHost, .-cusolverSpZcsrcholZeroPivotHost
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
@@ -4882,7 +4597,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4890,15 +4605,12 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname327(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluBufferInfoHost@PLT
     .size cusolverSpZcsrluBufferInfoHost, .-cusolverSpZcsrluBufferInfoHost
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4906,15 +4618,12 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname329(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluExtractHost@PLT
     .size cusolverSpZcsrluExtractHost, .-cusolverSpZcsrluExtractHost
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4922,31 +4631,22 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname331(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluFactorHost@PLT
     .size cusolverSpZcsrluFactorHost, .-cusolverSpZcsrluFactorHost
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname332(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluSolveHost@PLT
     .size cusolverSpZcsrluSolveHost, .-cusolverSpZcsrluSolveHost
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname333(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrluZeroPivotHost@PLT
     .size cusolverSpZcsrluZeroPivotHost, .-cusolverSpZcsrluZeroPivotHost
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4954,10 +4654,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname335(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfo@PLT
     .size cusolverSpZcsrqrBufferInfo, .-cusolverSpZcsrqrBufferInfo
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
@@ -4967,79 +4664,52 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname336(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost@PLT
     .size cusolverSpZcsrqrBufferInfoHost, .-cusolverSpZcsrqrBufferInfoHost
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname337(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrFactor@PLT
     .size cusolverSpZcsrqrFactor, .-cusolverSpZcsrqrFactor
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname338(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrFactorHost@PLT
     .size cusolverSpZcsrqrFactorHost, .-cusolverSpZcsrqrFactorHost
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname339(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSetup@PLT
     .size cusolverSpZcsrqrSetup, .-cusolverSpZcsrqrSetup
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname340(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSetupHost@PLT
     .size cusolverSpZcsrqrSetupHost, .-cusolverSpZcsrqrSetupHost
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname341(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSolve@PLT
     .size cusolverSpZcsrqrSolve, .-cusolverSpZcsrqrSolve
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname342(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrSolveHost@PLT
     .size cusolverSpZcsrqrSolveHost, .-cusolverSpZcsrqrSolveHost
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname343(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrZeroPivot@PLT
     .size cusolverSpZcsrqrZeroPivot, .-cusolverSpZcsrqrZeroPivot
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname344(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost@PLT
     .size cusolverSpZcsrqrZeroPivotHost, .-cusolverSpZcsrqrZeroPivotHost
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5052,7 +4722,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5065,7 +4735,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5073,7 +4743,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5081,7 +4751,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname349(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5089,7 +4759,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5097,7 +4767,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5105,7 +4775,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5414,407 +5084,187 @@ cusolverXcsrqr_dump:
 .Lname150:
     .asciz "cusolverSpCcsrbtfHost"
 .Lname151:
-    .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname152:
-    .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname153:
-    .asciz "cusolverSpCcsrcholDiag"
-.Lname154:
-    .asciz "cusolverSpCcsrcholFactor"
-.Lname155:
-    .asciz "cusolverSpCcsrcholFactorHost"
-.Lname156:
-    .asciz "cusolverSpCcsrcholSolve"
-.Lname157:
-    .asciz "cusolverSpCcsrcholSolveHost"
-.Lname158:
-    .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname159:
-    .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname160:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname161:
-    .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname162:
+.Lname152:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname163:
-    .asciz "cusolverSpCcsrluExtractHost"
-.Lname164:
+.Lname153:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname165:
-    .asciz "cusolverSpCcsrluFactorHost"
-.Lname166:
-    .asciz "cusolverSpCcsrluSolveHost"
-.Lname167:
-    .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname168:
+.Lname154:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname169:
-    .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname170:
-    .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname171:
-    .asciz "cusolverSpCcsrqrFactor"
-.Lname172:
-    .asciz "cusolverSpCcsrqrFactorHost"
-.Lname173:
-    .asciz "cusolverSpCcsrqrSetup"
-.Lname174:
-    .asciz "cusolverSpCcsrqrSetupHost"
-.Lname175:
-    .asciz "cusolverSpCcsrqrSolve"
-.Lname176:
-    .asciz "cusolverSpCcsrqrSolveHost"
-.Lname177:
-    .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname178:
-    .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname179:
+.Lname155:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname180:
+.Lname156:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname181:
-    .asciz "cusolverSpCreateCsrcholInfo"
-.Lname182:
-    .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname183:
-    .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname184:
-    .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname185:
+.Lname157:
     .asciz "cusolverSpCreateGluInfo"
-.Lname186:
+.Lname158:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname187:
+.Lname159:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname188:
+.Lname160:
     .asciz "cusolverSpCsnluFactor"
-.Lname189:
+.Lname161:
     .asciz "cusolverSpCsnluSolve"
-.Lname190:
+.Lname162:
     .asciz "cusolverSpCsymgthr"
-.Lname191:
+.Lname163:
     .asciz "cusolverSpCsymgthrHost"
-.Lname192:
+.Lname164:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname193:
-    .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname194:
-    .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname195:
-    .asciz "cusolverSpDcsrcholDiag"
-.Lname196:
-    .asciz "cusolverSpDcsrcholFactor"
-.Lname197:
-    .asciz "cusolverSpDcsrcholFactorHost"
-.Lname198:
-    .asciz "cusolverSpDcsrcholSolve"
-.Lname199:
-    .asciz "cusolverSpDcsrcholSolveHost"
-.Lname200:
-    .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname201:
-    .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname202:
+.Lname165:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname203:
-    .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname204:
+.Lname166:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname205:
-    .asciz "cusolverSpDcsrluExtractHost"
-.Lname206:
+.Lname167:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname207:
-    .asciz "cusolverSpDcsrluFactorHost"
-.Lname208:
-    .asciz "cusolverSpDcsrluSolveHost"
-.Lname209:
-    .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname210:
+.Lname168:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname211:
-    .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname212:
-    .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname213:
-    .asciz "cusolverSpDcsrqrFactor"
-.Lname214:
-    .asciz "cusolverSpDcsrqrFactorHost"
-.Lname215:
-    .asciz "cusolverSpDcsrqrSetup"
-.Lname216:
-    .asciz "cusolverSpDcsrqrSetupHost"
-.Lname217:
-    .asciz "cusolverSpDcsrqrSolve"
-.Lname218:
-    .asciz "cusolverSpDcsrqrSolveHost"
-.Lname219:
-    .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname220:
-    .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname221:
+.Lname169:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname222:
+.Lname170:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname223:
-    .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname224:
-    .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname225:
-    .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname226:
-    .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname227:
+.Lname171:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname228:
+.Lname172:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname229:
+.Lname173:
     .asciz "cusolverSpDgluAnalysis"
-.Lname230:
+.Lname174:
     .asciz "cusolverSpDgluBufferSize"
-.Lname231:
+.Lname175:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname232:
+.Lname176:
     .asciz "cusolverSpDgluFactor"
-.Lname233:
+.Lname177:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname234:
+.Lname178:
     .asciz "cusolverSpDgluReset"
-.Lname235:
+.Lname179:
     .asciz "cusolverSpDgluSetup"
-.Lname236:
+.Lname180:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname237:
+.Lname181:
     .asciz "cusolverSpDgluSolve"
-.Lname238:
+.Lname182:
     .asciz "cusolverSpDnrminf"
-.Lname239:
+.Lname183:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname240:
+.Lname184:
     .asciz "cusolverSpDsnluFactor"
-.Lname241:
+.Lname185:
     .asciz "cusolverSpDsnluSolve"
-.Lname242:
+.Lname186:
     .asciz "cusolverSpDsymgthr"
-.Lname243:
+.Lname187:
     .asciz "cusolverSpDsymgthrHost"
-.Lname244:
+.Lname188:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname245:
+.Lname189:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname246:
+.Lname190:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname247:
+.Lname191:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname248:
+.Lname192:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname249:
+.Lname193:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname250:
+.Lname194:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname251:
+.Lname195:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname252:
+.Lname196:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname253:
+.Lname197:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname254:
+.Lname198:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname255:
+.Lname199:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname256:
+.Lname200:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname257:
+.Lname201:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname258:
+.Lname202:
     .asciz "cusolverSpScsrbtfHost"
-.Lname259:
-    .asciz "cusolverSpScsrcholBufferInfo"
-.Lname260:
-    .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname261:
-    .asciz "cusolverSpScsrcholDiag"
-.Lname262:
-    .asciz "cusolverSpScsrcholFactor"
-.Lname263:
-    .asciz "cusolverSpScsrcholFactorHost"
-.Lname264:
-    .asciz "cusolverSpScsrcholSolve"
-.Lname265:
-    .asciz "cusolverSpScsrcholSolveHost"
-.Lname266:
-    .asciz "cusolverSpScsrcholZeroPivot"
-.Lname267:
-    .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname268:
+.Lname203:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname269:
-    .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname270:
+.Lname204:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname271:
-    .asciz "cusolverSpScsrluExtractHost"
-.Lname272:
+.Lname205:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname273:
-    .asciz "cusolverSpScsrluFactorHost"
-.Lname274:
-    .asciz "cusolverSpScsrluSolveHost"
-.Lname275:
-    .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname276:
+.Lname206:
     .asciz "cusolverSpScsrlucondHost"
-.Lname277:
-    .asciz "cusolverSpScsrqrBufferInfo"
-.Lname278:
-    .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname279:
-    .asciz "cusolverSpScsrqrFactor"
-.Lname280:
-    .asciz "cusolverSpScsrqrFactorHost"
-.Lname281:
-    .asciz "cusolverSpScsrqrSetup"
-.Lname282:
-    .asciz "cusolverSpScsrqrSetupHost"
-.Lname283:
-    .asciz "cusolverSpScsrqrSolve"
-.Lname284:
-    .asciz "cusolverSpScsrqrSolveHost"
-.Lname285:
-    .asciz "cusolverSpScsrqrZeroPivot"
-.Lname286:
-    .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname287:
+.Lname207:
     .asciz "cusolverSpScsrqrrcond"
-.Lname288:
+.Lname208:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname289:
+.Lname209:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname290:
+.Lname210:
     .asciz "cusolverSpSsnluFactor"
-.Lname291:
+.Lname211:
     .asciz "cusolverSpSsnluSolve"
-.Lname292:
+.Lname212:
     .asciz "cusolverSpSsymgthr"
-.Lname293:
+.Lname213:
     .asciz "cusolverSpSsymgthrHost"
-.Lname294:
+.Lname214:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname295:
+.Lname215:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname296:
-    .asciz "cusolverSpXcsrcholAnalysis"
-.Lname297:
-    .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname298:
-    .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname299:
+.Lname216:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname300:
-    .asciz "cusolverSpXcsrluNnzHost"
-.Lname301:
+.Lname217:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname302:
+.Lname218:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname303:
-    .asciz "cusolverSpXcsrqrAnalysis"
-.Lname304:
-    .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname305:
+.Lname219:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname306:
+.Lname220:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname307:
+.Lname221:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname308:
+.Lname222:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname309:
+.Lname223:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname310:
+.Lname224:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname311:
+.Lname225:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname312:
+.Lname226:
     .asciz "cusolverSpXsnluFlops"
-.Lname313:
+.Lname227:
     .asciz "cusolverSpXsnluReport"
-.Lname314:
+.Lname228:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname315:
+.Lname229:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname316:
+.Lname230:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname317:
-    .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname318:
-    .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname319:
-    .asciz "cusolverSpZcsrcholDiag"
-.Lname320:
-    .asciz "cusolverSpZcsrcholFactor"
-.Lname321:
-    .asciz "cusolverSpZcsrcholFactorHost"
-.Lname322:
-    .asciz "cusolverSpZcsrcholSolve"
-.Lname323:
-    .asciz "cusolverSpZcsrcholSolveHost"
-.Lname324:
-    .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname325:
-    .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname326:
+.Lname231:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname327:
-    .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname328:
+.Lname232:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname329:
-    .asciz "cusolverSpZcsrluExtractHost"
-.Lname330:
+.Lname233:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname331:
-    .asciz "cusolverSpZcsrluFactorHost"
-.Lname332:
-    .asciz "cusolverSpZcsrluSolveHost"
-.Lname333:
-    .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname334:
+.Lname234:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname335:
-    .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname336:
-    .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname337:
-    .asciz "cusolverSpZcsrqrFactor"
-.Lname338:
-    .asciz "cusolverSpZcsrqrFactorHost"
-.Lname339:
-    .asciz "cusolverSpZcsrqrSetup"
-.Lname340:
-    .asciz "cusolverSpZcsrqrSetupHost"
-.Lname341:
-    .asciz "cusolverSpZcsrqrSolve"
-.Lname342:
-    .asciz "cusolverSpZcsrqrSolveHost"
-.Lname343:
-    .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname344:
-    .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname345:
+.Lname235:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname346:
+.Lname236:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname347:
+.Lname237:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname348:
+.Lname238:
     .asciz "cusolverSpZsnluFactor"
-.Lname349:
+.Lname239:
     .asciz "cusolverSpZsnluSolve"
-.Lname350:
+.Lname240:
     .asciz "cusolverSpZsymgthr"
-.Lname351:
+.Lname241:
     .asciz "cusolverSpZsymgthrHost"
-.Lname352:
+.Lname242:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -861,6 +861,61 @@ impl Backend for Emulated {
                     SUCCESS
                 }
                 ("cusolver", "cusolverSpXcsrpermHost") => permute_csr(a),
+                // The low-level Cholesky's CPU path for diagonal matrices: enough to see the
+                // program's host arrays reach the library at its own addresses (the worker
+                // mirrors them) and the workspace keep the factor from Factor to Solve.
+                ("cusolver", "cusolverSpCreateCsrcholInfoHost") => {
+                    let h = self.state().handle();
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverSpDestroyCsrcholInfoHost") => SUCCESS,
+                ("cusolver", "cusolverSpXcsrcholAnalysisHost") => SUCCESS,
+                ("cusolver", "cusolverSpDcsrcholBufferInfoHost") => {
+                    let n = a[1] as i32;
+                    if n <= 0 {
+                        return Ok(3);
+                    }
+                    put_u64(a[8], 64);
+                    put_u64(a[9], 8 * n as u64);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverSpDcsrcholFactorHost") => {
+                    // L = sqrt(A) of a diagonal A (one entry per row), into the workspace.
+                    let n = a[1] as i32;
+                    let mut values = vec![0u8; 8 * n.max(0) as usize];
+                    if n <= 0 || !chidori_protocol::mirror::read_own(a[4], &mut values) {
+                        return Ok(3);
+                    }
+                    let l: Vec<u8> = values
+                        .chunks_exact(8)
+                        .flat_map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()).sqrt().to_le_bytes())
+                        .collect();
+                    if chidori_protocol::mirror::write_own(a[8], &l) { SUCCESS } else { 3 }
+                }
+                ("cusolver", "cusolverSpDcsrcholZeroPivotHost") => {
+                    put_u32(a[3], u32::MAX);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverSpDcsrcholSolveHost") => {
+                    // x = b / (L L^T) with the L the workspace kept.
+                    let n = a[1] as i32;
+                    let bytes = 8 * n.max(0) as usize;
+                    let (mut b, mut l) = (vec![0u8; bytes], vec![0u8; bytes]);
+                    if n <= 0
+                        || !chidori_protocol::mirror::read_own(a[2], &mut b)
+                        || !chidori_protocol::mirror::read_own(a[5], &mut l)
+                    {
+                        return Ok(3);
+                    }
+                    let f = |c: &[u8]| f64::from_le_bytes(c.try_into().unwrap_or_default());
+                    let x: Vec<u8> = b
+                        .chunks_exact(8)
+                        .zip(l.chunks_exact(8))
+                        .flat_map(|(b, l)| (f(b) / (f(l) * f(l))).to_le_bytes())
+                        .collect();
+                    if chidori_protocol::mirror::write_own(a[3], &x) { SUCCESS } else { 3 }
+                }
                 ("cudnn", "cudnnBackendCreateDescriptor") => {
                     let mut s = self.state();
                     let h = s.handle();

@@ -255,13 +255,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -283,13 +283,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -305,7 +305,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -315,7 +315,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -350,13 +350,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -372,7 +372,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
@@ -716,13 +716,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -744,13 +744,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -766,7 +766,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -776,7 +776,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -811,13 +811,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -833,7 +833,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
@@ -1186,13 +1186,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -1214,13 +1214,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -1236,7 +1236,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1246,7 +1246,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1281,13 +1281,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -1303,7 +1303,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
@@ -1656,13 +1656,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -1684,13 +1684,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -1706,7 +1706,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1716,7 +1716,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1756,13 +1756,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -1778,7 +1778,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
@@ -2131,13 +2131,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -2159,13 +2159,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -2181,7 +2181,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2191,7 +2191,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2231,13 +2231,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -2253,7 +2253,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
@@ -2612,13 +2612,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -2640,13 +2640,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: None,
                     written: false,
                 },
@@ -2662,7 +2662,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 45u16,
+                    kind: 49u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2672,7 +2672,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 53u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2712,13 +2712,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 101u16,
+                    kind: 105u16,
                     when: None,
                     written: true,
                 },
@@ -2734,7 +2734,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 99u16,
+                    kind: 103u16,
                     when: None,
                     written: true,
                 },

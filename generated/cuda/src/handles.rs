@@ -35,10 +35,14 @@ pub static KINDS: &[&str] = &[
     "bsrilu02Info",
     "bsrsm2Info",
     "bsrsv2Info",
+    "csrcholInfo",
+    "csrcholInfoHost",
     "csrgemm2Info",
     "csric02Info",
     "csrilu02Info",
+    "csrluInfoHost",
     "csrqrInfo",
+    "csrqrInfoHost",
     "csrsm2Info",
     "csrsv2Info",
     "csru2csrInfo",
@@ -113,20 +117,20 @@ pub static KINDS: &[&str] = &[
 ];
 /// (kind, other): a parameter of `kind` also takes a live handle of `other`.
 pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[
-    (45u16, 0u16),
-    (49u16, 20u16),
-    (0u16, 45u16),
+    (49u16, 0u16),
+    (53u16, 20u16),
+    (0u16, 49u16),
     (9u16, 15u16),
-    (20u16, 49u16),
-    (38u16, 37u16),
+    (20u16, 53u16),
+    (42u16, 41u16),
 ];
 /// Kinds of which NULL is never a handle (`never_null` in the specs).
 pub static NEVER_NULL: &[HandleKind] = &[
-    37u16, 38u16, 40u16, 41u16, 43u16, 53u16, 55u16, 56u16, 57u16, 60u16, 61u16, 62u16,
-    63u16, 64u16, 66u16, 68u16, 69u16, 72u16, 74u16, 98u16, 99u16, 101u16, 102u16, 76u16,
-    26u16, 27u16, 28u16, 29u16, 30u16, 31u16, 32u16, 34u16, 35u16, 36u16, 83u16, 84u16,
-    85u16, 86u16, 87u16, 88u16, 89u16, 90u16, 91u16, 92u16, 93u16, 103u16, 77u16, 78u16,
-    79u16, 82u16, 94u16, 104u16, 95u16,
+    41u16, 42u16, 44u16, 45u16, 47u16, 57u16, 59u16, 60u16, 61u16, 64u16, 65u16, 66u16,
+    67u16, 68u16, 70u16, 72u16, 73u16, 76u16, 78u16, 102u16, 103u16, 105u16, 106u16,
+    80u16, 26u16, 27u16, 28u16, 29u16, 32u16, 33u16, 34u16, 38u16, 39u16, 40u16, 87u16,
+    88u16, 89u16, 90u16, 91u16, 92u16, 93u16, 94u16, 95u16, 96u16, 97u16, 107u16, 81u16,
+    82u16, 83u16, 86u16, 98u16, 108u16, 99u16,
 ];
 pub mod kind {
     use super::HandleKind;
@@ -160,79 +164,83 @@ pub mod kind {
     pub const bsrilu02Info: HandleKind = 27u16;
     pub const bsrsm2Info: HandleKind = 28u16;
     pub const bsrsv2Info: HandleKind = 29u16;
-    pub const csrgemm2Info: HandleKind = 30u16;
-    pub const csric02Info: HandleKind = 31u16;
-    pub const csrilu02Info: HandleKind = 32u16;
-    pub const csrqrInfo: HandleKind = 33u16;
-    pub const csrsm2Info: HandleKind = 34u16;
-    pub const csrsv2Info: HandleKind = 35u16;
-    pub const csru2csrInfo: HandleKind = 36u16;
-    pub const cublasContext: HandleKind = 37u16;
-    pub const cublasLtContext: HandleKind = 38u16;
-    pub const cublasLtEmulationDescOpaque_t: HandleKind = 39u16;
-    pub const cublasLtMatmulDescOpaque_t: HandleKind = 40u16;
-    pub const cublasLtMatmulPreferenceOpaque_t: HandleKind = 41u16;
-    pub const cublasLtMatrixLayoutOpaque_t: HandleKind = 42u16;
-    pub const cublasLtMatrixTransformDescOpaque_t: HandleKind = 43u16;
-    pub const cublasXtContext: HandleKind = 44u16;
-    pub const cudaArray: HandleKind = 45u16;
-    pub const cudaAsyncCallbackEntry: HandleKind = 46u16;
-    pub const cudaExecutionContext_st: HandleKind = 47u16;
-    pub const cudaGraphicsResource: HandleKind = 48u16;
-    pub const cudaMipmappedArray: HandleKind = 49u16;
-    pub const cudnnActivationStruct: HandleKind = 50u16;
-    pub const cudnnAlgorithmPerformanceStruct: HandleKind = 51u16;
-    pub const cudnnAlgorithmStruct: HandleKind = 52u16;
-    pub const cudnnAttnStruct: HandleKind = 53u16;
-    pub const cudnnBackendDescriptor_t: HandleKind = 54u16;
-    pub const cudnnCTCLossStruct: HandleKind = 55u16;
-    pub const cudnnContext: HandleKind = 56u16;
-    pub const cudnnConvolutionStruct: HandleKind = 57u16;
-    pub const cudnnDropoutStruct: HandleKind = 58u16;
-    pub const cudnnFilterStruct: HandleKind = 59u16;
-    pub const cudnnFusedOpsConstParamStruct: HandleKind = 60u16;
-    pub const cudnnFusedOpsPlanStruct: HandleKind = 61u16;
-    pub const cudnnFusedOpsVariantParamStruct: HandleKind = 62u16;
-    pub const cudnnLRNStruct: HandleKind = 63u16;
-    pub const cudnnOpTensorStruct: HandleKind = 64u16;
-    pub const cudnnPersistentRNNPlan: HandleKind = 65u16;
-    pub const cudnnPoolingStruct: HandleKind = 66u16;
-    pub const cudnnRNNDataStruct: HandleKind = 67u16;
-    pub const cudnnRNNStruct: HandleKind = 68u16;
-    pub const cudnnReduceTensorStruct: HandleKind = 69u16;
-    pub const cudnnRuntimeTag_t: HandleKind = 70u16;
-    pub const cudnnSeqDataStruct: HandleKind = 71u16;
-    pub const cudnnSpatialTransformerStruct: HandleKind = 72u16;
-    pub const cudnnTensorStruct: HandleKind = 73u16;
-    pub const cudnnTensorTransformStruct: HandleKind = 74u16;
-    pub const curandDiscreteDistribution_st: HandleKind = 75u16;
-    pub const curandGenerator_st: HandleKind = 76u16;
-    pub const cusolverDnContext: HandleKind = 77u16;
-    pub const cusolverDnIRSInfos: HandleKind = 78u16;
-    pub const cusolverDnIRSParams: HandleKind = 79u16;
-    pub const cusolverDnParams: HandleKind = 80u16;
-    pub const cusolverRfCommon: HandleKind = 81u16;
-    pub const cusolverSpContext: HandleKind = 82u16;
-    pub const cusparseColorInfo: HandleKind = 83u16;
-    pub const cusparseContext: HandleKind = 84u16;
-    pub const cusparseDnMatDescr: HandleKind = 85u16;
-    pub const cusparseDnVecDescr: HandleKind = 86u16;
-    pub const cusparseMatDescr: HandleKind = 87u16;
-    pub const cusparseSpGEMMDescr: HandleKind = 88u16;
-    pub const cusparseSpMMOpPlan: HandleKind = 89u16;
-    pub const cusparseSpMatDescr: HandleKind = 90u16;
-    pub const cusparseSpSMDescr: HandleKind = 91u16;
-    pub const cusparseSpSVDescr: HandleKind = 92u16;
-    pub const cusparseSpVecDescr: HandleKind = 93u16;
-    pub const gesvdjInfo: HandleKind = 94u16;
-    pub const ncclComm: HandleKind = 95u16;
-    pub const ncclWindow: HandleKind = 96u16;
-    pub const ncclWindow_vidmem: HandleKind = 97u16;
-    pub const nvmlComputeInstance_st: HandleKind = 98u16;
-    pub const nvmlDevice_st: HandleKind = 99u16;
-    pub const nvmlGpmSample_st: HandleKind = 100u16;
-    pub const nvmlGpuInstance_st: HandleKind = 101u16;
-    pub const nvmlUnit_st: HandleKind = 102u16;
-    pub const pruneInfo: HandleKind = 103u16;
-    pub const syevjInfo: HandleKind = 104u16;
+    pub const csrcholInfo: HandleKind = 30u16;
+    pub const csrcholInfoHost: HandleKind = 31u16;
+    pub const csrgemm2Info: HandleKind = 32u16;
+    pub const csric02Info: HandleKind = 33u16;
+    pub const csrilu02Info: HandleKind = 34u16;
+    pub const csrluInfoHost: HandleKind = 35u16;
+    pub const csrqrInfo: HandleKind = 36u16;
+    pub const csrqrInfoHost: HandleKind = 37u16;
+    pub const csrsm2Info: HandleKind = 38u16;
+    pub const csrsv2Info: HandleKind = 39u16;
+    pub const csru2csrInfo: HandleKind = 40u16;
+    pub const cublasContext: HandleKind = 41u16;
+    pub const cublasLtContext: HandleKind = 42u16;
+    pub const cublasLtEmulationDescOpaque_t: HandleKind = 43u16;
+    pub const cublasLtMatmulDescOpaque_t: HandleKind = 44u16;
+    pub const cublasLtMatmulPreferenceOpaque_t: HandleKind = 45u16;
+    pub const cublasLtMatrixLayoutOpaque_t: HandleKind = 46u16;
+    pub const cublasLtMatrixTransformDescOpaque_t: HandleKind = 47u16;
+    pub const cublasXtContext: HandleKind = 48u16;
+    pub const cudaArray: HandleKind = 49u16;
+    pub const cudaAsyncCallbackEntry: HandleKind = 50u16;
+    pub const cudaExecutionContext_st: HandleKind = 51u16;
+    pub const cudaGraphicsResource: HandleKind = 52u16;
+    pub const cudaMipmappedArray: HandleKind = 53u16;
+    pub const cudnnActivationStruct: HandleKind = 54u16;
+    pub const cudnnAlgorithmPerformanceStruct: HandleKind = 55u16;
+    pub const cudnnAlgorithmStruct: HandleKind = 56u16;
+    pub const cudnnAttnStruct: HandleKind = 57u16;
+    pub const cudnnBackendDescriptor_t: HandleKind = 58u16;
+    pub const cudnnCTCLossStruct: HandleKind = 59u16;
+    pub const cudnnContext: HandleKind = 60u16;
+    pub const cudnnConvolutionStruct: HandleKind = 61u16;
+    pub const cudnnDropoutStruct: HandleKind = 62u16;
+    pub const cudnnFilterStruct: HandleKind = 63u16;
+    pub const cudnnFusedOpsConstParamStruct: HandleKind = 64u16;
+    pub const cudnnFusedOpsPlanStruct: HandleKind = 65u16;
+    pub const cudnnFusedOpsVariantParamStruct: HandleKind = 66u16;
+    pub const cudnnLRNStruct: HandleKind = 67u16;
+    pub const cudnnOpTensorStruct: HandleKind = 68u16;
+    pub const cudnnPersistentRNNPlan: HandleKind = 69u16;
+    pub const cudnnPoolingStruct: HandleKind = 70u16;
+    pub const cudnnRNNDataStruct: HandleKind = 71u16;
+    pub const cudnnRNNStruct: HandleKind = 72u16;
+    pub const cudnnReduceTensorStruct: HandleKind = 73u16;
+    pub const cudnnRuntimeTag_t: HandleKind = 74u16;
+    pub const cudnnSeqDataStruct: HandleKind = 75u16;
+    pub const cudnnSpatialTransformerStruct: HandleKind = 76u16;
+    pub const cudnnTensorStruct: HandleKind = 77u16;
+    pub const cudnnTensorTransformStruct: HandleKind = 78u16;
+    pub const curandDiscreteDistribution_st: HandleKind = 79u16;
+    pub const curandGenerator_st: HandleKind = 80u16;
+    pub const cusolverDnContext: HandleKind = 81u16;
+    pub const cusolverDnIRSInfos: HandleKind = 82u16;
+    pub const cusolverDnIRSParams: HandleKind = 83u16;
+    pub const cusolverDnParams: HandleKind = 84u16;
+    pub const cusolverRfCommon: HandleKind = 85u16;
+    pub const cusolverSpContext: HandleKind = 86u16;
+    pub const cusparseColorInfo: HandleKind = 87u16;
+    pub const cusparseContext: HandleKind = 88u16;
+    pub const cusparseDnMatDescr: HandleKind = 89u16;
+    pub const cusparseDnVecDescr: HandleKind = 90u16;
+    pub const cusparseMatDescr: HandleKind = 91u16;
+    pub const cusparseSpGEMMDescr: HandleKind = 92u16;
+    pub const cusparseSpMMOpPlan: HandleKind = 93u16;
+    pub const cusparseSpMatDescr: HandleKind = 94u16;
+    pub const cusparseSpSMDescr: HandleKind = 95u16;
+    pub const cusparseSpSVDescr: HandleKind = 96u16;
+    pub const cusparseSpVecDescr: HandleKind = 97u16;
+    pub const gesvdjInfo: HandleKind = 98u16;
+    pub const ncclComm: HandleKind = 99u16;
+    pub const ncclWindow: HandleKind = 100u16;
+    pub const ncclWindow_vidmem: HandleKind = 101u16;
+    pub const nvmlComputeInstance_st: HandleKind = 102u16;
+    pub const nvmlDevice_st: HandleKind = 103u16;
+    pub const nvmlGpmSample_st: HandleKind = 104u16;
+    pub const nvmlGpuInstance_st: HandleKind = 105u16;
+    pub const nvmlUnit_st: HandleKind = 106u16;
+    pub const pruneInfo: HandleKind = 107u16;
+    pub const syevjInfo: HandleKind = 108u16;
 }
