@@ -5244,6 +5244,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLogsCurrent(
         ) as u32
     }
 }
+///`cudaLogsDumpToMemory` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLogsDumpToMemory(
+    iterator: *mut c_void,
+    buffer: *mut c_void,
+    size: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaLogsDumpToMemory,
+            &[
+                (iterator) as usize as u64,
+                (buffer) as usize as u64,
+                (size) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaLogsUnregisterCallback` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLogsUnregisterCallback(

@@ -5203,6 +5203,26 @@ pub unsafe extern "C" fn __chidori_driver_cuLogsCurrent(
         ) as u32
     }
 }
+///`cuLogsDumpToMemory` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogsDumpToMemory(
+    iterator: *mut c_void,
+    buffer: *mut c_void,
+    size: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogsDumpToMemory,
+            &[
+                (iterator) as usize as u64,
+                (buffer) as usize as u64,
+                (size) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuLogsUnregisterCallback` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLogsUnregisterCallback(

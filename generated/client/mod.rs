@@ -846,6 +846,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuLinkDestroy" => Some(driver::__chidori_driver_cuLinkDestroy as *const c_void),
         "cuLogsCurrent" => Some(driver::__chidori_driver_cuLogsCurrent as *const c_void),
+        "cuLogsDumpToMemory" => {
+            Some(driver::__chidori_driver_cuLogsDumpToMemory as *const c_void)
+        }
         "cuLogsUnregisterCallback" => {
             Some(driver::__chidori_driver_cuLogsUnregisterCallback as *const c_void)
         }

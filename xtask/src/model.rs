@@ -956,7 +956,7 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind: kind.clone(), destroy: false },
                 other => bail!("{}: `in` does not fit {other:?}", p.name),
             },
-            ParamSpec::Out | ParamSpec::OptOut | ParamSpec::InOut => {
+            ParamSpec::Out | ParamSpec::OptOut | ParamSpec::InOut | ParamSpec::OptInOut => {
                 if !is_ptr && !matches!(kind, Kind::Handle { .. }) {
                     bail!("{}: `out` needs a pointer", p.name);
                 }
@@ -966,8 +966,9 @@ fn classify(
                     return Ok(Ok(Wire::OutHandle { kind: h.clone(), named: false }));
                 }
                 let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
-                let dir = if *s == ParamSpec::InOut { Dir::InOut } else { Dir::Out };
-                Wire::Buf { dir, elem, len: None, record: record_of(&ty), optional: *s == ParamSpec::OptOut }
+                let dir = if matches!(s, ParamSpec::InOut | ParamSpec::OptInOut) { Dir::InOut } else { Dir::Out };
+                let optional = matches!(s, ParamSpec::OptOut | ParamSpec::OptInOut);
+                Wire::Buf { dir, elem, len: None, record: record_of(&ty), optional }
             }
             ParamSpec::Device => match kind {
                 Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,

@@ -80,7 +80,8 @@
 //! output of a call sent without waiting: the worker passes a buffer of its own),
 //! `sized_scratch` (a host workspace only an earlier query sizes: custom code sends its byte
 //! count in the argument word; the worker passes a buffer of that size), `out?` (one
-//! output the API lets be NULL: NULL stays NULL; plain `out` at NULL gets a buffer), `destroy`
+//! output the API lets be NULL: NULL stays NULL; plain `out` at NULL gets a buffer; `inout?`
+//! likewise for a value read and written), `destroy`
 //! (a handle released by the call), `named` (a handle the call creates, named by the client so
 //! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
@@ -331,6 +332,9 @@ pub enum ParamSpec {
     /// library refuses a buffer (cuDNN's bAddr without a bDesc). Plain `out` at NULL gets a
     /// buffer no one reads.
     OptOut,
+    /// `inout?`: one value read and written, which the API lets be NULL with a meaning of its
+    /// own (a log iterator: NULL dumps every log); NULL stays NULL.
+    OptInOut,
     /// An output the worker writes into a buffer of its own and no one reads.
     Scratch,
     /// `sized_scratch`: a host workspace only an earlier size query sizes; custom code sends
@@ -408,6 +412,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         "in" => Some(ParamSpec::In),
         "out" => Some(ParamSpec::Out),
         "out?" => Some(ParamSpec::OptOut),
+        "inout?" => Some(ParamSpec::OptInOut),
         "inout" => Some(ParamSpec::InOut),
         "device" => Some(ParamSpec::Device),
         "value" => Some(ParamSpec::Value),
@@ -615,6 +620,7 @@ mod tests {
     fn parameter_kinds_parse() {
         assert_eq!(parse_param("out").unwrap(), ParamSpec::Out);
         assert_eq!(parse_param("out?").unwrap(), ParamSpec::OptOut);
+        assert_eq!(parse_param("inout?").unwrap(), ParamSpec::OptInOut);
         assert_eq!(parse_param("in[rank]?").unwrap(), ParamSpec::OptInBuf(LenExpr::Param("rank".into())));
         assert!(parse_param("out[rank]?").is_err(), "only inputs may be NULL");
         assert_eq!(

@@ -465,6 +465,10 @@ fn null_buffers_follow_the_api() {
     // A single output at NULL: written into a buffer no one reads.
     let out = desc(vec![Wire::Buf { dir: Dir::Out, elem: 8, len: None, record: None, optional: false }]);
     assert_eq!(decode(out, &[0], &[NULL_LEN], &[], tables), Ok(vec![Arg::Buf(BufArg::Discarded { bytes: Some(8) })]));
+    // A single value read and written that the API lets be NULL (`inout?`: a log iterator):
+    // NULL stays NULL.
+    let opt = desc(vec![Wire::Buf { dir: Dir::InOut, elem: 4, len: None, record: None, optional: true }]);
+    assert_eq!(decode(opt, &[0], &[NULL_LEN], &[], tables), Ok(vec![Arg::Buf(BufArg::Absent)]));
     // A single optional input at NULL: passed as NULL.
     let input = desc(vec![Wire::Buf { dir: Dir::In, elem: 8, len: None, record: None, optional: false }]);
     assert_eq!(decode(input, &[0], &[NULL_LEN], &[], tables), Ok(vec![Arg::Buf(BufArg::Absent)]));
