@@ -132,6 +132,58 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationForward__cu126(
         ) as u32
     }
 }
+///`cudnnAddTensor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnAddTensor__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnAddTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnAddTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnAddTensor__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnAddTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnAdvInferVersionCheck` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvInferVersionCheck() -> u32 {
@@ -556,6 +608,106 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendUpdateCudaGraph(
                 (executionPlan) as usize as u64,
                 (variantPack) as usize as u64,
                 (graph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackward__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    dBnScaleBiasDesc: *mut c_void,
+    bnScale: *mut c_void,
+    dBnScaleResult: *mut c_void,
+    dBnBiasResult: *mut c_void,
+    epsilon: f64,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dBnScaleBiasDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (dBnScaleResult) as usize as u64,
+                (dBnBiasResult) as usize as u64,
+                (epsilon).to_bits(),
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackward__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    dBnScaleBiasDesc: *mut c_void,
+    bnScale: *mut c_void,
+    dBnScaleResult: *mut c_void,
+    dBnBiasResult: *mut c_void,
+    epsilon: f64,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dBnScaleBiasDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (dBnScaleResult) as usize as u64,
+                (dBnBiasResult) as usize as u64,
+                (epsilon).to_bits(),
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
             ],
         ) as u32
     }
@@ -1134,6 +1286,58 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCnnVersionCheck() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnCnnVersionCheck, &[])
             as u32
+    }
+}
+///`cudnnConvolutionBackwardBias` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardBias__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    beta: *mut c_void,
+    dbDesc: *mut c_void,
+    db: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardBias__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (beta) as usize as u64,
+                (dbDesc) as usize as u64,
+                (db) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBackwardBias` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardBias__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    beta: *mut c_void,
+    dbDesc: *mut c_void,
+    db: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardBias__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (beta) as usize as u64,
+                (dbDesc) as usize as u64,
+                (db) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnConvolutionBackwardData` for CUDA 11.8, 12.1 (async).
@@ -2609,6 +2813,158 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__
         ) as u32
     }
 }
+///`cudnnDivisiveNormalizationBackward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu118(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    means: *mut c_void,
+    dy: *mut c_void,
+    temp: *mut c_void,
+    temp2: *mut c_void,
+    beta: *mut c_void,
+    dXdMeansDesc: *mut c_void,
+    dx: *mut c_void,
+    dMeans: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDivisiveNormalizationBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (means) as usize as u64,
+                (dy) as usize as u64,
+                (temp) as usize as u64,
+                (temp2) as usize as u64,
+                (beta) as usize as u64,
+                (dXdMeansDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dMeans) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDivisiveNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu126(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    means: *mut c_void,
+    dy: *mut c_void,
+    temp: *mut c_void,
+    temp2: *mut c_void,
+    beta: *mut c_void,
+    dXdMeansDesc: *mut c_void,
+    dx: *mut c_void,
+    dMeans: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDivisiveNormalizationBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (means) as usize as u64,
+                (dy) as usize as u64,
+                (temp) as usize as u64,
+                (temp2) as usize as u64,
+                (beta) as usize as u64,
+                (dXdMeansDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dMeans) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDivisiveNormalizationForward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationForward__cu118(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    means: *mut c_void,
+    temp: *mut c_void,
+    temp2: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDivisiveNormalizationForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (means) as usize as u64,
+                (temp) as usize as u64,
+                (temp2) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDivisiveNormalizationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationForward__cu126(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    means: *mut c_void,
+    temp: *mut c_void,
+    temp2: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDivisiveNormalizationForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (means) as usize as u64,
+                (temp) as usize as u64,
+                (temp2) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnDropoutBackward` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutBackward__cu118(
@@ -2773,6 +3129,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetStatesSize__cu126(
         ) as u32
     }
 }
+///`cudnnFindConvolutionBackwardDataAlgorithm` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithm__cu118(
+    handle: *mut c_void,
+    wDesc: *mut c_void,
+    dyDesc: *mut c_void,
+    convDesc: *mut c_void,
+    dxDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardDataAlgorithm__cu118,
+            &[
+                (handle) as usize as u64,
+                (wDesc) as usize as u64,
+                (dyDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (dxDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardDataAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithm__cu126(
+    handle: *mut c_void,
+    wDesc: *mut c_void,
+    dyDesc: *mut c_void,
+    convDesc: *mut c_void,
+    dxDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardDataAlgorithm__cu126,
+            &[
+                (handle) as usize as u64,
+                (wDesc) as usize as u64,
+                (dyDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (dxDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnFindConvolutionBackwardDataAlgorithmEx` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118(
@@ -2845,6 +3257,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorit
                 (perfResults) as usize as u64,
                 (workSpace) as usize as u64,
                 (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardFilterAlgorithm` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithm__cu118(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    dyDesc: *mut c_void,
+    convDesc: *mut c_void,
+    dwDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardFilterAlgorithm__cu118,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (dyDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (dwDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardFilterAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithm__cu126(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    dyDesc: *mut c_void,
+    convDesc: *mut c_void,
+    dwDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardFilterAlgorithm__cu126,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (dyDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (dwDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
             ],
         ) as u32
     }
@@ -2925,6 +3393,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgor
         ) as u32
     }
 }
+///`cudnnFindConvolutionForwardAlgorithm` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__cu118(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    wDesc: *mut c_void,
+    convDesc: *mut c_void,
+    yDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionForwardAlgorithm__cu118,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (wDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionForwardAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__cu126(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    wDesc: *mut c_void,
+    convDesc: *mut c_void,
+    yDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionForwardAlgorithm__cu126,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (wDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnFindConvolutionForwardAlgorithmEx` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu118(
@@ -2997,6 +3521,250 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx_
                 (perfResults) as usize as u64,
                 (workSpace) as usize as u64,
                 (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindRNNBackwardDataAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindRNNBackwardDataAlgorithmEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    dhyDesc: *mut c_void,
+    dhy: *mut c_void,
+    dcyDesc: *mut c_void,
+    dcy: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    dhxDesc: *mut c_void,
+    dhx: *mut c_void,
+    dcxDesc: *mut c_void,
+    dcx: *mut c_void,
+    findIntensity: f32,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindRNNBackwardDataAlgorithmEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (dhyDesc) as usize as u64,
+                (dhy) as usize as u64,
+                (dcyDesc) as usize as u64,
+                (dcy) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dhxDesc) as usize as u64,
+                (dhx) as usize as u64,
+                (dcxDesc) as usize as u64,
+                (dcx) as usize as u64,
+                (findIntensity).to_bits() as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindRNNBackwardWeightsAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindRNNBackwardWeightsAlgorithmEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    findIntensity: f32,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindRNNBackwardWeightsAlgorithmEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (findIntensity).to_bits() as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindRNNForwardInferenceAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindRNNForwardInferenceAlgorithmEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    findIntensity: f32,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindRNNForwardInferenceAlgorithmEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (findIntensity).to_bits() as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindRNNForwardTrainingAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindRNNForwardTrainingAlgorithmEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    findIntensity: f32,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindRNNForwardTrainingAlgorithmEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (findIntensity).to_bits() as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
             ],
         ) as u32
     }
@@ -3103,6 +3871,19 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetActivationDescriptorSwishBeta__
         ) as u32
     }
 }
+///`cudnnGetAlgorithmDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAlgorithmDescriptor(
+    algoDesc: *mut c_void,
+    algorithm: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetAlgorithmDescriptor,
+            &[(algoDesc) as usize as u64, (algorithm) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudnnGetAlgorithmPerformance` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAlgorithmPerformance(
@@ -3139,6 +3920,110 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAlgorithmSpaceSize(
                 (handle) as usize as u64,
                 (algoDesc) as usize as u64,
                 (algoSpaceSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetAttnDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAttnDescriptor__cu118(
+    attnDesc: *mut c_void,
+    attnMode: *mut c_void,
+    nHeads: *mut c_void,
+    smScaler: *mut c_void,
+    dataType: *mut c_void,
+    computePrec: *mut c_void,
+    mathType: *mut c_void,
+    attnDropoutDesc: *mut c_void,
+    postDropoutDesc: *mut c_void,
+    qSize: *mut c_void,
+    kSize: *mut c_void,
+    vSize: *mut c_void,
+    qProjSize: *mut c_void,
+    kProjSize: *mut c_void,
+    vProjSize: *mut c_void,
+    oProjSize: *mut c_void,
+    qoMaxSeqLength: *mut c_void,
+    kvMaxSeqLength: *mut c_void,
+    maxBatchSize: *mut c_void,
+    maxBeamSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetAttnDescriptor__cu118,
+            &[
+                (attnDesc) as usize as u64,
+                (attnMode) as usize as u64,
+                (nHeads) as usize as u64,
+                (smScaler) as usize as u64,
+                (dataType) as usize as u64,
+                (computePrec) as usize as u64,
+                (mathType) as usize as u64,
+                (attnDropoutDesc) as usize as u64,
+                (postDropoutDesc) as usize as u64,
+                (qSize) as usize as u64,
+                (kSize) as usize as u64,
+                (vSize) as usize as u64,
+                (qProjSize) as usize as u64,
+                (kProjSize) as usize as u64,
+                (vProjSize) as usize as u64,
+                (oProjSize) as usize as u64,
+                (qoMaxSeqLength) as usize as u64,
+                (kvMaxSeqLength) as usize as u64,
+                (maxBatchSize) as usize as u64,
+                (maxBeamSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAttnDescriptor__cu126(
+    attnDesc: *mut c_void,
+    attnMode: *mut c_void,
+    nHeads: *mut c_void,
+    smScaler: *mut c_void,
+    dataType: *mut c_void,
+    computePrec: *mut c_void,
+    mathType: *mut c_void,
+    attnDropoutDesc: *mut c_void,
+    postDropoutDesc: *mut c_void,
+    qSize: *mut c_void,
+    kSize: *mut c_void,
+    vSize: *mut c_void,
+    qProjSize: *mut c_void,
+    kProjSize: *mut c_void,
+    vProjSize: *mut c_void,
+    oProjSize: *mut c_void,
+    qoMaxSeqLength: *mut c_void,
+    kvMaxSeqLength: *mut c_void,
+    maxBatchSize: *mut c_void,
+    maxBeamSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetAttnDescriptor__cu126,
+            &[
+                (attnDesc) as usize as u64,
+                (attnMode) as usize as u64,
+                (nHeads) as usize as u64,
+                (smScaler) as usize as u64,
+                (dataType) as usize as u64,
+                (computePrec) as usize as u64,
+                (mathType) as usize as u64,
+                (attnDropoutDesc) as usize as u64,
+                (postDropoutDesc) as usize as u64,
+                (qSize) as usize as u64,
+                (kSize) as usize as u64,
+                (vSize) as usize as u64,
+                (qProjSize) as usize as u64,
+                (kProjSize) as usize as u64,
+                (vProjSize) as usize as u64,
+                (oProjSize) as usize as u64,
+                (qoMaxSeqLength) as usize as u64,
+                (kvMaxSeqLength) as usize as u64,
+                (maxBatchSize) as usize as u64,
+                (maxBeamSize) as usize as u64,
             ],
         ) as u32
     }
@@ -3381,6 +4266,72 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptorEx__cu126(
                 (compType) as usize as u64,
                 (normMode) as usize as u64,
                 (gradMode) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetCTCLossDescriptor_v8` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu118(
+    ctcLossDesc: *mut c_void,
+    compType: *mut c_void,
+    normMode: *mut c_void,
+    gradMode: *mut c_void,
+    maxLabelLength: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetCTCLossDescriptor_v8__cu118,
+            &[
+                (ctcLossDesc) as usize as u64,
+                (compType) as usize as u64,
+                (normMode) as usize as u64,
+                (gradMode) as usize as u64,
+                (maxLabelLength) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu126(
+    ctcLossDesc: *mut c_void,
+    compType: *mut c_void,
+    normMode: *mut c_void,
+    gradMode: *mut c_void,
+    maxLabelLength: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetCTCLossDescriptor_v8__cu126,
+            &[
+                (ctcLossDesc) as usize as u64,
+                (compType) as usize as u64,
+                (normMode) as usize as u64,
+                (gradMode) as usize as u64,
+                (maxLabelLength) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v9(
+    ctcLossDesc: *mut c_void,
+    compType: *mut c_void,
+    normMode: *mut c_void,
+    ctcGradMode: *mut c_void,
+    maxLabelLength: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetCTCLossDescriptor_v9,
+            &[
+                (ctcLossDesc) as usize as u64,
+                (compType) as usize as u64,
+                (normMode) as usize as u64,
+                (ctcGradMode) as usize as u64,
+                (maxLabelLength) as usize as u64,
             ],
         ) as u32
     }
@@ -3999,6 +4950,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionMathType__cu126(
         ) as u32
     }
 }
+///`cudnnGetConvolutionNdDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu118(
+    convDesc: *mut c_void,
+    arrayLengthRequested: i32,
+    arrayLength: *mut c_void,
+    padA: *mut c_void,
+    strideA: *mut c_void,
+    dilationA: *mut c_void,
+    mode: *mut c_void,
+    computeType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionNdDescriptor__cu118,
+            &[
+                (convDesc) as usize as u64,
+                (arrayLengthRequested) as i64 as u64,
+                (arrayLength) as usize as u64,
+                (padA) as usize as u64,
+                (strideA) as usize as u64,
+                (dilationA) as usize as u64,
+                (mode) as usize as u64,
+                (computeType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu126(
+    convDesc: *mut c_void,
+    arrayLengthRequested: i32,
+    arrayLength: *mut c_void,
+    padA: *mut c_void,
+    strideA: *mut c_void,
+    dilationA: *mut c_void,
+    mode: *mut c_void,
+    computeType: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionNdDescriptor__cu126,
+            &[
+                (convDesc) as usize as u64,
+                (arrayLengthRequested) as i64 as u64,
+                (arrayLength) as usize as u64,
+                (padA) as usize as u64,
+                (strideA) as usize as u64,
+                (dilationA) as usize as u64,
+                (mode) as usize as u64,
+                (computeType) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetConvolutionNdForwardOutputDim` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdForwardOutputDim__cu118(
@@ -4454,6 +5461,102 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMaxDeviceVersion__cu126() -> us
             &chidori_cuda::calls::cudnn::cudnnGetMaxDeviceVersion__cu126,
             &[],
         ) as usize
+    }
+}
+///`cudnnGetMultiHeadAttnBuffers` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu118(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    weightSizeInBytes: *mut c_void,
+    workSpaceSizeInBytes: *mut c_void,
+    reserveSpaceSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetMultiHeadAttnBuffers__cu118,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (weightSizeInBytes) as usize as u64,
+                (workSpaceSizeInBytes) as usize as u64,
+                (reserveSpaceSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetMultiHeadAttnBuffers` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu126(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    weightSizeInBytes: *mut c_void,
+    workSpaceSizeInBytes: *mut c_void,
+    reserveSpaceSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetMultiHeadAttnBuffers__cu126,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (weightSizeInBytes) as usize as u64,
+                (workSpaceSizeInBytes) as usize as u64,
+                (reserveSpaceSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetMultiHeadAttnWeights` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu118(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    wKind: u32,
+    weightSizeInBytes: usize,
+    weights: *mut c_void,
+    wDesc: *mut c_void,
+    wAddr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetMultiHeadAttnWeights__cu118,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (wKind) as u64,
+                (weightSizeInBytes) as u64,
+                (weights) as usize as u64,
+                (wDesc) as usize as u64,
+                (wAddr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetMultiHeadAttnWeights` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu126(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    wKind: u32,
+    weightSizeInBytes: usize,
+    weights: *mut c_void,
+    wDesc: *mut c_void,
+    wAddr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetMultiHeadAttnWeights__cu126,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (wKind) as u64,
+                (weightSizeInBytes) as u64,
+                (weights) as usize as u64,
+                (wDesc) as usize as u64,
+                (wAddr) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnGetNormalizationBackwardWorkspaceSize` for CUDA 11.8, 12.1 (sync).
@@ -4983,6 +6086,122 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNBiasMode(
         ) as u32
     }
 }
+///`cudnnGetRNNDescriptor_v6` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNDescriptor_v6(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    hiddenSize: *mut c_void,
+    numLayers: *mut c_void,
+    dropoutDesc: *mut c_void,
+    inputMode: *mut c_void,
+    direction: *mut c_void,
+    cellMode: *mut c_void,
+    algo: *mut c_void,
+    mathPrec: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNDescriptor_v6,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (hiddenSize) as usize as u64,
+                (numLayers) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (inputMode) as usize as u64,
+                (direction) as usize as u64,
+                (cellMode) as usize as u64,
+                (algo) as usize as u64,
+                (mathPrec) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNDescriptor_v8` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu118(
+    rnnDesc: *mut c_void,
+    algo: *mut c_void,
+    cellMode: *mut c_void,
+    biasMode: *mut c_void,
+    dirMode: *mut c_void,
+    inputMode: *mut c_void,
+    dataType: *mut c_void,
+    mathPrec: *mut c_void,
+    mathType: *mut c_void,
+    inputSize: *mut c_void,
+    hiddenSize: *mut c_void,
+    projSize: *mut c_void,
+    numLayers: *mut c_void,
+    dropoutDesc: *mut c_void,
+    auxFlags: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNDescriptor_v8__cu118,
+            &[
+                (rnnDesc) as usize as u64,
+                (algo) as usize as u64,
+                (cellMode) as usize as u64,
+                (biasMode) as usize as u64,
+                (dirMode) as usize as u64,
+                (inputMode) as usize as u64,
+                (dataType) as usize as u64,
+                (mathPrec) as usize as u64,
+                (mathType) as usize as u64,
+                (inputSize) as usize as u64,
+                (hiddenSize) as usize as u64,
+                (projSize) as usize as u64,
+                (numLayers) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (auxFlags) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu126(
+    rnnDesc: *mut c_void,
+    algo: *mut c_void,
+    cellMode: *mut c_void,
+    biasMode: *mut c_void,
+    dirMode: *mut c_void,
+    inputMode: *mut c_void,
+    dataType: *mut c_void,
+    mathPrec: *mut c_void,
+    mathType: *mut c_void,
+    inputSize: *mut c_void,
+    hiddenSize: *mut c_void,
+    projSize: *mut c_void,
+    numLayers: *mut c_void,
+    dropoutDesc: *mut c_void,
+    auxFlags: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNDescriptor_v8__cu126,
+            &[
+                (rnnDesc) as usize as u64,
+                (algo) as usize as u64,
+                (cellMode) as usize as u64,
+                (biasMode) as usize as u64,
+                (dirMode) as usize as u64,
+                (inputMode) as usize as u64,
+                (dataType) as usize as u64,
+                (mathPrec) as usize as u64,
+                (mathType) as usize as u64,
+                (inputSize) as usize as u64,
+                (hiddenSize) as usize as u64,
+                (projSize) as usize as u64,
+                (numLayers) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (auxFlags) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetRNNForwardInferenceAlgorithmMaxCount` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNForwardInferenceAlgorithmMaxCount(
@@ -5015,6 +6234,66 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNForwardTrainingAlgorithmMaxC
                 (handle) as usize as u64,
                 (rnnDesc) as usize as u64,
                 (count) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNLinLayerBiasParams` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNLinLayerBiasParams(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    xDesc: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    linLayerID: i32,
+    linLayerBiasDesc: *mut c_void,
+    linLayerBias: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNLinLayerBiasParams,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (pseudoLayer) as i64 as u64,
+                (xDesc) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (linLayerID) as i64 as u64,
+                (linLayerBiasDesc) as usize as u64,
+                (linLayerBias) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNLinLayerMatrixParams` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNLinLayerMatrixParams(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    xDesc: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    linLayerID: i32,
+    linLayerMatDesc: *mut c_void,
+    linLayerMat: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNLinLayerMatrixParams,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (pseudoLayer) as i64 as u64,
+                (xDesc) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (linLayerID) as i64 as u64,
+                (linLayerMatDesc) as usize as u64,
+                (linLayerMat) as usize as u64,
             ],
         ) as u32
     }
@@ -5067,6 +6346,26 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNParamsSize(
         ) as u32
     }
 }
+///`cudnnGetRNNProjectionLayers` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNProjectionLayers(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    recProjSize: *mut c_void,
+    outProjSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNProjectionLayers,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (recProjSize) as usize as u64,
+                (outProjSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetRNNTempSpaceSizes` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu118(
@@ -5111,6 +6410,28 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu126(
                 (xDesc) as usize as u64,
                 (workSpaceSize) as usize as u64,
                 (reserveSpaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNTrainingReserveSize` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTrainingReserveSize(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    sizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNTrainingReserveSize,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (sizeInBytes) as usize as u64,
             ],
         ) as u32
     }
@@ -5233,6 +6554,28 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightSpaceSize__cu126(
                 (handle) as usize as u64,
                 (rnnDesc) as usize as u64,
                 (weightSpaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNWorkspaceSize` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWorkspaceSize(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    sizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNWorkspaceSize,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (sizeInBytes) as usize as u64,
             ],
         ) as u32
     }
@@ -5683,6 +7026,54 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGraphVersionCheck() -> u32 {
             as u32
     }
 }
+///`cudnnIm2Col` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnIm2Col__cu118(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    convDesc: *mut c_void,
+    colBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnIm2Col__cu118,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (colBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnIm2Col` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnIm2Col__cu126(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    convDesc: *mut c_void,
+    colBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnIm2Col__cu126,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (colBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnInitTransformDest` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnInitTransformDest__cu118(
@@ -5899,6 +7290,570 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnMakeFusedOpsPlan__cu126(
         ) as u32
     }
 }
+///`cudnnMultiHeadAttnBackwardWeights` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu118(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    addGrad: u32,
+    qDesc: *mut c_void,
+    queries: *mut c_void,
+    kDesc: *mut c_void,
+    keys: *mut c_void,
+    vDesc: *mut c_void,
+    values: *mut c_void,
+    doDesc: *mut c_void,
+    dout: *mut c_void,
+    weightSizeInBytes: usize,
+    weights: *mut c_void,
+    dweights: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnMultiHeadAttnBackwardWeights__cu118,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (addGrad) as u64,
+                (qDesc) as usize as u64,
+                (queries) as usize as u64,
+                (kDesc) as usize as u64,
+                (keys) as usize as u64,
+                (vDesc) as usize as u64,
+                (values) as usize as u64,
+                (doDesc) as usize as u64,
+                (dout) as usize as u64,
+                (weightSizeInBytes) as u64,
+                (weights) as usize as u64,
+                (dweights) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnMultiHeadAttnBackwardWeights` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu126(
+    handle: *mut c_void,
+    attnDesc: *mut c_void,
+    addGrad: u32,
+    qDesc: *mut c_void,
+    queries: *mut c_void,
+    kDesc: *mut c_void,
+    keys: *mut c_void,
+    vDesc: *mut c_void,
+    values: *mut c_void,
+    doDesc: *mut c_void,
+    dout: *mut c_void,
+    weightSizeInBytes: usize,
+    weights: *mut c_void,
+    dweights: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnMultiHeadAttnBackwardWeights__cu126,
+            &[
+                (handle) as usize as u64,
+                (attnDesc) as usize as u64,
+                (addGrad) as u64,
+                (qDesc) as usize as u64,
+                (queries) as usize as u64,
+                (kDesc) as usize as u64,
+                (keys) as usize as u64,
+                (vDesc) as usize as u64,
+                (values) as usize as u64,
+                (doDesc) as usize as u64,
+                (dout) as usize as u64,
+                (weightSizeInBytes) as u64,
+                (weights) as usize as u64,
+                (dweights) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationBackward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationBackward__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    dyDesc: *mut c_void,
+    dyData: *mut c_void,
+    dzDesc: *mut c_void,
+    dzData: *mut c_void,
+    dxDesc: *mut c_void,
+    dxData: *mut c_void,
+    dNormScaleBiasDesc: *mut c_void,
+    normScaleData: *mut c_void,
+    normBiasData: *mut c_void,
+    dNormScaleData: *mut c_void,
+    dNormBiasData: *mut c_void,
+    epsilon: f64,
+    normMeanVarDesc: *mut c_void,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dyData) as usize as u64,
+                (dzDesc) as usize as u64,
+                (dzData) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dxData) as usize as u64,
+                (dNormScaleBiasDesc) as usize as u64,
+                (normScaleData) as usize as u64,
+                (normBiasData) as usize as u64,
+                (dNormScaleData) as usize as u64,
+                (dNormBiasData) as usize as u64,
+                (epsilon).to_bits(),
+                (normMeanVarDesc) as usize as u64,
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationBackward__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    dyDesc: *mut c_void,
+    dyData: *mut c_void,
+    dzDesc: *mut c_void,
+    dzData: *mut c_void,
+    dxDesc: *mut c_void,
+    dxData: *mut c_void,
+    dNormScaleBiasDesc: *mut c_void,
+    normScaleData: *mut c_void,
+    normBiasData: *mut c_void,
+    dNormScaleData: *mut c_void,
+    dNormBiasData: *mut c_void,
+    epsilon: f64,
+    normMeanVarDesc: *mut c_void,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dyData) as usize as u64,
+                (dzDesc) as usize as u64,
+                (dzData) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dxData) as usize as u64,
+                (dNormScaleBiasDesc) as usize as u64,
+                (normScaleData) as usize as u64,
+                (normBiasData) as usize as u64,
+                (dNormScaleData) as usize as u64,
+                (dNormBiasData) as usize as u64,
+                (epsilon).to_bits(),
+                (normMeanVarDesc) as usize as u64,
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationForwardInference` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardInference__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    normScaleBiasDesc: *mut c_void,
+    normScale: *mut c_void,
+    normBias: *mut c_void,
+    normMeanVarDesc: *mut c_void,
+    estimatedMean: *mut c_void,
+    estimatedVariance: *mut c_void,
+    zDesc: *mut c_void,
+    z: *mut c_void,
+    activationDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    epsilon: f64,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationForwardInference__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (normScaleBiasDesc) as usize as u64,
+                (normScale) as usize as u64,
+                (normBias) as usize as u64,
+                (normMeanVarDesc) as usize as u64,
+                (estimatedMean) as usize as u64,
+                (estimatedVariance) as usize as u64,
+                (zDesc) as usize as u64,
+                (z) as usize as u64,
+                (activationDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (epsilon).to_bits(),
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardInference__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    normScaleBiasDesc: *mut c_void,
+    normScale: *mut c_void,
+    normBias: *mut c_void,
+    normMeanVarDesc: *mut c_void,
+    estimatedMean: *mut c_void,
+    estimatedVariance: *mut c_void,
+    zDesc: *mut c_void,
+    z: *mut c_void,
+    activationDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    epsilon: f64,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationForwardInference__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (normScaleBiasDesc) as usize as u64,
+                (normScale) as usize as u64,
+                (normBias) as usize as u64,
+                (normMeanVarDesc) as usize as u64,
+                (estimatedMean) as usize as u64,
+                (estimatedVariance) as usize as u64,
+                (zDesc) as usize as u64,
+                (z) as usize as u64,
+                (activationDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (epsilon).to_bits(),
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationForwardTraining` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardTraining__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    normScaleBiasDesc: *mut c_void,
+    normScale: *mut c_void,
+    normBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    normMeanVarDesc: *mut c_void,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    zDesc: *mut c_void,
+    zData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationForwardTraining__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (normScaleBiasDesc) as usize as u64,
+                (normScale) as usize as u64,
+                (normBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (normMeanVarDesc) as usize as u64,
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (zDesc) as usize as u64,
+                (zData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardTraining__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    normOps: u32,
+    algo: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    normScaleBiasDesc: *mut c_void,
+    normScale: *mut c_void,
+    normBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    normMeanVarDesc: *mut c_void,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    zDesc: *mut c_void,
+    zData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+    groupCnt: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnNormalizationForwardTraining__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (normOps) as u64,
+                (algo) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (normScaleBiasDesc) as usize as u64,
+                (normScale) as usize as u64,
+                (normBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (normMeanVarDesc) as usize as u64,
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (zDesc) as usize as u64,
+                (zData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+                (groupCnt) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnOpTensor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnOpTensor__cu118(
+    handle: *mut c_void,
+    opTensorDesc: *mut c_void,
+    alpha1: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    alpha2: *mut c_void,
+    bDesc: *mut c_void,
+    B: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnOpTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (opTensorDesc) as usize as u64,
+                (alpha1) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (alpha2) as usize as u64,
+                (bDesc) as usize as u64,
+                (B) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnOpTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnOpTensor__cu126(
+    handle: *mut c_void,
+    opTensorDesc: *mut c_void,
+    alpha1: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    alpha2: *mut c_void,
+    bDesc: *mut c_void,
+    B: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnOpTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (opTensorDesc) as usize as u64,
+                (alpha1) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (alpha2) as usize as u64,
+                (bDesc) as usize as u64,
+                (B) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnOpsInferVersionCheck` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnOpsInferVersionCheck() -> u32 {
@@ -6091,6 +8046,144 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnQueryRuntimeError__cu126(
         ) as u32
     }
 }
+///`cudnnRNNBackwardData` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    dhyDesc: *mut c_void,
+    dhy: *mut c_void,
+    dcyDesc: *mut c_void,
+    dcy: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    dhxDesc: *mut c_void,
+    dhx: *mut c_void,
+    dcxDesc: *mut c_void,
+    dcx: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardData,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (dhyDesc) as usize as u64,
+                (dhy) as usize as u64,
+                (dcyDesc) as usize as u64,
+                (dcy) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dhxDesc) as usize as u64,
+                (dhx) as usize as u64,
+                (dcxDesc) as usize as u64,
+                (dcx) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardDataEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardDataEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    dcDesc: *mut c_void,
+    dcAttn: *mut c_void,
+    dhyDesc: *mut c_void,
+    dhy: *mut c_void,
+    dcyDesc: *mut c_void,
+    dcy: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    dhxDesc: *mut c_void,
+    dhx: *mut c_void,
+    dcxDesc: *mut c_void,
+    dcx: *mut c_void,
+    dkDesc: *mut c_void,
+    dkeys: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardDataEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (dcDesc) as usize as u64,
+                (dcAttn) as usize as u64,
+                (dhyDesc) as usize as u64,
+                (dhy) as usize as u64,
+                (dcyDesc) as usize as u64,
+                (dcy) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (dhxDesc) as usize as u64,
+                (dhx) as usize as u64,
+                (dcxDesc) as usize as u64,
+                (dcx) as usize as u64,
+                (dkDesc) as usize as u64,
+                (dkeys) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnRNNBackwardData_v8` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu118(
@@ -6199,6 +8292,48 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu126(
                 (workSpace) as usize as u64,
                 (reserveSpaceSize) as u64,
                 (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardWeights` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeights(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardWeights,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
             ],
         ) as u32
     }
@@ -6435,6 +8570,242 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForward__cu126(
         ) as u32
     }
 }
+///`cudnnRNNForwardInference` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForwardInference(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForwardInference,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNForwardInferenceEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForwardInferenceEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    kDesc: *mut c_void,
+    keys: *mut c_void,
+    cDesc: *mut c_void,
+    cAttn: *mut c_void,
+    iDesc: *mut c_void,
+    iAttn: *mut c_void,
+    qDesc: *mut c_void,
+    queries: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForwardInferenceEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (kDesc) as usize as u64,
+                (keys) as usize as u64,
+                (cDesc) as usize as u64,
+                (cAttn) as usize as u64,
+                (iDesc) as usize as u64,
+                (iAttn) as usize as u64,
+                (qDesc) as usize as u64,
+                (queries) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNForwardTraining` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForwardTraining(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    seqLength: i32,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForwardTraining,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (seqLength) as i64 as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNForwardTrainingEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForwardTrainingEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    cxDesc: *mut c_void,
+    cx: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hyDesc: *mut c_void,
+    hy: *mut c_void,
+    cyDesc: *mut c_void,
+    cy: *mut c_void,
+    kDesc: *mut c_void,
+    keys: *mut c_void,
+    cDesc: *mut c_void,
+    cAttn: *mut c_void,
+    iDesc: *mut c_void,
+    iAttn: *mut c_void,
+    qDesc: *mut c_void,
+    queries: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForwardTrainingEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (cxDesc) as usize as u64,
+                (cx) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hyDesc) as usize as u64,
+                (hy) as usize as u64,
+                (cyDesc) as usize as u64,
+                (cy) as usize as u64,
+                (kDesc) as usize as u64,
+                (keys) as usize as u64,
+                (cDesc) as usize as u64,
+                (cAttn) as usize as u64,
+                (iDesc) as usize as u64,
+                (iAttn) as usize as u64,
+                (qDesc) as usize as u64,
+                (queries) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnRNNGetClip` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNGetClip(
@@ -6611,6 +8982,154 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v9(
         ) as u32
     }
 }
+///`cudnnReduceTensor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnReduceTensor__cu118(
+    handle: *mut c_void,
+    reduceTensorDesc: *mut c_void,
+    indices: *mut c_void,
+    indicesSizeInBytes: usize,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    alpha: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnReduceTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (reduceTensorDesc) as usize as u64,
+                (indices) as usize as u64,
+                (indicesSizeInBytes) as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+                (alpha) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnReduceTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnReduceTensor__cu126(
+    handle: *mut c_void,
+    reduceTensorDesc: *mut c_void,
+    indices: *mut c_void,
+    indicesSizeInBytes: usize,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    alpha: *mut c_void,
+    aDesc: *mut c_void,
+    A: *mut c_void,
+    beta: *mut c_void,
+    cDesc: *mut c_void,
+    C: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnReduceTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (reduceTensorDesc) as usize as u64,
+                (indices) as usize as u64,
+                (indicesSizeInBytes) as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+                (alpha) as usize as u64,
+                (aDesc) as usize as u64,
+                (A) as usize as u64,
+                (beta) as usize as u64,
+                (cDesc) as usize as u64,
+                (C) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnReorderFilterAndBias` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnReorderFilterAndBias__cu118(
+    handle: *mut c_void,
+    filterDesc: *mut c_void,
+    reorderType: u32,
+    filterData: *mut c_void,
+    reorderedFilterData: *mut c_void,
+    reorderBias: i32,
+    biasData: *mut c_void,
+    reorderedBiasData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnReorderFilterAndBias__cu118,
+            &[
+                (handle) as usize as u64,
+                (filterDesc) as usize as u64,
+                (reorderType) as u64,
+                (filterData) as usize as u64,
+                (reorderedFilterData) as usize as u64,
+                (reorderBias) as i64 as u64,
+                (biasData) as usize as u64,
+                (reorderedBiasData) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnReorderFilterAndBias` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnReorderFilterAndBias__cu126(
+    handle: *mut c_void,
+    filterDesc: *mut c_void,
+    reorderType: u32,
+    filterData: *mut c_void,
+    reorderedFilterData: *mut c_void,
+    reorderBias: i32,
+    biasData: *mut c_void,
+    reorderedBiasData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnReorderFilterAndBias__cu126,
+            &[
+                (handle) as usize as u64,
+                (filterDesc) as usize as u64,
+                (reorderType) as u64,
+                (filterData) as usize as u64,
+                (reorderedFilterData) as usize as u64,
+                (reorderBias) as i64 as u64,
+                (biasData) as usize as u64,
+                (reorderedBiasData) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRestoreAlgorithm` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreAlgorithm(
+    handle: *mut c_void,
+    algoSpace: *mut c_void,
+    algoSpaceSizeInBytes: usize,
+    algoDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRestoreAlgorithm,
+            &[
+                (handle) as usize as u64,
+                (algoSpace) as usize as u64,
+                (algoSpaceSizeInBytes) as u64,
+                (algoDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnRestoreDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu118(
@@ -6655,6 +9174,26 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu126(
                 (states) as usize as u64,
                 (stateSizeInBytes) as u64,
                 (seed) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSaveAlgorithm` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSaveAlgorithm(
+    handle: *mut c_void,
+    algoDesc: *mut c_void,
+    algoSpace: *mut c_void,
+    algoSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSaveAlgorithm,
+            &[
+                (handle) as usize as u64,
+                (algoDesc) as usize as u64,
+                (algoSpace) as usize as u64,
+                (algoSpaceSizeInBytes) as u64,
             ],
         ) as u32
     }
@@ -7527,6 +10066,58 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu126(
         ) as u32
     }
 }
+///`cudnnSetPoolingNdDescriptor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu118(
+    poolingDesc: *mut c_void,
+    mode: u32,
+    maxpoolingNanOpt: u32,
+    nbDims: i32,
+    windowDimA: *mut c_void,
+    paddingA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetPoolingNdDescriptor__cu118,
+            &[
+                (poolingDesc) as usize as u64,
+                (mode) as u64,
+                (maxpoolingNanOpt) as u64,
+                (nbDims) as i64 as u64,
+                (windowDimA) as usize as u64,
+                (paddingA) as usize as u64,
+                (strideA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetPoolingNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu126(
+    poolingDesc: *mut c_void,
+    mode: u32,
+    maxpoolingNanOpt: u32,
+    nbDims: i32,
+    windowDimA: *mut c_void,
+    paddingA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetPoolingNdDescriptor__cu126,
+            &[
+                (poolingDesc) as usize as u64,
+                (mode) as u64,
+                (maxpoolingNanOpt) as u64,
+                (nbDims) as i64 as u64,
+                (windowDimA) as usize as u64,
+                (paddingA) as usize as u64,
+                (strideA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnSetRNNAlgorithmDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNAlgorithmDescriptor(
@@ -7824,6 +10415,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu126(
         ) as u32
     }
 }
+///`cudnnSetSeqDataDescriptor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSeqDataDescriptor__cu118(
+    seqDataDesc: *mut c_void,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+    axes: *mut c_void,
+    seqLengthArraySize: usize,
+    seqLengthArray: *mut c_void,
+    paddingFill: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetSeqDataDescriptor__cu118,
+            &[
+                (seqDataDesc) as usize as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+                (axes) as usize as u64,
+                (seqLengthArraySize) as u64,
+                (seqLengthArray) as usize as u64,
+                (paddingFill) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSeqDataDescriptor__cu126(
+    seqDataDesc: *mut c_void,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+    axes: *mut c_void,
+    seqLengthArraySize: usize,
+    seqLengthArray: *mut c_void,
+    paddingFill: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetSeqDataDescriptor__cu126,
+            &[
+                (seqDataDesc) as usize as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+                (axes) as usize as u64,
+                (seqLengthArraySize) as u64,
+                (seqLengthArray) as usize as u64,
+                (paddingFill) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu118(
@@ -7912,6 +10559,46 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
             },
         };
         crate::custom::cudnn::set_stream(&CTX, handle, streamId)
+    }
+}
+///`cudnnSetTensor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor__cu118(
+    handle: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    valuePtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (valuePtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor__cu126(
+    handle: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    valuePtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (valuePtr) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnSetTensor4dDescriptor` for CUDA 11.8, 12.1 (async).
@@ -8070,6 +10757,102 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu126(
                 (nbDims) as i64 as u64,
                 (dimA) as usize as u64,
                 (strideA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorNdDescriptorEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu118(
+    tensorDesc: *mut c_void,
+    format: u32,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorNdDescriptorEx__cu118,
+            &[
+                (tensorDesc) as usize as u64,
+                (format) as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorNdDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu126(
+    tensorDesc: *mut c_void,
+    format: u32,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorNdDescriptorEx__cu126,
+            &[
+                (tensorDesc) as usize as u64,
+                (format) as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorTransformDescriptor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu118(
+    transformDesc: *mut c_void,
+    nbDims: u32,
+    destFormat: u32,
+    padBeforeA: *mut c_void,
+    padAfterA: *mut c_void,
+    foldA: *mut c_void,
+    direction: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorTransformDescriptor__cu118,
+            &[
+                (transformDesc) as usize as u64,
+                (nbDims) as u64,
+                (destFormat) as u64,
+                (padBeforeA) as usize as u64,
+                (padAfterA) as usize as u64,
+                (foldA) as usize as u64,
+                (direction) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu126(
+    transformDesc: *mut c_void,
+    nbDims: u32,
+    destFormat: u32,
+    padBeforeA: *mut c_void,
+    padAfterA: *mut c_void,
+    foldA: *mut c_void,
+    direction: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorTransformDescriptor__cu126,
+            &[
+                (transformDesc) as usize as u64,
+                (nbDims) as u64,
+                (destFormat) as u64,
+                (padBeforeA) as usize as u64,
+                (padAfterA) as usize as u64,
+                (foldA) as usize as u64,
+                (direction) as u64,
             ],
         ) as u32
     }
@@ -8422,6 +11205,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerForward__cu126(
         ) as u32
     }
 }
+///`cudnnTransformFilter` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformFilter__cu118(
+    handle: *mut c_void,
+    transDesc: *mut c_void,
+    alpha: *mut c_void,
+    srcDesc: *mut c_void,
+    srcData: *mut c_void,
+    beta: *mut c_void,
+    destDesc: *mut c_void,
+    destData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformFilter__cu118,
+            &[
+                (handle) as usize as u64,
+                (transDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (srcDesc) as usize as u64,
+                (srcData) as usize as u64,
+                (beta) as usize as u64,
+                (destDesc) as usize as u64,
+                (destData) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnTransformFilter` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformFilter__cu126(
+    handle: *mut c_void,
+    transDesc: *mut c_void,
+    alpha: *mut c_void,
+    srcDesc: *mut c_void,
+    srcData: *mut c_void,
+    beta: *mut c_void,
+    destDesc: *mut c_void,
+    destData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformFilter__cu126,
+            &[
+                (handle) as usize as u64,
+                (transDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (srcDesc) as usize as u64,
+                (srcData) as usize as u64,
+                (beta) as usize as u64,
+                (destDesc) as usize as u64,
+                (destData) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnTransformTensor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu118(
@@ -8470,6 +11309,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu126(
                 (beta) as usize as u64,
                 (yDesc) as usize as u64,
                 (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnTransformTensorEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensorEx__cu118(
+    handle: *mut c_void,
+    transDesc: *mut c_void,
+    alpha: *mut c_void,
+    srcDesc: *mut c_void,
+    srcData: *mut c_void,
+    beta: *mut c_void,
+    destDesc: *mut c_void,
+    destData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformTensorEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (transDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (srcDesc) as usize as u64,
+                (srcData) as usize as u64,
+                (beta) as usize as u64,
+                (destDesc) as usize as u64,
+                (destData) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnTransformTensorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensorEx__cu126(
+    handle: *mut c_void,
+    transDesc: *mut c_void,
+    alpha: *mut c_void,
+    srcDesc: *mut c_void,
+    srcData: *mut c_void,
+    beta: *mut c_void,
+    destDesc: *mut c_void,
+    destData: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformTensorEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (transDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (srcDesc) as usize as u64,
+                (srcData) as usize as u64,
+                (beta) as usize as u64,
+                (destDesc) as usize as u64,
+                (destData) as usize as u64,
             ],
         ) as u32
     }

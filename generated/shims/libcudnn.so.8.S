@@ -14,10 +14,7 @@ cudnnActivationForward:
     .globl cudnnAddTensor
     .type cudnnAddTensor, @function
 cudnnAddTensor:
-    leaq .Lname0(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnAddTensor__cu118@PLT
     .size cudnnAddTensor, .-cudnnAddTensor
     .globl cudnnAdvInferVersionCheck
     .type cudnnAdvInferVersionCheck, @function
@@ -67,10 +64,7 @@ cudnnBackendSetAttribute:
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname1(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationBackward__cu118@PLT
     .size cudnnBatchNormalizationBackward, .-cudnnBatchNormalizationBackward
     .globl cudnnBatchNormalizationBackwardEx
     .type cudnnBatchNormalizationBackwardEx, @function
@@ -100,7 +94,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -123,10 +117,7 @@ cudnnCnnTrainVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname3(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardBias__cu118@PLT
     .size cudnnConvolutionBackwardBias, .-cudnnConvolutionBackwardBias
     .globl cudnnConvolutionBackwardData
     .type cudnnConvolutionBackwardData, @function
@@ -396,18 +387,12 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname4(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu118@PLT
     .size cudnnDivisiveNormalizationBackward, .-cudnnDivisiveNormalizationBackward
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname5(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDivisiveNormalizationForward__cu118@PLT
     .size cudnnDivisiveNormalizationForward, .-cudnnDivisiveNormalizationForward
     .globl cudnnDropoutBackward
     .type cudnnDropoutBackward, @function
@@ -432,10 +417,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname6(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithm__cu118@PLT
     .size cudnnFindConvolutionBackwardDataAlgorithm, .-cudnnFindConvolutionBackwardDataAlgorithm
     .globl cudnnFindConvolutionBackwardDataAlgorithmEx
     .type cudnnFindConvolutionBackwardDataAlgorithmEx, @function
@@ -445,10 +427,7 @@ cudnnFindConvolutionBackwardDataAlgorithmEx:
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname7(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithm__cu118@PLT
     .size cudnnFindConvolutionBackwardFilterAlgorithm, .-cudnnFindConvolutionBackwardFilterAlgorithm
     .globl cudnnFindConvolutionBackwardFilterAlgorithmEx
     .type cudnnFindConvolutionBackwardFilterAlgorithmEx, @function
@@ -458,10 +437,7 @@ cudnnFindConvolutionBackwardFilterAlgorithmEx:
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname8(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__cu118@PLT
     .size cudnnFindConvolutionForwardAlgorithm, .-cudnnFindConvolutionForwardAlgorithm
     .globl cudnnFindConvolutionForwardAlgorithmEx
     .type cudnnFindConvolutionForwardAlgorithmEx, @function
@@ -471,34 +447,22 @@ cudnnFindConvolutionForwardAlgorithmEx:
     .globl cudnnFindRNNBackwardDataAlgorithmEx
     .type cudnnFindRNNBackwardDataAlgorithmEx, @function
 cudnnFindRNNBackwardDataAlgorithmEx:
-    leaq .Lname9(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindRNNBackwardDataAlgorithmEx@PLT
     .size cudnnFindRNNBackwardDataAlgorithmEx, .-cudnnFindRNNBackwardDataAlgorithmEx
     .globl cudnnFindRNNBackwardWeightsAlgorithmEx
     .type cudnnFindRNNBackwardWeightsAlgorithmEx, @function
 cudnnFindRNNBackwardWeightsAlgorithmEx:
-    leaq .Lname10(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindRNNBackwardWeightsAlgorithmEx@PLT
     .size cudnnFindRNNBackwardWeightsAlgorithmEx, .-cudnnFindRNNBackwardWeightsAlgorithmEx
     .globl cudnnFindRNNForwardInferenceAlgorithmEx
     .type cudnnFindRNNForwardInferenceAlgorithmEx, @function
 cudnnFindRNNForwardInferenceAlgorithmEx:
-    leaq .Lname11(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindRNNForwardInferenceAlgorithmEx@PLT
     .size cudnnFindRNNForwardInferenceAlgorithmEx, .-cudnnFindRNNForwardInferenceAlgorithmEx
     .globl cudnnFindRNNForwardTrainingAlgorithmEx
     .type cudnnFindRNNForwardTrainingAlgorithmEx, @function
 cudnnFindRNNForwardTrainingAlgorithmEx:
-    leaq .Lname12(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindRNNForwardTrainingAlgorithmEx@PLT
     .size cudnnFindRNNForwardTrainingAlgorithmEx, .-cudnnFindRNNForwardTrainingAlgorithmEx
     .globl cudnnFusedOpsExecute
     .type cudnnFusedOpsExecute, @function
@@ -518,10 +482,7 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAlgorithmDescriptor
     .type cudnnGetAlgorithmDescriptor, @function
 cudnnGetAlgorithmDescriptor:
-    leaq .Lname13(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetAlgorithmDescriptor@PLT
     .size cudnnGetAlgorithmDescriptor, .-cudnnGetAlgorithmDescriptor
     .globl cudnnGetAlgorithmPerformance
     .type cudnnGetAlgorithmPerformance, @function
@@ -536,15 +497,12 @@ cudnnGetAlgorithmSpaceSize:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname14(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetAttnDescriptor__cu118@PLT
     .size cudnnGetAttnDescriptor, .-cudnnGetAttnDescriptor
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,15 +535,12 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname16(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu118@PLT
     .size cudnnGetCTCLossDescriptor_v8, .-cudnnGetCTCLossDescriptor_v8
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -598,7 +553,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -671,10 +626,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname19(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu118@PLT
     .size cudnnGetConvolutionNdDescriptor, .-cudnnGetConvolutionNdDescriptor
     .globl cudnnGetConvolutionNdForwardOutputDim
     .type cudnnGetConvolutionNdForwardOutputDim, @function
@@ -724,7 +676,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -732,7 +684,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -750,18 +702,12 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname22(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu118@PLT
     .size cudnnGetMultiHeadAttnBuffers, .-cudnnGetMultiHeadAttnBuffers
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname23(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu118@PLT
     .size cudnnGetMultiHeadAttnWeights, .-cudnnGetMultiHeadAttnWeights
     .globl cudnnGetNormalizationBackwardWorkspaceSize
     .type cudnnGetNormalizationBackwardWorkspaceSize, @function
@@ -826,7 +772,7 @@ cudnnGetRNNBiasMode:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -834,23 +780,17 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v6
     .type cudnnGetRNNDescriptor_v6, @function
 cudnnGetRNNDescriptor_v6:
-    leaq .Lname25(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNDescriptor_v6@PLT
     .size cudnnGetRNNDescriptor_v6, .-cudnnGetRNNDescriptor_v6
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname26(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu118@PLT
     .size cudnnGetRNNDescriptor_v8, .-cudnnGetRNNDescriptor_v8
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -868,18 +808,12 @@ cudnnGetRNNForwardTrainingAlgorithmMaxCount:
     .globl cudnnGetRNNLinLayerBiasParams
     .type cudnnGetRNNLinLayerBiasParams, @function
 cudnnGetRNNLinLayerBiasParams:
-    leaq .Lname28(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNLinLayerBiasParams@PLT
     .size cudnnGetRNNLinLayerBiasParams, .-cudnnGetRNNLinLayerBiasParams
     .globl cudnnGetRNNLinLayerMatrixParams
     .type cudnnGetRNNLinLayerMatrixParams, @function
 cudnnGetRNNLinLayerMatrixParams:
-    leaq .Lname29(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNLinLayerMatrixParams@PLT
     .size cudnnGetRNNLinLayerMatrixParams, .-cudnnGetRNNLinLayerMatrixParams
     .globl cudnnGetRNNMatrixMathType
     .type cudnnGetRNNMatrixMathType, @function
@@ -899,10 +833,7 @@ cudnnGetRNNParamsSize:
     .globl cudnnGetRNNProjectionLayers
     .type cudnnGetRNNProjectionLayers, @function
 cudnnGetRNNProjectionLayers:
-    leaq .Lname30(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNProjectionLayers@PLT
     .size cudnnGetRNNProjectionLayers, .-cudnnGetRNNProjectionLayers
     .globl cudnnGetRNNTempSpaceSizes
     .type cudnnGetRNNTempSpaceSizes, @function
@@ -912,10 +843,7 @@ cudnnGetRNNTempSpaceSizes:
     .globl cudnnGetRNNTrainingReserveSize
     .type cudnnGetRNNTrainingReserveSize, @function
 cudnnGetRNNTrainingReserveSize:
-    leaq .Lname31(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNTrainingReserveSize@PLT
     .size cudnnGetRNNTrainingReserveSize, .-cudnnGetRNNTrainingReserveSize
     .globl cudnnGetRNNWeightParams
     .type cudnnGetRNNWeightParams, @function
@@ -930,10 +858,7 @@ cudnnGetRNNWeightSpaceSize:
     .globl cudnnGetRNNWorkspaceSize
     .type cudnnGetRNNWorkspaceSize, @function
 cudnnGetRNNWorkspaceSize:
-    leaq .Lname32(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNWorkspaceSize@PLT
     .size cudnnGetRNNWorkspaceSize, .-cudnnGetRNNWorkspaceSize
     .globl cudnnGetReduceTensorDescriptor
     .type cudnnGetReduceTensorDescriptor, @function
@@ -953,7 +878,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,10 +916,7 @@ cudnnGetVersion:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname34(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnIm2Col__cu118@PLT
     .size cudnnIm2Col, .-cudnnIm2Col
     .globl cudnnInitTransformDest
     .type cudnnInitTransformDest, @function
@@ -1019,7 +941,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1027,15 +949,12 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname36(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu118@PLT
     .size cudnnMultiHeadAttnBackwardWeights, .-cudnnMultiHeadAttnBackwardWeights
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1043,34 +962,22 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname38(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationBackward__cu118@PLT
     .size cudnnNormalizationBackward, .-cudnnNormalizationBackward
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname39(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationForwardInference__cu118@PLT
     .size cudnnNormalizationForwardInference, .-cudnnNormalizationForwardInference
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname40(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationForwardTraining__cu118@PLT
     .size cudnnNormalizationForwardTraining, .-cudnnNormalizationForwardTraining
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname41(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnOpTensor__cu118@PLT
     .size cudnnOpTensor, .-cudnnOpTensor
     .globl cudnnOpsInferVersionCheck
     .type cudnnOpsInferVersionCheck, @function
@@ -1100,18 +1007,12 @@ cudnnQueryRuntimeError:
     .globl cudnnRNNBackwardData
     .type cudnnRNNBackwardData, @function
 cudnnRNNBackwardData:
-    leaq .Lname42(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardData@PLT
     .size cudnnRNNBackwardData, .-cudnnRNNBackwardData
     .globl cudnnRNNBackwardDataEx
     .type cudnnRNNBackwardDataEx, @function
 cudnnRNNBackwardDataEx:
-    leaq .Lname43(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardDataEx@PLT
     .size cudnnRNNBackwardDataEx, .-cudnnRNNBackwardDataEx
     .globl cudnnRNNBackwardData_v8
     .type cudnnRNNBackwardData_v8, @function
@@ -1121,10 +1022,7 @@ cudnnRNNBackwardData_v8:
     .globl cudnnRNNBackwardWeights
     .type cudnnRNNBackwardWeights, @function
 cudnnRNNBackwardWeights:
-    leaq .Lname44(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardWeights@PLT
     .size cudnnRNNBackwardWeights, .-cudnnRNNBackwardWeights
     .globl cudnnRNNBackwardWeightsEx
     .type cudnnRNNBackwardWeightsEx, @function
@@ -1144,34 +1042,22 @@ cudnnRNNForward:
     .globl cudnnRNNForwardInference
     .type cudnnRNNForwardInference, @function
 cudnnRNNForwardInference:
-    leaq .Lname45(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForwardInference@PLT
     .size cudnnRNNForwardInference, .-cudnnRNNForwardInference
     .globl cudnnRNNForwardInferenceEx
     .type cudnnRNNForwardInferenceEx, @function
 cudnnRNNForwardInferenceEx:
-    leaq .Lname46(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForwardInferenceEx@PLT
     .size cudnnRNNForwardInferenceEx, .-cudnnRNNForwardInferenceEx
     .globl cudnnRNNForwardTraining
     .type cudnnRNNForwardTraining, @function
 cudnnRNNForwardTraining:
-    leaq .Lname47(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForwardTraining@PLT
     .size cudnnRNNForwardTraining, .-cudnnRNNForwardTraining
     .globl cudnnRNNForwardTrainingEx
     .type cudnnRNNForwardTrainingEx, @function
 cudnnRNNForwardTrainingEx:
-    leaq .Lname48(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForwardTrainingEx@PLT
     .size cudnnRNNForwardTrainingEx, .-cudnnRNNForwardTrainingEx
     .globl cudnnRNNGetClip
     .type cudnnRNNGetClip, @function
@@ -1196,26 +1082,17 @@ cudnnRNNSetClip_v8:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname49(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnReduceTensor__cu118@PLT
     .size cudnnReduceTensor, .-cudnnReduceTensor
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname50(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnReorderFilterAndBias__cu118@PLT
     .size cudnnReorderFilterAndBias, .-cudnnReorderFilterAndBias
     .globl cudnnRestoreAlgorithm
     .type cudnnRestoreAlgorithm, @function
 cudnnRestoreAlgorithm:
-    leaq .Lname51(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRestoreAlgorithm@PLT
     .size cudnnRestoreAlgorithm, .-cudnnRestoreAlgorithm
     .globl cudnnRestoreDropoutDescriptor
     .type cudnnRestoreDropoutDescriptor, @function
@@ -1225,10 +1102,7 @@ cudnnRestoreDropoutDescriptor:
     .globl cudnnSaveAlgorithm
     .type cudnnSaveAlgorithm, @function
 cudnnSaveAlgorithm:
-    leaq .Lname52(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSaveAlgorithm@PLT
     .size cudnnSaveAlgorithm, .-cudnnSaveAlgorithm
     .globl cudnnScaleTensor
     .type cudnnScaleTensor, @function
@@ -1263,7 +1137,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1271,7 +1145,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1168,7 @@ cudnnSetCTCLossDescriptor_v8:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1342,7 +1216,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1350,7 +1224,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,10 +1252,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname58(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu118@PLT
     .size cudnnSetPoolingNdDescriptor, .-cudnnSetPoolingNdDescriptor
     .globl cudnnSetRNNAlgorithmDescriptor
     .type cudnnSetRNNAlgorithmDescriptor, @function
@@ -1431,10 +1302,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname59(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetSeqDataDescriptor__cu118@PLT
     .size cudnnSetSeqDataDescriptor, .-cudnnSetSeqDataDescriptor
     .globl cudnnSetSpatialTransformerNdDescriptor
     .type cudnnSetSpatialTransformerNdDescriptor, @function
@@ -1449,10 +1317,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname60(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensor__cu118@PLT
     .size cudnnSetTensor, .-cudnnSetTensor
     .globl cudnnSetTensor4dDescriptor
     .type cudnnSetTensor4dDescriptor, @function
@@ -1472,18 +1337,12 @@ cudnnSetTensorNdDescriptor:
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname61(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu118@PLT
     .size cudnnSetTensorNdDescriptorEx, .-cudnnSetTensorNdDescriptorEx
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname62(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu118@PLT
     .size cudnnSetTensorTransformDescriptor, .-cudnnSetTensorTransformDescriptor
     .globl cudnnSoftmaxBackward
     .type cudnnSoftmaxBackward, @function
@@ -1518,10 +1377,7 @@ cudnnSpatialTfSamplerForward:
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname63(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformFilter__cu118@PLT
     .size cudnnTransformFilter, .-cudnnTransformFilter
     .globl cudnnTransformTensor
     .type cudnnTransformTensor, @function
@@ -1531,140 +1387,39 @@ cudnnTransformTensor:
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname64(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformTensorEx__cu118@PLT
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnAddTensor"
-.Lname1:
-    .asciz "cudnnBatchNormalizationBackward"
-.Lname2:
     .asciz "cudnnCTCLoss"
-.Lname3:
-    .asciz "cudnnConvolutionBackwardBias"
-.Lname4:
-    .asciz "cudnnDivisiveNormalizationBackward"
-.Lname5:
-    .asciz "cudnnDivisiveNormalizationForward"
-.Lname6:
-    .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname7:
-    .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname8:
-    .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname9:
-    .asciz "cudnnFindRNNBackwardDataAlgorithmEx"
-.Lname10:
-    .asciz "cudnnFindRNNBackwardWeightsAlgorithmEx"
-.Lname11:
-    .asciz "cudnnFindRNNForwardInferenceAlgorithmEx"
-.Lname12:
-    .asciz "cudnnFindRNNForwardTrainingAlgorithmEx"
-.Lname13:
-    .asciz "cudnnGetAlgorithmDescriptor"
-.Lname14:
-    .asciz "cudnnGetAttnDescriptor"
-.Lname15:
+.Lname1:
     .asciz "cudnnGetBackdoor"
-.Lname16:
-    .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname17:
+.Lname2:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname18:
+.Lname3:
     .asciz "cudnnGetCallback"
-.Lname19:
-    .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname20:
+.Lname4:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname21:
+.Lname5:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname22:
-    .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname23:
-    .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname24:
+.Lname6:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname25:
-    .asciz "cudnnGetRNNDescriptor_v6"
-.Lname26:
-    .asciz "cudnnGetRNNDescriptor_v8"
-.Lname27:
+.Lname7:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname28:
-    .asciz "cudnnGetRNNLinLayerBiasParams"
-.Lname29:
-    .asciz "cudnnGetRNNLinLayerMatrixParams"
-.Lname30:
-    .asciz "cudnnGetRNNProjectionLayers"
-.Lname31:
-    .asciz "cudnnGetRNNTrainingReserveSize"
-.Lname32:
-    .asciz "cudnnGetRNNWorkspaceSize"
-.Lname33:
+.Lname8:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname34:
-    .asciz "cudnnIm2Col"
-.Lname35:
+.Lname9:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname36:
-    .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname37:
+.Lname10:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname38:
-    .asciz "cudnnNormalizationBackward"
-.Lname39:
-    .asciz "cudnnNormalizationForwardInference"
-.Lname40:
-    .asciz "cudnnNormalizationForwardTraining"
-.Lname41:
-    .asciz "cudnnOpTensor"
-.Lname42:
-    .asciz "cudnnRNNBackwardData"
-.Lname43:
-    .asciz "cudnnRNNBackwardDataEx"
-.Lname44:
-    .asciz "cudnnRNNBackwardWeights"
-.Lname45:
-    .asciz "cudnnRNNForwardInference"
-.Lname46:
-    .asciz "cudnnRNNForwardInferenceEx"
-.Lname47:
-    .asciz "cudnnRNNForwardTraining"
-.Lname48:
-    .asciz "cudnnRNNForwardTrainingEx"
-.Lname49:
-    .asciz "cudnnReduceTensor"
-.Lname50:
-    .asciz "cudnnReorderFilterAndBias"
-.Lname51:
-    .asciz "cudnnRestoreAlgorithm"
-.Lname52:
-    .asciz "cudnnSaveAlgorithm"
-.Lname53:
+.Lname11:
     .asciz "cudnnSetBackdoor"
-.Lname54:
+.Lname12:
     .asciz "cudnnSetBackdoorEx"
-.Lname55:
+.Lname13:
     .asciz "cudnnSetCallback"
-.Lname56:
+.Lname14:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname57:
+.Lname15:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname58:
-    .asciz "cudnnSetPoolingNdDescriptor"
-.Lname59:
-    .asciz "cudnnSetSeqDataDescriptor"
-.Lname60:
-    .asciz "cudnnSetTensor"
-.Lname61:
-    .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname62:
-    .asciz "cudnnSetTensorTransformDescriptor"
-.Lname63:
-    .asciz "cudnnTransformFilter"
-.Lname64:
-    .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

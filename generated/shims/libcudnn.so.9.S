@@ -14,10 +14,7 @@ cudnnActivationForward:
     .globl cudnnAddTensor
     .type cudnnAddTensor, @function
 cudnnAddTensor:
-    leaq .Lname0(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnAddTensor__cu126@PLT
     .size cudnnAddTensor, .-cudnnAddTensor
     .globl cudnnAdvVersionCheck
     .type cudnnAdvVersionCheck, @function
@@ -72,10 +69,7 @@ cudnnBackendUpdateCudaGraph:
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname1(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationBackward__cu126@PLT
     .size cudnnBatchNormalizationBackward, .-cudnnBatchNormalizationBackward
     .globl cudnnBatchNormalizationBackwardEx
     .type cudnnBatchNormalizationBackwardEx, @function
@@ -105,7 +99,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -123,10 +117,7 @@ cudnnCnnVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname3(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardBias__cu126@PLT
     .size cudnnConvolutionBackwardBias, .-cudnnConvolutionBackwardBias
     .globl cudnnConvolutionBackwardData
     .type cudnnConvolutionBackwardData, @function
@@ -361,18 +352,12 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname4(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu126@PLT
     .size cudnnDivisiveNormalizationBackward, .-cudnnDivisiveNormalizationBackward
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname5(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDivisiveNormalizationForward__cu126@PLT
     .size cudnnDivisiveNormalizationForward, .-cudnnDivisiveNormalizationForward
     .globl cudnnDropoutBackward
     .type cudnnDropoutBackward, @function
@@ -397,10 +382,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname6(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithm__cu126@PLT
     .size cudnnFindConvolutionBackwardDataAlgorithm, .-cudnnFindConvolutionBackwardDataAlgorithm
     .globl cudnnFindConvolutionBackwardDataAlgorithmEx
     .type cudnnFindConvolutionBackwardDataAlgorithmEx, @function
@@ -410,10 +392,7 @@ cudnnFindConvolutionBackwardDataAlgorithmEx:
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname7(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithm__cu126@PLT
     .size cudnnFindConvolutionBackwardFilterAlgorithm, .-cudnnFindConvolutionBackwardFilterAlgorithm
     .globl cudnnFindConvolutionBackwardFilterAlgorithmEx
     .type cudnnFindConvolutionBackwardFilterAlgorithmEx, @function
@@ -423,10 +402,7 @@ cudnnFindConvolutionBackwardFilterAlgorithmEx:
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname8(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__cu126@PLT
     .size cudnnFindConvolutionForwardAlgorithm, .-cudnnFindConvolutionForwardAlgorithm
     .globl cudnnFindConvolutionForwardAlgorithmEx
     .type cudnnFindConvolutionForwardAlgorithmEx, @function
@@ -451,15 +427,12 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname9(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetAttnDescriptor__cu126@PLT
     .size cudnnGetAttnDescriptor, .-cudnnGetAttnDescriptor
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,23 +465,17 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname11(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu126@PLT
     .size cudnnGetCTCLossDescriptor_v8, .-cudnnGetCTCLossDescriptor_v8
     .globl cudnnGetCTCLossDescriptor_v9
     .type cudnnGetCTCLossDescriptor_v9, @function
 cudnnGetCTCLossDescriptor_v9:
-    leaq .Lname12(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetCTCLossDescriptor_v9@PLT
     .size cudnnGetCTCLossDescriptor_v9, .-cudnnGetCTCLossDescriptor_v9
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +488,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -594,10 +561,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname15(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu126@PLT
     .size cudnnGetConvolutionNdDescriptor, .-cudnnGetConvolutionNdDescriptor
     .globl cudnnGetConvolutionNdForwardOutputDim
     .type cudnnGetConvolutionNdForwardOutputDim, @function
@@ -647,7 +611,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -655,7 +619,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -678,18 +642,12 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname18(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu126@PLT
     .size cudnnGetMultiHeadAttnBuffers, .-cudnnGetMultiHeadAttnBuffers
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname19(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu126@PLT
     .size cudnnGetMultiHeadAttnWeights, .-cudnnGetMultiHeadAttnWeights
     .globl cudnnGetNormalizationBackwardWorkspaceSize
     .type cudnnGetNormalizationBackwardWorkspaceSize, @function
@@ -739,7 +697,7 @@ cudnnGetProperty:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -747,15 +705,12 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname21(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu126@PLT
     .size cudnnGetRNNDescriptor_v8, .-cudnnGetRNNDescriptor_v8
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,7 +748,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -836,10 +791,7 @@ cudnnGraphVersionCheck:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname24(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnIm2Col__cu126@PLT
     .size cudnnIm2Col, .-cudnnIm2Col
     .globl cudnnInitTransformDest
     .type cudnnInitTransformDest, @function
@@ -864,7 +816,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,15 +824,12 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname26(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu126@PLT
     .size cudnnMultiHeadAttnBackwardWeights, .-cudnnMultiHeadAttnBackwardWeights
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,34 +837,22 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname28(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationBackward__cu126@PLT
     .size cudnnNormalizationBackward, .-cudnnNormalizationBackward
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname29(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationForwardInference__cu126@PLT
     .size cudnnNormalizationForwardInference, .-cudnnNormalizationForwardInference
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname30(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnNormalizationForwardTraining__cu126@PLT
     .size cudnnNormalizationForwardTraining, .-cudnnNormalizationForwardTraining
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname31(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnOpTensor__cu126@PLT
     .size cudnnOpTensor, .-cudnnOpTensor
     .globl cudnnOpsVersionCheck
     .type cudnnOpsVersionCheck, @function
@@ -975,18 +912,12 @@ cudnnRNNSetClip_v9:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname32(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnReduceTensor__cu126@PLT
     .size cudnnReduceTensor, .-cudnnReduceTensor
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname33(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnReorderFilterAndBias__cu126@PLT
     .size cudnnReorderFilterAndBias, .-cudnnReorderFilterAndBias
     .globl cudnnRestoreDropoutDescriptor
     .type cudnnRestoreDropoutDescriptor, @function
@@ -1016,7 +947,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1024,7 +955,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,7 +983,7 @@ cudnnSetCTCLossDescriptor_v9:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1031,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1039,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1131,10 +1062,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname39(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu126@PLT
     .size cudnnSetPoolingNdDescriptor, .-cudnnSetPoolingNdDescriptor
     .globl cudnnSetRNNDataDescriptor
     .type cudnnSetRNNDataDescriptor, @function
@@ -1154,10 +1082,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname40(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetSeqDataDescriptor__cu126@PLT
     .size cudnnSetSeqDataDescriptor, .-cudnnSetSeqDataDescriptor
     .globl cudnnSetSpatialTransformerNdDescriptor
     .type cudnnSetSpatialTransformerNdDescriptor, @function
@@ -1172,10 +1097,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname41(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensor__cu126@PLT
     .size cudnnSetTensor, .-cudnnSetTensor
     .globl cudnnSetTensor4dDescriptor
     .type cudnnSetTensor4dDescriptor, @function
@@ -1195,18 +1117,12 @@ cudnnSetTensorNdDescriptor:
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname42(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu126@PLT
     .size cudnnSetTensorNdDescriptorEx, .-cudnnSetTensorNdDescriptorEx
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname43(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu126@PLT
     .size cudnnSetTensorTransformDescriptor, .-cudnnSetTensorTransformDescriptor
     .globl cudnnSoftmaxBackward
     .type cudnnSoftmaxBackward, @function
@@ -1241,10 +1157,7 @@ cudnnSpatialTfSamplerForward:
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname44(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformFilter__cu126@PLT
     .size cudnnTransformFilter, .-cudnnTransformFilter
     .globl cudnnTransformTensor
     .type cudnnTransformTensor, @function
@@ -1254,102 +1167,39 @@ cudnnTransformTensor:
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname45(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformTensorEx__cu126@PLT
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnAddTensor"
-.Lname1:
-    .asciz "cudnnBatchNormalizationBackward"
-.Lname2:
     .asciz "cudnnCTCLoss"
-.Lname3:
-    .asciz "cudnnConvolutionBackwardBias"
-.Lname4:
-    .asciz "cudnnDivisiveNormalizationBackward"
-.Lname5:
-    .asciz "cudnnDivisiveNormalizationForward"
-.Lname6:
-    .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname7:
-    .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname8:
-    .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname9:
-    .asciz "cudnnGetAttnDescriptor"
-.Lname10:
+.Lname1:
     .asciz "cudnnGetBackdoor"
-.Lname11:
-    .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname12:
-    .asciz "cudnnGetCTCLossDescriptor_v9"
-.Lname13:
+.Lname2:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname14:
+.Lname3:
     .asciz "cudnnGetCallback"
-.Lname15:
-    .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname16:
+.Lname4:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname17:
+.Lname5:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname18:
-    .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname19:
-    .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname20:
+.Lname6:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname21:
-    .asciz "cudnnGetRNNDescriptor_v8"
-.Lname22:
+.Lname7:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname23:
+.Lname8:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname24:
-    .asciz "cudnnIm2Col"
-.Lname25:
+.Lname9:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname26:
-    .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname27:
+.Lname10:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname28:
-    .asciz "cudnnNormalizationBackward"
-.Lname29:
-    .asciz "cudnnNormalizationForwardInference"
-.Lname30:
-    .asciz "cudnnNormalizationForwardTraining"
-.Lname31:
-    .asciz "cudnnOpTensor"
-.Lname32:
-    .asciz "cudnnReduceTensor"
-.Lname33:
-    .asciz "cudnnReorderFilterAndBias"
-.Lname34:
+.Lname11:
     .asciz "cudnnSetBackdoor"
-.Lname35:
+.Lname12:
     .asciz "cudnnSetBackdoorEx"
-.Lname36:
+.Lname13:
     .asciz "cudnnSetCallback"
-.Lname37:
+.Lname14:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname38:
+.Lname15:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname39:
-    .asciz "cudnnSetPoolingNdDescriptor"
-.Lname40:
-    .asciz "cudnnSetSeqDataDescriptor"
-.Lname41:
-    .asciz "cudnnSetTensor"
-.Lname42:
-    .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname43:
-    .asciz "cudnnSetTensorTransformDescriptor"
-.Lname44:
-    .asciz "cudnnTransformFilter"
-.Lname45:
-    .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

@@ -26,7 +26,7 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
-       graph_host_memory green_ctx blas_xt solver_lowlevel)
+       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -34,7 +34,7 @@ nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 library_dir() {
   local lib=$1 dir
   for dir in "$CUDA_HOME/lib64" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null \
-               | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|'); do
+               | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|;p;s|/cu13/lib$|/cudnn/lib|'); do
     if compgen -G "$dir/lib$lib.so*" > /dev/null; then
       local so
       so=$(cd "$dir" && ls "lib$lib".so* | sort | head -1)
@@ -43,6 +43,15 @@ library_dir() {
     fi
   done
   echo "-l$lib"
+}
+
+# cuDNN's headers: the toolkit's, else the cuDNN wheel's beside torch ("-I DIR").
+cudnn_include() {
+  local dir
+  for dir in "$CUDA_HOME/include" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null \
+               | tr ' ' '\n' | sed 's|$|/nvidia/cudnn/include|'); do
+    if [[ -f $dir/cudnn.h ]]; then echo "-I$dir"; return; fi
+  done
 }
 
 # recipe NAME: builds $B/NAME, using $B/obj/NAME for intermediate files.
@@ -74,6 +83,7 @@ recipe() {
     sparse)         nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/sparse.cpp -o "$out" \
                       $(library_dir cusparse) ;;
     blas_xt)        nv "${LINK[@]}" src/blas_xt.cpp -o "$out" $(library_dir cublas) ;;
+    cudnn_legacy)   nv "${LINK[@]}" $(cudnn_include) src/cudnn_legacy.cpp -o "$out" $(library_dir cudnn) ;;
     solver_lowlevel) nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/solver_lowlevel.cpp -o "$out" \
                       $(library_dir cusolver) $(library_dir cusparse) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
