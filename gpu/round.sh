@@ -204,8 +204,9 @@ if want core; then
 fi
 
 if want kernels; then
-  # SUITE_NAMES narrows the suite to some of its programs ("fft rand").
-  read -r -a suite_names <<< "${SUITE_NAMES:-}"
+  # SUITE_NAMES narrows the suite to some of its programs ("fft rand", or "fft,rand").
+  suite_list=${SUITE_NAMES:-}
+  read -r -a suite_names <<< "${suite_list//,/ }"
   suite_only=()
   for name in "${suite_names[@]}"; do suite_only+=(--only "$name"); done
   # SUITE_CUDART=static links the runtime statically (nvcc's default): the program then
