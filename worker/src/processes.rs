@@ -8,8 +8,9 @@
 //! Each entry is a record whose first field is the 4-byte `pid` (every list above). The
 //! array travels both ways (`inout[*count]`): entries past those kept get the caller's bytes
 //! back, as natively the library leaves them, so nothing of another process reaches the
-//! client. Where the array is too short (NVML_ERROR_INSUFFICIENT_SIZE) nothing is listed and
-//! the count the library asks for, every process counted, goes back unchanged.
+//! client. Where the array is too short (NVML_ERROR_INSUFFICIENT_SIZE) the array goes back
+//! as the caller sent it and the count the library asks for, every process counted, goes
+//! back unchanged.
 
 use chidori_protocol::desc::{CallDesc, Len, Wire, word_at};
 
@@ -43,12 +44,14 @@ fn pid_first(desc: &CallDesc, record: &str) -> bool {
 
 /// After the library filled `entries` and wrote how many into `count` (4 bytes): keep the
 /// entries of process `own` at the front, each under `program`, give the rest the bytes the
-/// caller sent (`sent`), and write the number kept into `count`.
+/// caller sent (`sent`), and write the number kept into `count`. Where that cannot be done
+/// (no count, entries that do not hold a PID), nothing is listed.
 pub fn keep_own(entries: &mut [u8], sent: &[u8], count: &mut [u8], entry: usize, own: u32, program: u32) {
-    let Some(listed) = word_at(count, 4) else { return };
-    if entry < 4 || sent.len() != entries.len() {
+    let listed = word_at(count, 4);
+    let (Some(listed), true) = (listed, entry >= 4 && sent.len() == entries.len()) else {
+        forget_all(entries, sent, count);
         return;
-    }
+    };
     let listed = (listed as usize).min(entries.len() / entry);
     let mut kept = 0;
     for i in 0..listed {
@@ -62,6 +65,20 @@ pub fn keep_own(entries: &mut [u8], sent: &[u8], count: &mut [u8], entry: usize,
     }
     entries[kept * entry..].copy_from_slice(&sent[kept * entry..]);
     count[..4].copy_from_slice(&(kept as u32).to_le_bytes());
+}
+
+/// Give `entries` back the caller's bytes (`sent`, or zeros where they do not fit) and list
+/// none: after a failed call (NVML need not leave the array as it was when it answers
+/// NVML_ERROR_INSUFFICIENT_SIZE), or an answer that cannot be cut.
+pub fn forget_all(entries: &mut [u8], sent: &[u8], count: &mut [u8]) {
+    if sent.len() == entries.len() {
+        entries.copy_from_slice(sent);
+    } else {
+        entries.fill(0);
+    }
+    if let Some(c) = count.first_chunk_mut::<4>() {
+        *c = 0u32.to_le_bytes();
+    }
 }
 
 #[cfg(test)]
@@ -99,6 +116,15 @@ mod tests {
         keep_own(&mut got, &sent, &mut count, 16, 42, 9999);
         assert_eq!(u32::from_le_bytes(count), 0);
         assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn an_answer_that_cannot_be_cut_lists_nothing() {
+        let sent = [3u8; 32];
+        let mut got = entries(&[(100, 7), (42, 1)], 2);
+        let mut count = 2u32.to_le_bytes();
+        keep_own(&mut got, &sent[..16], &mut count, 16, 42, 9);
+        assert_eq!((got, u32::from_le_bytes(count)), (vec![0u8; 32], 0));
     }
 
     #[test]

@@ -1161,17 +1161,19 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         let Some(list) = process_list else {
             return fail(desc.codes.not_supported, format!("{}: no process list in its descriptor", desc.name));
         };
-        if let (Some(sent), true) = (sent_entries, ok) {
-            let (array, count) = two_mut(&mut buffers, list.array, list.count);
-            if let (Some(entries), Some(count)) = (array.and_then(|b| b.as_mut()), count.and_then(|b| b.as_mut())) {
-                crate::processes::keep_own(
+        let (array, count) = two_mut(&mut buffers, list.array, list.count);
+        if let (Some(sent), Some(entries)) = (sent_entries, array.and_then(|b| b.as_mut())) {
+            match count.and_then(|b| b.as_mut()) {
+                Some(count) if ok => crate::processes::keep_own(
                     entries.bytes_mut(),
                     &sent,
                     count.bytes_mut(),
                     list.entry,
                     std::process::id(),
                     session.program_pid,
-                );
+                ),
+                // The count the library asks for goes back; the array as the caller sent it.
+                _ => crate::processes::forget_all(entries.bytes_mut(), &sent, &mut []),
             }
         }
     }
