@@ -149,6 +149,19 @@ impl Tracker {
     pub fn bases(&self) -> Vec<u64> {
         self.ranges.keys().copied().collect()
     }
+
+    /// See [`made_since`].
+    pub fn made_since(&self, before: &[(u64, u64)], addrs: &[u64]) -> Vec<u64> {
+        let mut made: Vec<u64> = addrs
+            .iter()
+            .filter_map(|&a| self.stand_in(a))
+            .filter(|&(b, l)| !before.iter().any(|&(ob, ol)| ob < b + l && b < ob + ol))
+            .map(|(b, _)| b)
+            .collect();
+        made.sort_unstable();
+        made.dedup();
+        made
+    }
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -314,6 +327,18 @@ pub fn for_server(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
     }
     PULL.store(true, Ordering::Release);
     Ok(())
+}
+
+/// The stand-ins now, as (base, length): what a library call (cuBLASXt's) found before it
+/// mirrored its arrays, so it can drop afterwards only those it made ([`made_since`]).
+pub fn stand_ins() -> Vec<(u64, u64)> {
+    tracker().as_ref().map(|t| t.stand_ins.iter().map(|(&b, &l)| (b, l)).collect()).unwrap_or_default()
+}
+
+/// The bases of the stand-ins holding `addrs` that share no page with any of `before` (the
+/// stand-ins a call found): those the call made, which no graph or earlier call uses.
+pub fn made_since(before: &[(u64, u64)], addrs: &[u64]) -> Vec<u64> {
+    tracker().as_ref().map(|t| t.made_since(before, addrs)).unwrap_or_default()
 }
 
 /// Send the server what changed in `[base, base + len)`; false when a stand-in's pages are
@@ -510,6 +535,21 @@ mod tests {
         // Forgotten (its pages gone): no stand-in there any more.
         t.forget(base);
         assert_eq!(t.stand_in(base + 10), None);
+    }
+
+    #[test]
+    fn a_library_call_drops_only_the_stand_ins_it_made() {
+        let mut t = Tracker::default();
+        let page = chidori_protocol::mirror::PAGE;
+        let base = 0x20_0000;
+        // A graph's stand-in before the call.
+        t.add_stand_in(base, 8);
+        let before: Vec<(u64, u64)> = t.stand_ins.iter().map(|(&b, &l)| (b, l)).collect();
+        // The call's arrays: one far away (made by it), one that grows the graph's (shared).
+        t.add_stand_in(base + 10 * page, 3 * page);
+        t.add_stand_in(base + page - 8, 2 * page);
+        let made = t.made_since(&before, &[base + 10 * page, base + page - 8, 0x10]);
+        assert_eq!(made, vec![base + 10 * page]);
     }
 
     #[test]
