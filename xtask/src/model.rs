@@ -1117,7 +1117,7 @@ const PATH_WORDS: &[&str] = &["file", "File", "path", "Path", "fname"];
 
 fn looks_like_length(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    ["count", "size", "len", "num"].iter().any(|w| lower.contains(w))
+    ["count", "size", "len", "num", "dims"].iter().any(|w| lower.contains(w))
 }
 
 /// A length behind a pointer (`out[*count]`) sizes an output or in-out array (the only

@@ -64,8 +64,9 @@ int main() {
   cudnnOpTensorDescriptor_t op;
   CHECK_STATUS(cudnnCreateOpTensorDescriptor(&op));
   CHECK_STATUS(cudnnSetOpTensorDescriptor(op, CUDNN_OP_TENSOR_MUL, CUDNN_DATA_FLOAT, CUDNN_PROPAGATE_NAN));
-  CHECK_STATUS(cudnnOpTensor(h, op, &one, x.desc, x.data, &two, y.desc, y.data, &zero, y.desc, y.data));
-  report.line("op mul", sum_of(y));
+  Tensor product = tensor({2, 3, 16, 16});
+  CHECK_STATUS(cudnnOpTensor(h, op, &one, x.desc, x.data, &two, y.desc, y.data, &zero, product.desc, product.data));
+  report.line("op mul", sum_of(product));
 
   // The sum and the max (with its index) over everything but the channels.
   Tensor per_channel = tensor({1, 3, 1, 1});

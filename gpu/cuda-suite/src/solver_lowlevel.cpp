@@ -122,8 +122,13 @@ int main() {
   std::vector<int> p(kN), q(kN), rows_l(kN + 1), cols_l(nnz_l), rows_u(kN + 1), cols_u(nnz_u);
   std::vector<double> vals_l(nnz_l), vals_u(nnz_u);
   cusparseMatDescr_t descr_l, descr_u;
+  // L unit lower, U upper (as NVIDIA's cuSolverRf sets them).
   CHECK_STATUS(cusparseCreateMatDescr(&descr_l));
+  CHECK_STATUS(cusparseSetMatFillMode(descr_l, CUSPARSE_FILL_MODE_LOWER));
+  CHECK_STATUS(cusparseSetMatDiagType(descr_l, CUSPARSE_DIAG_TYPE_UNIT));
   CHECK_STATUS(cusparseCreateMatDescr(&descr_u));
+  CHECK_STATUS(cusparseSetMatFillMode(descr_u, CUSPARSE_FILL_MODE_UPPER));
+  CHECK_STATUS(cusparseSetMatDiagType(descr_u, CUSPARSE_DIAG_TYPE_NON_UNIT));
   CHECK_STATUS(cusolverSpDcsrluExtractHost(sp, p.data(), q.data(), descr_l, vals_l.data(), rows_l.data(),
                                            cols_l.data(), descr_u, vals_u.data(), rows_u.data(), cols_u.data(), lu_h,
                                            lu_buffer.data()));
