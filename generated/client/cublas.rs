@@ -1964,7 +1964,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgetrfBatched(
         ) as u32
     }
 }
-///`cublasCgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgetriBatched(
     handle: *mut c_void,
@@ -6781,7 +6781,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgetrfBatched(
         ) as u32
     }
 }
-///`cublasDgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgetriBatched(
     handle: *mut c_void,
@@ -13024,7 +13024,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgetrfBatched(
         ) as u32
     }
 }
-///`cublasSgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgetriBatched(
     handle: *mut c_void,
@@ -19461,7 +19461,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgetrfBatched(
         ) as u32
     }
 }
-///`cublasZgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgetriBatched(
     handle: *mut c_void,
