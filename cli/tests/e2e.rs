@@ -3625,6 +3625,8 @@ int main(void) {
   memset(procs, 0xab, sizeof procs);
   n = 0; s = nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, 0);
   printf(" procs query %d n %u;", s, n);
+  n = 2; s = nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs);
+  printf(" procs short %d n %u first %x;", s, n, procs[0].pid);
   n = 4; s = nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs);
   printf(" procs %d n %u mine %d used %llu next %x;", s, n, procs[0].pid == (unsigned)getpid(), procs[0].used, procs[1].pid);
   char name[256];
@@ -3657,7 +3659,8 @@ fn nvml_lists_sized_by_pointer_and_only_the_programs_own_process() {
     assert_eq!(
         stdout.trim(),
         "clocks query 7 n 3; short 7 n 3 c0 77; full 0 n 3: 4800 3201 1593 77; null 2; \
-         procs query 7 n 3; procs 0 n 1 mine 1 used 1048576 next abababab; name 0 nvml_lists; \
+         procs query 7 n 3; procs short 7 n 3 first abababab; procs 0 n 1 mine 1 used 1048576 next abababab; \
+         name 0 nvml_lists; \
          vgpu short 7 size 16; vgpu 0 GRID H200-1-18C",
         "{stderr}"
     );

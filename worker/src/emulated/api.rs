@@ -984,21 +984,24 @@ impl Emulated {
                 "nvmlDeviceGetComputeRunningProcesses_v3" => {
                     let used = self.state().allocations.values().map(|b| b.len() as u64).sum::<u64>();
                     let listed = [(1u32, 1 << 30), (std::process::id(), used), (2u32, 5 << 20)];
-                    match room(a[1], listed.len()) {
+                    let have = if a[1] == 0 { 0 } else { std::ptr::read_unaligned(a[1] as *const u32) as usize };
+                    let status = match room(a[1], listed.len()) {
                         Err(status) => status,
-                        Ok(()) => {
-                            for (i, (pid, bytes)) in listed.iter().enumerate() {
-                                // nvmlProcessInfo_v2_t: pid, usedGpuMemory, gpuInstanceId,
-                                // computeInstanceId (no MIG: 0xffffffff each).
-                                let at = a[2] + 24 * i as u64;
-                                put_u32(at, *pid);
-                                put_u64(at + 8, *bytes);
-                                put_u32(at + 16, u32::MAX);
-                                put_u32(at + 20, u32::MAX);
-                            }
-                            SUCCESS
-                        }
+                        Ok(()) => SUCCESS,
+                    };
+                    // What fits is written even when the array is too short (a library may
+                    // fill what it can before it answers NVML_ERROR_INSUFFICIENT_SIZE).
+                    let fits = if a[2] == 0 { 0 } else { have.min(listed.len()) };
+                    for (i, (pid, bytes)) in listed.iter().take(fits).enumerate() {
+                        // nvmlProcessInfo_v2_t: pid, usedGpuMemory, gpuInstanceId,
+                        // computeInstanceId (no MIG: 0xffffffff each).
+                        let at = a[2] + 24 * i as u64;
+                        put_u32(at, *pid);
+                        put_u64(at + 8, *bytes);
+                        put_u32(at + 16, u32::MAX);
+                        put_u32(at + 20, u32::MAX);
                     }
+                    status
                 }
                 "nvmlVgpuTypeGetName" => {
                     const NAME: &[u8] = b"GRID H200-1-18C\0";
