@@ -7,16 +7,7 @@
 #include <vector>
 #include <cuda.h>
 
-#define CU_CHECK(call)                                                                       \
-  do {                                                                                       \
-    CUresult check_res_ = (call);                                                            \
-    if (check_res_ != CUDA_SUCCESS) {                                                        \
-      const char* name_ = nullptr;                                                           \
-      cuGetErrorName(check_res_, &name_);                                                    \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_ ? name_ : "?"); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
+#include "driver_check.h"
 
 // axpy_i32(y, x, a, n): y[i] = a * x[i] + y[i].  scale_by_global(y, n): y[i] *= g_scale.
 static const char kPtx[] = R"(

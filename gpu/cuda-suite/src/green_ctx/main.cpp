@@ -9,16 +9,7 @@
 #include "common.h"
 #include "green_ctx/kernels.h"
 
-#define CU_CHECK(call)                                                                         \
-  do {                                                                                         \
-    CUresult check_res_ = (call);                                                              \
-    if (check_res_ != CUDA_SUCCESS) {                                                          \
-      const char* name_ = nullptr;                                                             \
-      cuGetErrorName(check_res_, &name_);                                                      \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_ ? name_ : "?"); \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "driver_check.h"
 
 int main() {
   Report report;
