@@ -25,6 +25,10 @@
 //! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`], or [`device_len`] of its width | — |
 //! | `Handles` | the client's address | 8 × count, or [`NULL_LEN`] | the handles |
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
+//!
+//! A count behind a pointer ([`Len::Deref`]: NVML's `unsigned int *count`) is read by the
+//! client ([`Client::word`]); the decoder checks such an array's length against the count's
+//! own bytes once every parameter is decoded (the count may come after the array).
 
 use crate::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Len, Wire, device_len, device_width, word_at};
 use crate::messages::{COMPRESS_MAX, COMPRESSED_FLAG, CONTENT_FLAG, Call, NULL_LEN};
