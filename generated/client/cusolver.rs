@@ -15763,28 +15763,56 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfo(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroyCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrcholInfoHost,
-            &[(info) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDestroyCsrcholInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrcholInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host_destroy(&CTX, &[(info) as usize as u64])
+        }) as u32
     }
 }
-///`cusolverSpDestroyCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroyCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrluInfoHost(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrluInfoHost,
-            &[(info) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDestroyCsrluInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrluInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host_destroy(&CTX, &[(info) as usize as u64])
+        }) as u32
     }
 }
 ///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
@@ -15799,16 +15827,30 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroyCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrqrInfoHost,
-            &[(info) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverSpDestroyCsrqrInfoHost",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrqrInfoHost__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::sp_host_destroy(&CTX, &[(info) as usize as u64])
+        }) as u32
     }
 }
 ///`cusolverSpGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -335,6 +335,17 @@ pub fn stand_ins() -> Vec<(u64, u64)> {
     tracker().as_ref().map(|t| t.stand_ins.iter().map(|(&b, &l)| (b, l)).collect()).unwrap_or_default()
 }
 
+/// The stand-ins holding `addrs`, as (base, length) (pinned memory has none: it is mirrored
+/// whole until the program frees it).
+pub fn stand_in_ranges(addrs: &[u64]) -> Vec<(u64, u64)> {
+    let guard = tracker();
+    let Some(t) = guard.as_ref() else { return Vec::new() };
+    let mut ranges: Vec<(u64, u64)> = addrs.iter().filter_map(|&a| t.stand_in(a)).collect();
+    ranges.sort_unstable();
+    ranges.dedup();
+    ranges
+}
+
 /// The bases of the stand-ins holding `addrs` that share no page with any of `before` (the
 /// stand-ins a call found): those the call made, which no graph or earlier call uses.
 pub fn made_since(before: &[(u64, u64)], addrs: &[u64]) -> Vec<u64> {

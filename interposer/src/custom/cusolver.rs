@@ -76,6 +76,46 @@ pub struct SpInfo {
 
 static SP_INFOS: std::sync::Mutex<Option<std::collections::HashMap<u64, SpInfo>>> = std::sync::Mutex::new(None);
 
+/// The mirrors (stand-in bases) holding arrays given to calls with each info object: the
+/// library may keep their addresses until the info is destroyed, so a mirror goes once no
+/// live info object was given memory in it.
+#[derive(Default)]
+struct SpMirrors {
+    by_base: std::collections::HashMap<u64, std::collections::HashSet<u64>>,
+}
+
+impl SpMirrors {
+    /// `info` was given memory in the stand-in `[base, base + len)`. A stand-in made by
+    /// merging earlier ones takes over the info objects that used them.
+    fn used(&mut self, (base, len): (u64, u64), info: u64) {
+        let merged: Vec<u64> =
+            self.by_base.keys().copied().filter(|&k| k > base && k < base.saturating_add(len)).collect();
+        let mut infos = self.by_base.remove(&base).unwrap_or_default();
+        for k in merged {
+            infos.extend(self.by_base.remove(&k).unwrap_or_default());
+        }
+        infos.insert(info);
+        self.by_base.insert(base, infos);
+    }
+
+    /// `info` is destroyed: the bases no live info object uses any more.
+    fn released(&mut self, info: u64) -> Vec<u64> {
+        let mut gone = Vec::new();
+        self.by_base.retain(|&base, infos| {
+            infos.remove(&info);
+            let keep = !infos.is_empty();
+            if !keep {
+                gone.push(base);
+            }
+            keep
+        });
+        gone.sort_unstable();
+        gone
+    }
+}
+
+static SP_MIRRORS: std::sync::Mutex<Option<SpMirrors>> = std::sync::Mutex::new(None);
+
 fn sp_info(info: u64) -> SpInfo {
     SP_INFOS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&info).copied()).unwrap_or_default()
 }
@@ -167,7 +207,7 @@ pub unsafe fn sp_host(ctx: &Ctx, args: &[u64]) -> u64 {
             return unsafe { crate::runtime::call(desc, args) };
         };
         let info = args.get(info_at).copied().unwrap_or(0);
-        let mut mirrored = false;
+        let mut mirrored = Vec::new();
         if let Ok(conn) = crate::conn::get() {
             for (param, bytes) in arrays {
                 let addr = args.get(param).copied().unwrap_or(0);
@@ -175,18 +215,49 @@ pub unsafe fn sp_host(ctx: &Ctx, args: &[u64]) -> u64 {
                     continue;
                 }
                 match crate::mirror::for_server(&conn, addr, bytes) {
-                    Ok(()) => mirrored = true,
+                    Ok(()) => mirrored.push(addr),
                     Err(why) => tracing::debug!("{}: argument {param} stays as it is: {why}", ctx.name),
                 }
             }
         }
+        // Every mirror holding this call's arrays is in use by the info object (its bases
+        // once all arrays are mirrored: a later array may have merged an earlier one's).
+        if !mirrored.is_empty() {
+            let mut guard = SP_MIRRORS.lock().unwrap_or_else(|p| p.into_inner());
+            let tracked = guard.get_or_insert_with(SpMirrors::default);
+            for range in crate::mirror::stand_in_ranges(&mirrored) {
+                tracked.used(range, info);
+            }
+        }
         // SAFETY: the program's arguments; its host arrays are mirrored above.
         let status = unsafe { crate::runtime::call(desc, args) };
-        if mirrored && let Ok(conn) = crate::conn::get() {
+        if !mirrored.is_empty()
+            && let Ok(conn) = crate::conn::get()
+        {
             crate::mirror::pull(&conn);
         }
         if status == ctx.codes.success as u64 {
             record_sp_info(ctx.name, args, info);
+        }
+        status
+    })
+}
+
+/// `cusolverSpDestroyCsr{qr,chol,lu}InfoHost`: the library lets go of the info object's
+/// arrays, so the mirrors no other live info object was given memory in go too (a program
+/// that solves with fresh arrays, one info object each, does not fill the server).
+pub unsafe fn sp_host_destroy(ctx: &Ctx, args: &[u64]) -> u64 {
+    let invalid = ctx.codes.invalid_value as u64;
+    crate::guard::ffi(ctx.name, invalid, || {
+        let info = args.first().copied().unwrap_or(0);
+        // SAFETY: a handle value.
+        let status = unsafe { crate::runtime::call(ctx.form(chidori_protocol::desc::Form::Call), args) };
+        if info != 0 {
+            SP_INFOS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.remove(&info));
+            let gone = SP_MIRRORS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.released(info));
+            for base in gone.unwrap_or_default() {
+                crate::mirror::forget(base);
+            }
         }
         status
     })
@@ -221,6 +292,23 @@ fn record_sp_info(name: &str, args: &[u64], info: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mirror_goes_when_no_live_info_object_uses_it() {
+        let mut m = SpMirrors::default();
+        // Two info objects share the matrix's mirror (0x1000); the workspace (0x9000) is one's.
+        m.used((0x1000, 0x1000), 1);
+        m.used((0x1000, 0x1000), 2);
+        m.used((0x9000, 0x1000), 1);
+        assert_eq!(m.released(1), vec![0x9000]);
+        assert_eq!(m.released(2), vec![0x1000]);
+        assert_eq!(m.released(3), Vec::<u64>::new());
+        // A stand-in merged over an earlier one keeps the earlier one's users.
+        m.used((0x20000, 0x1000), 4);
+        m.used((0x1f000, 0x3000), 5);
+        assert_eq!(m.released(5), Vec::<u64>::new(), "info 4's arrays are in the merged stand-in");
+        assert_eq!(m.released(4), vec![0x1f000]);
+    }
 
     #[test]
     fn low_level_host_arrays_take_their_sizes_from_the_call_and_the_info() {
