@@ -83,6 +83,10 @@ pub struct Client {
     pub cublaslt_records: Table<u64, crate::custom::cublaslt::Record>,
     /// cuDNN descriptors whose content was fingerprinted for size queries (None: unknown).
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
+    /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
+    pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
+    /// The mirrors holding arrays given with each of those info objects.
+    pub sp_mirrors: Mutex<Option<crate::custom::cusolver::SpMirrors>>,
     /// What the engines of `crate::ahead` learned in this process.
     pub ahead: Ahead,
 }
@@ -145,6 +149,8 @@ pub static CLIENT: Client = Client {
     loops: Table::new(),
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
+    sp_infos: Table::new(),
+    sp_mirrors: Mutex::new(None),
     ahead: Ahead {
         captures: Captures::new(),
         heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),

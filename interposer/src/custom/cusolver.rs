@@ -6,6 +6,8 @@ use std::ffi::c_void;
 use chidori_cuda::calls::cusolver as calls;
 use chidori_cuda::desc::Ctx;
 
+use crate::state::CLIENT;
+
 /// `cusolverSpXcsrpermHost`: `pBuffer` is a host workspace whose size no parameter gives
 /// (the caller sized it with `cusolverSpXcsrperm_bufferSizeHost`). The client asks that
 /// query itself with the same inputs (one more round trip), then sends the call with the
@@ -74,13 +76,11 @@ pub struct SpInfo {
     nnz_u: u64,
 }
 
-static SP_INFOS: std::sync::Mutex<Option<std::collections::HashMap<u64, SpInfo>>> = std::sync::Mutex::new(None);
-
 /// The mirrors (stand-in bases) holding arrays given to calls with each info object: the
 /// library may keep their addresses until the info is destroyed, so a mirror goes once no
 /// live info object was given memory in it.
 #[derive(Default)]
-struct SpMirrors {
+pub struct SpMirrors {
     by_base: std::collections::HashMap<u64, std::collections::HashSet<u64>>,
 }
 
@@ -114,14 +114,12 @@ impl SpMirrors {
     }
 }
 
-static SP_MIRRORS: std::sync::Mutex<Option<SpMirrors>> = std::sync::Mutex::new(None);
-
 fn sp_info(info: u64) -> SpInfo {
-    SP_INFOS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&info).copied()).unwrap_or_default()
+    CLIENT.sp_infos.get(&info).unwrap_or_default()
 }
 
 fn set_sp_info(info: u64, f: impl FnOnce(&mut SpInfo)) {
-    let mut guard = SP_INFOS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = CLIENT.sp_infos.lock();
     f(guard.get_or_insert_with(Default::default).entry(info).or_default());
 }
 
@@ -223,7 +221,7 @@ pub unsafe fn sp_host(ctx: &Ctx, args: &[u64]) -> u64 {
         // Every mirror holding this call's arrays is in use by the info object (its bases
         // once all arrays are mirrored: a later array may have merged an earlier one's).
         if !mirrored.is_empty() {
-            let mut guard = SP_MIRRORS.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = CLIENT.sp_mirrors.lock().unwrap_or_else(|p| p.into_inner());
             let tracked = guard.get_or_insert_with(SpMirrors::default);
             for range in crate::mirror::stand_in_ranges(&mirrored) {
                 tracked.used(range, info);
@@ -253,8 +251,8 @@ pub unsafe fn sp_host_destroy(ctx: &Ctx, args: &[u64]) -> u64 {
         // SAFETY: a handle value.
         let status = unsafe { crate::runtime::call(ctx.form(chidori_protocol::desc::Form::Call), args) };
         if info != 0 {
-            SP_INFOS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.remove(&info));
-            let gone = SP_MIRRORS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.released(info));
+            CLIENT.sp_infos.remove(&info);
+            let gone = CLIENT.sp_mirrors.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.released(info));
             for base in gone.unwrap_or_default() {
                 crate::mirror::forget(base);
             }
