@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use chidori_protocol::frame::{Header, Kind};
 use chidori_protocol::messages::{self, Service, ServiceReply};
@@ -42,7 +42,14 @@ pub struct Tracker {
     ranges: BTreeMap<u64, Vec<u64>>,
     /// Pages of pageable memory that graphs copy, mirrored like pinned memory: base → length.
     stand_ins: BTreeMap<u64, u64>,
+    /// Who may still use each stand-in ([`GRAPHS`], a library call, an info object): a
+    /// stand-in goes when its last owner releases it ([`release`]).
+    owners: BTreeMap<u64, BTreeSet<u64>>,
 }
+
+/// The owner of the stand-ins graph copies name: a graph may be replayed as long as the
+/// program lives, so they are never released (the program's unmapping drops them).
+pub const GRAPHS: u64 = 0;
 
 /// What one range needs sent: (offset, length) runs of whole changed chunks.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,6 +118,7 @@ impl Tracker {
 
     pub fn forget(&mut self, base: u64) -> bool {
         self.stand_ins.remove(&base);
+        self.owners.remove(&base);
         self.ranges.remove(&base).is_some()
     }
 
@@ -120,47 +128,49 @@ impl Tracker {
         (addr < base + len).then_some((base, len))
     }
 
-    /// The stand-in that holds `[addr, addr + len)`: the pages around it, merged with every
-    /// stand-in they overlap (a stand-in is one mirror, and mirrors never share pages).
-    /// Returns it and the bases of the stand-ins it replaces (whose mirrors the server drops;
-    /// the new one covers their addresses, so graph nodes naming them stay valid). None: not
-    /// user memory.
-    pub fn add_stand_in(&mut self, addr: u64, len: u64) -> Option<((u64, u64), Vec<u64>)> {
+    /// The stand-in that holds `[addr, addr + len)`, claimed by `owner`: the pages around it,
+    /// merged with every stand-in they overlap (a stand-in is one mirror, and mirrors never
+    /// share pages; the merged one keeps their owners). Returns it and the bases of the
+    /// stand-ins it replaces (whose mirrors the server drops; the new one covers their
+    /// addresses, so graph nodes naming them stay valid). None: not user memory.
+    pub fn add_stand_in(&mut self, addr: u64, len: u64, owner: u64) -> Option<((u64, u64), Vec<u64>)> {
         let (mut lo, n) = chidori_protocol::mirror::pages(addr, len.max(1))?;
         let mut hi = lo + n;
         if let Some(found) = self.stand_in(addr).filter(|&(b, l)| hi <= b + l) {
+            self.owners.entry(found.0).or_default().insert(owner);
             return Some((found, Vec::new()));
         }
         let overlapping: Vec<(u64, u64)> =
             self.stand_ins.range(..hi).filter(|&(&b, &l)| b + l > lo).map(|(&b, &l)| (b, l)).collect();
         let mut replaced = Vec::new();
+        let mut owners = BTreeSet::from([owner]);
         for (b, l) in overlapping {
             lo = lo.min(b);
             hi = hi.max(b + l);
             self.stand_ins.remove(&b);
+            owners.extend(self.owners.remove(&b).unwrap_or_default());
             if self.ranges.remove(&b).is_some() {
                 replaced.push(b);
             }
         }
         self.stand_ins.insert(lo, hi - lo);
+        self.owners.insert(lo, owners);
         Some(((lo, hi - lo), replaced))
+    }
+
+    /// `owner` no longer uses its stand-ins: those no other owner holds, to drop.
+    pub fn release(&mut self, owner: u64) -> Vec<u64> {
+        let mut gone = Vec::new();
+        for (&base, owners) in self.owners.iter_mut() {
+            if owners.remove(&owner) && owners.is_empty() {
+                gone.push(base);
+            }
+        }
+        gone
     }
 
     pub fn bases(&self) -> Vec<u64> {
         self.ranges.keys().copied().collect()
-    }
-
-    /// See [`made_since`].
-    pub fn made_since(&self, before: &[(u64, u64)], addrs: &[u64]) -> Vec<u64> {
-        let mut made: Vec<u64> = addrs
-            .iter()
-            .filter_map(|&a| self.stand_in(a))
-            .filter(|&(b, l)| !before.iter().any(|&(ob, ol)| ob < b + l && b < ob + ol))
-            .map(|(b, _)| b)
-            .collect();
-        made.sort_unstable();
-        made.dedup();
-        made
     }
 }
 
@@ -302,11 +312,12 @@ pub fn prepare_graph(conn: &Conn) {
 
 /// A graph's copy (a node, or a copy on a capturing stream) has one side in the program's
 /// memory at `[addr, addr + len)`, or a library reads and writes the program's host memory
-/// itself (cuBLASXt's host matrices): make that memory one the server mirrors, with its
+/// itself ([`around_library_call`]): make that memory one the server mirrors, with its
 /// contents now, so the server can name it by its address. Pinned, registered and managed
-/// memory is mirrored whole; other memory by the pages that hold it. What the server
-/// writes there comes back at the next [`pull`].
-pub fn for_server(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
+/// memory is mirrored whole (until the program frees it); other memory by the pages that
+/// hold it, a stand-in claimed by `owner` ([`GRAPHS`] for a graph's). What the server writes
+/// there comes back at the next [`pull`].
+pub fn for_server(conn: &Conn, addr: u64, len: u64, owner: u64) -> Result<(), String> {
     if let Some(r) = pinned(addr) {
         if addr.checked_add(len).is_none_or(|end| end > r.base + r.len) {
             return Err(format!("{len} bytes at {addr:#x} run past the program's pinned range at {:#x}", r.base));
@@ -315,7 +326,7 @@ pub fn for_server(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
         PULL.store(true, Ordering::Release);
         return Ok(());
     }
-    let added = tracker().get_or_insert_with(Tracker::default).add_stand_in(addr, len);
+    let added = tracker().get_or_insert_with(Tracker::default).add_stand_in(addr, len, owner);
     let Some(((base, len), replaced)) = added else {
         return Err(format!("{len} bytes at {addr:#x} are not memory of this program"));
     };
@@ -329,27 +340,47 @@ pub fn for_server(conn: &Conn, addr: u64, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The stand-ins now, as (base, length): what a library call (cuBLASXt's) found before it
-/// mirrored its arrays, so it can drop afterwards only those it made ([`made_since`]).
-pub fn stand_ins() -> Vec<(u64, u64)> {
-    tracker().as_ref().map(|t| t.stand_ins.iter().map(|(&b, &l)| (b, l)).collect()).unwrap_or_default()
+/// Owners of library calls' stand-ins made per call (above every handle value, which is an
+/// info object's owner id).
+static CALL_OWNERS: AtomicU64 = AtomicU64::new(1 << 63);
+
+/// A fresh owner for the stand-ins of one library call.
+pub fn call_owner() -> u64 {
+    CALL_OWNERS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The stand-ins holding `addrs`, as (base, length) (pinned memory has none: it is mirrored
-/// whole until the program frees it).
-pub fn stand_in_ranges(addrs: &[u64]) -> Vec<(u64, u64)> {
-    let guard = tracker();
-    let Some(t) = guard.as_ref() else { return Vec::new() };
-    let mut ranges: Vec<(u64, u64)> = addrs.iter().filter_map(|&a| t.stand_in(a)).collect();
-    ranges.sort_unstable();
-    ranges.dedup();
-    ranges
+/// A library call `name` that reads and writes the program's host arrays itself (cuBLASXt's
+/// matrices, cuSOLVER's low-level CPU path): every `(address, bytes)` of `arrays` becomes
+/// memory the server mirrors at that address, claimed by `owner`; `call` runs (it waits);
+/// what the library wrote there comes back before this returns. An array that is not the
+/// program's memory (a device address the client did not see allocated) passes as it is:
+/// the server checks it as device memory.
+pub fn around_library_call(name: &str, owner: u64, arrays: &[(u64, u64)], call: impl FnOnce() -> u64) -> u64 {
+    let conn = crate::conn::get().ok();
+    let mut mirrored = false;
+    if let Some(conn) = &conn {
+        for &(addr, bytes) in arrays.iter().filter(|&&(a, b)| a != 0 && b != 0 && !state::is_device(a)) {
+            match for_server(conn, addr, bytes, owner) {
+                Ok(()) => mirrored = true,
+                Err(why) => tracing::debug!("{name}: {addr:#x} stays as it is: {why}"),
+            }
+        }
+    }
+    let status = call();
+    if let (true, Some(conn)) = (mirrored, &conn) {
+        pull(conn);
+    }
+    status
 }
 
-/// The bases of the stand-ins holding `addrs` that share no page with any of `before` (the
-/// stand-ins a call found): those the call made, which no graph or earlier call uses.
-pub fn made_since(before: &[(u64, u64)], addrs: &[u64]) -> Vec<u64> {
-    tracker().as_ref().map(|t| t.made_since(before, addrs)).unwrap_or_default()
+/// `owner` no longer uses its memory (a library call returned and keeps no pointer, an info
+/// object was destroyed): the stand-ins no other owner holds go, so a program that hands a
+/// library fresh buffers does not fill the server.
+pub fn release(owner: u64) {
+    let gone = tracker().as_mut().map(|t| t.release(owner)).unwrap_or_default();
+    for base in gone {
+        forget(base);
+    }
 }
 
 /// Send the server what changed in `[base, base + len)`; false when a stand-in's pages are
@@ -527,22 +558,22 @@ mod tests {
         let page = chidori_protocol::mirror::PAGE;
         let base = 0x10_0000;
         // A stack variable: its page.
-        assert_eq!(t.add_stand_in(base + 100, 8), Some(((base, page), vec![])));
+        assert_eq!(t.add_stand_in(base + 100, 8, GRAPHS), Some(((base, page), vec![])));
         assert_eq!(t.stand_in(base + 4000), Some((base, page)));
         // Inside it: the same stand-in.
-        assert_eq!(t.add_stand_in(base + 200, 16), Some(((base, page), vec![])));
+        assert_eq!(t.add_stand_in(base + 200, 16, GRAPHS), Some(((base, page), vec![])));
         // Across its end: one stand-in over both pages replaces it (the server drops the old
         // mirror only if it had been made).
         t.update(base, &vec![0u8; page as usize]);
-        assert_eq!(t.add_stand_in(base + page - 4, 8), Some(((base, 2 * page), vec![base])));
+        assert_eq!(t.add_stand_in(base + page - 4, 8, GRAPHS), Some(((base, 2 * page), vec![base])));
         assert_eq!(t.stand_in(base + page + 10), Some((base, 2 * page)));
         // Stand-ins may meet without sharing a page; a range overlapping two makes one of all.
-        assert_eq!(t.add_stand_in(base + 4 * page, 8), Some(((base + 4 * page, page), vec![])));
-        assert_eq!(t.add_stand_in(base + 2 * page, 8), Some(((base + 2 * page, page), vec![])));
-        assert_eq!(t.add_stand_in(base + page, 3 * page + 1), Some(((base, 5 * page), vec![])));
+        assert_eq!(t.add_stand_in(base + 4 * page, 8, GRAPHS), Some(((base + 4 * page, page), vec![])));
+        assert_eq!(t.add_stand_in(base + 2 * page, 8, GRAPHS), Some(((base + 2 * page, page), vec![])));
+        assert_eq!(t.add_stand_in(base + page, 3 * page + 1, GRAPHS), Some(((base, 5 * page), vec![])));
         assert_eq!(t.stand_in(base + 5 * page), None);
         // No user memory.
-        assert_eq!(t.add_stand_in(0x10, 8), None);
+        assert_eq!(t.add_stand_in(0x10, 8, GRAPHS), None);
         // Forgotten (its pages gone): no stand-in there any more.
         t.forget(base);
         assert_eq!(t.stand_in(base + 10), None);
@@ -554,13 +585,33 @@ mod tests {
         let page = chidori_protocol::mirror::PAGE;
         let base = 0x20_0000;
         // A graph's stand-in before the call.
-        t.add_stand_in(base, 8);
-        let before: Vec<(u64, u64)> = t.stand_ins.iter().map(|(&b, &l)| (b, l)).collect();
+        t.add_stand_in(base, 8, GRAPHS);
         // The call's arrays: one far away (made by it), one that grows the graph's (shared).
-        t.add_stand_in(base + 10 * page, 3 * page);
-        t.add_stand_in(base + page - 8, 2 * page);
-        let made = t.made_since(&before, &[base + 10 * page, base + page - 8, 0x10]);
-        assert_eq!(made, vec![base + 10 * page]);
+        let call = 1 << 63;
+        t.add_stand_in(base + 10 * page, 3 * page, call);
+        t.add_stand_in(base + page - 8, 2 * page, call);
+        assert_eq!(t.release(call), vec![base + 10 * page]);
+    }
+
+    #[test]
+    fn a_stand_in_goes_when_no_owner_uses_it() {
+        let mut t = Tracker::default();
+        let page = chidori_protocol::mirror::PAGE;
+        let (matrix, workspace) = (0x40_0000, 0x80_0000);
+        // Two info objects share the matrix's stand-in; the workspace is one's.
+        t.add_stand_in(matrix, 8, 1);
+        t.add_stand_in(matrix, 8, 2);
+        t.add_stand_in(workspace, 8, 1);
+        assert_eq!(t.release(1), vec![workspace]);
+        t.forget(workspace);
+        assert_eq!(t.release(2), vec![matrix]);
+        t.forget(matrix);
+        assert_eq!(t.release(3), Vec::<u64>::new());
+        // A stand-in merged over an earlier one keeps the earlier one's owners.
+        t.add_stand_in(matrix + page, 8, 4);
+        t.add_stand_in(matrix, 3 * page, 5);
+        assert_eq!(t.release(5), Vec::<u64>::new(), "owner 4's array is in the merged stand-in");
+        assert_eq!(t.release(4), vec![matrix]);
     }
 
     #[test]

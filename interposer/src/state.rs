@@ -85,8 +85,6 @@ pub struct Client {
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
-    /// The mirrors holding arrays given with each of those info objects.
-    pub sp_mirrors: Mutex<Option<crate::custom::cusolver::SpMirrors>>,
     /// What the engines of `crate::ahead` learned in this process.
     pub ahead: Ahead,
 }
@@ -150,7 +148,6 @@ pub static CLIENT: Client = Client {
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
     sp_infos: Table::new(),
-    sp_mirrors: Mutex::new(None),
     ahead: Ahead {
         captures: Captures::new(),
         heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),

@@ -562,7 +562,7 @@ fn mirror_box(
     let (Some(first), Some(len)) = (first, len) else {
         return Err(Unmirrored::Status(chidori_cuda::consts::cudaError::cudaErrorInvalidValue));
     };
-    crate::mirror::for_server(conn, first, len).map_err(Unmirrored::Why)
+    crate::mirror::for_server(conn, first, len, crate::mirror::GRAPHS).map_err(Unmirrored::Why)
 }
 
 /// A runtime 3D copy that a graph replays on the server (a node, or a copy on a capturing

@@ -269,43 +269,25 @@ fn xt_matrices(name: &str, args: &[u64]) -> Option<Vec<(usize, u64)>> {
 
 /// A cuBLASXt routine (`cublasXt<t>gemm`, `symm`, `syrk`, `trsm`, …): its matrices may be
 /// the program's host memory, which the library tiles onto the GPU itself. Each host matrix
-/// becomes memory the server mirrors at its own address (`crate::mirror::for_server`), so
-/// the server's library reads and writes it there; the call waits, as cuBLASXt does with
-/// host matrices, what it wrote comes back into the program's memory before it returns, and
-/// the mirrors the call made are dropped. Device matrices pass as they are.
+/// becomes memory the server mirrors at its own address (`crate::mirror::around_library_call`),
+/// so the server's library reads and writes it there; the call waits, as cuBLASXt does with
+/// host matrices, and what it wrote comes back into the program's memory before it returns.
+/// The routine keeps no pointer to its matrices: the mirrors this call alone holds go after
+/// it (pinned memory and pages a graph's mirror shares stay). Device matrices pass as they are.
 pub unsafe fn xt(ctx: &Ctx, args: &[u64]) -> u64 {
     crate::guard::ffi(ctx.name, u64::from(INVALID_VALUE), || {
         let desc = ctx.form(chidori_protocol::desc::Form::Call);
-        let conn = match crate::conn::get() {
-            Ok(c) => c,
-            // SAFETY: the program's arguments; the call reports the missing server.
-            Err(_) => return unsafe { crate::runtime::call(desc, args) },
-        };
-        let before = crate::mirror::stand_ins();
-        let mut mirrored = Vec::new();
-        for (param, bytes) in xt_matrices(ctx.name, args).unwrap_or_default() {
-            let addr = args.get(param).copied().unwrap_or(0);
-            if addr == 0 || bytes == 0 || crate::state::is_device(addr) {
-                continue;
-            }
-            match crate::mirror::for_server(&conn, addr, bytes) {
-                Ok(()) => mirrored.push(addr),
-                // Not the program's host memory either (device memory the client did not
-                // see allocated): the server checks it as device memory.
-                Err(why) => tracing::debug!("{}: argument {param} stays as it is: {why}", ctx.name),
-            }
-        }
+        let arrays: Vec<(u64, u64)> = xt_matrices(ctx.name, args)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(param, bytes)| (args.get(param).copied().unwrap_or(0), bytes))
+            .collect();
+        let owner = crate::mirror::call_owner();
         // SAFETY: the program's arguments, as the routine defines them.
-        let status = unsafe { crate::runtime::call(desc, args) };
-        if !mirrored.is_empty() {
-            crate::mirror::pull(&conn);
-        }
-        // The routine is done with the matrices (cuBLASXt keeps no pointer): the mirrors this
-        // call made go, so a program that multiplies fresh buffers does not fill the server;
-        // pinned memory and pages another mirror shares (a graph's) stay mirrored.
-        for base in crate::mirror::made_since(&before, &mirrored) {
-            crate::mirror::forget(base);
-        }
+        let status = crate::mirror::around_library_call(ctx.name, owner, &arrays, || unsafe {
+            crate::runtime::call(desc, args)
+        });
+        crate::mirror::release(owner);
         status
     })
 }

@@ -76,44 +76,6 @@ pub struct SpInfo {
     nnz_u: u64,
 }
 
-/// The mirrors (stand-in bases) holding arrays given to calls with each info object: the
-/// library may keep their addresses until the info is destroyed, so a mirror goes once no
-/// live info object was given memory in it.
-#[derive(Default)]
-pub struct SpMirrors {
-    by_base: std::collections::HashMap<u64, std::collections::HashSet<u64>>,
-}
-
-impl SpMirrors {
-    /// `info` was given memory in the stand-in `[base, base + len)`. A stand-in made by
-    /// merging earlier ones takes over the info objects that used them.
-    fn used(&mut self, (base, len): (u64, u64), info: u64) {
-        let merged: Vec<u64> =
-            self.by_base.keys().copied().filter(|&k| k > base && k < base.saturating_add(len)).collect();
-        let mut infos = self.by_base.remove(&base).unwrap_or_default();
-        for k in merged {
-            infos.extend(self.by_base.remove(&k).unwrap_or_default());
-        }
-        infos.insert(info);
-        self.by_base.insert(base, infos);
-    }
-
-    /// `info` is destroyed: the bases no live info object uses any more.
-    fn released(&mut self, info: u64) -> Vec<u64> {
-        let mut gone = Vec::new();
-        self.by_base.retain(|&base, infos| {
-            infos.remove(&info);
-            let keep = !infos.is_empty();
-            if !keep {
-                gone.push(base);
-            }
-            keep
-        });
-        gone.sort_unstable();
-        gone
-    }
-}
-
 fn sp_info(info: u64) -> SpInfo {
     CLIENT.sp_infos.get(&info).unwrap_or_default()
 }
@@ -191,7 +153,8 @@ fn sp_host_arrays(name: &str, args: &[u64], info: &dyn Fn(u64) -> SpInfo) -> Opt
 /// `cusolverSpXcsr{qr,chol,lu}AnalysisHost`): the guide leaves open what the info object
 /// keeps between calls (the matrix given to Setup is not passed to Factor again; the
 /// workspace holds the factors from Factor to Solve), so every host array becomes memory the
-/// server mirrors at the program's own address (`crate::mirror::for_server`) and the library
+/// server mirrors at the program's own address (`crate::mirror::around_library_call`, owned
+/// by the info object until it is destroyed) and the library
 /// sees the same arrays there, call after call, as natively. The call waits; what the
 /// library wrote comes back before it returns. The client records each info object's sizes
 /// (the workspace from BufferInfoHost, the factors' from NnzHost) for the calls that do not
@@ -205,34 +168,17 @@ pub unsafe fn sp_host(ctx: &Ctx, args: &[u64]) -> u64 {
             return unsafe { crate::runtime::call(desc, args) };
         };
         let info = args.get(info_at).copied().unwrap_or(0);
-        let mut mirrored = Vec::new();
-        if let Ok(conn) = crate::conn::get() {
-            for (param, bytes) in arrays {
-                let addr = args.get(param).copied().unwrap_or(0);
-                if addr == 0 || bytes == 0 {
-                    continue;
-                }
-                match crate::mirror::for_server(&conn, addr, bytes) {
-                    Ok(()) => mirrored.push(addr),
-                    Err(why) => tracing::debug!("{}: argument {param} stays as it is: {why}", ctx.name),
-                }
-            }
-        }
-        // Every mirror holding this call's arrays is in use by the info object (its bases
-        // once all arrays are mirrored: a later array may have merged an earlier one's).
-        if !mirrored.is_empty() {
-            let mut guard = CLIENT.sp_mirrors.lock().unwrap_or_else(|p| p.into_inner());
-            let tracked = guard.get_or_insert_with(SpMirrors::default);
-            for range in crate::mirror::stand_in_ranges(&mirrored) {
-                tracked.used(range, info);
-            }
-        }
-        // SAFETY: the program's arguments; its host arrays are mirrored above.
-        let status = unsafe { crate::runtime::call(desc, args) };
-        if !mirrored.is_empty()
-            && let Ok(conn) = crate::conn::get()
-        {
-            crate::mirror::pull(&conn);
+        let arrays: Vec<(u64, u64)> =
+            arrays.into_iter().map(|(param, bytes)| (args.get(param).copied().unwrap_or(0), bytes)).collect();
+        // The arrays' mirrors are the info object's until it is destroyed (without one, the
+        // call's alone; the library refuses it).
+        let owner = if info == 0 { crate::mirror::call_owner() } else { info };
+        // SAFETY: the program's arguments; its host arrays are mirrored first.
+        let status = crate::mirror::around_library_call(ctx.name, owner, &arrays, || unsafe {
+            crate::runtime::call(desc, args)
+        });
+        if info == 0 {
+            crate::mirror::release(owner);
         }
         if status == ctx.codes.success as u64 {
             record_sp_info(ctx.name, args, info);
@@ -252,10 +198,7 @@ pub unsafe fn sp_host_destroy(ctx: &Ctx, args: &[u64]) -> u64 {
         let status = unsafe { crate::runtime::call(ctx.form(chidori_protocol::desc::Form::Call), args) };
         if info != 0 {
             CLIENT.sp_infos.remove(&info);
-            let gone = CLIENT.sp_mirrors.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|m| m.released(info));
-            for base in gone.unwrap_or_default() {
-                crate::mirror::forget(base);
-            }
+            crate::mirror::release(info);
         }
         status
     })
@@ -290,23 +233,6 @@ fn record_sp_info(name: &str, args: &[u64], info: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mirror_goes_when_no_live_info_object_uses_it() {
-        let mut m = SpMirrors::default();
-        // Two info objects share the matrix's mirror (0x1000); the workspace (0x9000) is one's.
-        m.used((0x1000, 0x1000), 1);
-        m.used((0x1000, 0x1000), 2);
-        m.used((0x9000, 0x1000), 1);
-        assert_eq!(m.released(1), vec![0x9000]);
-        assert_eq!(m.released(2), vec![0x1000]);
-        assert_eq!(m.released(3), Vec::<u64>::new());
-        // A stand-in merged over an earlier one keeps the earlier one's users.
-        m.used((0x20000, 0x1000), 4);
-        m.used((0x1f000, 0x3000), 5);
-        assert_eq!(m.released(5), Vec::<u64>::new(), "info 4's arrays are in the merged stand-in");
-        assert_eq!(m.released(4), vec![0x1f000]);
-    }
 
     #[test]
     fn low_level_host_arrays_take_their_sizes_from_the_call_and_the_info() {

@@ -680,7 +680,7 @@ fn memcpy_1d(ctx: &Ctx, target: Target, dst: u64, src: u64, count: u64, kind: u3
             .ok_or(chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection)?;
         for (on_server, side) in [(dst_dev, dst), (src_dev, src)] {
             if !on_server {
-                crate::mirror::for_server(conn, side, count)
+                crate::mirror::for_server(conn, side, count, crate::mirror::GRAPHS)
                     .map_err(|why| unmirrored(ctx, super::arrays::Unmirrored::Why(why)))?;
             }
         }

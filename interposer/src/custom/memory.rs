@@ -246,7 +246,7 @@ pub fn captured(
     }
     for (on_server, (side, len)) in [(direction.0, dst), (direction.1, src)] {
         if !on_server {
-            crate::mirror::for_server(conn, side, len).map_err(refused_in_capture)?;
+            crate::mirror::for_server(conn, side, len, crate::mirror::GRAPHS).map_err(refused_in_capture)?;
         }
     }
     Ok((true, true))
