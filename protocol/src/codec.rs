@@ -187,13 +187,14 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(bytes));
             }
             Wire::Buf { dir, elem, len, .. } => {
+                // One walk of the length: a count behind a pointer is read where it occurs.
                 let count = match len {
-                    Some(expr) if expr.derefs() => expr.eval_with(args, &mut |p| {
+                    Some(expr) => expr.eval_with(args, &mut |p| {
                         let bytes = deref_bytes(desc, p)?;
                         let addr = args.get(usize::from(p)).copied().filter(|&a| a != 0)?;
                         client.word(addr, bytes)
                     }),
-                    _ => count_of(len, args),
+                    None => Some(1),
                 };
                 let Some(bytes) = count.and_then(|c| bounded(c, u64::from(elem))) else { continue };
                 lens[i] = bytes;
@@ -356,22 +357,6 @@ fn edge_data(name: &str) -> bool {
         || ((name.starts_with("cudaStream") || name.starts_with("cuStream")) && name.contains("Capture"))
 }
 
-/// Functions whose output array may be NULL with a nonzero count, to ask for the count:
-/// cuDNN's `cudnnBackendGetAttribute`, the graph queries of the runtime and the driver, the
-/// driver's split of SM resources and NVML's samples.
-fn counts_only_at_null(name: &str) -> bool {
-    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
-    name == "cudnnBackendGetAttribute"
-        || (name.starts_with("cudaGraph") || name.starts_with("cuGraph"))
-            && ["GetNodes", "GetRootNodes", "GetEdges", "GetDependencies", "GetDependentNodes"]
-                .iter()
-                .any(|q| name.contains(q))
-        || name.starts_with("cudaStreamGetCaptureInfo")
-        || name.starts_with("cuStreamGetCaptureInfo")
-        || name == "cuDevSmResourceSplitByCount"
-        || name == "nvmlDeviceGetSamples"
-}
-
 /// The bulk section, taken buffer by buffer.
 struct Bulk<'f> {
     bytes: &'f [u8],
@@ -407,7 +392,7 @@ pub fn decode<'f>(
     // Buffers whose length is behind a pointer parameter, perhaps a later one: (parameter,
     // its length expression, element bytes, the bytes the client declared or None at NULL),
     // checked once every parameter is decoded.
-    let mut deferred: Vec<(usize, &'static Len, u64, Option<u64>)> = Vec::new();
+    let mut deferred: Vec<(usize, &'static Len, u64, Option<u64>, bool)> = Vec::new();
     for (i, wire) in desc.params.iter().enumerate() {
         let (a, len) = (args[i], lens[i]);
         let null = |what: String| DecodeError::Null { param: i, what };
@@ -514,10 +499,10 @@ pub fn decode<'f>(
                 }
                 Arg::Handles(Some(mapped))
             }
-            Wire::Buf { dir, elem, len: Some(expr), .. } if expr.derefs() => {
+            Wire::Buf { dir, elem, len: Some(expr), optional, .. } if expr.derefs() => {
                 let elem = u64::from(elem);
                 if len == NULL_LEN {
-                    deferred.push((i, expr, elem, None));
+                    deferred.push((i, expr, elem, None, optional));
                     Arg::Buf(BufArg::Absent)
                 } else {
                     // Only plain bytes (the client sends no other form for such a buffer).
@@ -527,7 +512,7 @@ pub fn decode<'f>(
                     if len > MAX_BUFFER {
                         return Err(DecodeError::TooLarge { param: i, count: len / elem.max(1), elem });
                     }
-                    deferred.push((i, expr, elem, Some(len)));
+                    deferred.push((i, expr, elem, Some(len), optional));
                     let input = if dir == Dir::Out { None } else { Some(bulk.take(i, len)?) };
                     Arg::Buf(BufArg::Present { len, input })
                 }
@@ -573,17 +558,13 @@ pub fn decode<'f>(
                     let arg = if count == 0 || optional || (dir == Dir::In && (single || edge_data(desc.name))) {
                         // An empty array, or an optional input (NULL meaning "none", an array
                         // the spec lets be NULL, or for a graph's edge data "the default
-                        // edges"), or an output the spec lets be NULL (`out?`: not asked).
+                        // edges"), or an output the spec lets be NULL (`out?`: not asked;
+                        // `null_asks_count`: an array at NULL asks for the count only,
+                        // whatever count the caller named).
                         BufArg::Absent
                     } else if !single {
-                        // An array at NULL is read or written by the library, so it is
-                        // refused, except where the API makes a NULL output array ask for the
-                        // count only, whatever count the caller named.
-                        if dir == Dir::Out && counts_only_at_null(desc.name) {
-                            BufArg::Absent
-                        } else {
-                            return Err(null(format!("NULL for {count} elements")));
-                        }
+                        // An array at NULL is read or written by the library: refused.
+                        return Err(null(format!("NULL for {count} elements")));
                     } else {
                         // A single value the library writes: it writes into a buffer no one
                         // reads (libraries differ on whether NULL is allowed there; none may
@@ -603,7 +584,7 @@ pub fn decode<'f>(
     if bulk.at != bulk.bytes.len() {
         return Err(DecodeError::Leftover(bulk.bytes.len() - bulk.at));
     }
-    for (i, expr, elem, len) in deferred {
+    for (i, expr, elem, len, optional) in deferred {
         let count = expr
             .eval_with(args, &mut |p| match out.get(usize::from(p))? {
                 Arg::Buf(BufArg::Present { input: Some(bytes), .. }) => word_at(bytes, deref_bytes(desc, p)?),
@@ -612,8 +593,8 @@ pub fn decode<'f>(
             .ok_or(DecodeError::NoLength { param: i })?;
         match len {
             // An array at NULL is an empty one, or the library would write through NULL,
-            // except where the API makes a NULL array ask for the count.
-            None if count > 0 && !counts_only_at_null(desc.name) => {
+            // except where the API makes a NULL array ask for the count (`null_asks_count`).
+            None if count > 0 && !optional => {
                 return Err(DecodeError::Null { param: i, what: format!("NULL for {count} elements") });
             }
             None => {}

@@ -800,6 +800,7 @@ fn build_variant(
         }
         let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
+        let d = null_asks_count(fspec, d);
         if let Disposition::Unsupported { reason } = d {
             bail!("wire form {form} of {} cannot be classified: {reason}", decl.name);
         }
@@ -850,7 +851,24 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
         }
         return Ok(Disposition::GeneratedLocal { implementation: implementation.clone() });
     }
-    classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false, &fspec.sizes)
+    Ok(null_asks_count(
+        fspec,
+        classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false, &fspec.sizes)?,
+    ))
+}
+
+/// A function whose output arrays may be NULL to ask for the count (`null_asks_count`):
+/// its output arrays are optional (the worker passes NULL on, whatever the count).
+fn null_asks_count(fspec: &FnSpec, d: Disposition) -> Disposition {
+    let Disposition::Forward { class, mut params, ret } = d else { return d };
+    if fspec.null_asks_count {
+        for w in &mut params {
+            if let Wire::Buf { dir: Dir::Out | Dir::InOut, len: Some(_), optional, .. } = w {
+                *optional = true;
+            }
+        }
+    }
+    Disposition::Forward { class, params, ret }
 }
 
 /// Classify a whole call with the given class and parameter specs. `explicit`: a wire form,

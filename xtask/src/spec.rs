@@ -36,6 +36,9 @@
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
 //!
+//! [function.cudaGraphGetNodes]
+//! null_asks_count = true           # a NULL output array asks for the count, whatever it says
+//!
 //! [function.cudaMallocManaged]
 //! unsupported = "managed memory is dereferenced by the CPU; it cannot live on the server"
 //!
@@ -266,6 +269,11 @@ pub struct FnSpec {
     /// the worker lets later calls from other client threads start while it blocks.
     #[serde(default)]
     pub only_waits: bool,
+    /// The call's output arrays may be NULL whatever their count says: NULL asks for the
+    /// count only (the graph queries, NVML's samples). Elsewhere an array at NULL with
+    /// elements is refused (the library would write through it).
+    #[serde(default)]
+    pub null_asks_count: bool,
     /// Extra wire forms of a custom function: the hand-written code picks one per call
     /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
     #[serde(default)]
