@@ -855,6 +855,83 @@ fn a_host_workspace_sized_by_a_query_is_the_workers_own() {
     assert_eq!(trace_row(&stderr, "cusolverSpXcsrpermHost"), ["1", "1"], "{stderr}");
 }
 
+/// cuSPARSELt's handle, descriptors and plans are 1 KiB records the program holds and the
+/// library fills with its own pointers: the worker keeps the library's records, the
+/// program's hold ids. The emulated library links its records (a plan to its descriptor,
+/// the descriptor to its matrices) and follows those links later, after the program
+/// destroyed the matrices; a copied plan record is the same plan; a device alpha vector
+/// (vector scaling) and a host beta travel as such; a destroyed or never initialized
+/// record is refused.
+const SPARSELT: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime.h>
+typedef struct { unsigned char data[1024]; } rec_t;
+int cusparseLtInit(rec_t *h);
+int cusparseLtDestroy(const rec_t *h);
+int cusparseLtDenseDescriptorInit(const rec_t *h, rec_t *m, long rows, long cols, long ld, unsigned align, int type,
+                                  int order);
+int cusparseLtMatDescriptorDestroy(const rec_t *m);
+int cusparseLtMatmulDescriptorInit(const rec_t *h, rec_t *mm, int opA, int opB, const rec_t *a, const rec_t *b,
+                                   const rec_t *c, const rec_t *d, int compute);
+int cusparseLtMatmulDescSetAttribute(const rec_t *h, rec_t *mm, int attr, const void *data, size_t size);
+int cusparseLtMatmulAlgSelectionInit(const rec_t *h, rec_t *sel, const rec_t *mm, int alg);
+int cusparseLtMatmulAlgSelectionDestroy(const rec_t *sel);
+int cusparseLtMatmulPlanInit(const rec_t *h, rec_t *plan, const rec_t *mm, const rec_t *sel);
+int cusparseLtMatmulPlanDestroy(const rec_t *plan);
+int cusparseLtMatmulGetWorkspace(const rec_t *h, const rec_t *plan, size_t *size);
+int cusparseLtMatmul(const rec_t *h, const rec_t *plan, const void *alpha, const void *A, const void *B,
+                     const void *beta, const void *C, void *D, void *workspace, cudaStream_t *streams, int n);
+int main(void) {
+  static rec_t h, a, b, c, mm, sel, plan, copy, mm2, sel2, plan2, never;
+  size_t ws = 0;
+  if (cusparseLtInit(&h) || cusparseLtDenseDescriptorInit(&h, &a, 8, 4, 4, 16, 2, 1) ||
+      cusparseLtDenseDescriptorInit(&h, &b, 4, 6, 6, 16, 2, 1) || cusparseLtDenseDescriptorInit(&h, &c, 8, 6, 6, 16, 2, 1))
+    return 2;
+  if (cusparseLtMatmulDescriptorInit(&h, &mm, 0, 0, &a, &b, &c, &c, 2)) return 3;
+  int on = 1;
+  if (cusparseLtMatmulDescSetAttribute(&h, &mm, 5, &on, sizeof on)) return 4;
+  if (cusparseLtMatmulAlgSelectionInit(&h, &sel, &mm, 0) || cusparseLtMatmulPlanInit(&h, &plan, &mm, &sel)) return 5;
+  // The matrices go; the plan's descriptor still reaches them (the library's pointers).
+  if (cusparseLtMatDescriptorDestroy(&a) || cusparseLtMatDescriptorDestroy(&b)) return 6;
+  memcpy(&copy, &plan, sizeof plan);
+  int s = cusparseLtMatmulGetWorkspace(&h, &copy, &ws);
+  printf("workspace %d %zu\n", s, ws);
+  float *d_alpha, *d_out, alphas[8] = {2.5f, 9, 9, 9, 9, 9, 9, 9}, beta = 0.5f, out = 0;
+  if (cudaMalloc((void **)&d_alpha, sizeof alphas) || cudaMalloc((void **)&d_out, 64)) return 7;
+  if (cudaMemcpy(d_alpha, alphas, sizeof alphas, cudaMemcpyHostToDevice)) return 8;
+  s = cusparseLtMatmul(&h, &plan, d_alpha, 0, 0, &beta, 0, d_out, 0, NULL, 0);
+  if (cudaMemcpy(&out, d_out, 4, cudaMemcpyDeviceToHost)) return 9;
+  printf("vector alpha %d %.1f\n", s, out);
+  // A descriptor without vector scaling: alpha is a host float.
+  if (cusparseLtMatmulDescriptorInit(&h, &mm2, 0, 0, &c, &c, &c, &c, 2) ||
+      cusparseLtMatmulAlgSelectionInit(&h, &sel2, &mm2, 0) || cusparseLtMatmulPlanInit(&h, &plan2, &mm2, &sel2))
+    return 10;
+  float alpha = 1.5f;
+  s = cusparseLtMatmul(&h, &plan2, &alpha, 0, 0, &beta, 0, d_out, 0, NULL, 0);
+  if (cudaMemcpy(&out, d_out, 4, cudaMemcpyDeviceToHost)) return 11;
+  printf("host alpha %d %.1f\n", s, out);
+  int destroyed = cusparseLtMatmulPlanDestroy(&plan);
+  int stale = cusparseLtMatmulGetWorkspace(&h, &copy, &ws);
+  int uninitialized = cusparseLtMatmulGetWorkspace(&h, &never, &ws);
+  printf("destroyed %d stale %d never %d\n", destroyed, stale != 0, uninitialized != 0);
+  return cusparseLtMatmulPlanDestroy(&plan2) || cusparseLtMatmulAlgSelectionDestroy(&sel) ||
+         cusparseLtMatmulAlgSelectionDestroy(&sel2) || cusparseLtMatDescriptorDestroy(&c) || cusparseLtDestroy(&h);
+}
+"#;
+
+#[test]
+fn library_records_the_program_holds_are_the_workers() {
+    let server = server();
+    let exe = program_with("sparselt", SPARSELT, &["-l:libcusparseLt.so.0"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(
+        stdout.trim(),
+        "workspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\ndestroyed 0 stale 1 never 1",
+        "{stderr}"
+    );
+}
+
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a
 /// factorization into the program's workspace, a solve from it. The host arrays reach the
 /// library at the program's own addresses (mirrored), the workspace keeps the factor from

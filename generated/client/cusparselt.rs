@@ -4,6 +4,126 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cusparseLtDenseDescriptorInit` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu126(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDenseDescriptorInit__cu126,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtDenseDescriptorInit` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu128(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDenseDescriptorInit__cu128,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtDenseDescriptorInit` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu130(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDenseDescriptorInit__cu130,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtDestroy` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu126(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu126,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtDestroy` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu128(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu128,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtDestroy` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu130(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtDestroy__cu130,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseLtGetErrorName` for CUDA 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorName(
@@ -32,6 +152,1839 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetProperty(
         crate::runtime::call(
             &chidori_cuda::calls::cusparselt::cusparseLtGetProperty,
             &[(propertyType) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtGetVersion` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetVersion__cu126(
+    handle: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtGetVersion__cu126,
+            &[(handle) as usize as u64, (version) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtGetVersion` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetVersion__cu128(
+    handle: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtGetVersion__cu128,
+            &[(handle) as usize as u64, (version) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtGetVersion` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetVersion__cu130(
+    handle: *mut c_void,
+    version: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtGetVersion__cu130,
+            &[(handle) as usize as u64, (version) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtInit` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtInit__cu126(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtInit__cu126,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtInit` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtInit__cu128(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtInit__cu128,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtInit` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtInit__cu130(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtInit__cu130,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescGetAttribute__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescGetAttribute__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescGetAttribute__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescSetAttribute` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescSetAttribute` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescSetAttribute` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescriptorDestroy` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu126(
+    matDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu126,
+            &[(matDescr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescriptorDestroy` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu128(
+    matDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu128,
+            &[(matDescr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtMatDescriptorDestroy` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu130(
+    matDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatDescriptorDestroy__cu130,
+            &[(matDescr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtMatmul` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmul__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmul__cu126,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmul` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmul__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmul__cu128,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmul` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmul__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmul__cu130,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__cu126(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgGetAttribute__cu126,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__cu128(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgGetAttribute__cu128,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__cu130(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgGetAttribute__cu130,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSelectionDestroy` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestroy(
+    algSelection: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSelectionDestroy,
+            &[(algSelection) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu126(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    matmulDescr: *mut c_void,
+    alg: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSelectionInit__cu126,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (alg) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu128(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    matmulDescr: *mut c_void,
+    alg: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSelectionInit__cu128,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (alg) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu130(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    matmulDescr: *mut c_void,
+    alg: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSelectionInit__cu130,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (alg) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu126(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu126,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu128(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu128,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu130(
+    handle: *mut c_void,
+    algSelection: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu130,
+            &[
+                (handle) as usize as u64,
+                (algSelection) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescGetAttribute__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matmulAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescGetAttribute__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matmulAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescGetAttribute__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (matmulAttribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescSetAttribute` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulDescSetAttribute",
+                version: "12.6",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::matmul_desc_set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matmulAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulDescSetAttribute` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulDescSetAttribute",
+                version: "12.8",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::matmul_desc_set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matmulAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulDescSetAttribute` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    matmulAttribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulDescSetAttribute",
+                version: "13.1",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::matmul_desc_set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matmulAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulDescriptorInit` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    matD: *mut c_void,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescriptorInit__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (matD) as usize as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescriptorInit` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    matD: *mut c_void,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescriptorInit__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (matD) as usize as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulDescriptorInit` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    matD: *mut c_void,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescriptorInit__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (matD) as usize as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulGetWorkspace` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    workspaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulGetWorkspace__cu126,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (workspaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulGetWorkspace` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    workspaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulGetWorkspace__cu128,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (workspaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulGetWorkspace` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    workspaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulGetWorkspace__cu130,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (workspaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulPlanDestroy` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu126(
+    plan: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanDestroy",
+                version: "12.6",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_destroy(&CTX, &[(plan) as usize as u64])
+        }) as u32
+    }
+}
+///`cusparseLtMatmulPlanDestroy` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu128(
+    plan: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanDestroy",
+                version: "12.8",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_destroy(&CTX, &[(plan) as usize as u64])
+        }) as u32
+    }
+}
+///`cusparseLtMatmulPlanDestroy` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130(
+    plan: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanDestroy",
+                version: "13.1",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_destroy(&CTX, &[(plan) as usize as u64])
+        }) as u32
+    }
+}
+///`cusparseLtMatmulPlanInit` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    matmulDescr: *mut c_void,
+    algSelection: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanInit",
+                version: "12.6",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanInit__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_init(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (plan) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (algSelection) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulPlanInit` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    matmulDescr: *mut c_void,
+    algSelection: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanInit",
+                version: "12.8",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanInit__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_init(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (plan) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (algSelection) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulPlanInit` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    matmulDescr: *mut c_void,
+    algSelection: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulPlanInit",
+                version: "13.1",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanInit__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::plan_init(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (plan) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (algSelection) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusparseLtMatmulSearch` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulSearch__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulSearch__cu126,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulSearch` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulSearch__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulSearch__cu128,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtMatmulSearch` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulSearch__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    alpha: *mut c_void,
+    d_A: *mut c_void,
+    d_B: *mut c_void,
+    beta: *mut c_void,
+    d_C: *mut c_void,
+    d_D: *mut c_void,
+    workspace: *mut c_void,
+    streams: *mut c_void,
+    numStreams: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtMatmulSearch__cu130,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (alpha) as usize as u64,
+                (d_A) as usize as u64,
+                (d_B) as usize as u64,
+                (beta) as usize as u64,
+                (d_C) as usize as u64,
+                (d_D) as usize as u64,
+                (workspace) as usize as u64,
+                (streams) as usize as u64,
+                (numStreams) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress__cu126,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress__cu128,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress__cu130,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress2` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress2__cu126(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress2__cu126,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress2` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress2__cu128(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress2__cu128,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompress2` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress2__cu130(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_dense: *mut c_void,
+    d_compressed: *mut c_void,
+    d_compressed_buffer: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompress2__cu130,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_dense) as usize as u64,
+                (d_compressed) as usize as u64,
+                (d_compressed_buffer) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu126(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize__cu126,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu128(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize__cu128,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu130(
+    handle: *mut c_void,
+    plan: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize__cu130,
+            &[
+                (handle) as usize as u64,
+                (plan) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize2` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu126(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize2__cu126,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize2` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu128(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize2__cu128,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMACompressedSize2` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu130(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    compressedSize: *mut c_void,
+    compressedBufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMACompressedSize2__cu130,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (compressedSize) as usize as u64,
+                (compressedBufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune2` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune2__cu126(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune2__cu126,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune2` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune2__cu128(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune2__cu128,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPrune2` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune2__cu130(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_out: *mut c_void,
+    pruneAlg: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPrune2__cu130,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_out) as usize as u64,
+                (pruneAlg) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu126(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck__cu126,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu128(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck__cu128,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu130(
+    handle: *mut c_void,
+    matmulDescr: *mut c_void,
+    d_in: *mut c_void,
+    valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck__cu130,
+            &[
+                (handle) as usize as u64,
+                (matmulDescr) as usize as u64,
+                (d_in) as usize as u64,
+                (valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck2` for CUDA 12.6 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu126(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck2__cu126,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck2` for CUDA 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu128(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck2__cu128,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtSpMMAPruneCheck2` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu130(
+    handle: *mut c_void,
+    sparseMatDescr: *mut c_void,
+    isSparseA: i32,
+    op: u32,
+    d_in: *mut c_void,
+    d_valid: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtSpMMAPruneCheck2__cu130,
+            &[
+                (handle) as usize as u64,
+                (sparseMatDescr) as usize as u64,
+                (isSparseA) as i64 as u64,
+                (op) as u64,
+                (d_in) as usize as u64,
+                (d_valid) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtStructuredDescriptorInit` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu126(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+    sparsity: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtStructuredDescriptorInit__cu126,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+                (sparsity) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtStructuredDescriptorInit` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu128(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+    sparsity: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtStructuredDescriptorInit__cu128,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+                (sparsity) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseLtStructuredDescriptorInit` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu130(
+    handle: *mut c_void,
+    matDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    alignment: u32,
+    valueType: u32,
+    order: u32,
+    sparsity: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparselt::cusparseLtStructuredDescriptorInit__cu130,
+            &[
+                (handle) as usize as u64,
+                (matDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (alignment) as u64,
+                (valueType) as u64,
+                (order) as u64,
+                (sparsity) as u64,
+            ],
         ) as u32
     }
 }

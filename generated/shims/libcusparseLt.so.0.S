@@ -4,18 +4,12 @@
     .globl cusparseLtDenseDescriptorInit
     .type cusparseLtDenseDescriptorInit, @function
 cusparseLtDenseDescriptorInit:
-    leaq .Lname0(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu130@PLT
     .size cusparseLtDenseDescriptorInit, .-cusparseLtDenseDescriptorInit
     .globl cusparseLtDestroy
     .type cusparseLtDestroy, @function
 cusparseLtDestroy:
-    leaq .Lname1(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtDestroy__cu130@PLT
     .size cusparseLtDestroy, .-cusparseLtDestroy
     .globl cusparseLtGetErrorName
     .type cusparseLtGetErrorName, @function
@@ -35,266 +29,132 @@ cusparseLtGetProperty:
     .globl cusparseLtGetVersion
     .type cusparseLtGetVersion, @function
 cusparseLtGetVersion:
-    leaq .Lname2(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtGetVersion__cu130@PLT
     .size cusparseLtGetVersion, .-cusparseLtGetVersion
     .globl cusparseLtInit
     .type cusparseLtInit, @function
 cusparseLtInit:
-    leaq .Lname3(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtInit__cu130@PLT
     .size cusparseLtInit, .-cusparseLtInit
     .globl cusparseLtMatDescGetAttribute
     .type cusparseLtMatDescGetAttribute, @function
 cusparseLtMatDescGetAttribute:
-    leaq .Lname4(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu130@PLT
     .size cusparseLtMatDescGetAttribute, .-cusparseLtMatDescGetAttribute
     .globl cusparseLtMatDescSetAttribute
     .type cusparseLtMatDescSetAttribute, @function
 cusparseLtMatDescSetAttribute:
-    leaq .Lname5(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu130@PLT
     .size cusparseLtMatDescSetAttribute, .-cusparseLtMatDescSetAttribute
     .globl cusparseLtMatDescriptorDestroy
     .type cusparseLtMatDescriptorDestroy, @function
 cusparseLtMatDescriptorDestroy:
-    leaq .Lname6(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu130@PLT
     .size cusparseLtMatDescriptorDestroy, .-cusparseLtMatDescriptorDestroy
     .globl cusparseLtMatmul
     .type cusparseLtMatmul, @function
 cusparseLtMatmul:
-    leaq .Lname7(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmul__cu130@PLT
     .size cusparseLtMatmul, .-cusparseLtMatmul
     .globl cusparseLtMatmulAlgGetAttribute
     .type cusparseLtMatmulAlgGetAttribute, @function
 cusparseLtMatmulAlgGetAttribute:
-    leaq .Lname8(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__cu130@PLT
     .size cusparseLtMatmulAlgGetAttribute, .-cusparseLtMatmulAlgGetAttribute
     .globl cusparseLtMatmulAlgSelectionDestroy
     .type cusparseLtMatmulAlgSelectionDestroy, @function
 cusparseLtMatmulAlgSelectionDestroy:
-    leaq .Lname9(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestroy@PLT
     .size cusparseLtMatmulAlgSelectionDestroy, .-cusparseLtMatmulAlgSelectionDestroy
     .globl cusparseLtMatmulAlgSelectionInit
     .type cusparseLtMatmulAlgSelectionInit, @function
 cusparseLtMatmulAlgSelectionInit:
-    leaq .Lname10(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu130@PLT
     .size cusparseLtMatmulAlgSelectionInit, .-cusparseLtMatmulAlgSelectionInit
     .globl cusparseLtMatmulAlgSetAttribute
     .type cusparseLtMatmulAlgSetAttribute, @function
 cusparseLtMatmulAlgSetAttribute:
-    leaq .Lname11(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu130@PLT
     .size cusparseLtMatmulAlgSetAttribute, .-cusparseLtMatmulAlgSetAttribute
     .globl cusparseLtMatmulDescGetAttribute
     .type cusparseLtMatmulDescGetAttribute, @function
 cusparseLtMatmulDescGetAttribute:
-    leaq .Lname12(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__cu130@PLT
     .size cusparseLtMatmulDescGetAttribute, .-cusparseLtMatmulDescGetAttribute
     .globl cusparseLtMatmulDescSetAttribute
     .type cusparseLtMatmulDescSetAttribute, @function
 cusparseLtMatmulDescSetAttribute:
-    leaq .Lname13(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__cu130@PLT
     .size cusparseLtMatmulDescSetAttribute, .-cusparseLtMatmulDescSetAttribute
     .globl cusparseLtMatmulDescriptorInit
     .type cusparseLtMatmulDescriptorInit, @function
 cusparseLtMatmulDescriptorInit:
-    leaq .Lname14(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu130@PLT
     .size cusparseLtMatmulDescriptorInit, .-cusparseLtMatmulDescriptorInit
     .globl cusparseLtMatmulGetWorkspace
     .type cusparseLtMatmulGetWorkspace, @function
 cusparseLtMatmulGetWorkspace:
-    leaq .Lname15(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu130@PLT
     .size cusparseLtMatmulGetWorkspace, .-cusparseLtMatmulGetWorkspace
     .globl cusparseLtMatmulPlanDestroy
     .type cusparseLtMatmulPlanDestroy, @function
 cusparseLtMatmulPlanDestroy:
-    leaq .Lname16(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130@PLT
     .size cusparseLtMatmulPlanDestroy, .-cusparseLtMatmulPlanDestroy
     .globl cusparseLtMatmulPlanInit
     .type cusparseLtMatmulPlanInit, @function
 cusparseLtMatmulPlanInit:
-    leaq .Lname17(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulPlanInit__cu130@PLT
     .size cusparseLtMatmulPlanInit, .-cusparseLtMatmulPlanInit
     .globl cusparseLtMatmulSearch
     .type cusparseLtMatmulSearch, @function
 cusparseLtMatmulSearch:
-    leaq .Lname18(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtMatmulSearch__cu130@PLT
     .size cusparseLtMatmulSearch, .-cusparseLtMatmulSearch
     .globl cusparseLtSpMMACompress
     .type cusparseLtSpMMACompress, @function
 cusparseLtSpMMACompress:
-    leaq .Lname19(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMACompress__cu130@PLT
     .size cusparseLtSpMMACompress, .-cusparseLtSpMMACompress
     .globl cusparseLtSpMMACompress2
     .type cusparseLtSpMMACompress2, @function
 cusparseLtSpMMACompress2:
-    leaq .Lname20(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMACompress2__cu130@PLT
     .size cusparseLtSpMMACompress2, .-cusparseLtSpMMACompress2
     .globl cusparseLtSpMMACompressedSize
     .type cusparseLtSpMMACompressedSize, @function
 cusparseLtSpMMACompressedSize:
-    leaq .Lname21(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu130@PLT
     .size cusparseLtSpMMACompressedSize, .-cusparseLtSpMMACompressedSize
     .globl cusparseLtSpMMACompressedSize2
     .type cusparseLtSpMMACompressedSize2, @function
 cusparseLtSpMMACompressedSize2:
-    leaq .Lname22(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu130@PLT
     .size cusparseLtSpMMACompressedSize2, .-cusparseLtSpMMACompressedSize2
     .globl cusparseLtSpMMAPrune
     .type cusparseLtSpMMAPrune, @function
 cusparseLtSpMMAPrune:
-    leaq .Lname23(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMAPrune__cu130@PLT
     .size cusparseLtSpMMAPrune, .-cusparseLtSpMMAPrune
     .globl cusparseLtSpMMAPrune2
     .type cusparseLtSpMMAPrune2, @function
 cusparseLtSpMMAPrune2:
-    leaq .Lname24(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMAPrune2__cu130@PLT
     .size cusparseLtSpMMAPrune2, .-cusparseLtSpMMAPrune2
     .globl cusparseLtSpMMAPruneCheck
     .type cusparseLtSpMMAPruneCheck, @function
 cusparseLtSpMMAPruneCheck:
-    leaq .Lname25(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu130@PLT
     .size cusparseLtSpMMAPruneCheck, .-cusparseLtSpMMAPruneCheck
     .globl cusparseLtSpMMAPruneCheck2
     .type cusparseLtSpMMAPruneCheck2, @function
 cusparseLtSpMMAPruneCheck2:
-    leaq .Lname26(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu130@PLT
     .size cusparseLtSpMMAPruneCheck2, .-cusparseLtSpMMAPruneCheck2
     .globl cusparseLtStructuredDescriptorInit
     .type cusparseLtStructuredDescriptorInit, @function
 cusparseLtStructuredDescriptorInit:
-    leaq .Lname27(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu130@PLT
     .size cusparseLtStructuredDescriptorInit, .-cusparseLtStructuredDescriptorInit
     .section .rodata
-.Lname0:
-    .asciz "cusparseLtDenseDescriptorInit"
-.Lname1:
-    .asciz "cusparseLtDestroy"
-.Lname2:
-    .asciz "cusparseLtGetVersion"
-.Lname3:
-    .asciz "cusparseLtInit"
-.Lname4:
-    .asciz "cusparseLtMatDescGetAttribute"
-.Lname5:
-    .asciz "cusparseLtMatDescSetAttribute"
-.Lname6:
-    .asciz "cusparseLtMatDescriptorDestroy"
-.Lname7:
-    .asciz "cusparseLtMatmul"
-.Lname8:
-    .asciz "cusparseLtMatmulAlgGetAttribute"
-.Lname9:
-    .asciz "cusparseLtMatmulAlgSelectionDestroy"
-.Lname10:
-    .asciz "cusparseLtMatmulAlgSelectionInit"
-.Lname11:
-    .asciz "cusparseLtMatmulAlgSetAttribute"
-.Lname12:
-    .asciz "cusparseLtMatmulDescGetAttribute"
-.Lname13:
-    .asciz "cusparseLtMatmulDescSetAttribute"
-.Lname14:
-    .asciz "cusparseLtMatmulDescriptorInit"
-.Lname15:
-    .asciz "cusparseLtMatmulGetWorkspace"
-.Lname16:
-    .asciz "cusparseLtMatmulPlanDestroy"
-.Lname17:
-    .asciz "cusparseLtMatmulPlanInit"
-.Lname18:
-    .asciz "cusparseLtMatmulSearch"
-.Lname19:
-    .asciz "cusparseLtSpMMACompress"
-.Lname20:
-    .asciz "cusparseLtSpMMACompress2"
-.Lname21:
-    .asciz "cusparseLtSpMMACompressedSize"
-.Lname22:
-    .asciz "cusparseLtSpMMACompressedSize2"
-.Lname23:
-    .asciz "cusparseLtSpMMAPrune"
-.Lname24:
-    .asciz "cusparseLtSpMMAPrune2"
-.Lname25:
-    .asciz "cusparseLtSpMMAPruneCheck"
-.Lname26:
-    .asciz "cusparseLtSpMMAPruneCheck2"
-.Lname27:
-    .asciz "cusparseLtStructuredDescriptorInit"
     .section .note.GNU-stack,"",@progbits

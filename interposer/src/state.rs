@@ -85,6 +85,8 @@ pub struct Client {
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
+    /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
+    pub cusparselt_vectors: Table<u64, (bool, bool)>,
     /// What the engines of `crate::ahead` learned in this process.
     pub ahead: Ahead,
 }
@@ -148,6 +150,7 @@ pub static CLIENT: Client = Client {
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
     sp_infos: Table::new(),
+    cusparselt_vectors: Table::new(),
     ahead: Ahead {
         captures: Captures::new(),
         heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),

@@ -20,6 +20,8 @@
 //! | `SizedScratch` | the workspace's bytes | 0 | — |
 //! | `ByValRecord` | the client's address | `bytes` | the record |
 //! | `OutHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
+//! | `RecordHandle` | the id the program's record holds (0 at NULL) | 0 | — |
+//! | `NewRecordHandle` | the client's address | 8, or [`NULL_LEN`] | — |
 //! | `Str` | the client's address | bytes with the NUL, or [`NULL_LEN`] | the string |
 //! | `Scalar` (host mode) | the client's address | its bytes ([`scalar_bytes`]), or [`NULL_LEN`] | the value, unless `Out` |
 //! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`], or [`device_len`] of its width | — |
@@ -58,6 +60,10 @@ pub struct ScalarMode {
     /// Bytes of an input scalar whose size no argument gives (cuBLASLt: the matmul
     /// descriptor's scale type). None: the widest the parameter may be is read.
     pub bytes: Option<u64>,
+    /// Whether the call's later scalars (beta) are device addresses, where that differs
+    /// from the first's (cuSPARSELt: alpha and beta vector scaling are set apart). None:
+    /// every scalar of the call follows `device`.
+    pub later_device: Option<bool>,
 }
 
 /// A range of the program's memory and the parameter it belongs to.
@@ -135,11 +141,17 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
             | Wire::Null
             | Wire::Scratch { .. }
             | Wire::SizedScratch => {}
+            // The id the program's record holds goes as the argument word (NULL stays 0).
+            Wire::RecordHandle { .. } => call.args[i] = if a == 0 { 0 } else { client.word(a, 8).unwrap_or(0) },
             Wire::ByValRecord { bytes } => {
                 lens[i] = u64::from(bytes);
                 inputs.push(span(u64::from(bytes)));
             }
             _ if a == 0 => lens[i] = NULL_LEN,
+            Wire::NewRecordHandle { .. } => {
+                lens[i] = 8;
+                outputs.push(span(8));
+            }
             Wire::OutHandle { named, .. } => {
                 lens[i] = 8;
                 if named {
@@ -158,8 +170,14 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(len));
             }
             Wire::Scalar { dir, mode, size, bytes: widest } => {
-                let known = client.scalar_mode(args.get(usize::from(mode)).copied().unwrap_or(0));
-                if known.device {
+                // The mode's handle as it travels (a record handle's id, not its address).
+                let known = client.scalar_mode(call.args.get(usize::from(mode)).copied().unwrap_or(0));
+                let later = desc.params[..i].iter().any(|w| matches!(*w, Wire::Scalar { mode: m, .. } if m == mode));
+                let device = match known.later_device {
+                    Some(device) if later => device,
+                    _ => known.device,
+                };
+                if device {
                     // The width the client knows of an untyped scalar (its handle's scale
                     // type) goes along: the worker checks that much device memory.
                     let told = known.bytes.filter(|&b| size.is_none() && b > 0 && b < u64::from(widest));
@@ -245,6 +263,12 @@ pub enum Arg<'f> {
     NewHandle {
         kind: HandleKind,
         named: bool,
+    },
+    /// A record of `bytes` the library initializes, which the worker keeps: the new
+    /// handle's id goes back in 8 bytes.
+    NewRecord {
+        kind: HandleKind,
+        bytes: usize,
     },
     /// A host scalar of `bytes` bytes: its value (`In`, `InOut`) or None (`Out`).
     Scalar {
@@ -408,10 +432,19 @@ pub fn decode<'f>(
                 tables.device(i, a, None).map_err(|why| DecodeError::Device { param: i, why })?;
                 Arg::Device(a)
             }
-            Wire::Handle { kind, destroy } => {
+            Wire::Handle { kind, destroy } | Wire::RecordHandle { kind, destroy } => {
                 let real =
                     tables.resolve(kind, a).ok_or(DecodeError::Handle { param: i, kind, value: a, element: None })?;
                 Arg::Handle { kind, value: a, real, destroy }
+            }
+            Wire::NewRecordHandle { kind, bytes } => {
+                if len == NULL_LEN {
+                    return Err(null("NULL where the new record is".into()));
+                }
+                if len != 8 {
+                    return Err(DecodeError::Length { param: i, got: len, expected: 8 });
+                }
+                Arg::NewRecord { kind, bytes: bytes as usize }
             }
             Wire::ByValRecord { bytes } => {
                 if len != u64::from(bytes) {

@@ -243,6 +243,16 @@ pub enum Wire {
     /// Input array of `len` handles of `kind` (8 bytes each), every one checked against the
     /// session's table and mapped to the library's handle, as a [`Wire::Handle`] is.
     Handles { kind: HandleKind, len: &'static Len },
+    /// A pointer to a record the program holds for the library (cuSPARSELt's handle,
+    /// descriptors and plans: 1 KiB the library fills with its own pointers). The worker
+    /// keeps the library's record; the program's holds the handle's id in its first 8
+    /// bytes. The client sends that id as the argument word, which is then checked and
+    /// mapped as a [`Wire::Handle`] is (to the worker's record).
+    RecordHandle { kind: HandleKind, destroy: bool },
+    /// A pointer to a record the program holds, which the call initializes: the worker
+    /// passes a zeroed record of `bytes` it keeps, and the reply's 8 bytes (the new
+    /// handle's id) land at the start of the program's record.
+    NewRecordHandle { kind: HandleKind, bytes: u32 },
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
     /// `optional`: an input array the API lets be NULL whatever its count says (cuFFT's

@@ -108,7 +108,9 @@ pub fn call_frame(harness: &Harness, data: &[u8]) -> Option<Frame> {
         args[i] = match (modes[i] % 8, desc.params[i]) {
             // Small values: counts and enums that lengths are computed from.
             (0, _) => raw % 64,
-            (1, Wire::Handle { kind, .. }) => harness.live_handle(kind, raw).unwrap_or(raw),
+            (1, Wire::Handle { kind, .. } | Wire::RecordHandle { kind, .. }) => {
+                harness.live_handle(kind, raw).unwrap_or(raw)
+            }
             (1 | 2, Wire::Device) | (2, Wire::Scalar { .. }) => harness.live_address(raw).unwrap_or(raw),
             _ => raw,
         };
@@ -150,6 +152,7 @@ pub fn call_frame(harness: &Harness, data: &[u8]) -> Option<Frame> {
                 bulk.resize(bulk.len() + bytes as usize, input.byte());
                 u64::from(bytes)
             }
+            Wire::OutHandle { .. } | Wire::NewRecordHandle { .. } => 8,
             Wire::Str => {
                 let s = [b'x', input.byte() | 1, 0];
                 bulk.extend_from_slice(&s);

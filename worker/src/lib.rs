@@ -25,6 +25,7 @@ pub mod emulated;
 pub mod fatal;
 pub mod fuzz;
 pub mod handles;
+pub mod held;
 pub mod io;
 pub mod lanes;
 pub mod loader;

@@ -90,6 +90,8 @@ struct Session {
     /// Memory kept for a library handle until the handle is destroyed: the host scalars of
     /// a cuDNN variant pack (its data pointers point at them).
     owned: Mutex<HashMap<u64, Box<[u128]>>>,
+    /// Records the program holds for a library, kept here (`crate::held`).
+    held: Mutex<crate::held::Records>,
     /// Time in the library per function (calls, total), kept when `chidori::calls` logs at
     /// debug: where a slow remote run spends the server's time.
     timing: Option<Mutex<HashMap<&'static str, (u64, Duration)>>>,
@@ -284,6 +286,7 @@ pub fn run(
         libraries: Mutex::new(std::collections::HashSet::new()),
         layouts: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
+        held: Mutex::new(crate::held::Records::default()),
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
@@ -592,6 +595,56 @@ const SPARE_MIN: usize = 1 << 20;
 /// Words of a pooled output buffer: the largest copy chunk a client sends (8 MiB).
 const POOLED_WORDS: usize = 1 << 20;
 
+/// After a call that took or initialized records the program holds (`crate::held`): the
+/// ones it took were used; a new one is kept and its id goes back (0 after a failure, and
+/// the record is dropped); records of kinds no call destroys beyond the bound retire.
+fn keep_held(
+    session: &Session,
+    desc: &CallDesc,
+    ok: bool,
+    handles: &mut Handles,
+    taken: &[u64],
+    fresh: &mut [Option<Box<[u128]>>],
+    buffers: &mut [Option<Buffer>],
+) {
+    let never_destroyed = chidori_cuda::handles::NEVER_DESTROYED;
+    let mut held = lock(&session.held);
+    for &real in taken {
+        held.touch(real);
+    }
+    let mut retire = false;
+    for (i, wire) in desc.params.iter().enumerate() {
+        let (Wire::NewRecordHandle { kind, .. }, Some(record)) = (*wire, fresh.get_mut(i).and_then(Option::take))
+        else {
+            continue;
+        };
+        let value = if ok { handles.insert(kind, held.keep(record, kind, taken)) } else { 0 };
+        if let Some(word) =
+            buffers.get_mut(i).and_then(Option::as_mut).and_then(|b| b.bytes_mut().first_chunk_mut::<8>())
+        {
+            *word = value.to_le_bytes();
+        }
+        retire |= ok && never_destroyed.contains(&kind);
+    }
+    if !retire {
+        return;
+    }
+    for (kind, real) in held.retire(never_destroyed, crate::held::NEVER_DESTROYED_KEPT) {
+        if let Some(value) = handles.known(kind, real) {
+            handles.remove(kind, value);
+        }
+        if lock(&session.warned).insert("held records retired") {
+            tracing::warn!(
+                "{}: more than {} {} records live, which no call destroys: the least recently used are retired \
+                 (a later call with one is refused as a stale handle)",
+                desc.name,
+                crate::held::NEVER_DESTROYED_KEPT,
+                Handles::name(kind)
+            );
+        }
+    }
+}
+
 /// Large output buffers kept for reuse (a worker serves one session): made once, pinned
 /// for the GPU's copies where the backend can, never freed; at most [`OUTPUTS_MADE`] (beyond:
 /// one of its own per call, freed after).
@@ -898,6 +951,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
     let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
+    // Records an initializer fills (`Wire::NewRecordHandle`), kept once it succeeds, and
+    // the held records the call takes (what a new one is made from).
+    let mut fresh: Vec<Option<Box<[u128]>>> = (0..n).map(|_| None).collect();
+    let mut held_args: Vec<u64> = Vec::new();
     // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
     let mut nulled = vec![false; n];
     for (i, (wire, arg)) in desc.params.iter().zip(decoded).enumerate() {
@@ -912,7 +969,17 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 if destroy {
                     destroyed.push((kind, value, real));
                 }
+                if matches!(wire, Wire::RecordHandle { .. }) {
+                    held_args.push(real);
+                }
                 raw[i] = real;
+            }
+            Arg::NewRecord { bytes, .. } => {
+                // The library fills the worker's record; the id goes back in 8 bytes.
+                let record = crate::held::Records::fresh(bytes);
+                raw[i] = record.as_ptr() as u64;
+                fresh[i] = Some(record);
+                buffers[i] = Some(Buffer::zeroed(8));
             }
             Arg::Record(bytes) | Arg::Str(Some(bytes)) => keep(&mut raw[i], Buffer::from(bytes)),
             Arg::Str(None) | Arg::Handles(None) | Arg::Buf(BufArg::Absent) => {}
@@ -1182,6 +1249,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // an instantiation failed at) goes back.
     {
         let mut handles = lock(&session.handles);
+        if !held_args.is_empty() || fresh.iter().any(Option::is_some) {
+            keep_held(session, desc, ok, &mut handles, &held_args, &mut fresh, &mut buffers);
+        }
         for (i, wire) in desc.params.iter().enumerate() {
             if let (Wire::OutHandle { kind, named }, Some(b)) = (wire, buffers[i].as_mut()) {
                 let Some(word) = b.bytes_mut().first_chunk_mut::<8>() else { continue };
@@ -1234,6 +1304,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         for (kind, value, real) in destroyed {
             lock(&session.handles).remove(kind, value);
             lock(&session.owned).remove(&real);
+            lock(&session.held).release(real);
         }
     }
     if !desc.waits() {
@@ -1271,6 +1342,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             && matches!(
                 wire,
                 Wire::OutHandle { named: false, .. }
+                    | Wire::NewRecordHandle { .. }
                     | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
                     | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
             );
@@ -1455,6 +1527,7 @@ impl Harness {
             libraries: Mutex::new(std::collections::HashSet::new()),
             layouts: Mutex::new(HashMap::new()),
             owned: Mutex::new(HashMap::new()),
+            held: Mutex::new(crate::held::Records::default()),
             timing: None,
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),

@@ -163,7 +163,9 @@ impl<'a> Emitter<'a> {
                         for w in params {
                             if let Wire::Handle { kind, .. }
                             | Wire::OutHandle { kind, .. }
-                            | Wire::Handles { kind, .. } = w
+                            | Wire::Handles { kind, .. }
+                            | Wire::RecordHandle { kind, .. }
+                            | Wire::NewRecordHandle { kind, .. } = w
                             {
                                 handles.insert(kind.clone());
                             }
@@ -292,7 +294,8 @@ impl<'a> Emitter<'a> {
                 let Some(&k) = self.handles.get(kind) else {
                     bail!("specs/{}.toml: [handle.{kind}]: no forwarded function passes a {kind}", lib.lib.name);
                 };
-                if h.never_null {
+                // A record's id 0 is a record no call initialized.
+                if h.never_null || h.record {
                     never_null.push(k);
                 }
                 for other in &h.accepts {
@@ -303,6 +306,20 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        // Record kinds some call initializes and none destroys.
+        let (mut made, mut destroyed) = (BTreeSet::new(), BTreeSet::new());
+        for e in &self.descs {
+            if let (_, Disposition::Forward { params, .. }) = self.entry(e) {
+                for w in params {
+                    match w {
+                        Wire::NewRecordHandle { kind, .. } => made.insert(self.handles[kind]),
+                        Wire::RecordHandle { kind, destroy: true } => destroyed.insert(self.handles[kind]),
+                        _ => false,
+                    };
+                }
+            }
+        }
+        let never_destroyed = made.difference(&destroyed);
         let names = self.handles.keys().map(|h| lit_str(h));
         let consts = self.handles.iter().map(|(h, i)| {
             let id = ident(h);
@@ -318,6 +335,9 @@ impl<'a> Emitter<'a> {
                 pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[#(#accepts),*];
                 /// Kinds of which NULL is never a handle (`never_null` in the specs).
                 pub static NEVER_NULL: &[HandleKind] = &[#(#never_null),*];
+                /// Kinds of records the program holds that calls initialize and none destroys
+                /// (cuSPARSELt's matmul descriptors): the worker bounds how many it keeps.
+                pub static NEVER_DESTROYED: &[HandleKind] = &[#(#never_destroyed),*];
                 pub mod kind {
                     use super::HandleKind;
                     #(#consts)*
@@ -592,6 +612,15 @@ impl<'a> Emitter<'a> {
                 let r = len_static(len, statics, prefix);
                 quote!(Wire::Handles { kind: #k, len: &#r })
             }
+            Wire::RecordHandle { kind, destroy } => {
+                let k = self.handles[kind];
+                quote!(Wire::RecordHandle { kind: #k, destroy: #destroy })
+            }
+            Wire::NewRecordHandle { kind, bytes } => {
+                let k = self.handles[kind];
+                let b = *bytes as u32;
+                quote!(Wire::NewRecordHandle { kind: #k, bytes: #b })
+            }
             Wire::Buf { dir, elem, len, record, optional } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),
@@ -660,6 +689,9 @@ impl<'a> Emitter<'a> {
                         && !self.named.contains(kind)
                     {
                         bail!("{} is async but creates a {kind}, which the client does not name", e.function);
+                    }
+                    if let Wire::NewRecordHandle { kind, .. } = w {
+                        bail!("{} is async but initializes a {kind}, whose id comes back", e.function);
                     }
                 }
             }

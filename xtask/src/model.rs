@@ -24,6 +24,9 @@ pub struct TypeEnv {
     pub opaques: BTreeSet<String>,
     /// `void *` typedefs whose values are handles (`[handle.X] typedef = true`).
     pub handle_typedefs: BTreeSet<String>,
+    /// Records the program holds for a library, passed by pointer as handles
+    /// (`[handle.X] record = true`).
+    pub record_handles: BTreeSet<String>,
     /// Enum value by variant name.
     pub values: BTreeMap<String, i64>,
 }
@@ -110,6 +113,12 @@ impl TypeEnv {
         // A handle typedef names the kind before resolving hides it.
         match ty {
             Ty::Named(n) if self.handle_typedefs.contains(n) => return Kind::Handle { kind: handle_kind(n) },
+            Ty::Named(n) if self.record_handles.contains(n) => {
+                return Kind::RecordHandle { kind: handle_kind(n), bytes: self.size_of(ty).unwrap_or(0) };
+            }
+            Ty::Ptr { mutable, to } if matches!(&**to, Ty::Named(n) if self.record_handles.contains(n)) => {
+                return Kind::Pointer { mutable: *mutable, pointee: Box::new(self.kind(to)) };
+            }
             Ty::Ptr { mutable, to } if matches!(&**to, Ty::Named(n) if self.handle_typedefs.contains(n)) => {
                 return Kind::Pointer { mutable: *mutable, pointee: Box::new(self.kind(to)) };
             }
@@ -207,6 +216,17 @@ impl TypeEnv {
     }
 }
 
+/// A pointer to a record held as a handle: its kind and bytes.
+fn record_handle(kind: &Kind) -> Option<(String, u64)> {
+    match kind {
+        Kind::Pointer { pointee, .. } => match &**pointee {
+            Kind::RecordHandle { kind, bytes } => Some((kind.clone(), *bytes)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 pub fn handle_kind(opaque: &str) -> String {
     opaque.to_owned()
 }
@@ -228,10 +248,27 @@ pub fn prim_size(p: &str) -> u64 {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
     Void,
-    Scalar { bytes: u8, float: bool },
-    Handle { kind: String },
-    Pointer { mutable: bool, pointee: Box<Kind> },
-    Record { name: String, size: u64, plain: bool },
+    Scalar {
+        bytes: u8,
+        float: bool,
+    },
+    Handle {
+        kind: String,
+    },
+    /// A record the program holds as a handle (`[handle.X] record = true`) of `bytes`.
+    RecordHandle {
+        kind: String,
+        bytes: u64,
+    },
+    Pointer {
+        mutable: bool,
+        pointee: Box<Kind>,
+    },
+    Record {
+        name: String,
+        size: u64,
+        plain: bool,
+    },
     FnPtr,
     OpaqueValue,
     Other,
@@ -252,6 +289,10 @@ pub enum Wire {
     OutHandle { kind: String, named: bool },
     /// Input array of `len` handles of `kind` (spec `handles(kind)[len]`).
     Handles { kind: String, len: Len },
+    /// Pointer to a record the program holds as a handle of `kind` (`[handle.X] record`).
+    RecordHandle { kind: String, destroy: bool },
+    /// Pointer to a record of `bytes` the call initializes as a new handle (spec `out`).
+    NewRecordHandle { kind: String, bytes: u64 },
     /// Host buffer: `len` elements (None: one) of `elem` bytes; `optional`: an input array
     /// the API lets be NULL (spec `in[len]?`).
     Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String>, optional: bool },
@@ -423,10 +464,13 @@ impl Model {
         let versions: Vec<String> = all.keys().cloned().collect();
         let handle_typedefs: BTreeSet<String> =
             specs.values().flat_map(|s| s.handle.iter().filter(|(_, h)| h.typedef).map(|(k, _)| k.clone())).collect();
+        let record_handles: BTreeSet<String> =
+            specs.values().flat_map(|s| s.handle.iter().filter(|(_, h)| h.record).map(|(k, _)| k.clone())).collect();
         let mut envs = BTreeMap::new();
         for (v, libs) in all {
             let mut env = TypeEnv::build(libs);
             env.handle_typedefs = handle_typedefs.clone();
+            env.record_handles = record_handles.clone();
             envs.insert(v.clone(), env);
         }
         let mut libs = Vec::new();
@@ -731,7 +775,7 @@ fn with_rules(env: &TypeEnv, fspec: &FnSpec, decl: &Function, rules: &LibRules) 
             // Handles, and pointers to the handle a Create makes, are inferred, never a rule's.
             let out_handle = match env.kind(&ty) {
                 Kind::Handle { .. } => true,
-                Kind::Pointer { pointee, .. } => matches!(*pointee, Kind::Handle { .. }),
+                Kind::Pointer { pointee, .. } => matches!(*pointee, Kind::Handle { .. } | Kind::RecordHandle { .. }),
                 _ => false,
             };
             if pointer && !out_handle && params.is_match(&p.name) && !out.params.contains_key(&p.name) {
@@ -776,6 +820,7 @@ fn build_variant(
                 matches!(
                     w,
                     Wire::OutHandle { .. }
+                        | Wire::NewRecordHandle { .. }
                         | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
                         | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
                 )
@@ -974,6 +1019,14 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind: kind.clone(), destroy: false },
                 other => bail!("{}: `in` does not fit {other:?}", p.name),
             },
+            ParamSpec::Out | ParamSpec::Destroy if record_handle(&kind).is_some() => {
+                let (kind, bytes) = record_handle(&kind).expect("matched above");
+                if matches!(s, ParamSpec::Out) {
+                    Wire::NewRecordHandle { kind, bytes }
+                } else {
+                    Wire::RecordHandle { kind, destroy: true }
+                }
+            }
             ParamSpec::Out | ParamSpec::OptOut | ParamSpec::InOut | ParamSpec::OptInOut => {
                 if !is_ptr && !matches!(kind, Kind::Handle { .. }) {
                     bail!("{}: `out` needs a pointer", p.name);
@@ -1078,6 +1131,7 @@ fn classify(
     Ok(match kind {
         Kind::Scalar { bytes, float } => Ok(Wire::Val { bytes, float }),
         Kind::Handle { kind } => Ok(Wire::Handle { kind, destroy: releases }),
+        Kind::RecordHandle { .. } => Err("a record held as a handle passed by value".into()),
         Kind::Record { name, size, plain: true } => Ok(Wire::ByValRecord { bytes: size, record: name }),
         Kind::Record { .. } => Err("record with pointers passed by value".into()),
         Kind::FnPtr => Err("function pointer: runs on the client".into()),
@@ -1090,6 +1144,9 @@ fn classify(
                 }
             }
             (Kind::Handle { kind }, true) => Ok(Wire::OutHandle { kind, named: false }),
+            // A record that initializes one is `out` in the spec: the library's `Init` and
+            // `SetAttribute` alike take a mutable pointer.
+            (Kind::RecordHandle { kind, .. }, _) => Ok(Wire::RecordHandle { kind, destroy: releases }),
             (Kind::Scalar { bytes: 1, .. }, true) => Err("char buffer: how long?".into()),
             (Kind::Scalar { .. }, true) if counted => Err("pointer to scalar beside a length: array?".into()),
             (Kind::Scalar { bytes, .. }, true) if lib.infer_scalar_out => {

@@ -58,6 +58,9 @@
 //! [handle.cusolverDnContext]       # NULL is never one: refused before the library sees it
 //! never_null = true
 //!
+//! [handle.cusparseLtHandle_t]      # a record the program holds, which the library fills
+//! record = true                    # with pointers: the worker keeps it, the program an id
+//!
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
 //! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
@@ -227,6 +230,13 @@ pub struct HandleSpec {
     /// needs): the worker refuses it before the library, which would dereference it.
     #[serde(default)]
     pub never_null: bool,
+    /// The kind is a record the program holds and the library fills with its own pointers
+    /// (cuSPARSELt's `cusparseLtHandle_t`: 1 KiB), passed by pointer. The worker keeps the
+    /// library's record; the program's holds the handle's id in its first 8 bytes. A
+    /// pointer to one is a handle (`destroy` by the usual rule), or with `out` the record
+    /// the call initializes.
+    #[serde(default)]
+    pub record: bool,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.

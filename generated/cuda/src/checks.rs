@@ -350,13 +350,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -372,7 +372,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
@@ -811,13 +811,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -833,7 +833,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
@@ -1281,13 +1281,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -1303,7 +1303,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
@@ -1756,13 +1756,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -1778,7 +1778,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
@@ -2231,13 +2231,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -2253,7 +2253,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
@@ -2712,13 +2712,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 105u16,
+                    kind: 110u16,
                     when: None,
                     written: true,
                 },
@@ -2734,7 +2734,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 103u16,
+                    kind: 108u16,
                     when: None,
                     written: true,
                 },

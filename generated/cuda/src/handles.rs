@@ -96,6 +96,11 @@ pub static KINDS: &[&str] = &[
     "cusparseContext",
     "cusparseDnMatDescr",
     "cusparseDnVecDescr",
+    "cusparseLtHandle_t",
+    "cusparseLtMatDescriptor_t",
+    "cusparseLtMatmulAlgSelection_t",
+    "cusparseLtMatmulDescriptor_t",
+    "cusparseLtMatmulPlan_t",
     "cusparseMatDescr",
     "cusparseSpGEMMDescr",
     "cusparseSpMMOpPlan",
@@ -127,11 +132,14 @@ pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[
 /// Kinds of which NULL is never a handle (`never_null` in the specs).
 pub static NEVER_NULL: &[HandleKind] = &[
     41u16, 42u16, 44u16, 45u16, 47u16, 57u16, 59u16, 60u16, 61u16, 64u16, 65u16, 66u16,
-    67u16, 68u16, 70u16, 72u16, 73u16, 76u16, 78u16, 102u16, 103u16, 105u16, 106u16,
+    67u16, 68u16, 70u16, 72u16, 73u16, 76u16, 78u16, 107u16, 108u16, 110u16, 111u16,
     80u16, 26u16, 27u16, 28u16, 29u16, 32u16, 33u16, 34u16, 38u16, 39u16, 40u16, 87u16,
-    88u16, 89u16, 90u16, 91u16, 92u16, 93u16, 94u16, 95u16, 96u16, 97u16, 107u16, 81u16,
-    82u16, 83u16, 86u16, 98u16, 108u16, 99u16,
+    88u16, 89u16, 90u16, 96u16, 97u16, 98u16, 99u16, 100u16, 101u16, 102u16, 112u16,
+    81u16, 82u16, 83u16, 86u16, 103u16, 113u16, 104u16, 91u16, 92u16, 93u16, 94u16, 95u16,
 ];
+/// Kinds of records the program holds that calls initialize and none destroys
+/// (cuSPARSELt's matmul descriptors): the worker bounds how many it keeps.
+pub static NEVER_DESTROYED: &[HandleKind] = &[94u16];
 pub mod kind {
     use super::HandleKind;
     pub const CUarray_st: HandleKind = 0u16;
@@ -225,22 +233,27 @@ pub mod kind {
     pub const cusparseContext: HandleKind = 88u16;
     pub const cusparseDnMatDescr: HandleKind = 89u16;
     pub const cusparseDnVecDescr: HandleKind = 90u16;
-    pub const cusparseMatDescr: HandleKind = 91u16;
-    pub const cusparseSpGEMMDescr: HandleKind = 92u16;
-    pub const cusparseSpMMOpPlan: HandleKind = 93u16;
-    pub const cusparseSpMatDescr: HandleKind = 94u16;
-    pub const cusparseSpSMDescr: HandleKind = 95u16;
-    pub const cusparseSpSVDescr: HandleKind = 96u16;
-    pub const cusparseSpVecDescr: HandleKind = 97u16;
-    pub const gesvdjInfo: HandleKind = 98u16;
-    pub const ncclComm: HandleKind = 99u16;
-    pub const ncclWindow: HandleKind = 100u16;
-    pub const ncclWindow_vidmem: HandleKind = 101u16;
-    pub const nvmlComputeInstance_st: HandleKind = 102u16;
-    pub const nvmlDevice_st: HandleKind = 103u16;
-    pub const nvmlGpmSample_st: HandleKind = 104u16;
-    pub const nvmlGpuInstance_st: HandleKind = 105u16;
-    pub const nvmlUnit_st: HandleKind = 106u16;
-    pub const pruneInfo: HandleKind = 107u16;
-    pub const syevjInfo: HandleKind = 108u16;
+    pub const cusparseLtHandle_t: HandleKind = 91u16;
+    pub const cusparseLtMatDescriptor_t: HandleKind = 92u16;
+    pub const cusparseLtMatmulAlgSelection_t: HandleKind = 93u16;
+    pub const cusparseLtMatmulDescriptor_t: HandleKind = 94u16;
+    pub const cusparseLtMatmulPlan_t: HandleKind = 95u16;
+    pub const cusparseMatDescr: HandleKind = 96u16;
+    pub const cusparseSpGEMMDescr: HandleKind = 97u16;
+    pub const cusparseSpMMOpPlan: HandleKind = 98u16;
+    pub const cusparseSpMatDescr: HandleKind = 99u16;
+    pub const cusparseSpSMDescr: HandleKind = 100u16;
+    pub const cusparseSpSVDescr: HandleKind = 101u16;
+    pub const cusparseSpVecDescr: HandleKind = 102u16;
+    pub const gesvdjInfo: HandleKind = 103u16;
+    pub const ncclComm: HandleKind = 104u16;
+    pub const ncclWindow: HandleKind = 105u16;
+    pub const ncclWindow_vidmem: HandleKind = 106u16;
+    pub const nvmlComputeInstance_st: HandleKind = 107u16;
+    pub const nvmlDevice_st: HandleKind = 108u16;
+    pub const nvmlGpmSample_st: HandleKind = 109u16;
+    pub const nvmlGpuInstance_st: HandleKind = 110u16;
+    pub const nvmlUnit_st: HandleKind = 111u16;
+    pub const pruneInfo: HandleKind = 112u16;
+    pub const syevjInfo: HandleKind = 113u16;
 }

@@ -79392,6 +79392,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3325u32 => {
+                if a.len() != 8usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as u32,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                    )) as u64
+                }
+            }
+            3326u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3327u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79402,7 +79438,546 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3326u32 => {
+            3328u32 => {
+                if a.len() != 2usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3329u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3330u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3331u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3332u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3333u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            3334u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3335u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3336u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            3337u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3338u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3339u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3340u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                    )) as u64
+                }
+            }
+            3341u32 => {
+                if a.len() != 3usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3342u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3343u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3344u32 => {
+                if a.len() != 11usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            3345u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3346u32 => {
+                if a.len() != 8usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3347u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3348u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3349u32 => {
+                if a.len() != 6usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3350u32 => {
+                if a.len() != 8usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3351u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3352u32 => {
+                if a.len() != 7usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3353u32 => {
+                if a.len() != 9usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as u32,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                    )) as u64
+                }
+            }
+            3354u32 => {
                 if a.len() != 1usize {
                     return None;
                 }

@@ -12,6 +12,7 @@ pub mod cudnn;
 pub mod curand;
 pub mod cusolver;
 pub mod cusparse;
+pub mod cusparselt;
 pub mod driver;
 pub mod entry;
 pub mod export;

@@ -16,6 +16,8 @@ struct FakeClient {
     device_mode: Vec<u64>,
     /// Scalar widths the client knows per handle (cuBLASLt scale types).
     scalar_sizes: HashMap<u64, u64>,
+    /// Handles whose later scalars (beta) follow their own mode (cuSPARSELt's plans).
+    later_device: HashMap<u64, bool>,
     next_name: u64,
 }
 
@@ -26,7 +28,11 @@ impl Client for FakeClient {
     }
 
     fn scalar_mode(&mut self, mode: u64) -> ScalarMode {
-        ScalarMode { device: self.device_mode.contains(&mode), bytes: self.scalar_sizes.get(&mode).copied() }
+        ScalarMode {
+            device: self.device_mode.contains(&mode),
+            bytes: self.scalar_sizes.get(&mode).copied(),
+            later_device: self.later_device.get(&mode).copied(),
+        }
     }
 
     fn new_name(&mut self) -> u64 {
@@ -405,6 +411,61 @@ fn a_device_scalar_of_a_told_width_is_checked_for_that_many_bytes() {
     assert_eq!(encode(desc, &[1, last], &mut client).call.lens[1], device_len(4));
     client.scalar_sizes.clear();
     assert_eq!(encode(desc, &[1, last], &mut client).call.lens[1], DEVICE_LEN);
+}
+
+#[test]
+fn a_record_handle_travels_as_the_id_its_record_holds() {
+    let held = Wire::RecordHandle { kind: 5, destroy: false };
+    let new = Wire::NewRecordHandle { kind: 5, bytes: 1024 };
+    let desc = desc(vec![held, new]);
+    let mut client = FakeClient::default();
+    let mut record = vec![0u8; 1024];
+    record[..8].copy_from_slice(&0x42u64.to_le_bytes());
+    let at = client.put(record);
+    let fresh = client.put(vec![0u8; 1024]);
+    let encoded = encode(desc, &[at, fresh], &mut client);
+    // The id, not the record's address; the new record's first 8 bytes come back.
+    assert_eq!(encoded.call.args, vec![0x42, fresh]);
+    assert_eq!(encoded.call.lens, vec![0, 8]);
+    assert!(encoded.inputs.is_empty());
+    assert_eq!(encoded.outputs, vec![Span { param: 1, addr: fresh, len: 8 }]);
+    let tables = &mut FakeTables::default();
+    let args = decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap();
+    assert_eq!(args[0], Arg::Handle { kind: 5, value: 0x42, real: 0x42 | 1 << 63, destroy: false });
+    assert_eq!(args[1], Arg::NewRecord { kind: 5, bytes: 1024 });
+    // NULL records: the held one stays NULL (the library's to refuse), a new one is refused.
+    let encoded = encode(desc, &[0, 0], &mut client);
+    assert_eq!(encoded.call.args[0], 0);
+    assert_eq!(encoded.call.lens[1], NULL_LEN);
+    let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Null { param: 1, .. }), "{e}");
+    // An id that is no handle of the session is refused as a handle.
+    let e = refused(vec![held], &[FOREIGN + 3], &[0], &[]);
+    assert_eq!(e, DecodeError::Handle { param: 0, kind: 5, value: FOREIGN + 3, element: None });
+    let e = refused(vec![new], &[0x1000], &[16], &[]);
+    assert_eq!(e, DecodeError::Length { param: 0, got: 16, expected: 8 });
+}
+
+#[test]
+fn later_scalars_may_follow_a_mode_of_their_own() {
+    // cuSPARSELt: alpha a device vector (per-channel scaling), beta a host float.
+    let plan = Wire::RecordHandle { kind: 5, destroy: false };
+    let scalar = Wire::Scalar { dir: Dir::In, bytes: 16, mode: 0, size: None };
+    let desc = desc(vec![plan, scalar, scalar]);
+    let mut client = FakeClient { device_mode: vec![7], ..FakeClient::default() };
+    client.scalar_sizes.insert(7, 4);
+    client.later_device.insert(7, false);
+    let mut record = vec![0u8; 1024];
+    record[..8].copy_from_slice(&7u64.to_le_bytes());
+    let plan_at = client.put(record);
+    let beta = client.put(1.5f32.to_le_bytes().to_vec());
+    let encoded = encode(desc, &[plan_at, DEVICE, beta], &mut client);
+    assert_eq!(encoded.call.lens, vec![0, device_len(4), 4]);
+    assert_eq!(encoded.inputs, vec![Span { param: 2, addr: beta, len: 4 }]);
+    // Without a mode of their own, every scalar follows the first's.
+    client.later_device.clear();
+    let encoded = encode(desc, &[plan_at, DEVICE, DEVICE + 64], &mut client);
+    assert_eq!(encoded.call.lens, vec![0, device_len(4), device_len(4)]);
 }
 
 #[test]

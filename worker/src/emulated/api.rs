@@ -341,6 +341,10 @@ impl Emulated {
             // SAFETY: as below.
             return unsafe { self.invoke_nvml(name, a) };
         }
+        if desc.library == "cusparselt" {
+            // SAFETY: as below.
+            return unsafe { self.invoke_cusparselt(name, a) };
+        }
         if desc.library == "cublas" && name.starts_with("cublasXt") {
             // SAFETY: as below.
             return unsafe { self.invoke_cublas_xt(name, a) };
@@ -838,6 +842,129 @@ impl Emulated {
                     put_u32(a[9], n as u32);
                     SUCCESS
                 }
+                _ => return None,
+            }
+        };
+        Some(status)
+    }
+
+    /// cuSPARSELt as far as its records go: each initializer writes a tag and what it was
+    /// given into the record the worker passes (as the library fills the program's), and a
+    /// matmul descriptor, selection and plan keep pointers to the records they were made
+    /// from, which the library follows later (the workspace size reads the matrices through
+    /// the plan). The matmul writes alpha (a host float, or the first of a device vector
+    /// under vector scaling) × 1000 + beta into D's first float.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`]; record pointers are the worker's records (1 KiB) or
+    /// NULL, which the decoder refused for the kinds that may not be.
+    unsafe fn invoke_cusparselt(&self, name: &str, a: &[u64]) -> Option<u64> {
+        const INVALID: u64 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_INVALID_VALUE as u64;
+        const HANDLE: u64 = 0x4c54_4841_4e44_4c45;
+        const MATRIX: u64 = 0x4c54_4d41_5452_4958;
+        const MATMUL: u64 = 0x4c54_4d41_544d_554c;
+        const SELECTION: u64 = 0x4c54_5345_4c45_4354;
+        const PLAN: u64 = 0x4c54_504c_414e_0000;
+        const DESTROYED: u64 = 0x4445_4144;
+        const ALPHA_VECTOR: u64 =
+            chidori_cuda::consts::cusparseLtMatmulDescAttribute_t::CUSPARSELT_MATMUL_ALPHA_VECTOR_SCALING as u64;
+        // SAFETY: every pointer read is a record the worker keeps (1 KiB) or one an earlier
+        // call stored in such a record.
+        let tag = |record: u64, at: u64| {
+            if record == 0 { 0 } else { unsafe { std::ptr::read_unaligned((record + at) as *const u64) } }
+        };
+        let is = |record: u64, want: u64| tag(record, 0) == want;
+        // SAFETY (all arms): records and outputs are the session's buffers, sized by the
+        // descriptor; device memory is looked up in the emulation's allocations.
+        let status = unsafe {
+            match name {
+                "cusparseLtInit" => {
+                    put_u64(a[0], HANDLE);
+                    SUCCESS
+                }
+                "cusparseLtDenseDescriptorInit" | "cusparseLtStructuredDescriptorInit" if is(a[0], HANDLE) => {
+                    put_u64(a[1], MATRIX);
+                    put_u64(a[1] + 8, a[2]);
+                    put_u64(a[1] + 16, a[3]);
+                    SUCCESS
+                }
+                "cusparseLtMatmulDescriptorInit" if is(a[0], HANDLE) && is(a[4], MATRIX) && is(a[5], MATRIX) => {
+                    put_u64(a[1], MATMUL);
+                    put_u64(a[1] + 8, a[4]);
+                    put_u64(a[1] + 16, a[5]);
+                    put_u64(a[1] + 24, 0);
+                    SUCCESS
+                }
+                "cusparseLtMatmulDescSetAttribute" if is(a[1], MATMUL) => {
+                    if a[2] == ALPHA_VECTOR && a[4] >= 4 && a[3] != 0 {
+                        put_u64(a[1] + 24, u64::from(std::ptr::read_unaligned(a[3] as *const u32)));
+                    }
+                    SUCCESS
+                }
+                "cusparseLtMatmulAlgSelectionInit" if is(a[0], HANDLE) && is(a[2], MATMUL) => {
+                    put_u64(a[1], SELECTION);
+                    put_u64(a[1] + 8, a[2]);
+                    SUCCESS
+                }
+                "cusparseLtMatmulPlanInit" if is(a[0], HANDLE) && is(a[2], MATMUL) && is(a[3], SELECTION) => {
+                    put_u64(a[1], PLAN);
+                    put_u64(a[1] + 8, a[2]);
+                    SUCCESS
+                }
+                // rows of A × columns of B floats, read through the plan's own pointers.
+                "cusparseLtMatmulGetWorkspace" if is(a[1], PLAN) => {
+                    let matmul = tag(a[1], 8);
+                    let (matrix_a, matrix_b) = (tag(matmul, 8), tag(matmul, 16));
+                    put_u64(a[2], tag(matrix_a, 8).saturating_mul(tag(matrix_b, 16)).saturating_mul(4));
+                    SUCCESS
+                }
+                "cusparseLtMatmul" if is(a[0], HANDLE) && is(a[1], PLAN) => {
+                    let vector = tag(tag(a[1], 8), 24) != 0;
+                    let mut word = [0u8; 4];
+                    let alpha = if vector {
+                        match self.state().find(a[2], 4) {
+                            Some(bytes) => word.copy_from_slice(bytes),
+                            None => return Some(INVALID),
+                        }
+                        f32::from_le_bytes(word)
+                    } else {
+                        std::ptr::read_unaligned(a[2] as *const f32)
+                    };
+                    let beta = std::ptr::read_unaligned(a[5] as *const f32);
+                    match self.state().find(a[7], 4) {
+                        Some(d) => d.copy_from_slice(&(alpha * 1000.0 + beta).to_le_bytes()),
+                        None => return Some(INVALID),
+                    }
+                    SUCCESS
+                }
+                "cusparseLtMatDescriptorDestroy" if is(a[0], MATRIX) => {
+                    put_u64(a[0], DESTROYED);
+                    SUCCESS
+                }
+                "cusparseLtMatmulAlgSelectionDestroy" if is(a[0], SELECTION) => {
+                    put_u64(a[0], DESTROYED);
+                    SUCCESS
+                }
+                "cusparseLtMatmulPlanDestroy" if is(a[0], PLAN) => {
+                    put_u64(a[0], DESTROYED);
+                    SUCCESS
+                }
+                "cusparseLtDestroy" if is(a[0], HANDLE) => {
+                    put_u64(a[0], DESTROYED);
+                    SUCCESS
+                }
+                "cusparseLtDenseDescriptorInit"
+                | "cusparseLtStructuredDescriptorInit"
+                | "cusparseLtMatmulDescriptorInit"
+                | "cusparseLtMatmulDescSetAttribute"
+                | "cusparseLtMatmulAlgSelectionInit"
+                | "cusparseLtMatmulPlanInit"
+                | "cusparseLtMatmulGetWorkspace"
+                | "cusparseLtMatmul"
+                | "cusparseLtMatDescriptorDestroy"
+                | "cusparseLtMatmulAlgSelectionDestroy"
+                | "cusparseLtMatmulPlanDestroy"
+                | "cusparseLtDestroy" => INVALID,
                 _ => return None,
             }
         };

@@ -1,0 +1,133 @@
+//! Hand-written cuSPARSELt functions: what the client records to send `cusparseLtMatmul`'s
+//! alpha and beta right. They are host floats, or device vectors of per-channel scales
+//! where the matmul descriptor enables vector scaling (`CUSPARSELT_MATMUL_ALPHA_VECTOR_
+//! SCALING`, `..._BETA_...`, set by `cusparseLtMatmulDescSetAttribute`). A plan takes its
+//! descriptor's choice at `cusparseLtMatmulPlanInit`, and the plan's scalar mode
+//! (`crate::scalars`) says how the matmul's alpha and beta travel.
+//!
+//! Records (handle, descriptors, plans) hold the worker's ids in their first 8 bytes
+//! (specs/cusparselt.toml: `record`), which is what these functions read.
+#![allow(clippy::missing_safety_doc)]
+
+use chidori_protocol::desc::{Ctx, Form};
+
+use crate::state::CLIENT;
+
+const SUCCESS: u64 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS as u64;
+const ALPHA_VECTOR: u64 =
+    chidori_cuda::consts::cusparseLtMatmulDescAttribute_t::CUSPARSELT_MATMUL_ALPHA_VECTOR_SCALING as u64;
+const BETA_VECTOR: u64 =
+    chidori_cuda::consts::cusparseLtMatmulDescAttribute_t::CUSPARSELT_MATMUL_BETA_VECTOR_SCALING as u64;
+/// Matmul descriptors with vector scaling remembered (no call destroys one; the oldest are
+/// forgotten beyond this, as the worker retires them).
+const VECTOR_DESCRIPTORS_KEPT: usize = 4096;
+
+/// The id the program's record at `addr` holds (0 for NULL).
+fn id(addr: u64) -> u64 {
+    if addr == 0 {
+        return 0;
+    }
+    // SAFETY: a non-null pointer to the caller's cuSPARSELt record (1 KiB), whose first 8
+    // bytes the client wrote when the record was initialized.
+    unsafe { std::ptr::read_unaligned(addr as *const u64) }
+}
+
+/// cusparseLtMatmulDescSetAttribute(handle, matmulDescr, attribute, data, dataSize): sent,
+/// then a vector-scaling switch recorded for the descriptor.
+pub unsafe fn matmul_desc_set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        // SAFETY: the caller's arguments, as the descriptor's form describes them.
+        let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
+        let (descriptor, attribute, data, size) = match args {
+            [_, d, a, data, size, ..] => (id(*d), *a, *data, *size),
+            _ => return status,
+        };
+        if status != SUCCESS || (attribute != ALPHA_VECTOR && attribute != BETA_VECTOR) || data == 0 || size < 4 {
+            return status;
+        }
+        // SAFETY: the caller's attribute value (an int32_t flag), at least 4 bytes, which
+        // the library just read.
+        let on = unsafe { std::ptr::read_unaligned(data as *const i32) } != 0;
+        let mut guard = CLIENT.cusparselt_vectors.lock();
+        let map = guard.get_or_insert_with(Default::default);
+        let flags = map.entry(descriptor).or_default();
+        if attribute == ALPHA_VECTOR {
+            flags.0 = on;
+        } else {
+            flags.1 = on;
+        }
+        if *flags == (false, false) {
+            map.remove(&descriptor);
+        }
+        // Ids grow: the smallest are the oldest descriptors.
+        while map.len() > VECTOR_DESCRIPTORS_KEPT {
+            let Some(&oldest) = map.keys().min() else { break };
+            map.remove(&oldest);
+        }
+        status
+    })
+}
+
+/// cusparseLtMatmulPlanInit(handle, plan, matmulDescr, algSelection): the plan's alpha
+/// and beta travel as its descriptor's vector scaling says.
+pub unsafe fn plan_init(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        // SAFETY: the caller's arguments, as the descriptor's form describes them.
+        let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
+        if status != SUCCESS {
+            return status;
+        }
+        let (plan, descriptor) = match args {
+            [_, p, d, ..] => (id(*p), id(*d)),
+            _ => return status,
+        };
+        set_plan_modes(plan, CLIENT.cusparselt_vectors.get(&descriptor).unwrap_or_default());
+        status
+    })
+}
+
+/// cusparseLtMatmulPlanDestroy(plan): sent, and the plan's modes forgotten.
+pub unsafe fn plan_destroy(ctx: &Ctx, args: &[u64]) -> u64 {
+    crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        let plan = id(args.first().copied().unwrap_or(0));
+        // SAFETY: the caller's arguments, as the descriptor's form describes them.
+        let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
+        if status == SUCCESS {
+            crate::scalars::forget(plan);
+        }
+        status
+    })
+}
+
+/// Record how a plan's alpha and beta travel: (alpha, beta) device vectors or host floats.
+fn set_plan_modes(plan: u64, (alpha, beta): (bool, bool)) {
+    CLIENT.scalar_modes.update(plan, |m| {
+        m.device = alpha;
+        m.later_device = (alpha != beta).then_some(beta);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_with_an_alpha_vector_sends_beta_as_a_host_float() {
+        set_plan_modes(0x5150, (true, false));
+        let m = crate::scalars::mode(0x5150);
+        assert!(m.device);
+        assert_eq!(m.later_device, Some(false));
+        set_plan_modes(0x5150, (true, true));
+        assert_eq!(crate::scalars::mode(0x5150).later_device, None);
+        assert!(crate::scalars::device_mode(0x5150));
+        set_plan_modes(0x5150, (false, false));
+        assert_eq!(crate::scalars::mode(0x5150), Default::default(), "host floats are the default");
+    }
+
+    #[test]
+    fn a_null_record_has_no_id() {
+        assert_eq!(id(0), 0);
+        let record = [7u64, 0, 0];
+        assert_eq!(id(record.as_ptr() as u64), 7);
+    }
+}
