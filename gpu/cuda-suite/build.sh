@@ -26,15 +26,22 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
-       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy)
+       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
+
+# The NVIDIA wheels beside torch (site-packages/nvidia/WHEEL/SUBDIR), for SUBDIR lib or include.
+wheel_dirs() {
+  local site
+  for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    echo "$site/nvidia/cu13/$1" "$site/nvidia/cudnn/$1" "$site/nvidia/cusparselt/$1"
+  done
+}
 
 # libNAME.so from the toolkit, else from the NVIDIA wheels beside torch: "-L DIR -rpath DIR".
 library_dir() {
   local lib=$1 dir
-  for dir in "$CUDA_HOME/lib64" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null \
-               | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|;p;s|/cu13/lib$|/cudnn/lib|'); do
+  for dir in "$CUDA_HOME/lib64" $(wheel_dirs lib); do
     if compgen -G "$dir/lib$lib.so*" > /dev/null; then
       local so
       so=$(cd "$dir" && ls "lib$lib".so* | sort | head -1)
@@ -45,12 +52,11 @@ library_dir() {
   echo "-l$lib"
 }
 
-# cuDNN's headers: the toolkit's, else the cuDNN wheel's beside torch ("-I DIR").
-cudnn_include() {
+# A library's header: the toolkit's, else a wheel's beside torch ("-I DIR").
+wheel_include() {
   local dir
-  for dir in "$CUDA_HOME/include" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null \
-               | tr ' ' '\n' | sed 's|$|/nvidia/cudnn/include|'); do
-    if [[ -f $dir/cudnn.h ]]; then echo "-I$dir"; return; fi
+  for dir in "$CUDA_HOME/include" $(wheel_dirs include); do
+    if [[ -f $dir/$1 ]]; then echo "-I$dir"; return; fi
   done
 }
 
@@ -83,7 +89,8 @@ recipe() {
     sparse)         nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/sparse.cpp -o "$out" \
                       $(library_dir cusparse) ;;
     blas_xt)        nv "${LINK[@]}" src/blas_xt.cpp -o "$out" $(library_dir cublas) ;;
-    cudnn_legacy)   nv "${LINK[@]}" $(cudnn_include) src/cudnn_legacy.cpp -o "$out" $(library_dir cudnn) ;;
+    cudnn_legacy)   nv "${LINK[@]}" $(wheel_include cudnn.h) src/cudnn_legacy.cpp -o "$out" $(library_dir cudnn) ;;
+    sparse_lt)      nv "${LINK[@]}" $(wheel_include cusparseLt.h) src/sparse_lt.cpp -o "$out" $(library_dir cusparseLt) ;;
     solver_lowlevel) nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/solver_lowlevel.cpp -o "$out" \
                       $(library_dir cusolver) $(library_dir cusparse) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;

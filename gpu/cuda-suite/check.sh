@@ -13,7 +13,8 @@ status=0
 for entry in src/textures/main.cpp src/copies_3d/main.cpp src/graph_build/main.cpp src/mem_pools/main.cpp \
              src/peer_functions/main.cpp src/green_ctx/main.cpp src/driver_graphs.cpp src/solver_sparse.cpp:cusolverSp.h \
              src/sparse.cpp:cusparse.h src/blas_xt.cpp:cublasXt.h \
-             src/solver_lowlevel.cpp:cusolverSp_LOWLEVEL_PREVIEW.h src/cudnn_legacy.cpp:cudnn.h; do
+             src/solver_lowlevel.cpp:cusolverSp_LOWLEVEL_PREVIEW.h src/cudnn_legacy.cpp:cudnn.h \
+             src/sparse_lt.cpp:cusparseLt.h; do
   file=${entry%%:*}
   header=${entry#"$file"}
   header=${header#:}
