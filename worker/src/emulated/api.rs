@@ -937,22 +937,23 @@ impl Emulated {
                     }
                     SUCCESS
                 }
-                "cusparseLtMatDescriptorDestroy" if is(a[0], MATRIX) => {
+                "cusparseLtMatDescriptorDestroy"
+                | "cusparseLtMatmulAlgSelectionDestroy"
+                | "cusparseLtMatmulPlanDestroy"
+                | "cusparseLtDestroy" => {
+                    let kind = match name {
+                        "cusparseLtMatDescriptorDestroy" => MATRIX,
+                        "cusparseLtMatmulAlgSelectionDestroy" => SELECTION,
+                        "cusparseLtMatmulPlanDestroy" => PLAN,
+                        _ => HANDLE,
+                    };
+                    if !is(a[0], kind) {
+                        return Some(INVALID);
+                    }
                     put_u64(a[0], DESTROYED);
                     SUCCESS
                 }
-                "cusparseLtMatmulAlgSelectionDestroy" if is(a[0], SELECTION) => {
-                    put_u64(a[0], DESTROYED);
-                    SUCCESS
-                }
-                "cusparseLtMatmulPlanDestroy" if is(a[0], PLAN) => {
-                    put_u64(a[0], DESTROYED);
-                    SUCCESS
-                }
-                "cusparseLtDestroy" if is(a[0], HANDLE) => {
-                    put_u64(a[0], DESTROYED);
-                    SUCCESS
-                }
+                // A record of another kind, or none an initializer filled.
                 "cusparseLtDenseDescriptorInit"
                 | "cusparseLtStructuredDescriptorInit"
                 | "cusparseLtMatmulDescriptorInit"
@@ -960,11 +961,7 @@ impl Emulated {
                 | "cusparseLtMatmulAlgSelectionInit"
                 | "cusparseLtMatmulPlanInit"
                 | "cusparseLtMatmulGetWorkspace"
-                | "cusparseLtMatmul"
-                | "cusparseLtMatDescriptorDestroy"
-                | "cusparseLtMatmulAlgSelectionDestroy"
-                | "cusparseLtMatmulPlanDestroy"
-                | "cusparseLtDestroy" => INVALID,
+                | "cusparseLtMatmul" => INVALID,
                 _ => return None,
             }
         };
