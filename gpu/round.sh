@@ -324,7 +324,10 @@ if want learned; then
     for run in first:32 second:8 second:32; do
       label=${run%%:*}; n=${run#*:}
       timeout ${RUN_TIMEOUT:-150} python3 "${base[@]}" --new-tokens $n > "$LOGS/learned-decode-native-$n.out" 2>&1
-      CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$lcache timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s 127.0.0.1:$WAN_PORT -- \
+      # LEARNED_LOG: the client's log filter for these runs (what still waits:
+      # chidori::custom::cudnn=debug names each cuDNN get that asks the server).
+      CHIDORI_LOG=${LEARNED_LOG:-warn} CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$lcache timeout ${RUN_TIMEOUT:-150} \
+        "$CHIDORI" run --trace -s 127.0.0.1:$WAN_PORT -- \
         python3 "${base[@]}" --new-tokens $n > "$LOGS/learned-decode-$label-$n.out" 2> "$LOGS/learned-decode-$label-$n.err"
       same=$(cmp -s <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-native-$n.out") \
         <(grep -o '"tokens": \[[^]]*\]' "$LOGS/learned-decode-$label-$n.out") && echo "native's tokens" || echo "TOKENS DIFFER")

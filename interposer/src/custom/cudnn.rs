@@ -772,6 +772,7 @@ fn get_attribute(
         let (status, count) = if !elements.is_null() && requested <= 0 {
             // An array without a request: the library says what it means (nothing is
             // written to the array).
+            tracing::debug!("get asks the server: attribute {name}, type {ty}, an array of {requested}");
             let mut count: i64 = 0;
             let args = [d, u64::from(name), u64::from(ty), requested as u64, &mut count as *mut i64 as u64, 0];
             // SAFETY: `count` receives one int64; no array travels.
@@ -805,6 +806,11 @@ fn get_attribute(
                 crate::trace::local("cudnnBackendGetAttribute");
                 (deliver(&a, query.2, count_out, elements), a.count)
             } else {
+                // What a run still waits for (`CHIDORI_LOG=chidori::custom::cudnn=debug`).
+                tracing::debug!(
+                    "get asks the server: descriptor type {:?}, attribute {name}, type {ty}, requested {requested}",
+                    type_of(d)
+                );
                 let Some(mut asked) = Asked::new(f.get, d, query) else { return f.bad_param };
                 // SAFETY: our buffers, of the wire form's lengths for these arguments.
                 let s = unsafe { crate::runtime::call(f.get, &asked.args()) as u32 };
@@ -945,6 +951,9 @@ fn fill(
         &mut count as *mut i64 as u64,
         elements as u64,
     ];
+    tracing::debug!(
+        "fill asks the server: descriptor type {source_type:?}, attribute {name}, {requested} of type {same_type:?}"
+    );
     let status = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute", None);
     let filled = filled_by(status, count, len);
     tracing::trace!("fill: attribute {name}, {requested} of type {same_type:?}: count {count}, status {status}");
