@@ -930,6 +930,18 @@ fn library_records_the_program_holds_are_the_workers() {
         "workspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\ndestroyed 0 stale 1 never 1",
         "{stderr}"
     );
+    // The client names the descriptors, selections and plans it initializes: only the
+    // handle's initializer and the workspace queries wait.
+    assert_eq!(trace_row(&stderr, "cusparseLtInit"), ["1", "1"], "{stderr}");
+    for init in [
+        "cusparseLtDenseDescriptorInit",
+        "cusparseLtMatmulDescriptorInit",
+        "cusparseLtMatmulAlgSelectionInit",
+        "cusparseLtMatmulPlanInit",
+    ] {
+        assert_eq!(trace_row(&stderr, init)[1], "0", "{init}: {stderr}");
+    }
+    assert_eq!(trace_row(&stderr, "cusparseLtMatmulGetWorkspace"), ["3", "3"], "{stderr}");
 }
 
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a

@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cusparseLtDenseDescriptorInit` for CUDA 12.6 (sync).
+///`cusparseLtDenseDescriptorInit` for CUDA 12.6 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu126(
     handle: *mut c_void,
@@ -32,7 +32,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu1
         ) as u32
     }
 }
-///`cusparseLtDenseDescriptorInit` for CUDA 12.8 (sync).
+///`cusparseLtDenseDescriptorInit` for CUDA 12.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu128(
     handle: *mut c_void,
@@ -60,7 +60,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu1
         ) as u32
     }
 }
-///`cusparseLtDenseDescriptorInit` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtDenseDescriptorInit` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu130(
     handle: *mut c_void,
@@ -578,7 +578,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestro
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.6 (sync).
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.6 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu126(
     handle: *mut c_void,
@@ -598,7 +598,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.8 (sync).
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 12.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu128(
     handle: *mut c_void,
@@ -618,7 +618,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSelectionInit` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu130(
     handle: *mut c_void,
@@ -887,7 +887,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
         }) as u32
     }
 }
-///`cusparseLtMatmulDescriptorInit` for CUDA 12.6 (sync).
+///`cusparseLtMatmulDescriptorInit` for CUDA 12.6 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu126(
     handle: *mut c_void,
@@ -917,7 +917,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu
         ) as u32
     }
 }
-///`cusparseLtMatmulDescriptorInit` for CUDA 12.8 (sync).
+///`cusparseLtMatmulDescriptorInit` for CUDA 12.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu128(
     handle: *mut c_void,
@@ -947,7 +947,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu
         ) as u32
     }
 }
-///`cusparseLtMatmulDescriptorInit` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatmulDescriptorInit` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu130(
     handle: *mut c_void,
@@ -1898,7 +1898,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu130(
         ) as u32
     }
 }
-///`cusparseLtStructuredDescriptorInit` for CUDA 12.6 (sync).
+///`cusparseLtStructuredDescriptorInit` for CUDA 12.6 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu126(
     handle: *mut c_void,
@@ -1928,7 +1928,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit
         ) as u32
     }
 }
-///`cusparseLtStructuredDescriptorInit` for CUDA 12.8 (sync).
+///`cusparseLtStructuredDescriptorInit` for CUDA 12.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu128(
     handle: *mut c_void,
@@ -1958,7 +1958,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit
         ) as u32
     }
 }
-///`cusparseLtStructuredDescriptorInit` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtStructuredDescriptorInit` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu130(
     handle: *mut c_void,

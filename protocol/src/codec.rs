@@ -21,7 +21,7 @@
 //! | `ByValRecord` | the client's address | `bytes` | the record |
 //! | `OutHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
 //! | `RecordHandle` | the id the program's record holds (0 at NULL) | 0 | — |
-//! | `NewRecordHandle` | the client's address | 8, or [`NULL_LEN`] | — |
+//! | `NewRecordHandle` | the client's address, or the name it gave (`named`) | 8, or [`NULL_LEN`] | — |
 //! | `Str` | the client's address | bytes with the NUL, or [`NULL_LEN`] | the string |
 //! | `Scalar` (host mode) | the client's address | its bytes ([`scalar_bytes`]), or [`NULL_LEN`] | the value, unless `Out` |
 //! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`], or [`device_len`] of its width | — |
@@ -148,9 +148,16 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(u64::from(bytes)));
             }
             _ if a == 0 => lens[i] = NULL_LEN,
-            Wire::NewRecordHandle { .. } => {
+            Wire::NewRecordHandle { named, .. } => {
                 lens[i] = 8;
-                outputs.push(span(8));
+                if named {
+                    // As a named OutHandle: the name lands in the record's first 8 bytes.
+                    let name = client.new_name();
+                    names.push((a, name));
+                    call.args[i] = name;
+                } else {
+                    outputs.push(span(8));
+                }
             }
             Wire::OutHandle { named, .. } => {
                 lens[i] = 8;
@@ -265,10 +272,12 @@ pub enum Arg<'f> {
         named: bool,
     },
     /// A record of `bytes` the library initializes, which the worker keeps: the new
-    /// handle's id goes back in 8 bytes.
+    /// handle's id goes back in 8 bytes, or with `named` the argument word is the name the
+    /// client gave it.
     NewRecord {
         kind: HandleKind,
         bytes: usize,
+        named: bool,
     },
     /// A host scalar of `bytes` bytes: its value (`In`, `InOut`) or None (`Out`).
     Scalar {
@@ -437,14 +446,17 @@ pub fn decode<'f>(
                     tables.resolve(kind, a).ok_or(DecodeError::Handle { param: i, kind, value: a, element: None })?;
                 Arg::Handle { kind, value: a, real, destroy }
             }
-            Wire::NewRecordHandle { kind, bytes } => {
+            Wire::NewRecordHandle { kind, bytes, named } => {
                 if len == NULL_LEN {
                     return Err(null("NULL where the new record is".into()));
                 }
                 if len != 8 {
                     return Err(DecodeError::Length { param: i, got: len, expected: 8 });
                 }
-                Arg::NewRecord { kind, bytes: bytes as usize }
+                if named && !tables.name_free(kind, a) {
+                    return Err(DecodeError::NameTaken { param: i, kind, value: a });
+                }
+                Arg::NewRecord { kind, bytes: bytes as usize, named }
             }
             Wire::ByValRecord { bytes } => {
                 if len != u64::from(bytes) {

@@ -251,8 +251,10 @@ pub enum Wire {
     RecordHandle { kind: HandleKind, destroy: bool },
     /// A pointer to a record the program holds, which the call initializes: the worker
     /// passes a zeroed record of `bytes` it keeps, and the reply's 8 bytes (the new
-    /// handle's id) land at the start of the program's record.
-    NewRecordHandle { kind: HandleKind, bytes: u32 },
+    /// handle's id) land at the start of the program's record. `named`: the client names
+    /// the handle itself, writing the name into the record before sending (the worker maps
+    /// it), so the call needs no reply.
+    NewRecordHandle { kind: HandleKind, bytes: u32, named: bool },
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
     /// `optional`: an input array the API lets be NULL whatever its count says (cuFFT's

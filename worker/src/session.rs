@@ -595,52 +595,80 @@ const SPARE_MIN: usize = 1 << 20;
 /// Words of a pooled output buffer: the largest copy chunk a client sends (8 MiB).
 const POOLED_WORDS: usize = 1 << 20;
 
-/// After a call that took or initialized records the program holds (`crate::held`): the
-/// ones it took were used; a new one is kept and its id goes back (0 after a failure, and
-/// the record is dropped); records of kinds no call destroys beyond the bound retire.
-fn keep_held(
-    session: &Session,
-    desc: &CallDesc,
-    ok: bool,
-    handles: &mut Handles,
-    taken: &[u64],
-    fresh: &mut [Option<Box<[u128]>>],
-    buffers: &mut [Option<Buffer>],
-) {
-    let never_destroyed = chidori_cuda::handles::NEVER_DESTROYED;
-    let mut held = lock(&session.held);
-    for &real in taken {
-        held.touch(real);
+/// The records the program holds (`crate::held`) that a call takes and initializes.
+struct HeldCall {
+    /// Records an initializer fills (`Wire::NewRecordHandle`), by parameter: kept once the
+    /// call succeeds, dropped otherwise.
+    fresh: Vec<Option<Box<[u128]>>>,
+    /// The worker's records the call takes (what a new one is made from).
+    taken: Vec<u64>,
+}
+
+impl HeldCall {
+    fn new(params: usize) -> HeldCall {
+        HeldCall { fresh: (0..params).map(|_| None).collect(), taken: Vec::new() }
     }
-    let mut retire = false;
-    for (i, wire) in desc.params.iter().enumerate() {
-        let (Wire::NewRecordHandle { kind, .. }, Some(record)) = (*wire, fresh.get_mut(i).and_then(Option::take))
-        else {
-            continue;
-        };
-        let value = if ok { handles.insert(kind, held.keep(record, kind, taken)) } else { 0 };
-        if let Some(word) =
-            buffers.get_mut(i).and_then(Option::as_mut).and_then(|b| b.bytes_mut().first_chunk_mut::<8>())
-        {
-            *word = value.to_le_bytes();
+
+    fn is_empty(&self) -> bool {
+        self.taken.is_empty() && self.fresh.iter().all(Option::is_none)
+    }
+
+    /// After the call: the records it took were used; a new one is kept and its id goes
+    /// back (the client's name where it named it; 0 after a failure, and the record is
+    /// dropped); records of kinds no call destroys beyond the bound retire.
+    fn finish(
+        &mut self,
+        session: &Session,
+        desc: &CallDesc,
+        ok: bool,
+        handles: &mut Handles,
+        args: &[u64],
+        buffers: &mut [Option<Buffer>],
+    ) {
+        let never_destroyed = chidori_cuda::handles::NEVER_DESTROYED;
+        let mut held = lock(&session.held);
+        for &real in &self.taken {
+            held.touch(real);
         }
-        retire |= ok && never_destroyed.contains(&kind);
-    }
-    if !retire {
-        return;
-    }
-    for (kind, real) in held.retire(never_destroyed, crate::held::NEVER_DESTROYED_KEPT) {
-        if let Some(value) = handles.known(kind, real) {
-            handles.remove(kind, value);
+        let mut retire = false;
+        for (i, wire) in desc.params.iter().enumerate() {
+            let (Wire::NewRecordHandle { kind, named, .. }, Some(record)) =
+                (*wire, self.fresh.get_mut(i).and_then(Option::take))
+            else {
+                continue;
+            };
+            let value = match (ok, args.get(i)) {
+                (false, _) => 0,
+                // The client's name for it (nothing goes back).
+                (true, Some(&name)) if named => {
+                    handles.insert_named(kind, name, held.keep(record, kind, &self.taken));
+                    name
+                }
+                (true, _) => handles.insert(kind, held.keep(record, kind, &self.taken)),
+            };
+            if let Some(word) =
+                buffers.get_mut(i).and_then(Option::as_mut).and_then(|b| b.bytes_mut().first_chunk_mut::<8>())
+            {
+                *word = value.to_le_bytes();
+            }
+            retire |= ok && never_destroyed.contains(&kind);
         }
-        if lock(&session.warned).insert("held records retired") {
-            tracing::warn!(
-                "{}: more than {} {} records live, which no call destroys: the least recently used are retired \
-                 (a later call with one is refused as a stale handle)",
-                desc.name,
-                crate::held::NEVER_DESTROYED_KEPT,
-                Handles::name(kind)
-            );
+        if !retire {
+            return;
+        }
+        for (kind, real) in held.retire(never_destroyed, crate::held::NEVER_DESTROYED_KEPT) {
+            if let Some(value) = handles.known(kind, real) {
+                handles.remove(kind, value);
+            }
+            if lock(&session.warned).insert("held records retired") {
+                tracing::warn!(
+                    "{}: more than {} {} records live, which no call destroys: the least recently used are retired \
+                     (a later call with one is refused as a stale handle)",
+                    desc.name,
+                    crate::held::NEVER_DESTROYED_KEPT,
+                    Handles::name(kind)
+                );
+            }
         }
     }
 }
@@ -951,10 +979,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
     let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
-    // Records an initializer fills (`Wire::NewRecordHandle`), kept once it succeeds, and
-    // the held records the call takes (what a new one is made from).
-    let mut fresh: Vec<Option<Box<[u128]>>> = (0..n).map(|_| None).collect();
-    let mut held_args: Vec<u64> = Vec::new();
+    let mut held = HeldCall::new(n);
     // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
     let mut nulled = vec![false; n];
     for (i, (wire, arg)) in desc.params.iter().zip(decoded).enumerate() {
@@ -970,7 +995,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     destroyed.push((kind, value, real));
                 }
                 if matches!(wire, Wire::RecordHandle { .. }) {
-                    held_args.push(real);
+                    held.taken.push(real);
                 }
                 raw[i] = real;
             }
@@ -978,7 +1003,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 // The library fills the worker's record; the id goes back in 8 bytes.
                 let record = crate::held::Records::fresh(bytes);
                 raw[i] = record.as_ptr() as u64;
-                fresh[i] = Some(record);
+                held.fresh[i] = Some(record);
                 buffers[i] = Some(Buffer::zeroed(8));
             }
             Arg::Record(bytes) | Arg::Str(Some(bytes)) => keep(&mut raw[i], Buffer::from(bytes)),
@@ -1249,8 +1274,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // an instantiation failed at) goes back.
     {
         let mut handles = lock(&session.handles);
-        if !held_args.is_empty() || fresh.iter().any(Option::is_some) {
-            keep_held(session, desc, ok, &mut handles, &held_args, &mut fresh, &mut buffers);
+        if !held.is_empty() {
+            held.finish(session, desc, ok, &mut handles, &args, &mut buffers);
         }
         for (i, wire) in desc.params.iter().enumerate() {
             if let (Wire::OutHandle { kind, named }, Some(b)) = (wire, buffers[i].as_mut()) {
@@ -1342,7 +1367,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             && matches!(
                 wire,
                 Wire::OutHandle { named: false, .. }
-                    | Wire::NewRecordHandle { .. }
+                    | Wire::NewRecordHandle { named: false, .. }
                     | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
                     | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
             );

@@ -619,7 +619,8 @@ impl<'a> Emitter<'a> {
             Wire::NewRecordHandle { kind, bytes } => {
                 let k = self.handles[kind];
                 let b = *bytes as u32;
-                quote!(Wire::NewRecordHandle { kind: #k, bytes: #b })
+                let named = self.named.contains(kind);
+                quote!(Wire::NewRecordHandle { kind: #k, bytes: #b, named: #named })
             }
             Wire::Buf { dir, elem, len, record, optional } => {
                 let dir = match dir {
@@ -690,8 +691,10 @@ impl<'a> Emitter<'a> {
                     {
                         bail!("{} is async but creates a {kind}, which the client does not name", e.function);
                     }
-                    if let Wire::NewRecordHandle { kind, .. } = w {
-                        bail!("{} is async but initializes a {kind}, whose id comes back", e.function);
+                    if let Wire::NewRecordHandle { kind, .. } = w
+                        && !self.named.contains(kind)
+                    {
+                        bail!("{} is async but initializes a {kind}, which the client does not name", e.function);
                     }
                 }
             }

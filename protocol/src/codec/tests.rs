@@ -416,7 +416,7 @@ fn a_device_scalar_of_a_told_width_is_checked_for_that_many_bytes() {
 #[test]
 fn a_record_handle_travels_as_the_id_its_record_holds() {
     let held = Wire::RecordHandle { kind: 5, destroy: false };
-    let new = Wire::NewRecordHandle { kind: 5, bytes: 1024 };
+    let new = Wire::NewRecordHandle { kind: 5, bytes: 1024, named: false };
     let desc = desc(vec![held, new]);
     let mut client = FakeClient::default();
     let mut record = vec![0u8; 1024];
@@ -432,7 +432,7 @@ fn a_record_handle_travels_as_the_id_its_record_holds() {
     let tables = &mut FakeTables::default();
     let args = decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap();
     assert_eq!(args[0], Arg::Handle { kind: 5, value: 0x42, real: 0x42 | 1 << 63, destroy: false });
-    assert_eq!(args[1], Arg::NewRecord { kind: 5, bytes: 1024 });
+    assert_eq!(args[1], Arg::NewRecord { kind: 5, bytes: 1024, named: false });
     // NULL records: the held one stays NULL (the library's to refuse), a new one is refused.
     let encoded = encode(desc, &[0, 0], &mut client);
     assert_eq!(encoded.call.args[0], 0);
@@ -444,6 +444,27 @@ fn a_record_handle_travels_as_the_id_its_record_holds() {
     assert_eq!(e, DecodeError::Handle { param: 0, kind: 5, value: FOREIGN + 3, element: None });
     let e = refused(vec![new], &[0x1000], &[16], &[]);
     assert_eq!(e, DecodeError::Length { param: 0, got: 16, expected: 8 });
+}
+
+#[test]
+fn a_named_record_gets_its_name_before_the_call_is_sent() {
+    let new = Wire::NewRecordHandle { kind: 5, bytes: 1024, named: true };
+    let desc = desc(vec![new]);
+    let mut client = FakeClient::default();
+    let record = client.put(vec![0u8; 1024]);
+    let encoded = encode(desc, &[record], &mut client);
+    let name = encoded.call.args[0];
+    assert_eq!(encoded.names, vec![(record, name)], "the client writes the name into the record");
+    assert!(encoded.outputs.is_empty(), "nothing comes back");
+    assert_eq!(encoded.call.lens, vec![8]);
+    let tables = &mut FakeTables::default();
+    assert_eq!(
+        decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap()[0],
+        Arg::NewRecord { kind: 5, bytes: 1024, named: true }
+    );
+    tables.named.push(name);
+    let e = decode(desc, &encoded.call.args, &encoded.call.lens, &[], tables).unwrap_err();
+    assert_eq!(e, DecodeError::NameTaken { param: 0, kind: 5, value: name });
 }
 
 #[test]
