@@ -911,6 +911,21 @@ int main(void) {
   s = cusparseLtMatmul(&h, &plan2, &alpha, 0, 0, &beta, 0, d_out, 0, NULL, 0);
   if (cudaMemcpy(&out, d_out, 4, cudaMemcpyDeviceToHost)) return 11;
   printf("host alpha %d %.1f\n", s, out);
+  /* torch's pattern: records made anew for every matmul, the workspace asked each time. */
+  size_t sizes[3];
+  for (int k = 0; k < 3; k++) {
+    static rec_t la, lb, lc, lmm, lsel, lplan;
+    if (cusparseLtDenseDescriptorInit(&h, &la, 8, 4, 4, 16, 2, 1) || cusparseLtDenseDescriptorInit(&h, &lb, 4, 6, 6, 16, 2, 1) ||
+        cusparseLtDenseDescriptorInit(&h, &lc, 8, 6, 6, 16, 2, 1) ||
+        cusparseLtMatmulDescriptorInit(&h, &lmm, 0, 0, &la, &lb, &lc, &lc, 2) ||
+        cusparseLtMatmulAlgSelectionInit(&h, &lsel, &lmm, 0) || cusparseLtMatmulPlanInit(&h, &lplan, &lmm, &lsel) ||
+        cusparseLtMatmulGetWorkspace(&h, &lplan, &sizes[k]))
+      return 12;
+    if (cusparseLtMatmulPlanDestroy(&lplan) || cusparseLtMatmulAlgSelectionDestroy(&lsel) ||
+        cusparseLtMatDescriptorDestroy(&la) || cusparseLtMatDescriptorDestroy(&lb) || cusparseLtMatDescriptorDestroy(&lc))
+      return 13;
+  }
+  printf("loop %zu %zu %zu\n", sizes[0], sizes[1], sizes[2]);
   int destroyed = cusparseLtMatmulPlanDestroy(&plan);
   int stale = cusparseLtMatmulGetWorkspace(&h, &copy, &ws);
   int uninitialized = cusparseLtMatmulGetWorkspace(&h, &never, &ws);
@@ -927,11 +942,13 @@ fn library_records_the_program_holds_are_the_workers() {
     let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(
         stdout.trim(),
-        "workspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\ndestroyed 0 stale 1 never 1",
+        "workspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\nloop 192 192 192\ndestroyed 0 stale 1 never 1",
         "{stderr}"
     );
     // The client names the descriptors, selections and plans it initializes: only the
-    // handle's initializer and the workspace queries wait.
+    // handle's initializer and the workspace queries wait; a workspace asked again of
+    // records made the same way is the client's answer (the loop's second and third), one
+    // about a destroyed or never initialized plan the server's.
     assert_eq!(trace_row(&stderr, "cusparseLtInit"), ["1", "1"], "{stderr}");
     for init in [
         "cusparseLtDenseDescriptorInit",
@@ -941,7 +958,7 @@ fn library_records_the_program_holds_are_the_workers() {
     ] {
         assert_eq!(trace_row(&stderr, init)[1], "0", "{init}: {stderr}");
     }
-    assert_eq!(trace_row(&stderr, "cusparseLtMatmulGetWorkspace"), ["3", "3"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusparseLtMatmulGetWorkspace"), ["6", "4"], "{stderr}");
 }
 
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a

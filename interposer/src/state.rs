@@ -87,6 +87,8 @@ pub struct Client {
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
     /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
     pub cusparselt_vectors: Table<u64, (bool, bool)>,
+    /// cuSPARSELt: what each record the client named says (`runtime::sparselt_sizes`).
+    pub sparselt_prints: Table<u64, Option<u64>>,
     /// What the engines of `crate::ahead` learned in this process.
     pub ahead: Ahead,
 }
@@ -100,6 +102,8 @@ pub struct Ahead {
     pub heuristics: Answers<Vec<u8>, crate::custom::cublaslt::Answer>,
     /// cuDNN's legacy size queries by content (`crate::runtime::cudnn_sizes`).
     pub cudnn_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    /// cuSPARSELt's workspace and compressed sizes, by question (`runtime::sparselt_sizes`).
+    pub sparselt_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
     /// Function attributes fetched: (function handle, CUfunction_attribute) → value. They
     /// change only through cu/cudaFuncSetAttribute, which record the value they set.
     pub function_attributes: Answers<(u64, u32), i32>,
@@ -151,10 +155,12 @@ pub static CLIENT: Client = Client {
     cudnn_fingerprints: Table::new(),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
+    sparselt_prints: Table::new(),
     ahead: Ahead {
         captures: Captures::new(),
         heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),
         cudnn_sizes: Answers::new(crate::runtime::cudnn_sizes::ANSWERS_MAX),
+        sparselt_sizes: Answers::new(crate::runtime::sparselt_sizes::ANSWERS_MAX),
         function_attributes: Answers::new(1 << 16),
         kernel_attributes_set: AtomicBool::new(false),
         occupancy: Answers::new(1 << 16),

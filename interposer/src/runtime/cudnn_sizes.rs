@@ -224,7 +224,7 @@ fn fits(answer: &Answer, prepared: &Prepared) -> bool {
 }
 
 /// Write `answer`'s outputs to the caller; false where they do not fit this call.
-fn give(answer: &Answer, prepared: &Prepared) -> bool {
+pub(crate) fn give(answer: &Answer, prepared: &Prepared) -> bool {
     if !fits(answer, prepared) {
         return false;
     }

@@ -7,6 +7,7 @@
 //! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
 pub(crate) mod cudnn_sizes;
+pub(crate) mod sparselt_sizes;
 
 use std::borrow::Cow;
 use std::ffi::{CStr, c_char};
@@ -280,14 +281,17 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(conn, desc, args) };
-    // cuDNN's legacy size queries about descriptors set as before are answered here.
-    let learn = match desc.library {
-        "cudnn" => match cudnn_sizes::before(desc, args, &prepared) {
-            cudnn_sizes::Action::Answered(ret) => return ret,
-            cudnn_sizes::Action::Learn(key) => Some(key),
-            cudnn_sizes::Action::Send => None,
-        },
-        _ => None,
+    // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSELt's
+    // records) are answered here.
+    let action = match desc.library {
+        "cudnn" => cudnn_sizes::before(desc, args, &prepared),
+        "cusparselt" => sparselt_sizes::before(desc, &prepared),
+        _ => cudnn_sizes::Action::Send,
+    };
+    let learn = match action {
+        cudnn_sizes::Action::Answered(ret) => return ret,
+        cudnn_sizes::Action::Learn(key) => Some(key),
+        cudnn_sizes::Action::Send => None,
     };
     let seq = conn.next_seq();
     let waits = desc.waits();
@@ -312,7 +316,11 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Err(_) => return unavailable(desc),
     };
     if let Some(key) = learn {
-        cudnn_sizes::learn(key, ret, desc, &prepared);
+        if desc.library == "cudnn" {
+            cudnn_sizes::learn(key, ret, desc, &prepared);
+        } else {
+            sparselt_sizes::learn(key, ret, desc, &prepared);
+        }
     }
     // Bytes of earlier asynchronous copies into pinned memory have landed before any
     // waiting call returns, and after a synchronization so have the GPU's writes into

@@ -1,0 +1,138 @@
+//! cuSPARSELt's size queries answered by the client when the same question was answered
+//! before about records initialized and set the same way (issue 19: torch asks
+//! `cusparseLtMatmulGetWorkspace` at every sparse matmul, of descriptors and a plan it
+//! initializes anew each time: one round trip each at 70 ms).
+//!
+//! The client follows what each record the program holds says: a fingerprint of its
+//! initializer (the values, and the fingerprints of the records it was made from) and of
+//! every attribute set on it since, in order. The records' names are the client's own
+//! (`client_named`), known before the initializer is sent. A workspace or compressed-size
+//! query whose records all have fingerprints is keyed by the call and those fingerprints;
+//! the server's successful answer is kept, and the same question is answered locally. An
+//! algorithm search changes its plan in a way the client does not know: that plan has no
+//! fingerprint from then on, and questions about it go to the server. The library's handle
+//! is not part of a question (one per process, the same GPU).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use chidori_cuda::handles::kind;
+use chidori_protocol::desc::{CallDesc, Dir, Wire};
+
+use super::Prepared;
+use super::cudnn_sizes::{Action, Answer, give};
+use crate::state::CLIENT;
+
+/// Answers kept (distinct questions: a few per sparse layer shape).
+pub(crate) const ANSWERS_MAX: usize = 4096;
+/// Records followed (the oldest names go first: matmul descriptors are never destroyed).
+const PRINTS_MAX: usize = 1 << 16;
+/// The questions answered: sizes that depend only on what the records say.
+const QUERIES: &[&str] =
+    &["cusparseLtMatmulGetWorkspace", "cusparseLtSpMMACompressedSize", "cusparseLtSpMMACompressedSize2"];
+
+/// The fingerprint of a call's content: its wire id, every value, the fingerprints of the
+/// records it passes (skipping `skip` and the library's handle), the lengths of its buffers
+/// and the bytes of its inputs. None: a record it passes has none.
+fn content(
+    desc: &CallDesc,
+    prepared: &Prepared,
+    prints: &HashMap<u64, Option<u64>>,
+    skip: Option<usize>,
+) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    desc.wire.hash(&mut h);
+    for (i, wire) in desc.params.iter().enumerate() {
+        if Some(i) == skip {
+            continue;
+        }
+        // A record's id (the argument word after encoding), or the value.
+        let a = prepared.call.args.get(i).copied().unwrap_or(0);
+        match *wire {
+            Wire::Val { .. } => a.hash(&mut h),
+            Wire::RecordHandle { kind: k, .. } if k == kind::cusparseLtHandle_t => {}
+            Wire::RecordHandle { .. } => prints.get(&a).copied().flatten()?.hash(&mut h),
+            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
+            // A device address, a stream, a scalar: not a question this answers.
+            _ => return None,
+        }
+    }
+    for b in &prepared.bulk {
+        b.as_ref().hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+fn combine(before: u64, call: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (before, call).hash(&mut h);
+    h.finish()
+}
+
+/// Before a cuSPARSELt call is sent: answer a size query known, and follow what the
+/// program initializes, sets and destroys.
+pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
+    let name = desc.name;
+    let mut guard = CLIENT.sparselt_prints.lock();
+    let prints = guard.get_or_insert_with(HashMap::new);
+    if QUERIES.contains(&name) && desc.waits() {
+        let Some(key) = content(desc, prepared, prints, None) else { return Action::Send };
+        drop(guard);
+        if let Some(answer) = CLIENT.ahead.sparselt_sizes.get(&key)
+            && give(&answer, prepared)
+        {
+            crate::trace::local(name);
+            return Action::Answered(answer.0);
+        }
+        return Action::Learn(key);
+    }
+    let id = |i: usize| prepared.call.args.get(i).copied().unwrap_or(0);
+    // An initializer of a record the client named: what the record says from now on.
+    if let Some(i) = desc.params.iter().position(|w| matches!(w, Wire::NewRecordHandle { named: true, .. })) {
+        let print = content(desc, prepared, prints, Some(i));
+        prints.insert(id(i), print);
+        if prints.len() > PRINTS_MAX
+            && let Some(&oldest) = prints.keys().min()
+        {
+            prints.remove(&oldest);
+        }
+        return Action::Send;
+    }
+    // `cusparseLt*SetAttribute(handle, record, ...)`: added to what the record says.
+    if name.ends_with("SetAttribute") {
+        let record = id(1);
+        let next = match (prints.get(&record).copied().flatten(), content(desc, prepared, prints, Some(1))) {
+            (Some(before), Some(call)) => Some(combine(before, call)),
+            _ => None,
+        };
+        prints.insert(record, next);
+        return Action::Send;
+    }
+    // A search picks the plan's algorithm by timing it.
+    if name == "cusparseLtMatmulSearch" {
+        prints.insert(id(1), None);
+    }
+    for (i, wire) in desc.params.iter().enumerate() {
+        if matches!(wire, Wire::RecordHandle { destroy: true, .. }) {
+            prints.remove(&id(i));
+        }
+    }
+    Action::Send
+}
+
+/// After the server answered a size query: keep a success.
+pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
+    if status != desc.codes.success as u64 {
+        return;
+    }
+    let outs: Vec<(usize, Vec<u8>)> = prepared
+        .outs
+        .iter()
+        .map(|o| {
+            // SAFETY: the caller's output of `len` bytes, just written by the reply.
+            (o.param, unsafe { std::slice::from_raw_parts(o.ptr as *const u8, o.len) }.to_vec())
+        })
+        .collect();
+    let answer: Answer = (status, outs);
+    CLIENT.ahead.sparselt_sizes.learn(key, answer);
+}
