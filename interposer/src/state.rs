@@ -88,7 +88,7 @@ pub struct Client {
     /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
     pub cusparselt_vectors: Table<u64, (bool, bool)>,
     /// cuSPARSELt: what each record the client named says (`runtime::sparselt_sizes`).
-    pub sparselt_prints: Table<u64, Option<u64>>,
+    pub sparselt_prints: Mutex<Option<crate::runtime::sparselt_sizes::Prints>>,
     /// What the engines of `crate::ahead` learned in this process.
     pub ahead: Ahead,
 }
@@ -155,7 +155,7 @@ pub static CLIENT: Client = Client {
     cudnn_fingerprints: Table::new(),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
-    sparselt_prints: Table::new(),
+    sparselt_prints: Mutex::new(None),
     ahead: Ahead {
         captures: Captures::new(),
         heuristics: Answers::new(crate::custom::cublaslt::HEURISTIC_CACHE_LIMIT),

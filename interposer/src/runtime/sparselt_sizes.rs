@@ -10,8 +10,9 @@
 //! query whose records all have fingerprints is keyed by the call and those fingerprints;
 //! the server's successful answer is kept, and the same question is answered locally. An
 //! algorithm search changes its plan in a way the client does not know: that plan has no
-//! fingerprint from then on, and questions about it go to the server. The library's handle
-//! is not part of a question (one per process, the same GPU).
+//! fingerprint from then on, and questions about it go to the server; so has every record
+//! made from one whose attributes are set after it was (the library may read its source
+//! again). The library's handle is not part of a question (one per process, the same GPU).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -31,15 +32,43 @@ const PRINTS_MAX: usize = 1 << 16;
 const QUERIES: &[&str] =
     &["cusparseLtMatmulGetWorkspace", "cusparseLtSpMMACompressedSize", "cusparseLtSpMMACompressedSize2"];
 
+/// What the client knows of the records it named: fingerprints, and which records each was
+/// made from.
+#[derive(Default)]
+pub struct Prints {
+    /// `Some(fingerprint)` of what a record says; `None` once it may have changed in a way
+    /// the client does not know (until it is destroyed).
+    says: HashMap<u64, Option<u64>>,
+    /// Records made from each record (a plan from its matmul descriptor and selection).
+    made_from_it: HashMap<u64, Vec<u64>>,
+}
+
+impl Prints {
+    fn get(&self, record: u64) -> Option<u64> {
+        self.says.get(&record).copied().flatten()
+    }
+
+    /// The record no longer says what it said, nor does anything made from it.
+    fn forget(&mut self, record: u64) {
+        let mut pending = vec![record];
+        while let Some(r) = pending.pop() {
+            if let Some(print) = self.says.get_mut(&r) {
+                *print = None;
+            }
+            pending.extend(self.made_from_it.remove(&r).unwrap_or_default());
+        }
+    }
+
+    fn remove(&mut self, record: u64) {
+        self.says.remove(&record);
+        self.made_from_it.remove(&record);
+    }
+}
+
 /// The fingerprint of a call's content: its wire id, every value, the fingerprints of the
 /// records it passes (skipping `skip` and the library's handle), the lengths of its buffers
 /// and the bytes of its inputs. None: a record it passes has none.
-fn content(
-    desc: &CallDesc,
-    prepared: &Prepared,
-    prints: &HashMap<u64, Option<u64>>,
-    skip: Option<usize>,
-) -> Option<u64> {
+fn content(desc: &CallDesc, prepared: &Prepared, prints: &Prints, skip: Option<usize>) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     desc.wire.hash(&mut h);
     for (i, wire) in desc.params.iter().enumerate() {
@@ -51,7 +80,7 @@ fn content(
         match *wire {
             Wire::Val { .. } => a.hash(&mut h),
             Wire::RecordHandle { kind: k, .. } if k == kind::cusparseLtHandle_t => {}
-            Wire::RecordHandle { .. } => prints.get(&a).copied().flatten()?.hash(&mut h),
+            Wire::RecordHandle { .. } => prints.get(a)?.hash(&mut h),
             Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
             // A device address, a stream, a scalar: not a question this answers.
             _ => return None,
@@ -73,8 +102,8 @@ fn combine(before: u64, call: u64) -> u64 {
 /// program initializes, sets and destroys.
 pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
     let name = desc.name;
-    let mut guard = CLIENT.sparselt_prints.lock();
-    let prints = guard.get_or_insert_with(HashMap::new);
+    let mut guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
+    let prints = guard.get_or_insert_with(Prints::default);
     if QUERIES.contains(&name) && desc.waits() {
         let Some(key) = content(desc, prepared, prints, None) else { return Action::Send };
         drop(guard);
@@ -89,32 +118,39 @@ pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
     let id = |i: usize| prepared.call.args.get(i).copied().unwrap_or(0);
     // An initializer of a record the client named: what the record says from now on.
     if let Some(i) = desc.params.iter().position(|w| matches!(w, Wire::NewRecordHandle { named: true, .. })) {
+        let record = id(i);
         let print = content(desc, prepared, prints, Some(i));
-        prints.insert(id(i), print);
-        if prints.len() > PRINTS_MAX
-            && let Some(&oldest) = prints.keys().min()
+        prints.says.insert(record, print);
+        for (j, wire) in desc.params.iter().enumerate() {
+            if matches!(wire, Wire::RecordHandle { kind: k, .. } if *k != kind::cusparseLtHandle_t) {
+                prints.made_from_it.entry(id(j)).or_default().push(record);
+            }
+        }
+        if prints.says.len() > PRINTS_MAX
+            && let Some(&oldest) = prints.says.keys().min()
         {
-            prints.remove(&oldest);
+            prints.remove(oldest);
         }
         return Action::Send;
     }
     // `cusparseLt*SetAttribute(handle, record, ...)`: added to what the record says.
     if name.ends_with("SetAttribute") {
         let record = id(1);
-        let next = match (prints.get(&record).copied().flatten(), content(desc, prepared, prints, Some(1))) {
+        let next = match (prints.get(record), content(desc, prepared, prints, Some(1))) {
             (Some(before), Some(call)) => Some(combine(before, call)),
             _ => None,
         };
-        prints.insert(record, next);
+        prints.forget(record);
+        prints.says.insert(record, next);
         return Action::Send;
     }
     // A search picks the plan's algorithm by timing it.
     if name == "cusparseLtMatmulSearch" {
-        prints.insert(id(1), None);
+        prints.forget(id(1));
     }
     for (i, wire) in desc.params.iter().enumerate() {
         if matches!(wire, Wire::RecordHandle { destroy: true, .. }) {
-            prints.remove(&id(i));
+            prints.remove(id(i));
         }
     }
     Action::Send
@@ -135,4 +171,25 @@ pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared)
         .collect();
     let answer: Answer = (status, outs);
     CLIENT.ahead.sparselt_sizes.learn(key, answer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Prints;
+
+    #[test]
+    fn a_record_set_again_takes_what_was_made_from_it_with_it() {
+        let mut p = Prints::default();
+        for (record, print) in [(1, 11), (2, 22), (3, 33), (4, 44)] {
+            p.says.insert(record, Some(print));
+        }
+        // A matmul descriptor (1), a selection (2) and a plan (3) made from both.
+        p.made_from_it.insert(1, vec![2, 3]);
+        p.made_from_it.insert(2, vec![3]);
+        p.forget(1);
+        assert_eq!((p.get(1), p.get(2), p.get(3)), (None, None, None));
+        assert_eq!(p.get(4), Some(44), "an unrelated record keeps its fingerprint");
+        p.remove(3);
+        assert!(!p.says.contains_key(&3));
+    }
 }
