@@ -961,6 +961,66 @@ fn library_records_the_program_holds_are_the_workers() {
     assert_eq!(trace_row(&stderr, "cusparseLtMatmulGetWorkspace"), ["6", "4"], "{stderr}");
 }
 
+/// A user object's destructor is the program's function: it runs on the client, once, when
+/// the last reference goes — the program's (runtime and driver API) or a graph's — and not
+/// before. A handle the program holds no reference to never reaches the driver again (the
+/// object may be freed): using it is refused.
+const USER_OBJECTS: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+static volatile int destroyed[3];
+static void destroy(void *p) { destroyed[*(int *)p] += 1; }
+/* Destructors run on another thread, asynchronously: wait for one (at most 5 s). */
+static int wait_for(int i) {
+  for (int t = 0; t < 500 && !destroyed[i]; t++) usleep(10000);
+  return destroyed[i];
+}
+int main(void) {
+  static int ids[3] = {0, 1, 2};
+  cudaUserObject_t a;
+  if (cudaUserObjectCreate(&a, &ids[0], destroy, 1, cudaUserObjectNoDestructorSync)) return 2;
+  if (cudaUserObjectRetain(a, 2) || cudaUserObjectRelease(a, 2)) return 3;
+  usleep(50000);
+  int early = destroyed[0];
+  if (cudaUserObjectRelease(a, 1)) return 4;
+  printf("runtime: before the last release %d, after %d\n", early, wait_for(0));
+  cudaGraph_t g;
+  cudaUserObject_t b;
+  if (cudaGraphCreate(&g, 0) || cudaUserObjectCreate(&b, &ids[1], destroy, 1, cudaUserObjectNoDestructorSync))
+    return 5;
+  /* The graph takes a reference of its own, then the program gives up its one. */
+  if (cudaGraphRetainUserObject(g, b, 1, 0) || cudaUserObjectRelease(b, 1)) return 6;
+  usleep(50000);
+  early = destroyed[1];
+  /* The program holds no reference: the handle is no longer its to use (Chidori's rule). */
+  int stale = cudaUserObjectRetain(b, 1) != cudaSuccess;
+  if (cudaGraphDestroy(g)) return 7;
+  printf("graph: before it went %d, after %d; stale %d\n", early, wait_for(1), stale);
+  CUuserObject c;
+  if (cuUserObjectCreate(&c, &ids[2], destroy, 2, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)) return 8;
+  if (cuUserObjectRelease(c, 2)) return 9;
+  int refused = cudaUserObjectCreate(&a, &ids[0], NULL, 1, cudaUserObjectNoDestructorSync) != cudaSuccess;
+  printf("driver: %d; no destructor refused %d; runs %d %d %d\n", wait_for(2), refused, destroyed[0], destroyed[1],
+         destroyed[2]);
+  return 0;
+}
+"#;
+
+#[test]
+fn user_object_destructors_run_on_the_client_when_the_last_reference_goes() {
+    let server = server();
+    let exe = program_with("user-objects", USER_OBJECTS, &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(
+        stdout.trim(),
+        "runtime: before the last release 0, after 1\ngraph: before it went 0, after 1; stale 1\n\
+         driver: 1; no destructor refused 1; runs 1 1 1",
+        "{stderr}"
+    );
+}
+
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a
 /// factorization into the program's workspace, a solve from it. The host arrays reach the
 /// library at the program's own addresses (mirrored), the workspace keeps the factor from

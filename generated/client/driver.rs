@@ -11855,6 +11855,43 @@ pub unsafe extern "C" fn __chidori_driver_cuThreadExchangeStreamCaptureMode(
         ) as u32
     }
 }
+///`cuUserObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuUserObjectCreate(
+    object_out: *mut c_void,
+    ptr: *mut c_void,
+    destroy: *mut c_void,
+    initialRefcount: u32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuUserObjectCreate",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuUserObjectCreate__host],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::cudart::user_object_create(
+                &CTX,
+                &[
+                    (object_out) as usize as u64,
+                    (ptr) as usize as u64,
+                    (destroy) as usize as u64,
+                    (initialRefcount) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuUserObjectRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuUserObjectRelease(

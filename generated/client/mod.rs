@@ -1818,6 +1818,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuUserObjectCreate" => {
+            Some(driver::__chidori_driver_cuUserObjectCreate as *const c_void)
+        }
         "cuUserObjectRelease" => {
             Some(driver::__chidori_driver_cuUserObjectRelease as *const c_void)
         }

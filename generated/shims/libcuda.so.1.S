@@ -3371,10 +3371,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname54(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuUserObjectCreate@PLT
     .size cuUserObjectCreate, .-cuUserObjectCreate
     .globl cuUserObjectRelease
     .type cuUserObjectRelease, @function
@@ -3389,7 +3386,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3397,7 +3394,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3512,9 +3509,7 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname53:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
 .Lname54:
-    .asciz "cuUserObjectCreate"
-.Lname55:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname56:
+.Lname55:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

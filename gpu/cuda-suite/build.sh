@@ -26,7 +26,7 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
-       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt)
+       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt user_objects)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -94,6 +94,7 @@ recipe() {
     solver_lowlevel) nv "${LINK[@]}" -Xcompiler -Wno-deprecated-declarations src/solver_lowlevel.cpp -o "$out" \
                       $(library_dir cusolver) $(library_dir cusparse) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
+    user_objects)   nv "${LINK[@]}" src/user_objects.cu -o "$out" -lcuda ;;
     compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
     compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;
     launch_default) nv "${LINK[@]}" src/launch_chevron.cu -o "$out" ;;

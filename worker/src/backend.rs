@@ -42,6 +42,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Enqueue `host` on `stream` (cudaLaunchHostFunc semantics). Returns the status of the
     /// enqueueing call in the library of `desc`.
     fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String>;
+    /// Create a user object whose destructor is `destroy` (cudaUserObjectCreate and
+    /// cuUserObjectCreate semantics: run once, when the last reference goes), its handle
+    /// written to `out` (a worker buffer). Returns the status in the library of `desc`.
+    fn user_object(
+        &self,
+        desc: &'static CallDesc,
+        out: u64,
+        refcount: u32,
+        flags: u32,
+        destroy: HostFn,
+    ) -> Result<u64, String>;
     /// Load a module image (fat binary, cubin or PTX) into the current context: the library
     /// handle, its module in this context, and every kernel as a function of that context
     /// with its parameter layout. Err: (driver status, message).

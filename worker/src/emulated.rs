@@ -79,6 +79,10 @@ struct State {
     functions: HashMap<u64, Vec<(String, u64)>>,
     /// Function attributes the program set: (function, attribute) → value.
     function_attributes: HashMap<(u64, u32), i32>,
+    /// User objects: references (the program's and graphs') and the destructor, run when
+    /// the last one goes; the references each graph holds, released with it.
+    user_objects: HashMap<u64, (u64, std::sync::Arc<HostFn>)>,
+    graph_user_objects: HashMap<u64, HashMap<u64, u64>>,
     next_handle: u64,
 }
 
@@ -1180,6 +1184,26 @@ impl Backend for Emulated {
 
     fn unmap_host(&self, base: u64) {
         self.state().mapped.remove(&base);
+    }
+
+    fn user_object(
+        &self,
+        _desc: &'static CallDesc,
+        out: u64,
+        refcount: u32,
+        flags: u32,
+        destroy: HostFn,
+    ) -> Result<u64, String> {
+        // As CUDA: a positive count and the one flag (cudaUserObjectNoDestructorSync).
+        if refcount == 0 || flags != 1 {
+            return Ok(INVALID_VALUE);
+        }
+        let mut s = self.state();
+        let handle = s.handle();
+        s.user_objects.insert(handle, (u64::from(refcount), std::sync::Arc::new(destroy)));
+        // SAFETY: `out` is the worker's 8-byte buffer for the new handle.
+        unsafe { put_u64(out, handle) };
+        Ok(SUCCESS)
     }
 
     fn host_fn(&self, _desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {

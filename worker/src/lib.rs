@@ -43,4 +43,5 @@ pub mod session;
 pub mod smi;
 pub mod supervisor;
 pub mod tables;
+pub mod user_objects;
 pub mod visible;

@@ -985,6 +985,33 @@ impl Backend for Real {
         }
         Ok(u64::from(status))
     }
+
+    fn user_object(
+        &self,
+        desc: &'static CallDesc,
+        out: u64,
+        refcount: u32,
+        flags: u32,
+        destroy: HostFn,
+    ) -> Result<u64, String> {
+        let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };
+        let f = lib.symbol(desc.name).ok_or_else(|| format!("no {}", desc.name))?;
+        // Run once, when the driver releases the object: not kept.
+        let ctx = Box::into_raw(Box::new(HostCtx { keep: false, host: destroy })) as *mut c_void;
+        // SAFETY: cudaUserObjectCreate and cuUserObjectCreate share this signature; `out` is
+        // the worker's 8-byte buffer for the handle; the trampoline owns `ctx` from here on.
+        let status = unsafe {
+            let f: unsafe extern "C" fn(*mut u64, *mut c_void, unsafe extern "C" fn(*mut c_void), u32, u32) -> u32 =
+                std::mem::transmute(f);
+            f(out as *mut u64, ctx, host_trampoline, refcount, flags)
+        };
+        if status != 0 {
+            // No object was made: reclaim the closure.
+            // SAFETY: ctx came from Box::into_raw above and the driver did not keep it.
+            drop(unsafe { Box::from_raw(ctx as *mut HostCtx) });
+        }
+        Ok(u64::from(status))
+    }
 }
 
 /// CUDA_KERNEL_NODE_PARAMS (v2 and v3: 72 bytes from CUDA 12.0 to 13.1).

@@ -92,6 +92,8 @@ struct Session {
     owned: Mutex<HashMap<u64, Box<[u128]>>>,
     /// Records the program holds for a library, kept here (`crate::held`).
     held: Mutex<crate::held::Records>,
+    /// The references the program holds to user objects (`crate::user_objects`).
+    user_objects: Mutex<crate::user_objects::References>,
     /// Time in the library per function (calls, total), kept when `chidori::calls` logs at
     /// debug: where a slow remote run spends the server's time.
     timing: Option<Mutex<HashMap<&'static str, (u64, Duration)>>>,
@@ -287,6 +289,7 @@ pub fn run(
         layouts: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
         held: Mutex::new(crate::held::Records::default()),
+        user_objects: Mutex::new(crate::user_objects::References::default()),
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
@@ -1190,6 +1193,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // A process list: the caller's bytes of the array, which the entries not kept get back.
     let process_list = (desc.form == Some(Form::Processes)).then(|| crate::processes::list(desc)).flatten();
     let sent_entries = process_list.and_then(|l| buffers[l.array].as_ref().map(|b| b.bytes().to_vec()));
+    // A user object reaches the driver only while the program holds a reference to it.
+    if let Err(why) = lock(&session.user_objects).check(desc.name, &raw) {
+        return fail(desc.codes.invalid_handle, why);
+    }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
     let call = crate::fatal::running(desc.name);
     let ret = if desc.form == Some(Form::Host) {
@@ -1266,6 +1273,17 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 ),
                 // The count the library asks for goes back; the array as the caller sent it.
                 _ => crate::processes::forget_all(entries.bytes_mut(), &sent, &mut []),
+            }
+        }
+    }
+    // The program's references to user objects; its last one takes the handle away.
+    if ok {
+        let created = buffers.first().and_then(|b| b.as_ref()).and_then(|b| b.bytes().first_chunk::<8>().copied());
+        if let Some(gone) = lock(&session.user_objects).after(desc.name, &raw, created.map(u64::from_le_bytes)) {
+            let kind = chidori_cuda::handles::kind::CUuserObject_st;
+            let mut handles = lock(&session.handles);
+            if let Some(value) = handles.known(kind, gone) {
+                handles.remove(kind, value);
             }
         }
     }
@@ -1502,6 +1520,13 @@ fn reply_status(
 /// cudaLaunchHostFunc and friends: the client's function stays on the client; the
 /// server's stream runs a host function that asks the client to run it and waits.
 fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -> Result<u64, String> {
+    // A user object's destructor (object_out, the client's number for it, -, refcount,
+    // flags): run when the driver releases the object.
+    if matches!(desc.name, "cudaUserObjectCreate" | "cuUserObjectCreate") {
+        let word = |i: usize| raw.get(i).copied().unwrap_or(0);
+        let (refcount, flags) = (word(3) as u32, word(4) as u32);
+        return session.backend.user_object(desc, word(0), refcount, flags, host_closure(session, word(1)));
+    }
     let stream = raw[0];
     let client_id = raw[1];
     session.backend.host_fn(desc, stream, host_closure(session, client_id))
@@ -1553,6 +1578,7 @@ impl Harness {
             layouts: Mutex::new(HashMap::new()),
             owned: Mutex::new(HashMap::new()),
             held: Mutex::new(crate::held::Records::default()),
+            user_objects: Mutex::new(crate::user_objects::References::default()),
             timing: None,
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),

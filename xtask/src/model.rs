@@ -1123,8 +1123,10 @@ fn classify(
         }));
     }
     // A handle that is the first parameter of a Destroy/Free/Unload/Release function is
-    // released by it.
-    let releases = index == 0 && RELEASING.iter().any(|w| decl.name.contains(w));
+    // released by it; not by a getter or setter of something named so (the graph node of
+    // `cuGraphMemFreeNodeGetParams`).
+    let accessor = ["GetParams", "SetParams"].iter().any(|w| decl.name.contains(w));
+    let releases = index == 0 && !accessor && RELEASING.iter().any(|w| decl.name.contains(w));
     // Another parameter that looks like a length makes a scalar pointer look like an array.
     let counted = decl.params.iter().enumerate().any(|(i, q)| i != index && looks_like_length(&q.name));
     let is_path = PATH_WORDS.iter().any(|w| p.name.contains(w));

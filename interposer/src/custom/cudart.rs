@@ -637,6 +637,39 @@ pub unsafe fn stream_callback(ctx: &Ctx, stream: *mut c_void, cb: *mut c_void, u
     )
 }
 
+/// cudaUserObjectCreate and cuUserObjectCreate (`raw_args`: object_out, ptr, destroy,
+/// initialRefcount, flags): the destructor and its pointer stay here, registered as a
+/// callback the server's stand-in asks to run when the driver releases the object. Nothing
+/// waits for it (it is no stream's work), and it runs once.
+pub unsafe fn user_object_create(ctx: &Ctx, args: &[u64]) -> u64 {
+    let invalid = ctx.codes.invalid_value as u64;
+    let desc = ctx.form(Form::Host);
+    let [out, ptr, destroy, refcount, flags] = match args {
+        [a, b, c, d, e, ..] => [*a, *b, *c, *d, *e],
+        _ => return invalid,
+    };
+    if out == 0 || destroy == 0 {
+        return invalid;
+    }
+    let (f, user) = (destroy as usize, ptr as usize);
+    let run: conn::CallbackFn = Arc::new(move |_status| {
+        // SAFETY: the program's destructor (a cudaHostFn_t / CUhostFn) and its pointer,
+        // called once as CUDA would.
+        unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
+    });
+    crate::guard::ffi(ctx.name, invalid, || {
+        let Ok(conn) = conn::get() else { return crate::runtime::unavailable(desc) };
+        let id = conn.register_callback(run, 0, true);
+        // SAFETY: the caller's handle pointer (checked non-null) and values: the callback's
+        // id in ptr's place, no function.
+        let s = unsafe { crate::runtime::call(desc, &[out, id, 0, refcount, flags]) };
+        if s != desc.codes.success as u64 {
+            conn.drop_callback(id);
+        }
+        s
+    })
+}
+
 pub use super::kernels::*;
 
 /// The stream a `_ptsz` entry point means: NULL there is the calling thread's default

@@ -19,6 +19,76 @@ const PEER_ACCESS_ALREADY_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaEr
 const PEER_ACCESS_NOT_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaErrorPeerAccessNotEnabled as u64;
 
 impl Emulated {
+    /// cudaUserObjectRetain/Release and cudaGraphRetain/ReleaseUserObject (and the
+    /// driver's): count the object's references, the program's and each graph's (a graph's
+    /// go when it is destroyed).
+    fn user_object_references(&self, name: &str, a: &[u64]) -> u64 {
+        let graph = name.contains("Graph");
+        let (object, count) = if graph { (a[1], a[2] & 0xffff_ffff) } else { (a[0], a[1] & 0xffff_ffff) };
+        let mut s = self.state();
+        if count == 0 || !s.user_objects.contains_key(&object) {
+            return INVALID_VALUE;
+        }
+        match (graph, name.contains("Retain")) {
+            (false, true) => {
+                if let Some((references, _)) = s.user_objects.get_mut(&object) {
+                    *references = references.saturating_add(count);
+                }
+                SUCCESS
+            }
+            (false, false) => {
+                drop(s);
+                self.release_user_object(object, count)
+            }
+            (true, true) => {
+                // cudaGraphUserObjectMove: the caller's references become the graph's.
+                let moved = a.get(3).is_some_and(|f| f & 1 != 0);
+                if !moved && let Some((references, _)) = s.user_objects.get_mut(&object) {
+                    *references = references.saturating_add(count);
+                }
+                *s.graph_user_objects.entry(a[0]).or_default().entry(object).or_default() += count;
+                SUCCESS
+            }
+            (true, false) => {
+                let held = s.graph_user_objects.get_mut(&a[0]).and_then(|m| m.get_mut(&object));
+                match held {
+                    Some(held) if *held >= count => *held -= count,
+                    _ => return INVALID_VALUE,
+                }
+                drop(s);
+                self.release_user_object(object, count)
+            }
+        }
+    }
+
+    /// Give up `count` references to a user object; the last one runs its destructor
+    /// (outside the state's lock: it waits for the client).
+    pub(super) fn release_user_object(&self, object: u64, count: u64) -> u64 {
+        let mut s = self.state();
+        let Some((references, _)) = s.user_objects.get_mut(&object) else { return INVALID_VALUE };
+        if count > *references {
+            return INVALID_VALUE;
+        }
+        *references -= count;
+        if *references > 0 {
+            return SUCCESS;
+        }
+        let destroy = s.user_objects.remove(&object).map(|(_, d)| d);
+        drop(s);
+        if let Some(destroy) = destroy {
+            destroy(0, false);
+        }
+        SUCCESS
+    }
+
+    /// A graph's references to user objects go with it.
+    fn release_graph_user_objects(&self, graph: u64) {
+        let held = self.state().graph_user_objects.remove(&graph).unwrap_or_default();
+        for (object, count) in held {
+            self.release_user_object(object, count);
+        }
+    }
+
     /// Whether `ordinal` is one of the session's GPUs.
     fn is_device(&self, ordinal: i32) -> bool {
         usize::try_from(ordinal).is_ok_and(|d| d < self.profile.devices.len())
@@ -340,6 +410,9 @@ impl Emulated {
         if desc.library == "nvml" {
             // SAFETY: as below.
             return unsafe { self.invoke_nvml(name, a) };
+        }
+        if name.contains("UserObject") {
+            return Some(self.user_object_references(name, a));
         }
         if desc.library == "cusparselt" {
             // SAFETY: as below.
@@ -1396,7 +1469,13 @@ impl Emulated {
                         INVALID_HANDLE
                     }
                 }
-                "GraphDestroy" => self.state().graphs.destroy(a[0]).err().unwrap_or(SUCCESS),
+                "GraphDestroy" => {
+                    let status = self.state().graphs.destroy(a[0]).err().unwrap_or(SUCCESS);
+                    if status == SUCCESS {
+                        self.release_graph_user_objects(a[0]);
+                    }
+                    status
+                }
                 "GraphExecDestroy" => self.state().graphs.destroy_exec(a[0]).err().unwrap_or(SUCCESS),
                 "StreamBeginCapture" | "StreamBeginCapture_v2" => {
                     if a[0] <= 2 || !self.stream_ok(a[0]) {
