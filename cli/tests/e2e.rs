@@ -3171,6 +3171,8 @@ extern int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, cud
 extern int ncclGroupStart(void);
 extern int ncclGroupEnd(void);
 extern int ncclCommDestroy(ncclComm_t);
+extern int ncclRedOpCreatePreMulSum(int *, void *, int, int, ncclComm_t);
+extern int ncclRedOpDestroy(int, ncclComm_t);
 #define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
 #define N (1 << 18)
 int main(void) {
@@ -3199,6 +3201,16 @@ int main(void) {
   if (memcmp(back, host, N * 4)) { printf("FAIL all-reduce of one rank\n"); return 1; }
   C(ncclCommGetAsyncError(comm, &async));
   if (async != 0) { printf("FAIL async error %d\n", async); return 1; }
+  /* Pre-multiplied sums: a host scalar read at once, a device one; a host address given as
+     device memory is refused. */
+  int by_host = -1, by_device = -1, wrong = -1;
+  float factor = 0.5f;
+  C(ncclRedOpCreatePreMulSum(&by_host, &factor, 7, 1 /* ncclScalarHostImmediate */, comm));
+  C(ncclRedOpCreatePreMulSum(&by_device, a, 7, 0 /* ncclScalarDevice */, comm));
+  if (by_host < 5 || by_device < 5 || by_host == by_device) { printf("FAIL ops %d %d\n", by_host, by_device); return 1; }
+  if (ncclRedOpCreatePreMulSum(&wrong, &factor, 7, 0, comm) == 0) { printf("FAIL host scalar as device\n"); return 1; }
+  C(ncclRedOpDestroy(by_host, comm));
+  C(ncclRedOpDestroy(by_device, comm));
   /* A collective on a communicator of no one's: sent without waiting, its refusal is the
      status of the next NCCL call that waits. */
   C(ncclAllReduce(a, b, N, 7, 0, (ncclComm_t)0x1234, s));

@@ -488,6 +488,46 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRecv(
         ) as u32
     }
 }
+///`ncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclRedOpCreatePreMulSum(
+    op: *mut c_void,
+    scalar: *mut c_void,
+    datatype: u32,
+    residence: u32,
+    comm: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclRedOpCreatePreMulSum",
+                version: "13.1",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::ncclRedOpCreatePreMulSum__call,
+                    &chidori_cuda::calls::nccl::ncclRedOpCreatePreMulSum__device,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::pre_mul_sum(
+                &CTX,
+                &[
+                    (op) as usize as u64,
+                    (scalar) as usize as u64,
+                    (datatype) as u64,
+                    (residence) as u64,
+                    (comm) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`ncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclRedOpDestroy(
@@ -933,6 +973,46 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRecv(
                 (stream) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`pncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclRedOpCreatePreMulSum(
+    op: *mut c_void,
+    scalar: *mut c_void,
+    datatype: u32,
+    residence: u32,
+    comm: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "pncclRedOpCreatePreMulSum",
+                version: "13.1",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::pncclRedOpCreatePreMulSum__call,
+                    &chidori_cuda::calls::nccl::pncclRedOpCreatePreMulSum__device,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::pre_mul_sum(
+                &CTX,
+                &[
+                    (op) as usize as u64,
+                    (scalar) as usize as u64,
+                    (datatype) as u64,
+                    (residence) as u64,
+                    (comm) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`pncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -252,10 +252,7 @@ ncclRecv:
     .globl ncclRedOpCreatePreMulSum
     .type ncclRedOpCreatePreMulSum, @function
 ncclRedOpCreatePreMulSum:
-    leaq .Lname16(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclRedOpCreatePreMulSum@PLT
     .size ncclRedOpCreatePreMulSum, .-ncclRedOpCreatePreMulSum
     .globl ncclRedOpDestroy
     .type ncclRedOpDestroy, @function
@@ -280,7 +277,7 @@ ncclResetDebugInit:
     .globl ncclResetDebugInitInternal
     .type ncclResetDebugInitInternal, @function
 ncclResetDebugInitInternal:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -298,7 +295,7 @@ ncclSend:
     .globl ncclTeamLsa
     .type ncclTeamLsa, @function
 ncclTeamLsa:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -306,7 +303,7 @@ ncclTeamLsa:
     .globl ncclTeamRail
     .type ncclTeamRail, @function
 ncclTeamRail:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -314,7 +311,7 @@ ncclTeamRail:
     .globl ncclTeamRankToLsa
     .type ncclTeamRankToLsa, @function
 ncclTeamRankToLsa:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -322,7 +319,7 @@ ncclTeamRankToLsa:
     .globl ncclTeamRankToWorld
     .type ncclTeamRankToWorld, @function
 ncclTeamRankToWorld:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -330,7 +327,7 @@ ncclTeamRankToWorld:
     .globl ncclTeamWorld
     .type ncclTeamWorld, @function
 ncclTeamWorld:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +365,7 @@ pncclCommAbort:
     .globl pncclCommCount
     .type pncclCommCount, @function
 pncclCommCount:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -376,7 +373,7 @@ pncclCommCount:
     .globl pncclCommCuDevice
     .type pncclCommCuDevice, @function
 pncclCommCuDevice:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -384,7 +381,7 @@ pncclCommCuDevice:
     .globl pncclCommDeregister
     .type pncclCommDeregister, @function
 pncclCommDeregister:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -402,7 +399,7 @@ pncclCommFinalize:
     .globl pncclCommGetAsyncError
     .type pncclCommGetAsyncError, @function
 pncclCommGetAsyncError:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -410,7 +407,7 @@ pncclCommGetAsyncError:
     .globl pncclCommInitAll
     .type pncclCommInitAll, @function
 pncclCommInitAll:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -423,7 +420,7 @@ pncclCommInitRank:
     .globl pncclCommInitRankConfig
     .type pncclCommInitRankConfig, @function
 pncclCommInitRankConfig:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -431,7 +428,7 @@ pncclCommInitRankConfig:
     .globl pncclCommInitRankScalable
     .type pncclCommInitRankScalable, @function
 pncclCommInitRankScalable:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -439,7 +436,7 @@ pncclCommInitRankScalable:
     .globl pncclCommRegister
     .type pncclCommRegister, @function
 pncclCommRegister:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,7 +449,7 @@ pncclCommRevoke:
     .globl pncclCommShrink
     .type pncclCommShrink, @function
 pncclCommShrink:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,7 +457,7 @@ pncclCommShrink:
     .globl pncclCommSplit
     .type pncclCommSplit, @function
 pncclCommSplit:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +465,7 @@ pncclCommSplit:
     .globl pncclCommUserRank
     .type pncclCommUserRank, @function
 pncclCommUserRank:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -486,7 +483,7 @@ pncclCommWindowRegister:
     .globl pncclDevCommCreate
     .type pncclDevCommCreate, @function
 pncclDevCommCreate:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -494,7 +491,7 @@ pncclDevCommCreate:
     .globl pncclDevCommDestroy
     .type pncclDevCommDestroy, @function
 pncclDevCommDestroy:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -507,7 +504,7 @@ pncclGather:
     .globl pncclGetErrorString
     .type pncclGetErrorString, @function
 pncclGetErrorString:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -515,7 +512,7 @@ pncclGetErrorString:
     .globl pncclGetLastError
     .type pncclGetLastError, @function
 pncclGetLastError:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -523,7 +520,7 @@ pncclGetLastError:
     .globl pncclGetUniqueId
     .type pncclGetUniqueId, @function
 pncclGetUniqueId:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -531,7 +528,7 @@ pncclGetUniqueId:
     .globl pncclGetVersion
     .type pncclGetVersion, @function
 pncclGetVersion:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -539,7 +536,7 @@ pncclGetVersion:
     .globl pncclGinBarrierCreateRequirement
     .type pncclGinBarrierCreateRequirement, @function
 pncclGinBarrierCreateRequirement:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -552,7 +549,7 @@ pncclGroupEnd:
     .globl pncclGroupSimulateEnd
     .type pncclGroupSimulateEnd, @function
 pncclGroupSimulateEnd:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -565,7 +562,7 @@ pncclGroupStart:
     .globl pncclLLA2ACalcSlots
     .type pncclLLA2ACalcSlots, @function
 pncclLLA2ACalcSlots:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -573,7 +570,7 @@ pncclLLA2ACalcSlots:
     .globl pncclLLA2ACreateRequirement
     .type pncclLLA2ACreateRequirement, @function
 pncclLLA2ACreateRequirement:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -581,7 +578,7 @@ pncclLLA2ACreateRequirement:
     .globl pncclLsaBarrierCreateRequirement
     .type pncclLsaBarrierCreateRequirement, @function
 pncclLsaBarrierCreateRequirement:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -589,7 +586,7 @@ pncclLsaBarrierCreateRequirement:
     .globl pncclMemAlloc
     .type pncclMemAlloc, @function
 pncclMemAlloc:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -597,7 +594,7 @@ pncclMemAlloc:
     .globl pncclMemFree
     .type pncclMemFree, @function
 pncclMemFree:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -610,10 +607,7 @@ pncclRecv:
     .globl pncclRedOpCreatePreMulSum
     .type pncclRedOpCreatePreMulSum, @function
 pncclRedOpCreatePreMulSum:
-    leaq .Lname47(%rip), %rdi
-    movq $5, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclRedOpCreatePreMulSum@PLT
     .size pncclRedOpCreatePreMulSum, .-pncclRedOpCreatePreMulSum
     .globl pncclRedOpDestroy
     .type pncclRedOpDestroy, @function
@@ -648,7 +642,7 @@ pncclSend:
     .globl pncclTeamLsa
     .type pncclTeamLsa, @function
 pncclTeamLsa:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -656,7 +650,7 @@ pncclTeamLsa:
     .globl pncclTeamRail
     .type pncclTeamRail, @function
 pncclTeamRail:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -664,7 +658,7 @@ pncclTeamRail:
     .globl pncclTeamRankToLsa
     .type pncclTeamRankToLsa, @function
 pncclTeamRankToLsa:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -672,7 +666,7 @@ pncclTeamRankToLsa:
     .globl pncclTeamRankToWorld
     .type pncclTeamRankToWorld, @function
 pncclTeamRankToWorld:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -680,7 +674,7 @@ pncclTeamRankToWorld:
     .globl pncclTeamWorld
     .type pncclTeamWorld, @function
 pncclTeamWorld:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -719,77 +713,73 @@ pncclTeamWorld:
 .Lname15:
     .asciz "ncclMemFree"
 .Lname16:
-    .asciz "ncclRedOpCreatePreMulSum"
-.Lname17:
     .asciz "ncclResetDebugInitInternal"
-.Lname18:
+.Lname17:
     .asciz "ncclTeamLsa"
-.Lname19:
+.Lname18:
     .asciz "ncclTeamRail"
-.Lname20:
+.Lname19:
     .asciz "ncclTeamRankToLsa"
-.Lname21:
+.Lname20:
     .asciz "ncclTeamRankToWorld"
-.Lname22:
+.Lname21:
     .asciz "ncclTeamWorld"
-.Lname23:
+.Lname22:
     .asciz "pncclCommCount"
-.Lname24:
+.Lname23:
     .asciz "pncclCommCuDevice"
-.Lname25:
+.Lname24:
     .asciz "pncclCommDeregister"
-.Lname26:
+.Lname25:
     .asciz "pncclCommGetAsyncError"
-.Lname27:
+.Lname26:
     .asciz "pncclCommInitAll"
-.Lname28:
+.Lname27:
     .asciz "pncclCommInitRankConfig"
-.Lname29:
+.Lname28:
     .asciz "pncclCommInitRankScalable"
-.Lname30:
+.Lname29:
     .asciz "pncclCommRegister"
-.Lname31:
+.Lname30:
     .asciz "pncclCommShrink"
-.Lname32:
+.Lname31:
     .asciz "pncclCommSplit"
-.Lname33:
+.Lname32:
     .asciz "pncclCommUserRank"
-.Lname34:
+.Lname33:
     .asciz "pncclDevCommCreate"
-.Lname35:
+.Lname34:
     .asciz "pncclDevCommDestroy"
-.Lname36:
+.Lname35:
     .asciz "pncclGetErrorString"
-.Lname37:
+.Lname36:
     .asciz "pncclGetLastError"
-.Lname38:
+.Lname37:
     .asciz "pncclGetUniqueId"
-.Lname39:
+.Lname38:
     .asciz "pncclGetVersion"
-.Lname40:
+.Lname39:
     .asciz "pncclGinBarrierCreateRequirement"
-.Lname41:
+.Lname40:
     .asciz "pncclGroupSimulateEnd"
-.Lname42:
+.Lname41:
     .asciz "pncclLLA2ACalcSlots"
-.Lname43:
+.Lname42:
     .asciz "pncclLLA2ACreateRequirement"
-.Lname44:
+.Lname43:
     .asciz "pncclLsaBarrierCreateRequirement"
-.Lname45:
+.Lname44:
     .asciz "pncclMemAlloc"
-.Lname46:
+.Lname45:
     .asciz "pncclMemFree"
-.Lname47:
-    .asciz "pncclRedOpCreatePreMulSum"
-.Lname48:
+.Lname46:
     .asciz "pncclTeamLsa"
-.Lname49:
+.Lname47:
     .asciz "pncclTeamRail"
-.Lname50:
+.Lname48:
     .asciz "pncclTeamRankToLsa"
-.Lname51:
+.Lname49:
     .asciz "pncclTeamRankToWorld"
-.Lname52:
+.Lname50:
     .asciz "pncclTeamWorld"
     .section .note.GNU-stack,"",@progbits

@@ -65,8 +65,9 @@ struct State {
     cudnn_handles: HashSet<u64>,
     /// Descriptors of cuDNN's legacy API (tensors, RNNs, dropout, ...), of any type.
     legacy: HashSet<u64>,
-    /// NCCL communicators (of one rank each).
+    /// NCCL communicators (of one rank each), and the reduction operations made on them.
     nccl_comms: HashSet<u64>,
+    nccl_ops: HashSet<(u64, u64)>,
     /// Peers whose memory the program enabled access to (cudaDeviceEnablePeerAccess).
     peers: HashSet<i32>,
     /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.

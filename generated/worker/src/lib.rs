@@ -78909,6 +78909,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3299u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3300u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -78919,7 +78940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3300u32 => {
+            3301u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -78946,7 +78967,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3301u32 => {
+            3302u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -78971,7 +78992,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3302u32 => {
+            3303u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -78983,7 +79004,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            3303u32 => {
+            3304u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79008,7 +79029,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3304u32 => {
+            3305u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79031,7 +79052,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3305u32 => {
+            3306u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79054,7 +79075,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3306u32 => {
+            3307u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79079,7 +79100,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3307u32 => {
+            3308u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79102,7 +79123,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3308u32 => {
+            3309u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79125,7 +79146,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3309u32 => {
+            3310u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79149,15 +79170,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            3310u32 => {
-                if a.len() != 1usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3311u32 => {
                 if a.len() != 1usize {
@@ -79178,6 +79190,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             3313u32 => {
+                if a.len() != 1usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            3314u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -79198,7 +79219,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3314u32 => {
+            3315u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79209,7 +79230,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            3315u32 => {
+            3316u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79223,7 +79244,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3316u32 => {
+            3317u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -79244,7 +79265,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3317u32 => {
+            3318u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79269,15 +79290,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3318u32 => {
-                if a.len() != 0usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             3319u32 => {
                 if a.len() != 0usize {
                     return None;
@@ -79288,6 +79300,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             3320u32 => {
+                if a.len() != 0usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            3321u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79310,7 +79331,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3321u32 => {
+            3322u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3323u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79321,7 +79363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3322u32 => {
+            3324u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -79348,7 +79390,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3323u32 => {
+            3325u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79373,7 +79415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3324u32 => {
+            3326u32 => {
                 if a.len() != 0usize {
                     return None;
                 }
@@ -79385,7 +79427,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            3325u32 => {
+            3327u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79410,7 +79452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3326u32 => {
+            3328u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79433,7 +79475,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3327u32 => {
+            3329u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -79460,7 +79502,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3328u32 => {
+            3330u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -79469,7 +79511,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3329u32 => {
+            3331u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79480,7 +79522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            3330u32 => {
+            3332u32 => {
                 if a.len() != 2usize {
                     return None;
                 }
@@ -79494,7 +79536,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3331u32 => {
+            3333u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -79502,50 +79544,50 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            3332u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize,
-                    )) as u64
-                }
-            }
-            3333u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize,
-                    )) as u64
-                }
             }
             3334u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3335u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3336u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -79554,7 +79596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3335u32 => {
+            3337u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -79587,7 +79629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3336u32 => {
+            3338u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -79608,7 +79650,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3337u32 => {
+            3339u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -79617,7 +79659,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3338u32 => {
+            3340u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -79633,48 +79675,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            3339u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize,
-                    )) as u64
-                }
-            }
-            3340u32 => {
-                if a.len() != 5usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize,
                     )) as u64
                 }
             }
@@ -79700,6 +79700,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             3342u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3343u32 => {
+                if a.len() != 5usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize,
+                    )) as u64
+                }
+            }
+            3344u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -79728,7 +79770,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3343u32 => {
+            3345u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -79745,7 +79787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3344u32 => {
+            3346u32 => {
                 if a.len() != 1usize {
                     return None;
                 }
@@ -79754,7 +79796,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            3345u32 => {
+            3347u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -79773,7 +79815,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3346u32 => {
+            3348u32 => {
                 if a.len() != 11usize {
                     return None;
                 }
@@ -79806,7 +79848,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3347u32 => {
+            3349u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79829,7 +79871,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3348u32 => {
+            3350u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -79856,45 +79898,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3349u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            3350u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             3351u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3352u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            3353u32 => {
                 if a.len() != 6usize {
                     return None;
                 }
@@ -79917,7 +79959,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3352u32 => {
+            3354u32 => {
                 if a.len() != 8usize {
                     return None;
                 }
@@ -79944,7 +79986,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3353u32 => {
+            3355u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -79965,7 +80007,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3354u32 => {
+            3356u32 => {
                 if a.len() != 7usize {
                     return None;
                 }
@@ -79990,7 +80032,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3355u32 => {
+            3357u32 => {
                 if a.len() != 9usize {
                     return None;
                 }
@@ -80019,7 +80061,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            3356u32 => {
+            3358u32 => {
                 if a.len() != 1usize {
                     return None;
                 }

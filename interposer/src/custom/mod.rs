@@ -23,6 +23,7 @@ pub mod libraries;
 pub mod link;
 pub mod loops;
 pub mod memory;
+pub mod nccl;
 pub mod nvjitlink;
 pub mod nvml;
 pub mod nvrtc;

@@ -1297,6 +1297,23 @@ impl Emulated {
                     SUCCESS
                 }
                 "ncclGroupStart" | "ncclGroupEnd" => SUCCESS,
+                // A pre-multiplied sum: the next operation number of the communicator (its
+                // scalar was checked: the session's device memory, or a host value sent).
+                "ncclRedOpCreatePreMulSum" if comm_ok(a[4]) && bytes_of(a[2], 1).is_some() && a[3] <= 1 => {
+                    let mut s = self.state();
+                    let op = (5..).find(|op| !s.nccl_ops.contains(&(a[4], *op))).unwrap_or(5);
+                    s.nccl_ops.insert((a[4], op));
+                    put_u32(a[0], op as u32);
+                    SUCCESS
+                }
+                "ncclRedOpCreatePreMulSum" => u64::from(r::ncclInvalidArgument),
+                "ncclRedOpDestroy" => {
+                    if self.state().nccl_ops.remove(&(a[1], a[0] & 0xffff_ffff)) {
+                        SUCCESS
+                    } else {
+                        u64::from(r::ncclInvalidArgument)
+                    }
+                }
                 "ncclAllReduce" | "ncclBroadcast" => copy(a[0], a[1], a[2], a[3], a[a.len() - 2], a[a.len() - 1]),
                 "ncclReduce" => copy(a[0], a[1], a[2], a[3], a[6], a[7]),
                 "ncclAllGather" | "ncclReduceScatter" => copy(a[0], a[1], a[2], a[3], a[a.len() - 2], a[a.len() - 1]),
