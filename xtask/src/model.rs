@@ -1021,6 +1021,10 @@ fn classify(
             },
             ParamSpec::Out | ParamSpec::Destroy if record_handle(&kind).is_some() => {
                 let (kind, bytes) = record_handle(&kind).expect("matched above");
+                if bytes == 0 {
+                    // The worker makes the record the library fills: it must know its size.
+                    bail!("{}: the record {kind} has no size in this version's headers", p.name);
+                }
                 if matches!(s, ParamSpec::Out) {
                     Wire::NewRecordHandle { kind, bytes }
                 } else {
