@@ -5,8 +5,9 @@
 //! descriptor's choice at `cusparseLtMatmulPlanInit`, and the plan's scalar mode
 //! (`crate::scalars`) says how the matmul's alpha and beta travel.
 //!
-//! Records (handle, descriptors, plans) hold the worker's ids in their first 8 bytes
-//! (specs/cusparselt.toml: `record`), which is what these functions read.
+//! Records (handle, descriptors, plans) hold their handle's id in their first 8 bytes
+//! (specs/cusparselt.toml: `record`; the client's own name for the descriptors and plans,
+//! the worker's for the handle), which is what these functions read.
 #![allow(clippy::missing_safety_doc)]
 
 use chidori_protocol::desc::{Ctx, Form};
