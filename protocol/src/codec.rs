@@ -179,9 +179,13 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
             Wire::Scalar { dir, mode, size, bytes: widest } => {
                 // The mode's handle as it travels (a record handle's id, not its address).
                 let known = client.scalar_mode(call.args.get(usize::from(mode)).copied().unwrap_or(0));
-                let later = desc.params[..i].iter().any(|w| matches!(*w, Wire::Scalar { mode: m, .. } if m == mode));
+                // Only where the mode says so is an earlier scalar of the same mode looked for.
                 let device = match known.later_device {
-                    Some(device) if later => device,
+                    Some(device)
+                        if desc.params[..i].iter().any(|w| matches!(*w, Wire::Scalar { mode: m, .. } if m == mode)) =>
+                    {
+                        device
+                    }
                     _ => known.device,
                 };
                 if device {

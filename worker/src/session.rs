@@ -608,8 +608,16 @@ struct HeldCall {
 }
 
 impl HeldCall {
-    fn new(params: usize) -> HeldCall {
-        HeldCall { fresh: (0..params).map(|_| None).collect(), taken: Vec::new() }
+    /// Nothing allocated until a call takes or makes a record (every call makes one).
+    fn new() -> HeldCall {
+        HeldCall { fresh: Vec::new(), taken: Vec::new() }
+    }
+
+    fn keep_fresh(&mut self, param: usize, record: Box<[u128]>) {
+        if self.fresh.len() <= param {
+            self.fresh.resize_with(param + 1, || None);
+        }
+        self.fresh[param] = Some(record);
     }
 
     fn is_empty(&self) -> bool {
@@ -982,7 +990,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
     let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
-    let mut held = HeldCall::new(n);
+    let mut held = HeldCall::new();
     // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
     let mut nulled = vec![false; n];
     for (i, (wire, arg)) in desc.params.iter().zip(decoded).enumerate() {
@@ -1006,7 +1014,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 // The library fills the worker's record; the id goes back in 8 bytes.
                 let record = crate::held::Records::fresh(bytes);
                 raw[i] = record.as_ptr() as u64;
-                held.fresh[i] = Some(record);
+                held.keep_fresh(i, record);
                 buffers[i] = Some(Buffer::zeroed(8));
             }
             Arg::Record(bytes) | Arg::Str(Some(bytes)) => keep(&mut raw[i], Buffer::from(bytes)),
@@ -1194,7 +1202,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let process_list = (desc.form == Some(Form::Processes)).then(|| crate::processes::list(desc)).flatten();
     let sent_entries = process_list.and_then(|l| buffers[l.array].as_ref().map(|b| b.bytes().to_vec()));
     // A user object reaches the driver only while the program holds a reference to it.
-    if let Err(why) = lock(&session.user_objects).check(desc.name, &raw) {
+    let user_object = crate::user_objects::involved(desc.name);
+    if let Err(why) = if user_object { lock(&session.user_objects).check(desc.name, &raw) } else { Ok(()) } {
         return fail(desc.codes.invalid_handle, why);
     }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
@@ -1277,7 +1286,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
     // The program's references to user objects; its last one takes the handle away.
-    if ok {
+    if ok && user_object {
         let created = buffers.first().and_then(|b| b.as_ref()).and_then(|b| b.bytes().first_chunk::<8>().copied());
         if let Some(gone) = lock(&session.user_objects).after(desc.name, &raw, created.map(u64::from_le_bytes)) {
             let kind = chidori_cuda::handles::kind::CUuserObject_st;

@@ -41,6 +41,11 @@ fn op(name: &str, args: &[u64]) -> Option<(Op, usize, usize)> {
     })
 }
 
+/// Whether `name` is a user-object call (a cheap test before the lock, on every call).
+pub fn involved(name: &str) -> bool {
+    name.contains("UserObject")
+}
+
 /// The program's references per user object (the driver's handle).
 #[derive(Default)]
 pub struct References {

@@ -202,19 +202,23 @@ pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared)
     if status != desc.codes.success as u64 {
         return;
     }
-    let outs: Vec<(usize, Vec<u8>)> = prepared
+    let answer = (status, outputs(prepared));
+    if let Ok(conn) = crate::conn::get() {
+        crate::learned::with(&conn, |l| l.learn(Space::CudnnSize, &stored(desc, key), &encode(&answer)));
+    }
+    CLIENT.ahead.cudnn_sizes.learn(key, answer);
+}
+
+/// The outputs the server's reply just wrote, (parameter, bytes) each.
+pub(crate) fn outputs(prepared: &Prepared) -> Vec<(usize, Vec<u8>)> {
+    prepared
         .outs
         .iter()
         .map(|o| {
             // SAFETY: the caller's output of `len` bytes, just written by the reply.
             (o.param, unsafe { std::slice::from_raw_parts(o.ptr as *const u8, o.len) }.to_vec())
         })
-        .collect();
-    let answer = (status, outs);
-    if let Ok(conn) = crate::conn::get() {
-        crate::learned::with(&conn, |l| l.learn(Space::CudnnSize, &stored(desc, key), &encode(&answer)));
-    }
-    CLIENT.ahead.cudnn_sizes.learn(key, answer);
+        .collect()
 }
 
 /// Whether `answer` has the outputs this call asks for (the same parameters and lengths).

@@ -21,7 +21,7 @@ use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use super::cudnn_sizes::{Action, Answer, give};
+use super::cudnn_sizes::{Action, Answer, give, outputs};
 use crate::state::CLIENT;
 
 /// Answers kept (distinct questions: a few per sparse layer shape).
@@ -161,15 +161,7 @@ pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared)
     if status != desc.codes.success as u64 {
         return;
     }
-    let outs: Vec<(usize, Vec<u8>)> = prepared
-        .outs
-        .iter()
-        .map(|o| {
-            // SAFETY: the caller's output of `len` bytes, just written by the reply.
-            (o.param, unsafe { std::slice::from_raw_parts(o.ptr as *const u8, o.len) }.to_vec())
-        })
-        .collect();
-    let answer: Answer = (status, outs);
+    let answer: Answer = (status, outputs(prepared));
     CLIENT.ahead.sparselt_sizes.learn(key, answer);
 }
 
