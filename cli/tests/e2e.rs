@@ -3173,6 +3173,7 @@ extern int ncclGroupEnd(void);
 extern int ncclCommDestroy(ncclComm_t);
 extern int ncclRedOpCreatePreMulSum(int *, void *, int, int, ncclComm_t);
 extern int ncclRedOpDestroy(int, ncclComm_t);
+extern const char *ncclGetLastError(ncclComm_t);
 #define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
 #define N (1 << 18)
 int main(void) {
@@ -3182,7 +3183,12 @@ int main(void) {
   C(ncclGetUniqueId(&id));
   ncclComm_t comm, two;
   if (ncclCommInitRank(&two, 2, id, 0) != 5) { printf("FAIL two ranks\n"); return 1; }
+  /* The refusal's text is the worker's NCCL's, in one buffer the program may keep. */
+  const char *last = ncclGetLastError(NULL);
+  if (!strstr(last, "ncclCommInitRank") || !strstr(last, "one rank")) { printf("FAIL last error '%s'\n", last); return 1; }
   C(ncclCommInitRank(&comm, 1, id, 0));
+  if (ncclGetLastError(comm) != last || !strstr(last, "one rank")) { printf("FAIL last error again\n"); return 1; }
+  if (!strstr(ncclGetLastError((ncclComm_t)0x1234), "no NCCL communicator")) { printf("FAIL foreign '%s'\n", last); return 1; }
   C(ncclCommCount(comm, &count));
   if (count != 1) { printf("FAIL count %d\n", count); return 1; }
   float *host = malloc(N * 4), *back = malloc(N * 4);

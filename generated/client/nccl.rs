@@ -432,6 +432,28 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGather(
 pub unsafe extern "C" fn __chidori_nccl_ncclGetErrorString(result: u32) -> *mut c_void {
     unsafe { crate::runtime::error_string("13.1", "nccl", result as i64) as *mut c_void }
 }
+///`ncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclGetLastError(
+    comm: *mut c_void,
+) -> *mut c_void {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "ncclGetLastError",
+            version: "13.1",
+            library: "nccl",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 5i64,
+                unavailable: 2i64,
+                invalid_handle: 4i64,
+                invalid_value: 4i64,
+            },
+        };
+        crate::custom::nccl::last_error(&CTX, comm)
+    }
+}
 ///`ncclGetUniqueId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetUniqueId(uniqueId: *mut c_void) -> u32 {
@@ -935,6 +957,28 @@ pub unsafe extern "C" fn __chidori_nccl_pncclGather(
                 (stream) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`pncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclGetLastError(
+    comm: *mut c_void,
+) -> *mut c_void {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "pncclGetLastError",
+            version: "13.1",
+            library: "nccl",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 5i64,
+                unavailable: 2i64,
+                invalid_handle: 4i64,
+                invalid_value: 4i64,
+            },
+        };
+        crate::custom::nccl::last_error(&CTX, comm)
     }
 }
 ///`pncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -163,10 +163,7 @@ ncclGetErrorString:
     .globl ncclGetLastError
     .type ncclGetLastError, @function
 ncclGetLastError:
-    leaq .Lname8(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_ncclGetLastError@PLT
     .size ncclGetLastError, .-ncclGetLastError
     .globl ncclGetUniqueId
     .type ncclGetUniqueId, @function
@@ -181,7 +178,7 @@ ncclGetVersion:
     .globl ncclGinBarrierCreateRequirement
     .type ncclGinBarrierCreateRequirement, @function
 ncclGinBarrierCreateRequirement:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -194,7 +191,7 @@ ncclGroupEnd:
     .globl ncclGroupSimulateEnd
     .type ncclGroupSimulateEnd, @function
 ncclGroupSimulateEnd:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -207,7 +204,7 @@ ncclGroupStart:
     .globl ncclLLA2ACalcSlots
     .type ncclLLA2ACalcSlots, @function
 ncclLLA2ACalcSlots:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -215,7 +212,7 @@ ncclLLA2ACalcSlots:
     .globl ncclLLA2ACreateRequirement
     .type ncclLLA2ACreateRequirement, @function
 ncclLLA2ACreateRequirement:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -223,7 +220,7 @@ ncclLLA2ACreateRequirement:
     .globl ncclLsaBarrierCreateRequirement
     .type ncclLsaBarrierCreateRequirement, @function
 ncclLsaBarrierCreateRequirement:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -231,7 +228,7 @@ ncclLsaBarrierCreateRequirement:
     .globl ncclMemAlloc
     .type ncclMemAlloc, @function
 ncclMemAlloc:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -239,7 +236,7 @@ ncclMemAlloc:
     .globl ncclMemFree
     .type ncclMemFree, @function
 ncclMemFree:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -277,7 +274,7 @@ ncclResetDebugInit:
     .globl ncclResetDebugInitInternal
     .type ncclResetDebugInitInternal, @function
 ncclResetDebugInitInternal:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -295,7 +292,7 @@ ncclSend:
     .globl ncclTeamLsa
     .type ncclTeamLsa, @function
 ncclTeamLsa:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -303,7 +300,7 @@ ncclTeamLsa:
     .globl ncclTeamRail
     .type ncclTeamRail, @function
 ncclTeamRail:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -311,7 +308,7 @@ ncclTeamRail:
     .globl ncclTeamRankToLsa
     .type ncclTeamRankToLsa, @function
 ncclTeamRankToLsa:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -319,7 +316,7 @@ ncclTeamRankToLsa:
     .globl ncclTeamRankToWorld
     .type ncclTeamRankToWorld, @function
 ncclTeamRankToWorld:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -327,7 +324,7 @@ ncclTeamRankToWorld:
     .globl ncclTeamWorld
     .type ncclTeamWorld, @function
 ncclTeamWorld:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -365,7 +362,7 @@ pncclCommAbort:
     .globl pncclCommCount
     .type pncclCommCount, @function
 pncclCommCount:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -373,7 +370,7 @@ pncclCommCount:
     .globl pncclCommCuDevice
     .type pncclCommCuDevice, @function
 pncclCommCuDevice:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -381,7 +378,7 @@ pncclCommCuDevice:
     .globl pncclCommDeregister
     .type pncclCommDeregister, @function
 pncclCommDeregister:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -399,7 +396,7 @@ pncclCommFinalize:
     .globl pncclCommGetAsyncError
     .type pncclCommGetAsyncError, @function
 pncclCommGetAsyncError:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -407,7 +404,7 @@ pncclCommGetAsyncError:
     .globl pncclCommInitAll
     .type pncclCommInitAll, @function
 pncclCommInitAll:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -420,7 +417,7 @@ pncclCommInitRank:
     .globl pncclCommInitRankConfig
     .type pncclCommInitRankConfig, @function
 pncclCommInitRankConfig:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -428,7 +425,7 @@ pncclCommInitRankConfig:
     .globl pncclCommInitRankScalable
     .type pncclCommInitRankScalable, @function
 pncclCommInitRankScalable:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +433,7 @@ pncclCommInitRankScalable:
     .globl pncclCommRegister
     .type pncclCommRegister, @function
 pncclCommRegister:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -449,7 +446,7 @@ pncclCommRevoke:
     .globl pncclCommShrink
     .type pncclCommShrink, @function
 pncclCommShrink:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -457,7 +454,7 @@ pncclCommShrink:
     .globl pncclCommSplit
     .type pncclCommSplit, @function
 pncclCommSplit:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -465,7 +462,7 @@ pncclCommSplit:
     .globl pncclCommUserRank
     .type pncclCommUserRank, @function
 pncclCommUserRank:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -483,7 +480,7 @@ pncclCommWindowRegister:
     .globl pncclDevCommCreate
     .type pncclDevCommCreate, @function
 pncclDevCommCreate:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -491,7 +488,7 @@ pncclDevCommCreate:
     .globl pncclDevCommDestroy
     .type pncclDevCommDestroy, @function
 pncclDevCommDestroy:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -504,7 +501,7 @@ pncclGather:
     .globl pncclGetErrorString
     .type pncclGetErrorString, @function
 pncclGetErrorString:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -512,15 +509,12 @@ pncclGetErrorString:
     .globl pncclGetLastError
     .type pncclGetLastError, @function
 pncclGetLastError:
-    leaq .Lname36(%rip), %rdi
-    movq $0, %rsi
-    movl $1, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nccl_pncclGetLastError@PLT
     .size pncclGetLastError, .-pncclGetLastError
     .globl pncclGetUniqueId
     .type pncclGetUniqueId, @function
 pncclGetUniqueId:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -528,7 +522,7 @@ pncclGetUniqueId:
     .globl pncclGetVersion
     .type pncclGetVersion, @function
 pncclGetVersion:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -536,7 +530,7 @@ pncclGetVersion:
     .globl pncclGinBarrierCreateRequirement
     .type pncclGinBarrierCreateRequirement, @function
 pncclGinBarrierCreateRequirement:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -549,7 +543,7 @@ pncclGroupEnd:
     .globl pncclGroupSimulateEnd
     .type pncclGroupSimulateEnd, @function
 pncclGroupSimulateEnd:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -562,7 +556,7 @@ pncclGroupStart:
     .globl pncclLLA2ACalcSlots
     .type pncclLLA2ACalcSlots, @function
 pncclLLA2ACalcSlots:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -570,7 +564,7 @@ pncclLLA2ACalcSlots:
     .globl pncclLLA2ACreateRequirement
     .type pncclLLA2ACreateRequirement, @function
 pncclLLA2ACreateRequirement:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -578,7 +572,7 @@ pncclLLA2ACreateRequirement:
     .globl pncclLsaBarrierCreateRequirement
     .type pncclLsaBarrierCreateRequirement, @function
 pncclLsaBarrierCreateRequirement:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,7 +580,7 @@ pncclLsaBarrierCreateRequirement:
     .globl pncclMemAlloc
     .type pncclMemAlloc, @function
 pncclMemAlloc:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -594,7 +588,7 @@ pncclMemAlloc:
     .globl pncclMemFree
     .type pncclMemFree, @function
 pncclMemFree:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -642,7 +636,7 @@ pncclSend:
     .globl pncclTeamLsa
     .type pncclTeamLsa, @function
 pncclTeamLsa:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -650,7 +644,7 @@ pncclTeamLsa:
     .globl pncclTeamRail
     .type pncclTeamRail, @function
 pncclTeamRail:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -658,7 +652,7 @@ pncclTeamRail:
     .globl pncclTeamRankToLsa
     .type pncclTeamRankToLsa, @function
 pncclTeamRankToLsa:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -666,7 +660,7 @@ pncclTeamRankToLsa:
     .globl pncclTeamRankToWorld
     .type pncclTeamRankToWorld, @function
 pncclTeamRankToWorld:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -674,7 +668,7 @@ pncclTeamRankToWorld:
     .globl pncclTeamWorld
     .type pncclTeamWorld, @function
 pncclTeamWorld:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -697,89 +691,85 @@ pncclTeamWorld:
 .Lname7:
     .asciz "ncclDevCommDestroy"
 .Lname8:
-    .asciz "ncclGetLastError"
-.Lname9:
     .asciz "ncclGinBarrierCreateRequirement"
-.Lname10:
+.Lname9:
     .asciz "ncclGroupSimulateEnd"
-.Lname11:
+.Lname10:
     .asciz "ncclLLA2ACalcSlots"
-.Lname12:
+.Lname11:
     .asciz "ncclLLA2ACreateRequirement"
-.Lname13:
+.Lname12:
     .asciz "ncclLsaBarrierCreateRequirement"
-.Lname14:
+.Lname13:
     .asciz "ncclMemAlloc"
-.Lname15:
+.Lname14:
     .asciz "ncclMemFree"
-.Lname16:
+.Lname15:
     .asciz "ncclResetDebugInitInternal"
-.Lname17:
+.Lname16:
     .asciz "ncclTeamLsa"
-.Lname18:
+.Lname17:
     .asciz "ncclTeamRail"
-.Lname19:
+.Lname18:
     .asciz "ncclTeamRankToLsa"
-.Lname20:
+.Lname19:
     .asciz "ncclTeamRankToWorld"
-.Lname21:
+.Lname20:
     .asciz "ncclTeamWorld"
-.Lname22:
+.Lname21:
     .asciz "pncclCommCount"
-.Lname23:
+.Lname22:
     .asciz "pncclCommCuDevice"
-.Lname24:
+.Lname23:
     .asciz "pncclCommDeregister"
-.Lname25:
+.Lname24:
     .asciz "pncclCommGetAsyncError"
-.Lname26:
+.Lname25:
     .asciz "pncclCommInitAll"
-.Lname27:
+.Lname26:
     .asciz "pncclCommInitRankConfig"
-.Lname28:
+.Lname27:
     .asciz "pncclCommInitRankScalable"
-.Lname29:
+.Lname28:
     .asciz "pncclCommRegister"
-.Lname30:
+.Lname29:
     .asciz "pncclCommShrink"
-.Lname31:
+.Lname30:
     .asciz "pncclCommSplit"
-.Lname32:
+.Lname31:
     .asciz "pncclCommUserRank"
-.Lname33:
+.Lname32:
     .asciz "pncclDevCommCreate"
-.Lname34:
+.Lname33:
     .asciz "pncclDevCommDestroy"
-.Lname35:
+.Lname34:
     .asciz "pncclGetErrorString"
-.Lname36:
-    .asciz "pncclGetLastError"
-.Lname37:
+.Lname35:
     .asciz "pncclGetUniqueId"
-.Lname38:
+.Lname36:
     .asciz "pncclGetVersion"
-.Lname39:
+.Lname37:
     .asciz "pncclGinBarrierCreateRequirement"
-.Lname40:
+.Lname38:
     .asciz "pncclGroupSimulateEnd"
-.Lname41:
+.Lname39:
     .asciz "pncclLLA2ACalcSlots"
-.Lname42:
+.Lname40:
     .asciz "pncclLLA2ACreateRequirement"
-.Lname43:
+.Lname41:
     .asciz "pncclLsaBarrierCreateRequirement"
-.Lname44:
+.Lname42:
     .asciz "pncclMemAlloc"
-.Lname45:
+.Lname43:
     .asciz "pncclMemFree"
-.Lname46:
+.Lname44:
     .asciz "pncclTeamLsa"
-.Lname47:
+.Lname45:
     .asciz "pncclTeamRail"
-.Lname48:
+.Lname46:
     .asciz "pncclTeamRankToLsa"
-.Lname49:
+.Lname47:
     .asciz "pncclTeamRankToWorld"
-.Lname50:
+.Lname48:
     .asciz "pncclTeamWorld"
     .section .note.GNU-stack,"",@progbits

@@ -24,7 +24,8 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (21: a scalar in device pointer
-/// mode may carry its width, [`desc::device_len`]; a compile brings back LTO, OptiX and NVVM
-/// IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 21;
+/// Bumped on any incompatible change to frames or messages (22: library records the program
+/// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
+/// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
+/// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
+pub const PROTOCOL_VERSION: u16 = 22;

@@ -290,6 +290,9 @@ pub enum Service {
     /// only (the worker refuses what would change a GPU or write a file on the server);
     /// answered by `Tool`.
     NvidiaSmi { args: Vec<String> },
+    /// ncclGetLastError of the session's NCCL (`comm`: a communicator of the session, or 0;
+    /// NCCL keeps one text per process); answered by `Name`.
+    NcclLastError { comm: u64 },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its

@@ -146,6 +146,9 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<NodeMade, (i64, String)>;
     /// A graph (the backend's own handle) as Graphviz text.
     fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)>;
+    /// ncclGetLastError's text (`comm`: the backend's communicator, or 0). Err: (ncclResult_t,
+    /// message) where the server has no NCCL.
+    fn nccl_last_error(&self, comm: u64) -> Result<String, (i64, String)>;
     /// Link with the JIT linker. Err: (driver status, message) when there is no linker.
     fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)>;
     /// Run a graph-replay loop (`request` with its `exec` and `stream` already the backend's

@@ -68,6 +68,8 @@ struct State {
     /// NCCL communicators (of one rank each), and the reduction operations made on them.
     nccl_comms: HashSet<u64>,
     nccl_ops: HashSet<(u64, u64)>,
+    /// ncclGetLastError's text: what the last failing NCCL call said.
+    nccl_last_error: String,
     /// Peers whose memory the program enabled access to (cudaDeviceEnablePeerAccess).
     peers: HashSet<i32>,
     /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.
@@ -1036,6 +1038,10 @@ impl Backend for Emulated {
 
     fn graph_list(&self, query: &GraphList) -> Result<NodeList, (i64, String)> {
         self.list(query)
+    }
+
+    fn nccl_last_error(&self, _comm: u64) -> Result<String, (i64, String)> {
+        Ok(self.state().nccl_last_error.clone())
     }
 
     fn graph_dot(&self, graph: u64, _flags: u32) -> Result<String, (i64, String)> {

@@ -771,6 +771,18 @@ impl Backend for Real {
         self.listed(query)
     }
 
+    fn nccl_last_error(&self, comm: u64) -> Result<String, (i64, String)> {
+        // ncclInternalError: the server has no NCCL (the program's own calls were refused).
+        const INTERNAL: i64 = chidori_cuda::consts::ncclResult_t::ncclInternalError as i64;
+        let lib = self.library("nccl");
+        let lib = lib.as_ref().as_ref().map_err(|e| (INTERNAL, e.clone()))?;
+        let f: unsafe extern "C" fn(u64) -> *const i8 =
+            symbol_as(lib, "ncclGetLastError").map_err(|e| (INTERNAL, e.to_string()))?;
+        // SAFETY: a communicator of the session or NULL (NCCL does not read it); the text is
+        // NCCL's NUL-terminated buffer, copied at once.
+        Ok(cstr(unsafe { f(comm) }))
+    }
+
     fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)> {
         let f: unsafe extern "C" fn(u64, *const i8, u32) -> i32 = self.driver_fn("cuGraphDebugDotPrint")?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

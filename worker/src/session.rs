@@ -1867,6 +1867,20 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 },
             }
         }
+        Service::NcclLastError { comm } => {
+            // NCCL keeps one text per process and does not read `comm`; a name that is not a
+            // communicator of this session is refused all the same.
+            let real = if comm == 0 {
+                Some(0)
+            } else {
+                lock(&session.handles).resolve(chidori_cuda::handles::kind::ncclComm, comm).filter(|&r| r != 0)
+            };
+            match real.map(|c| session.backend.nccl_last_error(c)) {
+                Some(Ok(text)) => ServiceReply::Name(text),
+                Some(Err((status, message))) => ServiceReply::Error { status, message },
+                None => foreign("NCCL communicator", comm),
+            }
+        }
         Service::GraphList(query) => graph_list(session, query),
         Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
         Service::NvidiaSmi { args } => {

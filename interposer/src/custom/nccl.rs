@@ -22,3 +22,51 @@ pub unsafe fn pre_mul_sum(ctx: &Ctx, args: &[u64]) -> u64 {
         unsafe { crate::runtime::call(ctx.form(form), args) }
     })
 }
+
+/// NCCL's text buffer is 1024 bytes (the text is cut there, as NCCL cuts it).
+const LAST_ERROR_BYTES: usize = 1024;
+
+/// The copy of the worker's last-error text the program is handed: one buffer for the
+/// process, overwritten by each ask, as NCCL's own (a pointer the program kept reads the
+/// newest text, never freed memory).
+struct LastError(std::cell::UnsafeCell<[u8; LAST_ERROR_BYTES]>);
+
+// SAFETY: written only under LAST_ERROR_LOCK; the program reads it as it reads NCCL's buffer
+// (a read racing a later ask may see a mix of two texts, as with NCCL).
+unsafe impl Sync for LastError {}
+
+static LAST_ERROR: LastError = LastError(std::cell::UnsafeCell::new([0; LAST_ERROR_BYTES]));
+static LAST_ERROR_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// ncclGetLastError(comm): the text of the worker's NCCL (where the program's NCCL calls
+/// ran), or what kept Chidori from asking it.
+pub unsafe fn last_error(ctx: &Ctx, comm: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    let text = crate::guard::ffi(ctx.name, String::new(), || {
+        crate::trace::local(ctx.name);
+        let conn = match crate::conn::get() {
+            Ok(conn) => conn,
+            Err(e) => return format!("Chidori: no connection to the server to ask NCCL's last error: {e}"),
+        };
+        let request = chidori_protocol::messages::Service::NcclLastError { comm: comm as u64 };
+        match conn.service(&request, &[]) {
+            Ok(chidori_protocol::messages::ServiceReply::Name(text)) => text,
+            Ok(chidori_protocol::messages::ServiceReply::Error { message, .. }) => {
+                format!("Chidori: the server could not give NCCL's last error: {message}")
+            }
+            Ok(_) => "Chidori: the server answered NCCL's last error with something else".to_owned(),
+            Err(e) => format!("Chidori: asking the server for NCCL's last error failed: {e}"),
+        }
+    });
+    let _held = LAST_ERROR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let buffer = LAST_ERROR.0.get().cast::<u8>();
+    // At most 1023 bytes of the text (an interior NUL ends it early, as C reads it), then NUL.
+    let bytes = text.as_bytes();
+    let len = bytes.len().min(LAST_ERROR_BYTES - 1);
+    // SAFETY: the buffer is LAST_ERROR_BYTES long and written only under the lock; len + 1
+    // bytes fit.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer, len);
+        *buffer.add(len) = 0;
+    }
+    buffer.cast()
+}

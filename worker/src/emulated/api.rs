@@ -1321,6 +1321,14 @@ impl Emulated {
                 _ => return None,
             }
         };
+        if status != SUCCESS {
+            let why = if status == u64::from(r::ncclInvalidUsage) {
+                "the emulated backend's communicators have one rank"
+            } else {
+                "a communicator, operation, data type or buffer this session does not have"
+            };
+            self.state().nccl_last_error = format!("{name}: {why}");
+        }
         Some(status)
     }
 
