@@ -2989,6 +2989,43 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The runtime's library API reaches a library's variables as the driver's does: the
+/// address `cudaLibraryGetGlobal` gives is the session's memory (a copy into it and out of
+/// it works), and `cudaLibraryGetManaged`'s is the program's memory with the variable's
+/// contents, one memory with the GPU's.
+#[test]
+fn library_variables_asked_of_the_runtime_are_the_sessions() {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let source = format!(
+        "#include <stdio.h>\n#include <cuda_runtime_api.h>\n\
+         static const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n\
+         int main(void) {{\n\
+           cudaLibrary_t lib; void *p = 0; size_t n = 0; int v = 0x1234, back = 0;\n\
+           if (cudaLibraryLoadData(&lib, fb, 0, 0, 0, 0, 0, 0)) return 2;\n\
+           if (cudaLibraryGetGlobal(&p, &n, lib, \"counter\") || !p || n != 4) {{ printf(\"global %zu\\n\", n); return 3; }}\n\
+           if (cudaMemcpy(p, &v, 4, cudaMemcpyHostToDevice) || cudaMemcpy(&back, p, 4, cudaMemcpyDeviceToHost)) {{ printf(\"copy\\n\"); return 4; }}\n\
+           if (back != v) return 5;\n\
+           void *m = 0;\n\
+           if (cudaLibraryGetManaged(&m, &n, lib, \"counter\") || m != p || n != 4) {{ printf(\"managed %p %p\\n\", m, p); return 6; }}\n\
+           int *counter = (int *)m;\n\
+           if (*counter != v) {{ printf(\"managed reads %#x\\n\", *counter); return 7; }}\n\
+           *counter = 42;\n\
+           if (cudaMemset((char *)m + 2, 7, 2) || cudaDeviceSynchronize()) return 8;\n\
+           if (*counter != 0x0707002a) {{ printf(\"after the GPU %#x\\n\", *counter); return 9; }}\n\
+           if (cudaLibraryGetGlobal(&p, &n, lib, \"no_such\") == cudaSuccess) return 10;\n\
+           printf(\"OK\\n\");\n\
+           return 0;\n\
+         }}\n",
+        bytes.join(",")
+    );
+    let server = server();
+    let exe = program("library_variables_runtime", &source);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "OK", "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Issue 19: a module's functions come with its load (cuModuleGetFunction waits for
 /// nothing), a function's attributes are asked once per process, and those it cannot change
 /// once per server: a second process answers them itself (the server's answer, still asked,

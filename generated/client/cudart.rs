@@ -5131,6 +5131,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernelCount(
         ) as u32
     }
 }
+///`cudaLibraryGetManaged` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetManaged(
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    library: *mut c_void,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLibraryGetManaged",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaLibraryGetManaged__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::library_get_managed(&CTX, dptr, bytes, library, name)
+    }
+}
 ///`cudaLibraryLoadData` for CUDA 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(

@@ -1410,15 +1410,12 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryGetManaged@PLT
     .size cudaLibraryGetManaged, .-cudaLibraryGetManaged
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1526,7 +1523,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1531,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1552,7 +1549,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1560,7 +1557,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2008,7 +2005,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2013,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2021,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2032,7 +2029,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2130,7 +2127,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2138,7 +2135,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2326,7 +2323,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2334,7 +2331,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2342,7 +2339,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,7 +2347,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2358,7 +2355,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,7 +2363,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2467,39 +2464,37 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname46:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
 .Lname47:
-    .asciz "cudaLibraryGetManaged"
-.Lname48:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname49:
+.Lname48:
     .asciz "cudaMemPoolExportPointer"
-.Lname50:
+.Lname49:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname51:
+.Lname50:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname52:
+.Lname51:
     .asciz "cudaMemPoolImportPointer"
-.Lname53:
+.Lname52:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname54:
+.Lname53:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname55:
+.Lname54:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname56:
+.Lname55:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname57:
+.Lname56:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname58:
+.Lname57:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname59:
+.Lname58:
     .asciz "cudaVDPAUGetDevice"
-.Lname60:
+.Lname59:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname61:
+.Lname60:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname62:
+.Lname61:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname63:
+.Lname62:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname64:
+.Lname63:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

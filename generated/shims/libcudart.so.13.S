@@ -1480,15 +1480,12 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLibraryGetManaged@PLT
     .size cudaLibraryGetManaged, .-cudaLibraryGetManaged
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1516,7 +1513,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1526,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1652,7 +1649,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1660,7 +1657,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1675,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1686,7 +1683,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2129,7 +2126,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2137,7 +2134,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2375,7 +2372,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2383,7 +2380,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2391,7 +2388,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2396,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2500,31 +2497,29 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname46:
     .asciz "cudaIpcOpenMemHandle"
 .Lname47:
-    .asciz "cudaLibraryGetManaged"
-.Lname48:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname49:
+.Lname48:
     .asciz "cudaLogsDumpToFile"
-.Lname50:
+.Lname49:
     .asciz "cudaLogsRegisterCallback"
-.Lname51:
+.Lname50:
     .asciz "cudaMemPoolExportPointer"
-.Lname52:
+.Lname51:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname53:
+.Lname52:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname54:
+.Lname53:
     .asciz "cudaMemPoolImportPointer"
-.Lname55:
+.Lname54:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname56:
+.Lname55:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname57:
+.Lname56:
     .asciz "cudaVDPAUGetDevice"
-.Lname58:
+.Lname57:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname59:
+.Lname58:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname60:
+.Lname59:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

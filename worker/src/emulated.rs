@@ -588,7 +588,8 @@ impl Backend for Emulated {
                     }
                     SUCCESS
                 }
-                ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged") => {
+                ("driver", "cuLibraryGetGlobal" | "cuLibraryGetManaged")
+                | ("cudart", "cudaLibraryGetGlobal" | "cudaLibraryGetManaged") => {
                     // (CUdeviceptr *, size_t *, CUlibrary, const char *name): the decoder
                     // passes a NUL-terminated name (or NULL) and 8-byte buffers for the
                     // outputs (or NULL). "One of the parameters dptr or bytes (not both)

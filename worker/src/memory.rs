@@ -5,7 +5,7 @@
 //!
 //! What counts: the results of the allocation calls ([`effect`]: `cudaMalloc*`,
 //! `cuMemAlloc*`, pools, `cuMemAddressReserve` for `cuMemMap`), module globals the session
-//! looked up (`cuModuleGetGlobal`, the runtime's symbols), and the mirrors of the client's
+//! looked up (`cuModuleGetGlobal`, `cu`/`cudaLibraryGetGlobal`, the runtime's symbols), and the mirrors of the client's
 //! pinned memory (checked by the caller). The quota counts the allocation calls that
 //! return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
 //! Freed ranges stop counting. A per-session quota bounds what the allocation calls may
@@ -144,9 +144,12 @@ pub fn effect(name: &str) -> Effect {
         }
         "cudaMalloc3D" => alloc(Size::Pitched3D { extent: 1 }),
         "cuMemAddressReserve" => Effect::Alloc { out: 0, size: Size::Param(1), origin: Origin::Reserved },
-        "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" | "cuLibraryGetManaged" => {
-            Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global }
-        }
+        "cuModuleGetGlobal"
+        | "cuModuleGetGlobal_v2"
+        | "cuLibraryGetGlobal"
+        | "cuLibraryGetManaged"
+        | "cudaLibraryGetGlobal"
+        | "cudaLibraryGetManaged" => Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global },
         "cudaFree" | "cudaFreeAsync" | "cuMemFree" | "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemAddressFree" => {
             Effect::Free { ptr: 0 }
         }

@@ -815,8 +815,9 @@ fn record_device(dptr: *mut c_void, len: u64) {
     }
 }
 
-/// cuLibraryGetManaged: a `__managed__` variable, which the program (a runtime linked into
-/// it) then reads and writes at the address given: the client's copy lives there
+/// cuLibraryGetManaged and cudaLibraryGetManaged (statuses are the library's, `ctx.codes`):
+/// a `__managed__` variable, which the program (or a runtime linked into it) then reads and
+/// writes at the address given: the client's copy lives there
 /// ([`crate::mirror::managed_variable`]), with the variable's contents.
 pub unsafe fn library_get_managed(
     ctx: &Ctx,
@@ -826,7 +827,7 @@ pub unsafe fn library_get_managed(
     name: *mut c_void,
 ) -> u32 {
     driver(ctx.name, || {
-        let conn = connection()?;
+        let conn = conn::get().map_err(|_| ctx.codes.unavailable as u32)?;
         // The size is needed even where the program does not ask for it.
         let mut size = 0u64;
         let size_out = if bytes.is_null() { (&raw mut size).cast::<c_void>() } else { bytes };
@@ -845,7 +846,7 @@ pub unsafe fn library_get_managed(
                 if name.is_null() { "?".into() } else { unsafe { CStr::from_ptr(name.cast()) }.to_string_lossy() };
             let message = format!("__managed__ variable {name}: {why}");
             crate::log::once_owned(&message, || tracing::warn!("{message}"));
-            return Ok(chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED);
+            return Ok(ctx.codes.not_supported as u32);
         }
         crate::mirror::prepare_managed(&conn);
         crate::mirror::pull(&conn);
