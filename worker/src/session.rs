@@ -2155,6 +2155,30 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
 mod tests {
     use super::*;
 
+    /// A record translated between CUDA versions keeps its anonymous union: CUDA 13.1's
+    /// CUdevResource (a chain pointer added, the union shorter) asked of a 13.0 driver
+    /// still carries the SM count (the green-context program on the H100 read 0 SMs when
+    /// the union was missing from the struct maps).
+    #[test]
+    fn anonymous_members_survive_translation_between_versions() {
+        let server = structs::get("13.0", "CUdevResource_st").expect("13.0 map");
+        let client = structs::get("13.1", "CUdevResource_st").expect("13.1 map");
+        assert_ne!(server, client);
+        let mut from = vec![0u8; server.size as usize];
+        from[..4].copy_from_slice(&1u32.to_le_bytes()); // CU_DEV_RESOURCE_TYPE_SM
+        from[96..100].copy_from_slice(&132u32.to_le_bytes()); // sm.smCount
+        from[100..104].copy_from_slice(&8u32.to_le_bytes()); // sm.minSmPartitionSize
+        let mut to = vec![0xffu8; client.size as usize];
+        translate(server, client, &from, &mut to);
+        let word = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        assert_eq!((word(&to, 0), word(&to, 96), word(&to, 100)), (1, 132, 8));
+        // The chain pointer 13.0 does not have is NULL.
+        assert_eq!(&to[136..144], &[0u8; 8]);
+        let mut back = vec![0u8; server.size as usize];
+        translate(client, server, &to, &mut back);
+        assert_eq!(word(&back, 96), 132);
+    }
+
     #[test]
     fn the_check_tables_are_sorted_for_their_binary_search() {
         use chidori_cuda::checks::{FIXED, PARAMS, SAME, fixed, params, same};

@@ -54,7 +54,61 @@ impl TypeEnv {
         for r in env.records.keys() {
             env.opaques.remove(r);
         }
+        env.place_anonymous_members();
         env
+    }
+
+    /// bindgen asserts no offset for an anonymous union or struct member (C cannot name it
+    /// in `offsetof`), so the IR has none: it lies after the field before it, at its own
+    /// alignment, as C lays it out. Without an offset a struct map would leave it out, and a
+    /// record translated between CUDA versions would lose it (CUdevResource's SM count).
+    /// Left unknown where the field before it has no offset or the member would not fit.
+    fn place_anonymous_members(&mut self) {
+        let names: Vec<String> = self.records.keys().cloned().collect();
+        for name in names {
+            let r = &self.records[&name];
+            if r.union {
+                continue;
+            }
+            let mut placed = Vec::new();
+            let mut end = Some(0u64);
+            for (i, f) in r.fields.iter().enumerate() {
+                let ty = Ty::parse(&f.ty).ok();
+                let size = ty.as_ref().and_then(|t| self.size_of(t));
+                let offset = if f.offset == u64::MAX && f.name.starts_with("__bindgen_anon") {
+                    let align = ty.as_ref().and_then(|t| self.align_of(t)).filter(|a| a.is_power_of_two());
+                    match (end, align, size) {
+                        (Some(e), Some(a), Some(s)) if e.div_ceil(a) * a + s <= r.size => {
+                            placed.push((i, e.div_ceil(a) * a));
+                            Some(e.div_ceil(a) * a)
+                        }
+                        _ => None,
+                    }
+                } else {
+                    (f.offset != u64::MAX).then_some(f.offset)
+                };
+                end = offset.zip(size).map(|(o, s)| o + s);
+            }
+            if let Some(r) = self.records.get_mut(&name) {
+                for (i, offset) in placed {
+                    r.fields[i].offset = offset;
+                }
+            }
+        }
+    }
+
+    /// Alignment of a type as C lays it out (records: as libclang computed it).
+    pub fn align_of(&self, ty: &Ty) -> Option<u64> {
+        match self.resolve(ty) {
+            Ty::Void => None,
+            Ty::Prim(p) => Some(prim_size(p)),
+            Ty::Ptr { .. } | Ty::Fn { .. } => Some(8),
+            Ty::Array { of, .. } => self.align_of(&of),
+            Ty::Named(n) => match self.records.get(&n) {
+                Some(r) => Some(r.align).filter(|a| *a > 0),
+                None => self.enums.get(&n).map(|e| prim_size(prim_of(&e.repr))),
+            },
+        }
     }
 
     /// Follow typedefs until a non-typedef name.

@@ -1122,6 +1122,12 @@ pub static STRUCTS: &[StructMap] = &[
                 size: 92u32,
                 ty: "[u8; 92]",
             },
+            FieldMap {
+                name: "__bindgen_anon_1",
+                offset: 96u32,
+                size: 48u32,
+                ty: "CUdevResource_st__bindgen_ty_1",
+            },
         ],
     },
     StructMap {

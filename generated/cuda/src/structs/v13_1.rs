@@ -1160,6 +1160,12 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "[u8; 92]",
             },
             FieldMap {
+                name: "__bindgen_anon_1",
+                offset: 96u32,
+                size: 40u32,
+                ty: "CUdevResource_st__bindgen_ty_1",
+            },
+            FieldMap {
                 name: "nextResource",
                 offset: 136u32,
                 size: 8u32,
@@ -2666,6 +2672,12 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 4u32,
                 size: 92u32,
                 ty: "[u8; 92]",
+            },
+            FieldMap {
+                name: "__bindgen_anon_1",
+                offset: 96u32,
+                size: 40u32,
+                ty: "cudaDevResource_st__bindgen_ty_1",
             },
             FieldMap {
                 name: "nextResource",
