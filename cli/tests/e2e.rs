@@ -891,6 +891,8 @@ int main(void) {
   if (cusparseLtMatmulDescriptorInit(&h, &mm, 0, 0, &a, &b, &c, &c, 2)) return 3;
   int on = 1;
   if (cusparseLtMatmulDescSetAttribute(&h, &mm, 5, &on, sizeof on)) return 4;
+  /* Whether the library takes a set is its answer, at the call. */
+  printf("refused %d\n", cusparseLtMatmulDescSetAttribute(&h, &mm, 99, &on, sizeof on) != 0);
   if (cusparseLtMatmulAlgSelectionInit(&h, &sel, &mm, 0) || cusparseLtMatmulPlanInit(&h, &plan, &mm, &sel)) return 5;
   // The matrices go; the plan's descriptor still reaches them (the library's pointers).
   if (cusparseLtMatDescriptorDestroy(&a) || cusparseLtMatDescriptorDestroy(&b)) return 6;
@@ -913,11 +915,13 @@ int main(void) {
   printf("host alpha %d %.1f\n", s, out);
   /* torch's pattern: records made anew for every matmul, the workspace asked each time. */
   size_t sizes[3];
+  int off = 0;
   for (int k = 0; k < 3; k++) {
     static rec_t la, lb, lc, lmm, lsel, lplan;
     if (cusparseLtDenseDescriptorInit(&h, &la, 8, 4, 4, 16, 2, 1) || cusparseLtDenseDescriptorInit(&h, &lb, 4, 6, 6, 16, 2, 1) ||
         cusparseLtDenseDescriptorInit(&h, &lc, 8, 6, 6, 16, 2, 1) ||
         cusparseLtMatmulDescriptorInit(&h, &lmm, 0, 0, &la, &lb, &lc, &lc, 2) ||
+        cusparseLtMatmulDescSetAttribute(&h, &lmm, 5, &off, sizeof off) ||
         cusparseLtMatmulAlgSelectionInit(&h, &lsel, &lmm, 0) || cusparseLtMatmulPlanInit(&h, &lplan, &lmm, &lsel) ||
         cusparseLtMatmulGetWorkspace(&h, &lplan, &sizes[k]))
       return 12;
@@ -942,7 +946,7 @@ fn library_records_the_program_holds_are_the_workers() {
     let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(
         stdout.trim(),
-        "workspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\nloop 192 192 192\ndestroyed 0 stale 1 never 1",
+        "refused 1\nworkspace 0 192\nvector alpha 0 2500.5\nhost alpha 0 1500.5\nloop 192 192 192\ndestroyed 0 stale 1 never 1",
         "{stderr}"
     );
     // The client names the descriptors, selections and plans it initializes: only the
@@ -959,6 +963,9 @@ fn library_records_the_program_holds_are_the_workers() {
         assert_eq!(trace_row(&stderr, init)[1], "0", "{init}: {stderr}");
     }
     assert_eq!(trace_row(&stderr, "cusparseLtMatmulGetWorkspace"), ["6", "4"], "{stderr}");
+    // An attribute set waits for the library's answer, unless the library took the same
+    // set on a record in the same state: the loop's second and third go without waiting.
+    assert_eq!(trace_row(&stderr, "cusparseLtMatmulDescSetAttribute"), ["5", "3"], "{stderr}");
 }
 
 /// A user object's destructor is the program's function: it runs on the client, once, when

@@ -296,7 +296,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu1
         ) as u32
     }
 }
-///`cusparseLtMatDescSetAttribute` for CUDA 12.6 (async).
+///`cusparseLtMatDescSetAttribute` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu126(
     handle: *mut c_void,
@@ -306,19 +306,37 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu1
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu126,
-            &[
-                (handle) as usize as u64,
-                (matmulDescr) as usize as u64,
-                (matAttribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatDescSetAttribute",
+                version: "12.6",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu126__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cusparseLtMatDescSetAttribute` for CUDA 12.8 (async).
+///`cusparseLtMatDescSetAttribute` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu128(
     handle: *mut c_void,
@@ -328,19 +346,37 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu1
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu128,
-            &[
-                (handle) as usize as u64,
-                (matmulDescr) as usize as u64,
-                (matAttribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatDescSetAttribute",
+                version: "12.8",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu128__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cusparseLtMatDescSetAttribute` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatDescSetAttribute` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu130(
     handle: *mut c_void,
@@ -350,16 +386,34 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu1
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu130,
-            &[
-                (handle) as usize as u64,
-                (matmulDescr) as usize as u64,
-                (matAttribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatDescSetAttribute",
+                version: "13.1",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu130__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (matmulDescr) as usize as u64,
+                    (matAttribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusparseLtMatDescriptorDestroy` for CUDA 12.6 (async).
@@ -638,7 +692,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.6 (async).
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu126(
     handle: *mut c_void,
@@ -648,19 +702,37 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__c
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu126,
-            &[
-                (handle) as usize as u64,
-                (algSelection) as usize as u64,
-                (attribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulAlgSetAttribute",
+                version: "12.6",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu126__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (algSelection) as usize as u64,
+                    (attribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.8 (async).
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu128(
     handle: *mut c_void,
@@ -670,19 +742,37 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__c
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu128,
-            &[
-                (handle) as usize as u64,
-                (algSelection) as usize as u64,
-                (attribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulAlgSetAttribute",
+                version: "12.8",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu128__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (algSelection) as usize as u64,
+                    (attribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cusparseLtMatmulAlgSetAttribute` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu130(
     handle: *mut c_void,
@@ -692,16 +782,34 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__c
     dataSize: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu130,
-            &[
-                (handle) as usize as u64,
-                (algSelection) as usize as u64,
-                (attribute) as u64,
-                (data) as usize as u64,
-                (dataSize) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusparseLtMatmulAlgSetAttribute",
+                version: "13.1",
+                library: "cusparselt",
+                forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu130__async,
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 10i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusparselt::set_attribute(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (algSelection) as usize as u64,
+                    (attribute) as u64,
+                    (data) as usize as u64,
+                    (dataSize) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusparseLtMatmulDescGetAttribute` for CUDA 12.6 (sync).
@@ -786,6 +894,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                 version: "12.6",
                 library: "cusparselt",
                 forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu126__async,
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu126__call,
                 ],
                 codes: chidori_cuda::desc::Codes {
@@ -796,7 +905,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                     invalid_value: 3i64,
                 },
             };
-            crate::custom::cusparselt::matmul_desc_set_attribute(
+            crate::custom::cusparselt::set_attribute(
                 &CTX,
                 &[
                     (handle) as usize as u64,
@@ -825,6 +934,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                 version: "12.8",
                 library: "cusparselt",
                 forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu128__async,
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu128__call,
                 ],
                 codes: chidori_cuda::desc::Codes {
@@ -835,7 +945,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                     invalid_value: 3i64,
                 },
             };
-            crate::custom::cusparselt::matmul_desc_set_attribute(
+            crate::custom::cusparselt::set_attribute(
                 &CTX,
                 &[
                     (handle) as usize as u64,
@@ -864,6 +974,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                 version: "13.1",
                 library: "cusparselt",
                 forms: &[
+                    &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu130__async,
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu130__call,
                 ],
                 codes: chidori_cuda::desc::Codes {
@@ -874,7 +985,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
                     invalid_value: 3i64,
                 },
             };
-            crate::custom::cusparselt::matmul_desc_set_attribute(
+            crate::custom::cusparselt::set_attribute(
                 &CTX,
                 &[
                     (handle) as usize as u64,

@@ -12,6 +12,7 @@
 
 use chidori_protocol::desc::{Ctx, Form};
 
+use crate::runtime::sparselt_sizes;
 use crate::state::CLIENT;
 
 const SUCCESS: u64 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS as u64;
@@ -33,40 +34,68 @@ fn id(addr: u64) -> u64 {
     unsafe { std::ptr::read_unaligned(addr as *const u64) }
 }
 
-/// cusparseLtMatmulDescSetAttribute(handle, matmulDescr, attribute, data, dataSize): sent,
-/// then a vector-scaling switch recorded for the descriptor.
-pub unsafe fn matmul_desc_set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
+/// cusparseLt{Mat,Matmul,MatmulAlg}SetAttribute(handle, record, attribute, data, dataSize):
+/// whether the library takes the value is its answer (vector scaling is not available for
+/// every type), so a set waits, unless the library took the same set on a record that said
+/// the same (then it goes without waiting: [`crate::runtime::sparselt_sizes::set_key`]).
+/// A matmul descriptor's vector-scaling switches are recorded once taken.
+pub unsafe fn set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
     crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
-        // SAFETY: the caller's arguments, as the descriptor's form describes them.
-        let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
-        let (descriptor, attribute, data, size) = match args {
-            [_, d, a, data, size, ..] => (id(*d), *a, *data, *size),
-            _ => return status,
-        };
-        if status != SUCCESS || (attribute != ALPHA_VECTOR && attribute != BETA_VECTOR) || data == 0 || size < 4 {
-            return status;
-        }
-        // SAFETY: the caller's attribute value (an int32_t flag), at least 4 bytes, which
-        // the library just read.
-        let on = unsafe { std::ptr::read_unaligned(data as *const i32) } != 0;
-        let mut guard = CLIENT.cusparselt_vectors.lock();
-        let map = guard.get_or_insert_with(Default::default);
-        let flags = map.entry(descriptor).or_default();
-        if attribute == ALPHA_VECTOR {
-            flags.0 = on;
+        let &[_, record, attribute, data, size, ..] = args else { return ctx.codes.invalid_value as u64 };
+        let value: &[u8] = if data == 0 || size > SET_BYTES_MAX {
+            &[]
         } else {
-            flags.1 = on;
-        }
-        if *flags == (false, false) {
-            map.remove(&descriptor);
-        }
-        // Ids grow: the smallest are the oldest descriptors.
-        while map.len() > VECTOR_DESCRIPTORS_KEPT {
-            let Some(&oldest) = map.keys().min() else { break };
-            map.remove(&oldest);
+            // SAFETY: the caller's attribute value of `size` bytes (the API contract; the
+            // call reads them too).
+            unsafe { std::slice::from_raw_parts(data as *const u8, size as usize) }
+        };
+        let key = (data != 0 && size as usize == value.len())
+            .then(|| sparselt_sizes::set_key(ctx.name, id(record), attribute, value))
+            .flatten();
+        let status = match key {
+            // SAFETY: the caller's arguments, as the descriptor's form describes them.
+            Some(k) if sparselt_sizes::set_taken(k) => unsafe { crate::runtime::call(ctx.form(Form::Async), args) },
+            _ => {
+                // SAFETY: as above.
+                let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
+                if let (Some(k), SUCCESS) = (key, status) {
+                    sparselt_sizes::set_took(k);
+                }
+                status
+            }
+        };
+        if status == SUCCESS && ctx.name.ends_with("MatmulDescSetAttribute") && value.len() >= 4 {
+            record_vector_scaling(id(record), attribute, value);
         }
         status
     })
+}
+
+/// Attribute values keyed by their bytes at most (larger ones always wait).
+const SET_BYTES_MAX: u64 = 1 << 16;
+
+/// A matmul descriptor's alpha or beta vector-scaling switch (an int32 flag), as taken.
+fn record_vector_scaling(descriptor: u64, attribute: u64, value: &[u8]) {
+    if attribute != ALPHA_VECTOR && attribute != BETA_VECTOR {
+        return;
+    }
+    let on = value.iter().take(4).any(|b| *b != 0);
+    let mut guard = CLIENT.cusparselt_vectors.lock();
+    let map = guard.get_or_insert_with(Default::default);
+    let flags = map.entry(descriptor).or_default();
+    if attribute == ALPHA_VECTOR {
+        flags.0 = on;
+    } else {
+        flags.1 = on;
+    }
+    if *flags == (false, false) {
+        map.remove(&descriptor);
+    }
+    // Ids grow: the smallest are the oldest descriptors.
+    while map.len() > VECTOR_DESCRIPTORS_KEPT {
+        let Some(&oldest) = map.keys().min() else { break };
+        map.remove(&oldest);
+    }
 }
 
 /// cusparseLtMatmulPlanInit(handle, plan, matmulDescr, algSelection): the plan's alpha

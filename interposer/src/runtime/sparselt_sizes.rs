@@ -13,6 +13,11 @@
 //! fingerprint from then on, and questions about it go to the server; so has every record
 //! made from one whose attributes are set after it was (the library may read its source
 //! again). The library's handle is not part of a question (one per process, the same GPU).
+//!
+//! Attribute sets are questions too: whether the library takes a value (vector scaling is
+//! not available for every type) is its answer, which the program may act on. A set waits
+//! the first time it is made on a record in a given state; once the library took it, the
+//! same set on a record that says the same is sent without waiting ([`set_key`]).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -41,6 +46,8 @@ pub struct Prints {
     says: HashMap<u64, Option<u64>>,
     /// Records made from each record (a plan from its matmul descriptor and selection).
     made_from_it: HashMap<u64, Vec<u64>>,
+    /// Attribute sets the library took ([`set_key`]s).
+    sets: std::collections::HashSet<u64>,
 }
 
 impl Prints {
@@ -70,7 +77,9 @@ impl Prints {
 /// and the bytes of its inputs. None: a record it passes has none.
 fn content(desc: &CallDesc, prepared: &Prepared, prints: &Prints, skip: Option<usize>) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    desc.wire.hash(&mut h);
+    // The function, not the wire form: an attribute set sent without waiting says what the
+    // same set that waited said.
+    desc.call.hash(&mut h);
     for (i, wire) in desc.params.iter().enumerate() {
         if Some(i) == skip {
             continue;
@@ -154,6 +163,44 @@ pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
         }
     }
     Action::Send
+}
+
+/// Attribute sets remembered (distinct record states, attributes and values; all are
+/// forgotten at once beyond this).
+const SETS_MAX: usize = 4096;
+/// Attribute values hashed for a key at most (larger ones are always asked).
+const SET_BYTES_MAX: usize = 1 << 16;
+
+/// The question an attribute set `name(handle, record, attribute, data)` asks of the
+/// library: whether it takes this value for a record that says what `record` says now.
+/// None: the record has no fingerprint, or the value is too large to key.
+pub(crate) fn set_key(name: &str, record: u64, attribute: u64, data: &[u8]) -> Option<u64> {
+    if data.len() > SET_BYTES_MAX {
+        return None;
+    }
+    let guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
+    let print = guard.as_ref()?.get(record)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (name.trim_start_matches('p'), print, attribute, data).hash(&mut h);
+    Some(h.finish())
+}
+
+/// Whether the library took this set before (then it takes it again: the answer depends
+/// only on the record's state, the attribute and the value).
+pub(crate) fn set_taken(key: u64) -> bool {
+    let guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
+    guard.as_ref().is_some_and(|p| p.sets.contains(&key))
+}
+
+/// The library took this set (a waited success; a failure may be an earlier call's
+/// deferred status, so only successes are kept).
+pub(crate) fn set_took(key: u64) {
+    let mut guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
+    let prints = guard.get_or_insert_with(Prints::default);
+    if prints.sets.len() >= SETS_MAX {
+        prints.sets.clear();
+    }
+    prints.sets.insert(key);
 }
 
 /// After the server answered a size query: keep a success.

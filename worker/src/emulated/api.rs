@@ -968,7 +968,15 @@ impl Emulated {
                     put_u64(a[1] + 24, 0);
                     SUCCESS
                 }
-                "cusparseLtMatmulDescSetAttribute" if is(a[1], MATMUL) => {
+                // An attribute the library does not have is refused (the last one is the
+                // output scale's pointer).
+                "cusparseLtMatmulDescSetAttribute"
+                    if is(a[1], MATMUL)
+                        && a[2]
+                            <= u64::from(
+                                chidori_cuda::consts::cusparseLtMatmulDescAttribute_t::CUSPARSELT_MATMUL_D_OUT_SCALE_POINTER,
+                            ) =>
+                {
                     if a[2] == ALPHA_VECTOR && a[4] >= 4 && a[3] != 0 {
                         put_u64(a[1] + 24, u64::from(std::ptr::read_unaligned(a[3] as *const u32)));
                     }
