@@ -73,7 +73,7 @@
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
 # `cargo xtask dist`, since only the repository travels). Logs go to $LOGS, packed into
-# $LOGS/round-logs.tgz at the end (the device tool returns at most 8 files); a table last.
+# $OUT/round-logs-STAGES.tgz at the end (the device tool returns at most 8 files); a table last.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -81,7 +81,13 @@ LOGS=${LOGS:-/tmp/chidori-round}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 SUMMARY_DIR=${OUT:-$LOGS}
-rm -f "$SUMMARY_DIR/rows.txt"
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(core kernels)
+# Named by the stages, so rounds run one after another in one device call keep their files.
+TAG=$(IFS=-; echo "${stages[*]}")
+ROWS=$SUMMARY_DIR/rows-$TAG.txt
+PACK=$SUMMARY_DIR/round-logs-$TAG.tgz
+rm -f "$ROWS"
 DIST=$ROOT/target/dist
 SHARED=$DIST/shared
 [[ -d $SHARED ]] || SHARED=$ROOT/../shared
@@ -94,16 +100,14 @@ NVCC=${NVCC:-/usr/local/cuda-13.0/bin/nvcc}
 B=${BUILD_DIR:-/tmp/chidori-build}
 mkdir -p "$B"
 rows=()
-# Each row also goes to $OUT/rows.txt at once, and the logs are packed again after every
+# Each row also goes to $OUT/rows-STAGES.txt at once, and the logs are packed again after every
 # row: a round cut short by the device's time limit still returns what it measured.
 row() {
   rows+=("$1|$2")
   echo "[round] $1: $2"
-  printf '%-26s %s\n' "$1" "$2" >> "$SUMMARY_DIR/rows.txt"
-  tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
+  printf '%-26s %s\n' "$1" "$2" >> "$ROWS"
+  tar czf "$PACK" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
 }
-stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(core kernels)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 # The server, with its own module cache, for the whole round.
@@ -138,7 +142,7 @@ finish() {
   for r in "${rows[@]}"; do printf '%-26s %s\n' "${r%%|*}" "${r#*|}"; done
   echo "-- server warnings (count, first 15):"
   cat "$LOGS/serve-warnings.txt"
-  tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
+  tar czf "$PACK" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
 }
 trap finish EXIT
 trap 'exit 124' TERM INT
