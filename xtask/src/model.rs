@@ -1415,6 +1415,38 @@ fn build_procs(all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<Vec<Proc
 mod tests {
     use super::*;
 
+    /// Every anonymous member of a struct in the committed IR gets an offset, inside its
+    /// record and after the field before it; CUdevResource's union lies at 96 in every
+    /// version that has it.
+    #[test]
+    fn anonymous_members_are_placed() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let all = crate::ir::load_all(&root).expect("committed IR");
+        let mut seen = 0;
+        for (version, libs) in &all {
+            let env = TypeEnv::build(libs);
+            for r in env.records.values().filter(|r| !r.union) {
+                let mut end = 0;
+                for f in &r.fields {
+                    if f.name.starts_with("__bindgen_anon") {
+                        seen += 1;
+                        assert_ne!(f.offset, u64::MAX, "{version} {}.{}", r.name, f.name);
+                        let size = env.size_of(&Ty::parse(&f.ty).expect("type")).expect("size");
+                        assert!(f.offset >= end && f.offset + size <= r.size, "{version} {}.{}", r.name, f.name);
+                    }
+                    if f.offset != u64::MAX {
+                        end = f.offset + Ty::parse(&f.ty).ok().and_then(|t| env.size_of(&t)).unwrap_or(0);
+                    }
+                }
+            }
+            if let Some(r) = env.records.get("CUdevResource_st") {
+                let anon = r.fields.iter().find(|f| f.name.starts_with("__bindgen_anon")).expect("its union");
+                assert_eq!(anon.offset, 96, "{version}");
+            }
+        }
+        assert!(seen > 0);
+    }
+
     #[test]
     fn scalar_sizes() {
         assert_eq!(scalar_bytes(Dir::In, false, 1, false, 8), Ok(8));
