@@ -2996,6 +2996,45 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+const SM_RESOURCES: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda.h>
+int main(void) {
+  CUdevice dev;
+  CUdevResource all, rest, split[12];
+  unsigned groups = 0;
+  memset(&all, 0, sizeof all);
+  if (cuInit(0) || cuDeviceGet(&dev, 0)) return 1;
+  if (cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM)) return 2;
+  /* How many groups of at least 16 SMs: asked with a NULL array, then filled. */
+  if (cuDevSmResourceSplitByCount(NULL, &groups, &all, NULL, 0, 16)) return 3;
+  unsigned filled = groups + 2;
+  if (filled > 12 || cuDevSmResourceSplitByCount(split, &filled, &all, &rest, 0, 16)) return 4;
+  unsigned total = rest.sm.smCount;
+  printf("sms %u groups %u filled %u:", all.sm.smCount, groups, filled);
+  for (unsigned g = 0; g < filled; g++) {
+    printf(" %u", split[g].sm.smCount);
+    total += split[g].sm.smCount;
+  }
+  printf(" rest %u total %u\n", rest.sm.smCount, total);
+  return 0;
+}
+"#;
+
+/// Green contexts' SM resources: the client speaks CUDA 13.1's CUdevResource (a chain
+/// pointer added, its union shorter), the emulated driver 13.0's, so every record is
+/// translated between the layouts: the SM count in the record's anonymous union survives
+/// (on the H100 it came back 0), and so does every record of an array of groups, not only
+/// the first.
+#[test]
+fn sm_resources_keep_their_counts_between_layouts() {
+    let server = server();
+    let exe = program_with("sm_resources", SM_RESOURCES, &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "sms 132 groups 8 filled 8: 16 16 16 16 16 16 16 16 rest 4 total 132", "{stderr}");
+}
+
 /// The runtime's library API reaches a library's variables as the driver's does: the
 /// address `cudaLibraryGetGlobal` gives is the session's memory (a copy into it and out of
 /// it works), and `cudaLibraryGetManaged`'s is the program's memory with the variable's

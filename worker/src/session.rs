@@ -773,6 +773,21 @@ fn translation(session: &Session, desc: &CallDesc, record: Option<&str>) -> Opti
     (client != server).then_some(Translation { client, server })
 }
 
+/// Records in `len` bytes of `map`'s layout: whole records, a partial last one counted, at
+/// least one (the library writes a whole record).
+fn records_in(len: usize, map: &structs::StructMap) -> usize {
+    len.div_ceil((map.size as usize).max(1)).max(1)
+}
+
+/// An array of records (one, or a call's `count` of them) from one layout to another, each
+/// field by field: `dst` holds as many records of `to` as `src` holds of `from`.
+fn translate_all(from: &structs::StructMap, to: &structs::StructMap, src: &[u8], dst: &mut [u8]) {
+    let (a, b) = ((from.size as usize).max(1), (to.size as usize).max(1));
+    for (s, d) in src.chunks(a).zip(dst.chunks_mut(b)) {
+        translate(from, to, s, d);
+    }
+}
+
 /// Copy a record field by field (by name) from one layout to another; fields missing on
 /// one side are zero.
 fn translate(from: &structs::StructMap, to: &structs::StructMap, src: &[u8], dst: &mut [u8]) {
@@ -1088,8 +1103,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     }
                     let b = match &t {
                         Some(t) => {
-                            let mut b = Buffer::zeroed(t.server.size as usize);
-                            translate(t.client, t.server, &bytes, b.bytes_mut());
+                            let n = records_in(bytes.len(), t.client);
+                            let mut b = Buffer::zeroed(n * t.server.size as usize);
+                            translate_all(t.client, t.server, &bytes, b.bytes_mut());
                             b
                         }
                         None => Buffer::from(&bytes),
@@ -1115,9 +1131,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
                 let b = match (&t, input) {
                     (Some(t), input) => {
-                        let mut b = Buffer::zeroed(t.server.size as usize);
+                        let n = records_in(len as usize, t.client);
+                        let mut b = Buffer::zeroed(n * t.server.size as usize);
                         if let Some(input) = input {
-                            translate(t.client, t.server, input, b.bytes_mut());
+                            translate_all(t.client, t.server, input, b.bytes_mut());
                         }
                         b
                     }
@@ -1407,8 +1424,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         };
         let client = match &translations[i] {
             Some(t) => {
-                let mut client = vec![0u8; t.client.size as usize];
-                translate(t.server, t.client, b.bytes(), &mut client);
+                let mut client = vec![0u8; records_in(b.bytes().len(), t.server) * t.client.size as usize];
+                translate_all(t.server, t.client, b.bytes(), &mut client);
                 Some(client)
             }
             None => handle_checks.map(|_| b.bytes().to_vec()),
@@ -2177,6 +2194,18 @@ mod tests {
         let mut back = vec![0u8; server.size as usize];
         translate(client, server, &to, &mut back);
         assert_eq!(word(&back, 96), 132);
+        // An array (cuDevSmResourceSplitByCount's groups): every record, not the first only.
+        let size = server.size as usize;
+        let mut groups = vec![0u8; 3 * size];
+        for g in 0..3 {
+            groups[g * size..g * size + 4].copy_from_slice(&1u32.to_le_bytes());
+            groups[g * size + 96..g * size + 100].copy_from_slice(&(16 + g as u32).to_le_bytes());
+        }
+        let mut out = vec![0u8; records_in(groups.len(), server) * client.size as usize];
+        translate_all(server, client, &groups, &mut out);
+        let counts: Vec<u32> = (0..3).map(|g| word(&out, g * client.size as usize + 96)).collect();
+        assert_eq!(counts, [16, 17, 18]);
+        assert_eq!(records_in(0, server), 1, "a record is always made");
     }
 
     #[test]

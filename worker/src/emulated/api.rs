@@ -414,6 +414,10 @@ impl Emulated {
         if name.contains("UserObject") {
             return Some(self.user_object_references(name, a));
         }
+        if matches!(name, "cuDeviceGetDevResource" | "cuDevSmResourceSplitByCount") {
+            // SAFETY: as below.
+            return unsafe { self.invoke_sm_resources(name, a) };
+        }
         if desc.library == "cusparselt" {
             // SAFETY: as below.
             return unsafe { self.invoke_cusparselt(name, a) };
@@ -1219,6 +1223,77 @@ impl Emulated {
                     }
                 }
                 _ => return None,
+            }
+        };
+        Some(status)
+    }
+
+    /// Green contexts' SM resources, in the server's layout of CUdevResource (the emulated
+    /// driver's CUDA version): the device's SMs (its profile's count), split into groups of
+    /// the minimum size rounded up to the partition granularity of sm_90 (8 SMs), what is
+    /// left in the remainder. A NULL result array asks for the number of groups.
+    ///
+    /// # Safety
+    /// As [`Emulated::invoke_more`].
+    unsafe fn invoke_sm_resources(&self, name: &str, a: &[u64]) -> Option<u64> {
+        use chidori_cuda::consts::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM as SM;
+        use chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION as CONFIGURATION;
+        const GRANULARITY: u32 = 8;
+        let map = chidori_cuda::structs::get(crate::profile::PROPS_VERSION, "CUdevResource_st")?;
+        let size = map.size as usize;
+        // The union's SM resource: smCount, minSmPartitionSize, smCoscheduledAlignment.
+        let sm = map.fields.iter().find(|f| f.name.starts_with("__bindgen_anon"))?.offset as u64;
+        // SAFETY (closures): worker buffers of whole records, per the descriptor.
+        let write = |at: u64, count: u32| unsafe {
+            std::ptr::write_bytes(at as *mut u8, 0, size);
+            put_u32(at, SM);
+            put_u32(at + sm, count);
+            put_u32(at + sm + 4, GRANULARITY);
+            put_u32(at + sm + 8, GRANULARITY);
+        };
+        let read = |at: u64| unsafe {
+            (std::ptr::read_unaligned(at as *const u32), std::ptr::read_unaligned((at + sm) as *const u32))
+        };
+        let status = match name {
+            // (CUdevice, CUdevResource *, CUdevResourceType)
+            "cuDeviceGetDevResource" => {
+                let Some(device) = self.profile.devices.get(a[0] as usize) else { return Some(INVALID_DEVICE) };
+                if a[1] == 0 || a[2] != u64::from(SM) {
+                    return Some(INVALID_VALUE);
+                }
+                // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
+                let sms = device.attributes.iter().find(|(k, _)| *k == 16).map_or(0, |(_, v)| *v as u32);
+                write(a[1], sms);
+                SUCCESS
+            }
+            // (result, nbGroups, input, remainder, flags, minCount)
+            _ => {
+                if a[1] == 0 || a[2] == 0 {
+                    return Some(INVALID_VALUE);
+                }
+                let (kind, input) = read(a[2]);
+                if kind != SM {
+                    return Some(INVALID_VALUE);
+                }
+                let per = (a[5] as u32).max(1).div_ceil(GRANULARITY).saturating_mul(GRANULARITY);
+                let groups = input / per;
+                if groups == 0 {
+                    return Some(u64::from(CONFIGURATION));
+                }
+                // SAFETY: nbGroups is a worker buffer of one int.
+                let asked = unsafe { std::ptr::read_unaligned(a[1] as *const u32) };
+                let made = if a[0] == 0 { groups } else { groups.min(asked) };
+                if a[0] != 0 {
+                    for g in 0..made as u64 {
+                        write(a[0] + g * size as u64, per);
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { put_u32(a[1], made) };
+                if a[3] != 0 {
+                    write(a[3], input - made * per);
+                }
+                SUCCESS
             }
         };
         Some(status)
