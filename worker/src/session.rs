@@ -773,6 +773,19 @@ fn translation(session: &Session, desc: &CallDesc, record: Option<&str>) -> Opti
     (client != server).then_some(Translation { client, server })
 }
 
+/// Bytes of a record the library fills for the program (`Wire::NewRecordHandle`): the
+/// largest any CUDA version's headers give its type, at least `bytes` (the client's). The
+/// server's library may be another release with larger records (cuSPARSELt's are 13,072
+/// bytes in 0.6, 1024 in 0.7, 512 in 0.8, all under one soname).
+fn record_bytes(kind: HandleKind, bytes: usize) -> usize {
+    let Some(name) = chidori_cuda::handles::KINDS.get(usize::from(kind)) else { return bytes };
+    structs::BY_VERSION
+        .iter()
+        .filter_map(|(_, maps)| maps.iter().find(|m| m.name == *name))
+        .map(|m| m.size as usize)
+        .fold(bytes, usize::max)
+}
+
 /// Records in `len` bytes of `map`'s layout: whole records, a partial last one counted, at
 /// least one (the library writes a whole record).
 fn records_in(len: usize, map: &structs::StructMap) -> usize {
@@ -1025,9 +1038,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
                 raw[i] = real;
             }
-            Arg::NewRecord { bytes, .. } => {
+            Arg::NewRecord { kind, bytes, .. } => {
                 // The library fills the worker's record; the id goes back in 8 bytes.
-                let record = crate::held::Records::fresh(bytes);
+                let record = crate::held::Records::fresh(record_bytes(kind, bytes));
                 raw[i] = record.as_ptr() as u64;
                 held.keep_fresh(i, record);
                 buffers[i] = Some(Buffer::zeroed(8));
@@ -2171,6 +2184,17 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record the library fills is as large as any release makes it, whatever the
+    /// client's headers say (cuSPARSELt 0.6's are 13,072 bytes, 0.7's 1024, 0.8's 512).
+    #[test]
+    fn records_the_library_fills_fit_every_release() {
+        use chidori_cuda::handles::kind::cusparseLtMatDescriptor_t as MAT;
+        // cuSPARSELt 0.6 (CUDA 12.6's wheel) made 13,072-byte records.
+        assert_eq!(record_bytes(MAT, 512), 13072);
+        assert_eq!(record_bytes(MAT, 20000), 20000);
+        assert_eq!(record_bytes(HandleKind::MAX, 24), 24, "an unknown kind keeps the client's size");
+    }
 
     /// A record translated between CUDA versions keeps its anonymous union: CUDA 13.1's
     /// CUdevResource (a chain pointer added, the union shorter) asked of a 13.0 driver
