@@ -2996,6 +2996,39 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+const BATCH_ADDRESSES: &str = r#"
+#include <stdio.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  void *d;
+  if (cudaMalloc(&d, 1 << 16)) return 2;
+  CUdeviceptr own[2] = {(CUdeviceptr)d, (CUdeviceptr)d + 4096}, mixed[2] = {(CUdeviceptr)d, 0x7e00dead0000ull};
+  size_t sizes[2] = {4096, 4096}, past[2] = {4096, 1 << 16};
+  /* Sent without waiting: the status comes with the next call that waits. */
+  int a = cuMemDiscardBatchAsync(own, sizes, 2, 0, 0);
+  int s1 = cuCtxSynchronize();
+  int b = cuMemDiscardBatchAsync(mixed, sizes, 2, 0, 0);
+  int s2 = cuCtxSynchronize();
+  int c = cuMemDiscardBatchAsync(own, past, 2, 0, 0);
+  int s3 = cuCtxSynchronize();
+  printf("own %d %d made-up %d %d past the end %d %d\n", a, s1, b, s2, c, s3);
+  return 0;
+}
+"#;
+
+/// Issue 17: batched discards and prefetches name device memory in an array beside an
+/// array of sizes; every address is checked as the session's memory, as single addresses
+/// are (a made-up one, or a range past an allocation's end, is the library's invalid
+/// value; the session goes on).
+#[test]
+fn batched_addresses_are_the_sessions() {
+    let server = server();
+    let exe = program_with("batch_addresses", BATCH_ADDRESSES, &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "own 0 0 made-up 0 1 past the end 0 1", "{stderr}");
+}
+
 const SM_RESOURCES: &str = r#"
 #include <stdio.h>
 #include <string.h>

@@ -612,6 +612,16 @@ impl Backend for Emulated {
                     }
                 }
                 ("driver", "cuMemsetD32_v2" | "cuMemsetD32Async") => self.memset32(a[0], a[1] as u32, a[2]),
+                // Hints, and discards that leave contents undefined (kept as they are here);
+                // the worker checked every address as the session's.
+                (
+                    "driver",
+                    "cuMemPrefetchBatchAsync" | "cuMemDiscardBatchAsync" | "cuMemDiscardAndPrefetchBatchAsync",
+                )
+                | (
+                    "cudart",
+                    "cudaMemPrefetchBatchAsync" | "cudaMemDiscardBatchAsync" | "cudaMemDiscardAndPrefetchBatchAsync",
+                ) => SUCCESS,
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
                     if a[0] == 0 {

@@ -163,6 +163,20 @@ pub fn effect(name: &str) -> Effect {
     }
 }
 
+/// Batched calls whose device addresses come as an array beside an array of sizes:
+/// (addresses parameter, sizes parameter). Every pair is checked as the session's memory.
+pub fn address_arrays(name: &str) -> Option<(usize, usize)> {
+    match name.trim_end_matches("_ptsz") {
+        "cuMemPrefetchBatchAsync"
+        | "cuMemDiscardBatchAsync"
+        | "cuMemDiscardAndPrefetchBatchAsync"
+        | "cudaMemPrefetchBatchAsync"
+        | "cudaMemDiscardBatchAsync"
+        | "cudaMemDiscardAndPrefetchBatchAsync" => Some((0, 1)),
+        _ => None,
+    }
+}
+
 /// Byte ranges of the device arguments of copies and memsets: (device parameter, length
 /// parameter, bytes per unit). Other device arguments are checked at their address only.
 pub fn extents(name: &str) -> &'static [(usize, usize, u64)] {

@@ -1174,14 +1174,36 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
         let Some(b) = buffers[i].as_ref() else { continue };
         let Some(version) = session.backend.layout_version(desc.library) else { continue };
-        let spans = match crate::records::device_spans(record, &version, b.bytes()) {
-            Ok(spans) => spans,
-            Err(why) => return invalid(format!("argument {i}: {why}")),
+        // Every record of an array (each in the server's layout).
+        let size = structs::get(&version, record).map_or(b.bytes().len(), |m| m.size as usize).max(1);
+        for one in b.bytes().chunks(size) {
+            let spans = match crate::records::device_spans(record, &version, one) {
+                Ok(spans) => spans,
+                Err(why) => return invalid(format!("argument {i}: {why}")),
+            };
+            if let Some((addr, len)) = spans.into_iter().find(|&(addr, len)| !device_ok(addr, len)) {
+                return invalid(format!(
+                    "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
+                ));
+            }
+        }
+    }
+
+    // Arrays of device addresses with their sizes (batched prefetches and discards).
+    if let Some((addrs, sizes)) = memory::address_arrays(desc.name) {
+        let words = |p: usize| -> Vec<u64> {
+            let (ptr, len) = (raw.get(p).copied().unwrap_or(0), lens.get(p).copied().unwrap_or(0));
+            if ptr == 0 || len == NULL_LEN {
+                return Vec::new();
+            }
+            // SAFETY: the decoded argument: `len` bytes at `ptr`, in the frame or in a buffer
+            // kept for the call.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
+            bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect()
         };
-        if let Some((addr, len)) = spans.into_iter().find(|&(addr, len)| !device_ok(addr, len)) {
-            return invalid(format!(
-                "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
-            ));
+        let (addrs, sizes) = (words(addrs), words(sizes));
+        if let Some((addr, len)) = addrs.iter().zip(&sizes).find(|&(&addr, &len)| addr == 0 || !device_ok(addr, len)) {
+            return invalid(format!("{addr:#x} ({len} bytes) in the batch is not device memory of this session"));
         }
     }
 
