@@ -163,16 +163,19 @@ pub fn effect(name: &str) -> Effect {
     }
 }
 
-/// Batched calls whose device addresses come as an array beside an array of sizes:
-/// (addresses parameter, sizes parameter). Every pair is checked as the session's memory.
-pub fn address_arrays(name: &str) -> Option<(usize, usize)> {
+/// Calls whose device addresses come as a host array (batched prefetches and discards, beside
+/// an array of sizes; cuFFT's work areas, one per GPU, sized by the plan): (addresses
+/// parameter, sizes parameter). Every address is checked as the session's memory, with its
+/// size where there is one.
+pub fn address_arrays(name: &str) -> Option<(usize, Option<usize>)> {
     match name.trim_end_matches("_ptsz") {
         "cuMemPrefetchBatchAsync"
         | "cuMemDiscardBatchAsync"
         | "cuMemDiscardAndPrefetchBatchAsync"
         | "cudaMemPrefetchBatchAsync"
         | "cudaMemDiscardBatchAsync"
-        | "cudaMemDiscardAndPrefetchBatchAsync" => Some((0, 1)),
+        | "cudaMemDiscardAndPrefetchBatchAsync" => Some((0, Some(1))),
+        "cufftXtSetWorkArea" => Some((1, None)),
         _ => None,
     }
 }

@@ -1189,7 +1189,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
-    // Arrays of device addresses with their sizes (batched prefetches and discards).
+    // Host arrays of device addresses (batched prefetches and discards, cuFFT's work areas).
     if let Some((addrs, sizes)) = memory::address_arrays(desc.name) {
         let words = |p: usize| -> Vec<u64> {
             let (ptr, len) = (raw.get(p).copied().unwrap_or(0), lens.get(p).copied().unwrap_or(0));
@@ -1201,9 +1201,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
             bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect()
         };
-        let (addrs, sizes) = (words(addrs), words(sizes));
+        let addrs = words(addrs);
+        let sizes = sizes.map_or_else(|| vec![1; addrs.len()], words);
         if let Some((addr, len)) = addrs.iter().zip(&sizes).find(|&(&addr, &len)| addr == 0 || !device_ok(addr, len)) {
-            return invalid(format!("{addr:#x} ({len} bytes) in the batch is not device memory of this session"));
+            return invalid(format!("{addr:#x} ({len} bytes) in the array is not device memory of this session"));
         }
     }
 
