@@ -49,8 +49,12 @@ pub unsafe fn set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
             // call reads them too).
             unsafe { std::slice::from_raw_parts(data as *const u8, size as usize) }
         };
+        // A pointer attribute is taken or not whatever address it holds (NULL apart): its
+        // key is whether it is NULL, so a bias of another address does not wait again.
+        let null_or_not = [u8::from(value.iter().all(|b| *b == 0))];
+        let keyed: &[u8] = if sparselt_sizes::pointer_attribute(ctx.name, attribute) { &null_or_not } else { value };
         let key = (data != 0 && size as usize == value.len())
-            .then(|| sparselt_sizes::set_key(ctx.name, id(record), attribute, value))
+            .then(|| sparselt_sizes::set_key(ctx.name, id(record), attribute, keyed))
             .flatten();
         let status = match key {
             // SAFETY: the caller's arguments, as the descriptor's form describes them.

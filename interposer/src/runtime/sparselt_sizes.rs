@@ -76,6 +76,17 @@ impl Prints {
 /// records it passes (skipping `skip` and the library's handle), the lengths of its buffers
 /// and the bytes of its inputs. None: a record it passes has none.
 fn content(desc: &CallDesc, prepared: &Prepared, prints: &Prints, skip: Option<usize>) -> Option<u64> {
+    content_with(desc, prepared, prints, skip, None)
+}
+
+/// As [`content`], with `inputs` hashed in place of the call's input bytes.
+fn content_with(
+    desc: &CallDesc,
+    prepared: &Prepared,
+    prints: &Prints,
+    skip: Option<usize>,
+    inputs: Option<&[u8]>,
+) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     // The function, not the wire form: an attribute set sent without waiting says what the
     // same set that waited said.
@@ -95,8 +106,13 @@ fn content(desc: &CallDesc, prepared: &Prepared, prints: &Prints, skip: Option<u
             _ => return None,
         }
     }
-    for b in &prepared.bulk {
-        b.as_ref().hash(&mut h);
+    match inputs {
+        Some(bytes) => bytes.hash(&mut h),
+        None => {
+            for b in &prepared.bulk {
+                b.as_ref().hash(&mut h);
+            }
+        }
     }
     Some(h.finish())
 }
@@ -145,10 +161,16 @@ pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
     // `cusparseLt*SetAttribute(handle, record, ...)`: added to what the record says.
     if name.ends_with("SetAttribute") {
         let record = id(1);
-        let next = match (prints.get(record), content(desc, prepared, prints, Some(1))) {
-            (Some(before), Some(call)) => Some(combine(before, call)),
-            _ => None,
-        };
+        // A device address set (a bias, a scale) changes no size the library answers: only
+        // whether it is NULL is part of what the record says.
+        let pointer = pointer_attribute(name, id(2))
+            .then(|| [u8::from(prepared.bulk.iter().all(|b| b.as_ref().iter().all(|x| *x == 0)))]);
+        let next =
+            match (prints.get(record), content_with(desc, prepared, prints, Some(1), pointer.as_ref().map(|p| &p[..])))
+            {
+                (Some(before), Some(call)) => Some(combine(before, call)),
+                _ => None,
+            };
         prints.forget(record);
         prints.says.insert(record, next);
         return Action::Send;
@@ -163,6 +185,26 @@ pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
         }
     }
     Action::Send
+}
+
+/// Matmul descriptor attributes whose values are device addresses: the bias, the sparse
+/// matrix and the scales of A, B, C, D and the output.
+const POINTER_ATTRIBUTES: &[u32] = {
+    use chidori_cuda::consts::cusparseLtMatmulDescAttribute_t as a;
+    &[
+        a::CUSPARSELT_MATMUL_BIAS_POINTER,
+        a::CUSPARSELT_MATMUL_SPARSE_MAT_POINTER,
+        a::CUSPARSELT_MATMUL_A_SCALE_POINTER,
+        a::CUSPARSELT_MATMUL_B_SCALE_POINTER,
+        a::CUSPARSELT_MATMUL_C_SCALE_POINTER,
+        a::CUSPARSELT_MATMUL_D_SCALE_POINTER,
+        a::CUSPARSELT_MATMUL_D_OUT_SCALE_POINTER,
+    ]
+};
+
+/// Whether `name(handle, record, attribute, ...)` sets a device address.
+pub(crate) fn pointer_attribute(name: &str, attribute: u64) -> bool {
+    name.ends_with("MatmulDescSetAttribute") && POINTER_ATTRIBUTES.iter().any(|a| u64::from(*a) == attribute)
 }
 
 /// Attribute sets remembered (distinct record states, attributes and values; all are
