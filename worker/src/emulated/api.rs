@@ -1243,7 +1243,7 @@ impl Emulated {
         let size = map.size as usize;
         // The union's SM resource: smCount, minSmPartitionSize, smCoscheduledAlignment.
         let sm = map.fields.iter().find(|f| f.name.starts_with("__bindgen_anon"))?.offset as u64;
-        // SAFETY (closures): worker buffers of whole records, per the descriptor.
+        // SAFETY: a worker buffer of whole records, per the descriptor.
         let write = |at: u64, count: u32| unsafe {
             std::ptr::write_bytes(at as *mut u8, 0, size);
             put_u32(at, SM);
@@ -1251,6 +1251,7 @@ impl Emulated {
             put_u32(at + sm + 4, GRANULARITY);
             put_u32(at + sm + 8, GRANULARITY);
         };
+        // SAFETY: the input record, a worker buffer of a whole record.
         let read = |at: u64| unsafe {
             (std::ptr::read_unaligned(at as *const u32), std::ptr::read_unaligned((at + sm) as *const u32))
         };
