@@ -452,6 +452,153 @@ fn hostile_calls_for_every_descriptor_crash_no_worker() {
     let _ = HEADER_LEN;
 }
 
+/// Chidori's own requests with made-up values (handles, addresses, hashes, a launch of no
+/// function, a refused nvidia-smi): each is answered (an error saying what was wrong, or
+/// nothing for those never answered) and the session lives on; no worker dies.
+#[test]
+fn hostile_services_crash_no_worker() {
+    use chidori_protocol::messages::{
+        Api, GraphList, GraphLoop, GraphNode, JitLinkRequest, Launch, LinkRequest, LoopCopy, NodeParams, NodeTarget,
+        Service, ServiceReply,
+    };
+    let server = Server::start(&[], &[]);
+    let junk = 0x7e00_dead_0000u64;
+    let launch = Launch {
+        function: junk,
+        grid: [u32::MAX; 3],
+        block: [0; 3],
+        shared_mem: u32::MAX,
+        stream: junk,
+        attributes: vec![(u32::MAX, vec![0xff; 64])],
+        cooperative: true,
+        api: Api::Driver,
+    };
+    // (request, bulk, answered)
+    let requests: Vec<(Service, Vec<u8>, bool)> = vec![
+        (Service::LoadModule { hash: [7; 32] }, vec![], true),
+        (Service::Global { module: junk, name: "x".repeat(10_000) }, vec![], true),
+        (Service::FunctionParams { function: junk }, vec![], true),
+        (Service::FunctionName { handle: junk, kernel: true }, vec![], true),
+        (Service::FunctionName { handle: 0, kernel: false }, vec![], true),
+        (Service::MirrorPull { bases: vec![junk, 0, u64::MAX] }, vec![], true),
+        (Service::MirrorDrop { base: junk }, vec![], false),
+        (Service::GraphList(GraphList::Nodes { graph: junk }), vec![], true),
+        (Service::GraphList(GraphList::Edges { graph: 0 }), vec![], true),
+        (Service::GraphList(GraphList::Dependents { node: junk }), vec![], true),
+        (Service::GraphList(GraphList::Capture { stream: junk }), vec![], true),
+        (Service::GraphDot { graph: junk, flags: u32::MAX }, vec![], true),
+        (
+            Service::Link(LinkRequest { options: vec![(u32::MAX, junk)], inputs: vec![(99, "x".into(), vec![1])] }),
+            vec![],
+            true,
+        ),
+        (
+            Service::JitLink(JitLinkRequest {
+                options: vec!["-arch=sm_0".into()],
+                inputs: vec![(99, "x".into(), vec![])],
+            }),
+            vec![],
+            true,
+        ),
+        (Service::ClusterOccupancy { launch: launch.clone(), potential: true }, vec![], true),
+        (Service::ClusterOccupancy { launch, potential: false }, vec![], true),
+        (Service::NvidiaSmi { args: vec!["--gpu-reset".into()] }, vec![], true),
+        (
+            Service::GraphNode(GraphNode {
+                target: NodeTarget::Add { graph: junk, dependencies: vec![junk; 3], edge_data: vec![] },
+                params: NodeParams::Kernel { function: junk, grid: [1; 3], block: [1; 3], shared_mem: 0 },
+                api: Api::Runtime,
+            }),
+            vec![0xff; 64],
+            true,
+        ),
+        (
+            Service::GraphNode(GraphNode {
+                target: NodeTarget::Set { node: junk },
+                params: NodeParams::MemAlloc {
+                    alloc_type: u32::MAX,
+                    location: (u32::MAX, -1),
+                    max_size: u64::MAX,
+                    access: vec![(u32::MAX, -1, u32::MAX); 100],
+                    bytesize: u64::MAX,
+                },
+                api: Api::Driver,
+            }),
+            vec![],
+            true,
+        ),
+        (
+            Service::GraphLoop(GraphLoop {
+                exec: junk,
+                stream: junk,
+                max_steps: u32::MAX,
+                check_every: 0,
+                stop_flag: junk,
+                output: junk,
+                bytes_per_step: u32::MAX,
+                progress_ms: 0,
+                tail: true,
+                then_copy: Some(LoopCopy { dst: junk, src: junk, bytes: u64::MAX }),
+            }),
+            vec![],
+            true,
+        ),
+        (Service::NcclLastError { comm: junk }, vec![], true),
+        (Service::NcclLastError { comm: 0 }, vec![], true),
+    ];
+    // An upload whose bytes are not the image its hash names breaks the protocol: that
+    // session ends, saying why; the server serves the next.
+    let mut s = session(&server.address);
+    let h = Header::new(Kind::Service, 0, 1, 1);
+    let upload = Service::UploadModule { hash: [7; 32] };
+    s.write_all(&frame::to_vec(h, &messages::encode(&upload), &[&[0xff; 4096]]).unwrap()).unwrap();
+    assert!(goodbye_reason(&mut s).contains("does not match its hash"));
+
+    let mut s = session(&server.address);
+    let mut expected = Vec::new();
+    for (seq, (request, bulk, answered)) in requests.iter().enumerate() {
+        let h = Header::new(Kind::Service, 0, 1, seq as u64 + 1);
+        s.write_all(&frame::to_vec(h, &messages::encode(request), &[bulk]).unwrap()).unwrap();
+        if *answered {
+            expected.push(seq as u64 + 1);
+        }
+    }
+    let mut got = Vec::new();
+    while got.len() < expected.len() {
+        let f = read_frame(&mut s).expect("the worker answers every request (none may kill it)");
+        match f.header.kind {
+            Kind::ServiceReply => {
+                let reply: ServiceReply = messages::decode(&f, "service reply").unwrap();
+                if f.header.seq == requests.len() as u64 - 1 {
+                    // ncclGetLastError of a communicator of no one's: refused, with why.
+                    assert!(
+                        matches!(&reply, ServiceReply::Error { message, .. } if message.contains("no NCCL communicator")),
+                        "{reply:?}"
+                    );
+                }
+                got.push(f.header.seq);
+            }
+            Kind::Ping => {
+                s.write_all(&frame::to_vec(Header::new(Kind::Pong, 0, 0, f.header.seq), &[], &[]).unwrap()).unwrap();
+            }
+            Kind::Goodbye => {
+                panic!("the session ended: {:?}", messages::decode::<Goodbye>(&f, "goodbye").map(|g| g.reason))
+            }
+            _ => {}
+        }
+    }
+    got.sort_unstable();
+    assert_eq!(got, expected);
+    // The session still works.
+    s.write_all(&frame::to_vec(Header::new(Kind::Ping, 0, 0, 9), &[], &[]).unwrap()).unwrap();
+    loop {
+        let f = read_frame(&mut s).expect("a pong");
+        if f.header.kind == Kind::Pong {
+            break;
+        }
+    }
+}
+
 /// Read frames until a Goodbye: its reason (empty if the connection ends without one).
 fn goodbye_reason(s: &mut TcpStream) -> String {
     while let Some(f) = read_frame(s) {
