@@ -148,18 +148,8 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
                 inputs.push(span(u64::from(bytes)));
             }
             _ if a == 0 => lens[i] = NULL_LEN,
-            Wire::NewRecordHandle { named, .. } => {
-                lens[i] = 8;
-                if named {
-                    // As a named OutHandle: the name lands in the record's first 8 bytes.
-                    let name = client.new_name();
-                    names.push((a, name));
-                    call.args[i] = name;
-                } else {
-                    outputs.push(span(8));
-                }
-            }
-            Wire::OutHandle { named, .. } => {
+            // A new record's id lands in its first 8 bytes, as a new handle does at its pointer.
+            Wire::NewRecordHandle { named, .. } | Wire::OutHandle { named, .. } => {
                 lens[i] = 8;
                 if named {
                     // The client names the handle: the caller has it at once, and the

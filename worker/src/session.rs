@@ -1168,7 +1168,11 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // Device memory named inside input records (copies, memsets, resources): the session's.
     for (i, wire) in desc.params.iter().enumerate() {
         let Wire::Buf { dir: Dir::In | Dir::InOut, record: Some(record), .. } = *wire else { continue };
-        if lens[i] == NULL_LEN && crate::records::names_memory(record) {
+        // Only those records name memory: others cost no layout lookup here.
+        if !crate::records::names_memory(record) {
+            continue;
+        }
+        if lens[i] == NULL_LEN {
             // The copy, memset or resource itself: required by every API that takes one.
             return quiet(format!("argument {i}: NULL for the {record}"));
         }

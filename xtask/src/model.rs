@@ -64,12 +64,12 @@ impl TypeEnv {
     /// record translated between CUDA versions would lose it (CUdevResource's SM count).
     /// Left unknown where the field before it has no offset or the member would not fit.
     fn place_anonymous_members(&mut self) {
-        let names: Vec<String> = self.records.keys().cloned().collect();
+        let unplaced = |r: &Record| {
+            !r.union && r.fields.iter().any(|f| f.offset == u64::MAX && f.name.starts_with("__bindgen_anon"))
+        };
+        let names: Vec<String> = self.records.values().filter(|r| unplaced(r)).map(|r| r.name.clone()).collect();
         for name in names {
             let r = &self.records[&name];
-            if r.union {
-                continue;
-            }
             let mut placed = Vec::new();
             let mut end = Some(0u64);
             for (i, f) in r.fields.iter().enumerate() {
@@ -77,13 +77,12 @@ impl TypeEnv {
                 let size = ty.as_ref().and_then(|t| self.size_of(t));
                 let offset = if f.offset == u64::MAX && f.name.starts_with("__bindgen_anon") {
                     let align = ty.as_ref().and_then(|t| self.align_of(t)).filter(|a| a.is_power_of_two());
-                    match (end, align, size) {
-                        (Some(e), Some(a), Some(s)) if e.div_ceil(a) * a + s <= r.size => {
-                            placed.push((i, e.div_ceil(a) * a));
-                            Some(e.div_ceil(a) * a)
-                        }
-                        _ => None,
+                    let at = end.zip(align).map(|(e, a)| e.div_ceil(a) * a);
+                    let fits = at.zip(size).is_some_and(|(o, s)| o + s <= r.size);
+                    if fits {
+                        placed.extend(at.map(|o| (i, o)));
                     }
+                    at.filter(|_| fits)
                 } else {
                     (f.offset != u64::MAX).then_some(f.offset)
                 };

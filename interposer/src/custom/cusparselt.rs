@@ -37,33 +37,29 @@ fn id(addr: u64) -> u64 {
 /// cusparseLt{Mat,Matmul,MatmulAlg}SetAttribute(handle, record, attribute, data, dataSize):
 /// whether the library takes the value is its answer (vector scaling is not available for
 /// every type), so a set waits, unless the library took the same set on a record that said
-/// the same (then it goes without waiting: [`crate::runtime::sparselt_sizes::set_key`]).
+/// the same (then it goes without waiting: [`crate::runtime::sparselt_sizes::set_question`]).
 /// A matmul descriptor's vector-scaling switches are recorded once taken.
 pub unsafe fn set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
     crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
         let &[_, record, attribute, data, size, ..] = args else { return ctx.codes.invalid_value as u64 };
-        let value: &[u8] = if data == 0 || size > SET_BYTES_MAX {
-            &[]
-        } else {
+        // A value too large to key (or none) always waits.
+        let keyable = data != 0 && size as usize <= sparselt_sizes::SET_BYTES_MAX;
+        let value: &[u8] = if keyable {
             // SAFETY: the caller's attribute value of `size` bytes (the API contract; the
             // call reads them too).
             unsafe { std::slice::from_raw_parts(data as *const u8, size as usize) }
+        } else {
+            &[]
         };
-        // A pointer attribute is taken or not whatever address it holds (NULL apart): its
-        // key is whether it is NULL, so a bias of another address does not wait again.
-        let null_or_not = [u8::from(value.iter().all(|b| *b == 0))];
-        let keyed: &[u8] = if sparselt_sizes::pointer_attribute(ctx.name, attribute) { &null_or_not } else { value };
-        let key = (data != 0 && size as usize == value.len())
-            .then(|| sparselt_sizes::set_key(ctx.name, id(record), attribute, keyed))
-            .flatten();
-        let status = match key {
+        let question = keyable.then(|| sparselt_sizes::set_question(ctx.name, id(record), attribute, value)).flatten();
+        let status = match question {
             // SAFETY: the caller's arguments, as the descriptor's form describes them.
-            Some(k) if sparselt_sizes::set_taken(k) => unsafe { crate::runtime::call(ctx.form(Form::Async), args) },
+            Some((_, true)) => unsafe { crate::runtime::call(ctx.form(Form::Async), args) },
             _ => {
                 // SAFETY: as above.
                 let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
-                if let (Some(k), SUCCESS) = (key, status) {
-                    sparselt_sizes::set_took(k);
+                if let (Some((key, _)), SUCCESS) = (question, status) {
+                    sparselt_sizes::set_took(key);
                 }
                 status
             }
@@ -74,9 +70,6 @@ pub unsafe fn set_attribute(ctx: &Ctx, args: &[u64]) -> u64 {
         status
     })
 }
-
-/// Attribute values keyed by their bytes at most (larger ones always wait).
-const SET_BYTES_MAX: u64 = 1 << 16;
 
 /// A matmul descriptor's alpha or beta vector-scaling switch (an int32 flag), as taken.
 fn record_vector_scaling(descriptor: u64, attribute: u64, value: &[u8]) {

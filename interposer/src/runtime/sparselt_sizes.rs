@@ -17,8 +17,9 @@
 //! Attribute sets are questions too: whether the library takes a value (vector scaling is
 //! not available for every type) is its answer, which the program may act on. A set waits
 //! the first time it is made on a record in a given state; once the library took it, the
-//! same set on a record that says the same is sent without waiting ([`set_key`]).
+//! same set on a record that says the same is sent without waiting ([`set_question`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -46,7 +47,7 @@ pub struct Prints {
     says: HashMap<u64, Option<u64>>,
     /// Records made from each record (a plan from its matmul descriptor and selection).
     made_from_it: HashMap<u64, Vec<u64>>,
-    /// Attribute sets the library took ([`set_key`]s).
+    /// Attribute sets the library took ([`set_question`]s).
     sets: std::collections::HashSet<u64>,
 }
 
@@ -163,14 +164,11 @@ pub(crate) fn before(desc: &'static CallDesc, prepared: &Prepared) -> Action {
         let record = id(1);
         // A device address set (a bias, a scale) changes no size the library answers: only
         // whether it is NULL is part of what the record says.
-        let pointer = pointer_attribute(name, id(2))
-            .then(|| [u8::from(prepared.bulk.iter().all(|b| b.as_ref().iter().all(|x| *x == 0)))]);
-        let next =
-            match (prints.get(record), content_with(desc, prepared, prints, Some(1), pointer.as_ref().map(|p| &p[..])))
-            {
-                (Some(before), Some(call)) => Some(combine(before, call)),
-                _ => None,
-            };
+        let value = prepared.bulk.first().map(|b| asked_value(name, id(2), b.as_ref()));
+        let next = match (prints.get(record), content_with(desc, prepared, prints, Some(1), value.as_deref())) {
+            (Some(before), Some(call)) => Some(combine(before, call)),
+            _ => None,
+        };
         prints.forget(record);
         prints.says.insert(record, next);
         return Action::Send;
@@ -202,36 +200,36 @@ const POINTER_ATTRIBUTES: &[u32] = {
     ]
 };
 
-/// Whether `name(handle, record, attribute, ...)` sets a device address.
-pub(crate) fn pointer_attribute(name: &str, attribute: u64) -> bool {
-    name.ends_with("MatmulDescSetAttribute") && POINTER_ATTRIBUTES.iter().any(|a| u64::from(*a) == attribute)
+/// What of the value a set `name(handle, record, attribute, value)` passes a question
+/// depends on: its bytes, or for a device address (a bias, a scale) only whether it is NULL.
+fn asked_value<'a>(name: &str, attribute: u64, value: &'a [u8]) -> Cow<'a, [u8]> {
+    let pointer =
+        name.ends_with("MatmulDescSetAttribute") && POINTER_ATTRIBUTES.iter().any(|a| u64::from(*a) == attribute);
+    if pointer { Cow::Owned(vec![u8::from(value.iter().all(|b| *b == 0))]) } else { Cow::Borrowed(value) }
 }
 
 /// Attribute sets remembered (distinct record states, attributes and values; all are
 /// forgotten at once beyond this).
 const SETS_MAX: usize = 4096;
 /// Attribute values hashed for a key at most (larger ones are always asked).
-const SET_BYTES_MAX: usize = 1 << 16;
+pub(crate) const SET_BYTES_MAX: usize = 1 << 16;
 
-/// The question an attribute set `name(handle, record, attribute, data)` asks of the
-/// library: whether it takes this value for a record that says what `record` says now.
-/// None: the record has no fingerprint, or the value is too large to key.
-pub(crate) fn set_key(name: &str, record: u64, attribute: u64, data: &[u8]) -> Option<u64> {
-    if data.len() > SET_BYTES_MAX {
+/// The question an attribute set `name(handle, record, attribute, value)` asks of the
+/// library (whether it takes this value for a record that says what `record` says now), and
+/// whether the library took it before (then it takes it again: the answer depends only on
+/// the record's state, the attribute and the value). None: the record has no fingerprint,
+/// or the value is too large to key.
+pub(crate) fn set_question(name: &str, record: u64, attribute: u64, value: &[u8]) -> Option<(u64, bool)> {
+    if value.len() > SET_BYTES_MAX {
         return None;
     }
     let guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
-    let print = guard.as_ref()?.get(record)?;
+    let prints = guard.as_ref()?;
+    let print = prints.get(record)?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (name.trim_start_matches('p'), print, attribute, data).hash(&mut h);
-    Some(h.finish())
-}
-
-/// Whether the library took this set before (then it takes it again: the answer depends
-/// only on the record's state, the attribute and the value).
-pub(crate) fn set_taken(key: u64) -> bool {
-    let guard = CLIENT.sparselt_prints.lock().unwrap_or_else(|p| p.into_inner());
-    guard.as_ref().is_some_and(|p| p.sets.contains(&key))
+    (name, print, attribute, asked_value(name, attribute, value)).hash(&mut h);
+    let key = h.finish();
+    Some((key, prints.sets.contains(&key)))
 }
 
 /// The library took this set (a waited success; a failure may be an earlier call's
