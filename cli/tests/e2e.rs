@@ -450,6 +450,46 @@ fn pinned_memory_handed_to_the_gpu_is_mirrored() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// Pinned memory larger than one frame holds, read and then rewritten by the GPU: the
+/// program's bytes reach the mirror in several updates and the GPU's writes come back in
+/// several pulls (72 MiB: a pull answers at most 8 MiB, an update carries at most 64).
+const PINNED_LARGER_THAN_A_FRAME: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  const size_t n = (size_t)72 << 20;
+  unsigned char *p, *back = malloc(n);
+  void *d, *dp;
+  if (!back) return 2;
+  if (cudaHostAlloc((void **)&p, n, cudaHostAllocMapped) != cudaSuccess) return 2;
+  if (cudaMalloc(&d, n) != cudaSuccess) return 2;
+  if (cudaHostGetDevicePointer(&dp, p, 0) != cudaSuccess || dp != (void *)p) return 3;
+  for (size_t i = 0; i < n; ++i) p[i] = (unsigned char)(i % 251);
+  if (cudaMemcpy(d, dp, n, cudaMemcpyDeviceToDevice) != cudaSuccess) return 4;
+  if (cudaMemcpy(back, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) return 5;
+  if (memcmp(back, p, n) != 0) return 6;
+  /* Every byte but each 251st (already 7) changes. */
+  if (cudaMemsetAsync(dp, 7, n, 0) != cudaSuccess) return 7;
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 8;
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] != 7) { printf("byte %zu: %d\n", i, p[i]); return 9; }
+  if (cudaFreeHost(p) != cudaSuccess || cudaFree(d) != cudaSuccess) return 10;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn pinned_memory_larger_than_a_frame_travels_in_parts() {
+    let server = server();
+    let exe = program("pinned-larger-than-a-frame", PINNED_LARGER_THAN_A_FRAME);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Managed memory: one address for the host and the GPU. The program's writes reach the
 /// GPU's accesses (a memset, copies) and the GPU's writes are seen after a synchronization;
 /// hints succeed; attributes say managed; cudaFree frees it.

@@ -480,7 +480,7 @@ fn hostile_services_crash_no_worker() {
         (Service::FunctionParams { function: junk }, vec![], true),
         (Service::FunctionName { handle: junk, kernel: true }, vec![], true),
         (Service::FunctionName { handle: 0, kernel: false }, vec![], true),
-        (Service::MirrorPull { bases: vec![junk, 0, u64::MAX] }, vec![], true),
+        (Service::MirrorPull { bases: vec![junk, 0, u64::MAX], from: u64::MAX }, vec![], true),
         (Service::MirrorDrop { base: junk }, vec![], false),
         (Service::GraphList(GraphList::Nodes { graph: junk }), vec![], true),
         (Service::GraphList(GraphList::Edges { graph: 0 }), vec![], true),

@@ -1363,10 +1363,13 @@ fn print_gpu_output(bytes: &[u8]) {
 /// never on the I/O thread.
 fn start_callback_thread(rx: std::sync::mpsc::Receiver<CallbackRun>) {
     let _ = std::thread::Builder::new().name("chidori-callback".into()).spawn(move || {
-        while let Ok(HostCallback { id, token, status, keep, mirror_runs }) = rx.recv() {
+        while let Ok(HostCallback { id, token, status, keep, changes, land_only }) = rx.recv() {
             let Some(conn) = existing() else { continue };
             // What the GPU wrote into mirrored memory before the function: the program's now.
-            crate::mirror::land(mirror_runs);
+            crate::mirror::land(changes);
+            if land_only {
+                continue;
+            }
             let f = {
                 let mut callbacks = conn.callbacks.lock().unwrap_or_else(|p| p.into_inner());
                 if keep { callbacks.get(&id).cloned() } else { callbacks.remove(&id) }

@@ -23,8 +23,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, Service, ServiceReply};
-use chidori_protocol::mirror::in_arena;
+use chidori_protocol::messages::{self, MirrorChanges, Service, ServiceReply};
+use chidori_protocol::mirror::{PUSH_BUDGET, PUSH_MAX_RUNS, in_arena};
 
 use crate::conn::Conn;
 use crate::state::{self, Memory};
@@ -99,20 +99,24 @@ impl Tracker {
         (addr.checked_add(len)? <= base + total).then_some((base, total))
     }
 
-    /// The server's bytes at `addr` were written into the mirrored range `(base, total)`:
-    /// rehash the chunks they touch.
-    pub fn landed(&mut self, (base, total): (u64, u64), addr: u64, len: u64) {
+    /// The server's bytes of `runs` (offsets from `base`) were written into the mirrored
+    /// range `(base, total)`: rehash the chunks they touch, each once.
+    pub fn landed(&mut self, (base, total): (u64, u64), runs: &[(u64, u64)]) {
         let Some(hashes) = self.ranges.get_mut(&base) else { return };
-        let first = ((addr - base) as usize) / CHUNK;
-        let last = ((addr + len - base) as usize).div_ceil(CHUNK);
-        for (i, known) in hashes.iter_mut().enumerate().take(last).skip(first) {
-            let start = base + (i * CHUNK) as u64;
-            let n = CHUNK.min((base + total - start) as usize);
-            // SAFETY: the chunk lies inside the mirrored range, the program's pinned memory,
-            // or a stand-in's page the bytes were just written into (chunks start at the
-            // page-aligned base and never cross a page).
-            let chunk = unsafe { std::slice::from_raw_parts(start as *const u8, n) };
-            *known = hash(chunk);
+        let mut next = 0usize;
+        for &(offset, len) in runs {
+            let first = (offset as usize / CHUNK).max(next);
+            let last = ((offset + len) as usize).div_ceil(CHUNK).min(hashes.len());
+            for (i, known) in hashes.iter_mut().enumerate().take(last).skip(first) {
+                let start = base + (i * CHUNK) as u64;
+                let n = CHUNK.min((base + total - start) as usize);
+                // SAFETY: the chunk lies inside the mirrored range, the program's pinned
+                // memory, or a stand-in's page the bytes were just written into (chunks
+                // start at the page-aligned base and never cross a page).
+                let chunk = unsafe { std::slice::from_raw_parts(start as *const u8, n) };
+                *known = hash(chunk);
+            }
+            next = next.max(last);
         }
     }
 
@@ -413,23 +417,26 @@ fn push(conn: &Conn, base: u64, len: u64) -> bool {
             tracing::info!("the GPU reads pinned host memory directly: the server mirrors it (slower than a copy)")
         });
     }
-    let parts: Vec<&[u8]> = update.runs.iter().map(|&(o, n)| &bytes[o as usize..(o + n) as usize]).collect();
-    let request = Service::MirrorWrite { base, len, runs: update.runs };
-    // Sent without waiting, in order before the call that needs it; a failure comes back
-    // as the status of the next runtime call.
-    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-    let _ = conn.post(header, &messages::encode(&request), &parts);
+    // Sent without waiting, in order before the call that needs it, in frames of bounded
+    // size; a failure comes back as the status of the next runtime call.
+    for runs in chidori_protocol::mirror::batches(&update.runs, PUSH_BUDGET, PUSH_MAX_RUNS) {
+        let parts: Vec<&[u8]> = runs.iter().map(|&(o, n)| &bytes[o as usize..(o + n) as usize]).collect();
+        let request = Service::MirrorWrite { base, len, runs };
+        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
+        let _ = conn.post(header, &messages::encode(&request), &parts);
+    }
     crate::trace::local("(pinned memory mirrored)");
     true
 }
 
 /// After a waiting call: if the GPU may have written mirrored memory since the last pull,
-/// fetch the bytes it changed into the program's memory.
+/// fetch the bytes it changed into the program's memory (in several pulls when more
+/// changed than one answer carries).
 pub fn pull(conn: &Conn) {
     if !PULL.load(Ordering::Acquire) {
         return;
     }
-    let bases = {
+    let mut bases = {
         let tracker = tracker();
         // Checked again under the lock: another thread may have pulled meanwhile.
         if !PULL.swap(false, Ordering::AcqRel) {
@@ -440,42 +447,74 @@ pub fn pull(conn: &Conn) {
             None => return,
         }
     };
-    if let Ok(ServiceReply::MirrorRuns { runs }) = conn.service(&Service::MirrorPull { bases }, &[]) {
-        land(runs);
+    let mut from = 0;
+    loop {
+        let request = Service::MirrorPull { bases: bases.clone(), from };
+        let Ok(ServiceReply::MirrorRuns { changes, next }) = conn.service(&request, &[]) else { return };
+        land(changes);
+        let Some((base, offset)) = next else { return };
+        // The next pull starts further on; a server that names a point behind this one is
+        // not followed (it would never end).
+        match bases.iter().position(|&b| b == base) {
+            Some(0) if offset > from => from = offset,
+            Some(i) if i > 0 => {
+                bases.drain(..i);
+                from = offset;
+            }
+            _ => {
+                tracing::warn!("the server's pinned-memory pull named no later point ({base:#x}+{offset}); stopped");
+                return;
+            }
+        }
     }
 }
 
-/// Write bytes the server's mirrors hold, (address, bytes) each, into the program's memory
-/// (a pull's answer, or what came with a request to run a host function).
-pub fn land(runs: Vec<(u64, Vec<u8>)>) {
-    if runs.is_empty() {
+/// Write what the server's mirrors say the GPU changed into the program's memory (a pull's
+/// answer, or what came with a request to run a host function).
+pub fn land(changes: Vec<MirrorChanges>) {
+    if changes.is_empty() {
         return;
     }
     let mut tracker = tracker();
     let Some(t) = tracker.as_mut() else { return };
-    for (addr, bytes) in runs {
-        let stand_in = t.stand_in(addr);
-        let range_len = |base: u64| match stand_in {
-            Some((b, l)) if b == base => Some(l),
-            _ => pinned(base).filter(|r| r.base == base).map(|r| r.len),
+    for change in changes {
+        let base = change.base;
+        let stand_in = t.stand_in(base);
+        let range_len = |b: u64| match stand_in {
+            Some((s, l)) if s == b => Some(l),
+            _ => pinned(b).filter(|r| r.base == b).map(|r| r.len),
         };
         // Only bytes inside a range the program pinned (or a graph copies) and the client
         // mirrors are written.
-        let Some(range) = t.covering(addr, bytes.len() as u64, range_len) else {
-            crate::log::once("mirror-outside", || {
-                tracing::warn!("the server sent pinned-memory bytes outside any mirror")
-            });
-            continue;
-        };
-        if stand_in.is_some() {
-            if !chidori_protocol::mirror::write_own(addr, &bytes) {
+        let range = t.covering(base, 1, range_len).filter(|&(b, _)| b == base);
+        let runs = range.ok_or_else(|| "outside any mirror".to_owned()).and_then(|(_, total)| {
+            chidori_protocol::mirror::unpack_runs(&change.runs, total, change.bytes.len() as u64)
+        });
+        let (range, runs) = match (range, runs) {
+            (Some(range), Ok(runs)) => (range, runs),
+            (_, Err(e)) => {
+                crate::log::once("mirror-outside", || {
+                    tracing::warn!("the server sent pinned-memory bytes the client cannot place: {e}")
+                });
                 continue;
             }
-        } else {
-            // SAFETY: [addr, addr + len) lies inside the program's pinned range (checked above).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+            (None, Ok(_)) => continue,
+        };
+        let mut at = 0usize;
+        for &(offset, n) in &runs {
+            let bytes = &change.bytes[at..at + n as usize];
+            at += n as usize;
+            if stand_in.is_some() {
+                if !chidori_protocol::mirror::write_own(base + offset, bytes) {
+                    continue;
+                }
+            } else {
+                // SAFETY: the run lies inside the program's pinned range (unpack_runs checked
+                // it against the range's length).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (base + offset) as *mut u8, bytes.len()) };
+            }
         }
-        t.landed(range, addr, bytes.len() as u64);
+        t.landed(range, &runs);
     }
 }
 
@@ -626,8 +665,14 @@ mod tests {
         assert_eq!(t.covering(base - 1, 1, len), None, "before the start");
         // Bytes that landed are what the server has: nothing to send back.
         bytes[300] = 9;
-        t.landed((base, 512), base + 300, 1);
+        t.landed((base, 512), &[(300, 1)]);
         assert_eq!(t.update(base, &bytes).runs, vec![]);
+        // Only the chunks a run touched are rehashed: the program's own change to another
+        // chunk still travels.
+        bytes[10] = 7;
+        bytes[400] = 8;
+        t.landed((base, 512), &[(400, 1)]);
+        assert_eq!(t.update(base, &bytes).runs, vec![(0, 256)]);
         assert!(t.forget(base));
         assert_eq!(t.covering(base, 1, len), None);
     }

@@ -192,9 +192,23 @@ pub struct HostCallback {
     /// keeps it registered.
     pub keep: bool,
     /// Bytes of the client's mirrored memory the GPU changed before the stream reached the
-    /// function, (address, bytes) each: written into the program's memory before it runs
-    /// (a host node reads what a copy node before it wrote).
-    pub mirror_runs: Vec<(u64, Vec<u8>)>,
+    /// function: written into the program's memory before it runs (a host node reads what
+    /// a copy node before it wrote).
+    pub changes: Vec<MirrorChanges>,
+    /// The frame only carries changes (more than one frame holds): the client writes them
+    /// and runs nothing; the frame that names the function follows.
+    pub land_only: bool,
+}
+
+/// What the GPU changed in one mirror since the client last saw it: `runs` are
+/// (offset from `base`, length) pairs packed by [`crate::mirror::pack_run`], `bytes` their
+/// contents one after another. Only the changed bytes travel: an equal byte between two
+/// changed ones may be one the program wrote since.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct MirrorChanges {
+    pub base: u64,
+    pub runs: Vec<u8>,
+    pub bytes: Vec<u8>,
 }
 
 /// Client → server: the host callback of `token` returned.
@@ -257,9 +271,10 @@ pub enum Service {
     /// on first use): the bulk section holds the bytes of `runs` ((offset, length) from
     /// `base`, see [`crate::mirror`]). Not answered; a failure comes back as an AsyncError.
     MirrorWrite { base: u64, len: u64, runs: Vec<(u64, u64)> },
-    /// The bytes of these mirrors that the GPU changed since the client last saw them;
-    /// answered by `MirrorRuns`.
-    MirrorPull { bases: Vec<u64> },
+    /// The bytes of these mirrors that the GPU changed since the client last saw them,
+    /// starting at offset `from` of the first; answered by `MirrorRuns` (one answer carries
+    /// at most [`crate::mirror::PULL_BUDGET`] bytes and says where the next pull starts).
+    MirrorPull { bases: Vec<u64>, from: u64 },
     /// The client freed or unregistered the range: the mirror goes. Not answered.
     MirrorDrop { base: u64 },
     /// Replay a graph in a loop on the server until a device flag says stop; answered by
@@ -492,9 +507,11 @@ pub enum ServiceReply {
         params: Vec<(u32, u32)>,
     },
     Compiled(CompileResult),
-    /// Changed bytes of pulled mirrors: (address, bytes) each.
+    /// Changed bytes of pulled mirrors; `next`: more changed, pull again from (mirror base,
+    /// offset).
     MirrorRuns {
-        runs: Vec<(u64, Vec<u8>)>,
+        changes: Vec<MirrorChanges>,
+        next: Option<(u64, u64)>,
     },
     /// A `GraphLoop` ended: steps launched, the step count at which the stop flag was seen
     /// (None: it ran to `max_steps`), the status of the first failing call (0: none), and,

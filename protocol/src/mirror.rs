@@ -14,8 +14,11 @@
 //! it initializes CUDA (so the driver's own reservations avoid it), the client before its
 //! first pinned allocation.
 //!
-//! Contents travel as byte runs: `(offset from the mirror's base, length)` pairs whose bytes
-//! follow one another in a frame's bulk section.
+//! Contents travel as byte runs: `(offset from the mirror's base, length)` pairs. Towards the
+//! server (whole changed chunks, few runs) their bytes follow one another in a frame's bulk
+//! section, at most [`PUSH_BUDGET`] a frame; back (exactly the bytes the GPU changed, which
+//! for a kernel that rewrote an array of floats is a run every few bytes) the runs are
+//! packed two varints each ([`pack_run`]) and a frame carries at most [`PULL_BUDGET`].
 
 /// Where both sides reserve address space for pinned memory: 63 TiB, far below the region
 /// where Linux places mappings (just under the stack, near 128 TiB) and far above
@@ -28,6 +31,15 @@ pub const PAGE: u64 = 4096;
 /// The largest mirror one session may have, and all of them together.
 pub const MAX_MIRROR: u64 = 16 << 30;
 pub const MAX_MIRRORED: u64 = 64 << 30;
+/// The most bytes (packed runs and contents) one answer to a pull carries; more changed
+/// bytes come in further pulls. Half of a frame's archive limit.
+pub const PULL_BUDGET: usize = (crate::frame::MAX_ARCHIVE / 2) as usize;
+/// The most content bytes one update of a mirror carries in its bulk section, and the most
+/// runs; a larger update is sent as several.
+pub const PUSH_BUDGET: u64 = 64 << 20;
+pub const PUSH_MAX_RUNS: usize = 1 << 18;
+/// The longest a packed run can be: two 10-byte varints.
+pub const MAX_PACKED_RUN: usize = 20;
 
 /// Copy `out.len()` bytes of this process's own memory at `addr` into `out`, through the
 /// kernel (`process_vm_readv`): false where any of it is not mapped readable, never a fault
@@ -168,6 +180,74 @@ pub fn check_runs(runs: &[(u64, u64)], len: u64, bulk: u64) -> Result<(), String
     Ok(())
 }
 
+/// `runs` cut into batches of at most `budget` content bytes and `max_runs` runs each (a
+/// longer run is cut in pieces); always at least one batch, empty when `runs` is.
+pub fn batches(runs: &[(u64, u64)], budget: u64, max_runs: usize) -> Vec<Vec<(u64, u64)>> {
+    let (budget, max_runs) = (budget.max(1), max_runs.max(1));
+    let mut out = vec![Vec::new()];
+    let mut used = 0u64;
+    for &(mut offset, mut n) in runs {
+        while n > 0 {
+            if used == budget || out.last().is_some_and(|b| b.len() == max_runs) {
+                out.push(Vec::new());
+                used = 0;
+            }
+            let take = n.min(budget - used);
+            if let Some(batch) = out.last_mut() {
+                batch.push((offset, take));
+            }
+            used += take;
+            offset += take;
+            n -= take;
+        }
+    }
+    out
+}
+
+/// Append the run `(offset, len)` to `packed`, where `end` is where the previous run ended
+/// (0 for the first): the gap and the length, LEB128 each. Returns the new end.
+pub fn pack_run(packed: &mut Vec<u8>, end: u64, offset: u64, len: u64) -> u64 {
+    for mut v in [offset - end, len] {
+        while v >= 0x80 {
+            packed.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        packed.push(v as u8);
+    }
+    offset + len
+}
+
+/// The runs `packed` holds, checked as [`check_runs`] checks them for a mirror of `len`
+/// bytes with `bytes` bytes of contents.
+pub fn unpack_runs(packed: &[u8], len: u64, bytes: u64) -> Result<Vec<(u64, u64)>, String> {
+    fn varint(packed: &[u8], at: &mut usize) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *packed.get(*at).ok_or("packed runs end inside a number")?;
+            *at += 1;
+            v |= u64::from(b & 0x7f)
+                .checked_shl(shift)
+                .filter(|x| x >> shift == u64::from(b & 0x7f))
+                .ok_or("a packed number overflows")?;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a packed number overflows".into())
+    }
+    let mut runs = Vec::new();
+    let (mut at, mut end) = (0usize, 0u64);
+    while at < packed.len() {
+        let gap = varint(packed, &mut at)?;
+        let n = varint(packed, &mut at)?;
+        let offset = end.checked_add(gap).ok_or("a run overflows")?;
+        end = offset.checked_add(n).ok_or("a run overflows")?;
+        runs.push((offset, n));
+    }
+    check_runs(&runs, len, bytes)?;
+    Ok(runs)
+}
+
 /// Copy the bytes of `runs` (consecutive in `bytes`) into `dst` at their offsets. The runs
 /// must have passed [`check_runs`] for `dst.len()` and `bytes.len()`.
 pub fn apply_runs(runs: &[(u64, u64)], bytes: &[u8], dst: &mut [u8]) {
@@ -206,6 +286,34 @@ mod tests {
         assert!(check_runs(&[(12, 8)], 16, 8).is_err(), "past the end");
         assert!(check_runs(&[(0, 4)], 16, 5).is_err(), "bulk of another size");
         assert!(check_runs(&[(u64::MAX, 2)], 16, 2).is_err(), "overflow");
+    }
+
+    #[test]
+    fn batches_keep_to_their_budget() {
+        assert_eq!(batches(&[], 10, 2), vec![Vec::<(u64, u64)>::new()]);
+        assert_eq!(batches(&[(0, 25)], 10, 4), vec![vec![(0, 10)], vec![(10, 10)], vec![(20, 5)]]);
+        assert_eq!(batches(&[(0, 4), (8, 4), (16, 4)], 100, 2), vec![vec![(0, 4), (8, 4)], vec![(16, 4)]]);
+        assert_eq!(batches(&[(0, 6), (8, 6)], 10, 9), vec![vec![(0, 6), (8, 4)], vec![(12, 2)]]);
+    }
+
+    #[test]
+    fn packed_runs_come_back_as_they_went() {
+        let runs = [(0u64, 1u64), (3, 200), (1 << 40, 5)];
+        let mut packed = Vec::new();
+        let mut end = 0;
+        for &(o, n) in &runs {
+            end = pack_run(&mut packed, end, o, n);
+        }
+        assert_eq!(packed.len(), 2 + 3 + 7);
+        assert_eq!(unpack_runs(&packed, (1 << 40) + 5, 206), Ok(runs.to_vec()));
+        assert!(unpack_runs(&packed, 1 << 40, 206).is_err(), "past the end");
+        assert!(unpack_runs(&packed, (1 << 40) + 5, 205).is_err(), "contents of another size");
+        assert!(unpack_runs(&packed[..packed.len() - 1], (1 << 40) + 5, 206).is_err(), "cut short");
+        assert!(unpack_runs(&[0xff; 11], u64::MAX, 0).is_err(), "overlong number");
+        assert!(
+            unpack_runs(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 1], u64::MAX, 1).is_err(),
+            "over 64 bits"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use chidori_protocol::messages::MirrorChanges;
 use chidori_protocol::mirror::{self, ARENA_BASE, ARENA_LEN, MAX_MIRROR, MAX_MIRRORED};
 
 use crate::backend::Backend;
@@ -33,6 +34,9 @@ pub fn reserve_arena() -> bool {
     ok
 }
 
+/// A pull reads a mirror this much at a time.
+const WINDOW: u64 = 4 << 20;
+
 struct Mirror {
     /// The client's range.
     base: u64,
@@ -47,15 +51,16 @@ struct Mirror {
 }
 
 impl Mirror {
-    /// The mirror's contents now.
-    fn read(&self, backend: &dyn Backend) -> Result<Vec<u8>, String> {
+    /// `len` bytes of the mirror's contents now, from `offset`.
+    fn read_at(&self, backend: &dyn Backend, offset: u64, len: u64) -> Result<Vec<u8>, String> {
         if self.direct {
-            let mut now = vec![0u8; self.len as usize];
-            backend.read_host_accessible(self.base, &mut now)?;
+            let mut now = vec![0u8; len as usize];
+            backend.read_host_accessible(self.base + offset, &mut now)?;
             return Ok(now);
         }
-        // SAFETY: [base, base + len) lies in the pages this mirror mapped read-write.
-        Ok(unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len as usize) }.to_vec())
+        // SAFETY: [base + offset, base + offset + len) lies in the pages this mirror mapped
+        // read-write (callers keep offset + len within the mirror's length).
+        Ok(unsafe { std::slice::from_raw_parts((self.base + offset) as *const u8, len as usize) }.to_vec())
     }
 
     /// Write runs of the client's bytes (checked against the mirror's length).
@@ -169,35 +174,86 @@ impl Mirrors {
         Ok(())
     }
 
-    /// The bytes of these mirrors that changed since the client last saw them, as
-    /// (address, bytes); the shadows take the new contents.
-    pub fn pull(&mut self, backend: &dyn Backend, bases: &[u64]) -> Vec<(u64, Vec<u8>)> {
+    /// The bytes of these mirrors that changed since the client last saw them, from offset
+    /// `from` of the first, until about `budget` bytes (packed runs and contents) are
+    /// gathered; the shadows take the bytes sent. Also where the next pull starts, as
+    /// (mirror base, offset), when more changed than the budget holds.
+    pub fn pull(
+        &mut self,
+        backend: &dyn Backend,
+        bases: &[u64],
+        from: u64,
+        budget: usize,
+    ) -> (Vec<MirrorChanges>, Option<(u64, u64)>) {
         let mut out = Vec::new();
-        for base in bases {
-            let Some(m) = self.by_base.get_mut(base) else { continue };
-            let now = match m.read(backend) {
-                Ok(now) => now,
-                Err(e) => {
-                    tracing::warn!("reading the mirror at {base:#x}: {e}");
-                    continue;
+        // Room for one struct's fields in the archive.
+        const PER_MIRROR: usize = 64;
+        let mut used = 0usize;
+        for (i, &base) in bases.iter().enumerate() {
+            let Some(m) = self.by_base.get_mut(&base) else { continue };
+            let mut changes = MirrorChanges { base, ..Default::default() };
+            used += PER_MIRROR;
+            let mut end = 0u64;
+            let mut at = if i == 0 { from.min(m.len) } else { 0 };
+            while at < m.len {
+                let window = (m.len - at).min(WINDOW);
+                let now = match m.read_at(backend, at, window) {
+                    Ok(now) => now,
+                    Err(e) => {
+                        tracing::warn!("reading the mirror at {base:#x}: {e}");
+                        break;
+                    }
+                };
+                let shadow = &mut m.shadow[at as usize..(at + window) as usize];
+                for (offset, n) in mirror::changed_runs(shadow, &now) {
+                    let (mut o, mut n) = (offset as usize, n as usize);
+                    while n > 0 {
+                        let mut room = budget.saturating_sub(used + mirror::MAX_PACKED_RUN);
+                        if room == 0 && out.is_empty() && changes.runs.is_empty() {
+                            // Every pull moves on, however small the budget.
+                            room = n;
+                        }
+                        if room == 0 {
+                            if !changes.runs.is_empty() {
+                                out.push(changes);
+                            }
+                            return (out, Some((base, at + o as u64)));
+                        }
+                        let take = n.min(room);
+                        let before = changes.runs.len();
+                        end = mirror::pack_run(&mut changes.runs, end, at + o as u64, take as u64);
+                        changes.bytes.extend_from_slice(&now[o..o + take]);
+                        shadow[o..o + take].copy_from_slice(&now[o..o + take]);
+                        used += take + changes.runs.len() - before;
+                        o += take;
+                        n -= take;
+                    }
                 }
-            };
-            for (offset, n) in mirror::changed_runs(&m.shadow, &now) {
-                let (o, n) = (offset as usize, n as usize);
-                out.push((m.base + offset, now[o..o + n].to_vec()));
+                at += window;
             }
-            m.shadow = now;
+            if !changes.runs.is_empty() {
+                out.push(changes);
+            }
         }
-        out
+        (out, None)
     }
 
-    /// [`Mirrors::pull`] of every mirror (nothing when there is none).
-    pub fn pull_all(&mut self, backend: &dyn Backend) -> Vec<(u64, Vec<u8>)> {
-        if self.by_base.is_empty() {
-            return Vec::new();
+    /// [`Mirrors::pull`] of every mirror, page after page, each handed to `send` with
+    /// whether it is the last (one empty page when nothing changed).
+    pub fn pull_all(&mut self, backend: &dyn Backend, mut send: impl FnMut(Vec<MirrorChanges>, bool)) {
+        let mut bases: Vec<u64> = self.by_base.keys().copied().collect();
+        let mut from = 0;
+        loop {
+            let (changes, next) = self.pull(backend, &bases, from, mirror::PULL_BUDGET);
+            let Some((base, offset)) = next else {
+                send(changes, true);
+                return;
+            };
+            send(changes, false);
+            let first = bases.iter().position(|&b| b == base).unwrap_or(0);
+            bases.drain(..first);
+            from = offset;
         }
-        let bases: Vec<u64> = self.by_base.keys().copied().collect();
-        self.pull(backend, &bases)
     }
 
     /// Whether `[addr, addr + len)` lies inside one mirror (`len` 0 counts as 1).
@@ -228,5 +284,61 @@ fn release(page_base: u64, page_len: u64, in_arena: bool) {
     } else {
         // SAFETY: the pages this mirror mapped.
         unsafe { libc::munmap(page_base as *mut libc::c_void, page_len as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change larger than one answer holds comes back in pages that, applied in order,
+    /// rebuild the mirror exactly, and the next pull finds nothing.
+    #[test]
+    fn large_changes_come_back_in_pages_that_rebuild_them() {
+        let backend = crate::fuzz::emulated_harness_backend();
+        assert!(reserve_arena());
+        let (base, len) = (ARENA_BASE + (3 << 30), 6u64 << 20);
+        let mut mirrors = Mirrors::default();
+        mirrors.write(&*backend, base, len, &[], &[], false).expect("a mirror in the arena");
+        // What the GPU would do: every float rewritten, so few bytes in a row change.
+        // SAFETY: the mirror just mapped these pages read-write.
+        let memory = unsafe { std::slice::from_raw_parts_mut(base as *mut f32, (len / 4) as usize) };
+        for (i, x) in memory.iter_mut().enumerate() {
+            *x = i as f32 * 2.0 + 1.0;
+        }
+        let mut client = vec![0u8; len as usize];
+        let budget = 1 << 20;
+        let (mut from, mut pages) = (0, 0);
+        loop {
+            let (changes, next) = mirrors.pull(&*backend, &[base], from, budget);
+            pages += 1;
+            for c in &changes {
+                assert!(c.runs.len() + c.bytes.len() <= budget + 64);
+                let runs = mirror::unpack_runs(&c.runs, len, c.bytes.len() as u64).expect("well-formed runs");
+                mirror::apply_runs(&runs, &c.bytes, &mut client);
+            }
+            match next {
+                Some((b, offset)) => {
+                    assert_eq!(b, base);
+                    assert!(offset > from);
+                    from = offset;
+                }
+                None => break,
+            }
+        }
+        assert!(pages > 4, "{pages} pages");
+        // SAFETY: as above.
+        let now = unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) };
+        assert!(client == now, "the pages rebuild the mirror");
+        assert_eq!(mirrors.pull(&*backend, &[base], 0, budget), (vec![], None), "nothing changed since");
+        let mut frames = 0;
+        memory[7] = -1.0;
+        mirrors.pull_all(&*backend, |changes, last| {
+            frames += 1;
+            assert!(last);
+            assert_eq!(changes.len(), 1);
+        });
+        assert_eq!(frames, 1);
+        mirrors.remove(&*backend, base);
     }
 }

@@ -1612,10 +1612,14 @@ fn host_closure(session: &Arc<Session>, client_id: u64) -> HostFn {
         // What the GPU wrote into the client's mirrored memory before this point of the
         // stream travels with the request: the function may read it (a host node after a
         // copy node into the program's memory).
-        let mirror_runs = lock(&owner.mirrors).pull_all(&*owner.backend);
-        let msg = HostCallback { id: client_id, token, status, keep, mirror_runs };
-        let h = Header::new(Kind::HostCallback, 0, 0, 0);
-        if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() && !owner.writer.is_detached() {
+        // More than one frame holds goes ahead in frames that only carry changes.
+        let mut sent = true;
+        lock(&owner.mirrors).pull_all(&*owner.backend, |changes, last| {
+            let msg = HostCallback { id: client_id, token, status, keep, changes, land_only: !last };
+            let h = Header::new(Kind::HostCallback, 0, 0, 0);
+            sent &= owner.writer.send(h, &messages::encode(&msg), &[]).is_ok();
+        });
+        if sent && !owner.writer.is_detached() {
             drop(owner);
             // Until the client ran the function; a lost client ends the process anyway.
             let _ = rx.recv();
@@ -1867,8 +1871,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             lock(&session.mirrors).remove(&*session.backend, base);
             return Ok(());
         }
-        Service::MirrorPull { bases } => {
-            ServiceReply::MirrorRuns { runs: lock(&session.mirrors).pull(&*session.backend, &bases) }
+        Service::MirrorPull { bases, from } => {
+            let (changes, next) =
+                lock(&session.mirrors).pull(&*session.backend, &bases, from, chidori_protocol::mirror::PULL_BUDGET);
+            ServiceReply::MirrorRuns { changes, next }
         }
         Service::GraphLoop(request) => graph_loop(session, frame, request),
         Service::LoadModule { hash } => {
