@@ -61,6 +61,30 @@ struct ModuleApi {
     host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32,
     host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
     host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> u32,
+    exchange_capture_mode: unsafe extern "C" fn(*mut u32) -> u32,
+}
+
+/// cudaStreamCaptureModeRelaxed.
+const CAPTURE_MODE_RELAXED: u32 = 2;
+
+impl ModuleApi {
+    /// Run `f` with this thread's stream-capture mode relaxed. The worker registers host
+    /// memory for mirrors while the program may be capturing a stream in global mode (a copy
+    /// of pageable memory recorded into a graph); there, a registration on any thread fails
+    /// with cudaErrorStreamCaptureUnsupported and invalidates the program's capture. The
+    /// worker's own bookkeeping is no part of the capture, so it opts out as the CUDA
+    /// documentation describes for such calls.
+    fn relaxed<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer to a cudaStreamCaptureMode.
+        let swapped = unsafe { (self.exchange_capture_mode)(&mut mode) } == 0;
+        let out = f();
+        if swapped {
+            // SAFETY: as above; puts the thread's previous mode back.
+            unsafe { (self.exchange_capture_mode)(&mut mode) };
+        }
+        out
+    }
 }
 
 /// cudaErrorNotSupported.
@@ -328,6 +352,7 @@ impl Real {
             host_register: symbol_as(&cudart, "cudaHostRegister")?,
             host_unregister: symbol_as(&cudart, "cudaHostUnregister")?,
             host_get_device_pointer: symbol_as(&cudart, "cudaHostGetDevicePointer")?,
+            exchange_capture_mode: symbol_as(&cudart, "cudaThreadExchangeStreamCaptureMode")?,
         };
         // SAFETY (block): each call passes valid out-pointers of the documented types.
         unsafe {
@@ -669,28 +694,31 @@ impl Backend for Real {
         let api = &self.module_api;
         let p = base as *mut c_void;
         let len = usize::try_from(len).map_err(|_| "mirror too large".to_owned())?;
-        // SAFETY: the caller mapped [base, base + len) read-write in this process.
-        let rc = unsafe { (api.host_register)(p, len, HOST_REGISTER_PORTABLE_MAPPED) };
-        if rc != 0 {
-            return Err(format!("cudaHostRegister of {len} bytes at {base:#x} failed with status {rc}"));
-        }
-        let mut device: *mut c_void = std::ptr::null_mut();
-        // SAFETY: p is registered memory; `device` is a valid out-pointer.
-        let rc = unsafe { (api.host_get_device_pointer)(&mut device, p, 0) };
-        if rc != 0 || device != p {
-            // SAFETY: registered just above.
-            unsafe { (api.host_unregister)(p) };
-            return Err(format!(
-                "the GPU addresses host memory at {base:#x} as {device:p} (status {rc}): this GPU cannot read the client's pinned memory at its own address"
-            ));
-        }
-        Ok(())
+        api.relaxed(|| {
+            // SAFETY: the caller mapped [base, base + len) read-write in this process.
+            let rc = unsafe { (api.host_register)(p, len, HOST_REGISTER_PORTABLE_MAPPED) };
+            if rc != 0 {
+                return Err(format!("cudaHostRegister of {len} bytes at {base:#x} failed with status {rc}"));
+            }
+            let mut device: *mut c_void = std::ptr::null_mut();
+            // SAFETY: p is registered memory; `device` is a valid out-pointer.
+            let rc = unsafe { (api.host_get_device_pointer)(&mut device, p, 0) };
+            if rc != 0 || device != p {
+                // SAFETY: registered just above.
+                unsafe { (api.host_unregister)(p) };
+                return Err(format!(
+                    "the GPU addresses host memory at {base:#x} as {device:p} (status {rc}): this GPU cannot read the client's pinned memory at its own address"
+                ));
+            }
+            Ok(())
+        })
     }
 
     fn pin_staging(&self, base: u64, len: u64) -> bool {
         let Ok(len) = usize::try_from(len) else { return false };
+        let api = &self.module_api;
         // SAFETY: the caller's memory of `len` bytes, alive as long as the process.
-        let rc = unsafe { (self.module_api.host_register)(base as *mut c_void, len, HOST_REGISTER_PORTABLE) };
+        let rc = api.relaxed(|| unsafe { (api.host_register)(base as *mut c_void, len, HOST_REGISTER_PORTABLE) });
         if rc != 0 {
             tracing::debug!("cudaHostRegister of a {len}-byte staging buffer failed ({rc}): it stays pageable");
         }
@@ -717,8 +745,9 @@ impl Backend for Real {
     }
 
     fn unmap_host(&self, base: u64) {
+        let api = &self.module_api;
         // SAFETY: `base` was registered by map_host.
-        let rc = unsafe { (self.module_api.host_unregister)(base as *mut c_void) };
+        let rc = api.relaxed(|| unsafe { (api.host_unregister)(base as *mut c_void) });
         if rc != 0 {
             tracing::warn!("cudaHostUnregister at {base:#x} failed with status {rc}");
         }
