@@ -112,13 +112,20 @@ def run_shard(run: Run, ops: list[str], dtypes: str, op_timeout: float, deadline
             for n in done:
                 run.ends.setdefault(n, OpEnd("ok"))
         rest = [n for n in pending if n not in done]
-        if rc == 3 and done:
+        broke_after_op = rc == 3 and bool(done)
+        if broke_after_op:
             # The last op written broke the context (run_ops.py exits 3 right after it).
             last = max(done, key=lambda n: os.path.getmtime(os.path.join(run.out, n + ".pt")))
             with run.lock:
                 run.ends[last] = OpEnd("crash", "the CUDA context was broken after this op")
         if not rest:
             return
+        if broke_after_op and timed_out is None and time.monotonic() <= deadline:
+            # The next op never started: run it in the fresh process, not as a crash.
+            with run.lock:
+                run.restarts += 1
+            pending = rest
+            continue
         first = rest[0]
         with run.lock:
             run.restarts += 1
