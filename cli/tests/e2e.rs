@@ -895,6 +895,45 @@ fn a_host_workspace_sized_by_a_query_is_the_workers_own() {
     assert_eq!(trace_row(&stderr, "cusolverSpXcsrpermHost"), ["1", "1"], "{stderr}");
 }
 
+/// cuSPARSE's header documents no status: once connected, its error strings are the
+/// server's library's (the emulated backend marks its own), asked once for all values;
+/// before any call, the status name serves.
+const STATUS_TEXTS: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+const char *cusparseGetErrorString(int status);
+int cusparseCreateMatDescr(h_t *d);
+int cusparseDestroyMatDescr(h_t d);
+int main(void) {
+  h_t d = 0;
+  printf("%s\n", cusparseGetErrorString(10));
+  if (cusparseCreateMatDescr(&d)) return 2;
+  printf("%s\n", cusparseGetErrorString(10));
+  printf("%s\n", cusparseGetErrorString(3));
+  printf("%s\n", cusparseGetErrorString(12345));
+  return cusparseDestroyMatDescr(d);
+}
+"#;
+
+#[test]
+fn undocumented_status_texts_are_the_servers_librarys() {
+    let server = server();
+    let exe = program_with("status-texts", STATUS_TEXTS, &["-l:libcusparse.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "CUSPARSE_STATUS_NOT_SUPPORTED",
+            "CUSPARSE_STATUS_NOT_SUPPORTED (emulated)",
+            "CUSPARSE_STATUS_INVALID_VALUE (emulated)",
+            "unrecognized error code"
+        ],
+        "{stderr}"
+    );
+    assert_eq!(trace_row(&stderr, "cusparseCreateMatDescr"), ["1", "1"], "{stderr}");
+}
+
 /// cuSPARSELt's handle, descriptors and plans are 1 KiB records the program holds and the
 /// library fills with its own pointers: the worker keeps the library's records, the
 /// program's hold ids. The emulated library links its records (a plan to its descriptor,

@@ -545,6 +545,29 @@ fn hostile_services_crash_no_worker() {
         ),
         (Service::NcclLastError { comm: junk }, vec![], true),
         (Service::NcclLastError { comm: 0 }, vec![], true),
+        (
+            Service::StatusTexts { library: "cudart".into(), function: "cudaMalloc".into(), values: vec![1] },
+            vec![],
+            true,
+        ),
+        (
+            Service::StatusTexts {
+                library: "cusparse".into(),
+                function: "cusparseGetErrorString".into(),
+                values: vec![junk as i64; 5000],
+            },
+            vec![],
+            true,
+        ),
+        (
+            Service::StatusTexts {
+                library: "cusparse".into(),
+                function: "cusparseGetErrorString".into(),
+                values: vec![i64::MIN, -1, i64::MAX],
+            },
+            vec![],
+            true,
+        ),
     ];
     // An upload whose bytes are not the image its hash names breaks the protocol: that
     // session ends, saying why; the server serves the next.
@@ -554,6 +577,11 @@ fn hostile_services_crash_no_worker() {
     s.write_all(&frame::to_vec(h, &messages::encode(&upload), &[&[0xff; 4096]]).unwrap()).unwrap();
     assert!(goodbye_reason(&mut s).contains("does not match its hash"));
 
+    let nccl_junk = requests
+        .iter()
+        .position(|(r, _, _)| matches!(r, Service::NcclLastError { comm } if *comm == junk))
+        .expect("the NCCL request") as u64
+        + 1;
     let mut s = session(&server.address);
     let mut expected = Vec::new();
     for (seq, (request, bulk, answered)) in requests.iter().enumerate() {
@@ -569,7 +597,7 @@ fn hostile_services_crash_no_worker() {
         match f.header.kind {
             Kind::ServiceReply => {
                 let reply: ServiceReply = messages::decode(&f, "service reply").unwrap();
-                if f.header.seq == requests.len() as u64 - 1 {
+                if f.header.seq == nccl_junk {
                     // ncclGetLastError of a communicator of no one's: refused, with why.
                     assert!(
                         matches!(&reply, ServiceReply::Error { message, .. } if message.contains("no NCCL communicator")),

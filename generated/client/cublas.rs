@@ -10154,7 +10154,12 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetStatusString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cublas", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cublas",
+            "cublasGetStatusString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cublasGetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

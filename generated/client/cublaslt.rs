@@ -115,7 +115,12 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetStatusString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cublaslt", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cublaslt",
+            "cublasLtGetStatusString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cublasLtGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -1827,7 +1827,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorName(error: u32) -> *mut c
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cudart", error as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cudart",
+            "cudaGetErrorString",
+            error as i64,
+        ) as *mut c_void
     }
 }
 ///`cudaGetFuncBySymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

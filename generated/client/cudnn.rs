@@ -5166,7 +5166,12 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetErrorString__cu118(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("12.1", "cudnn", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "12.1",
+            "cudnn",
+            "cudnnGetErrorString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cudnnGetErrorString` for CUDA 12.6, 12.8, 13.0, 13.1 (local, generated).
@@ -5175,7 +5180,12 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetErrorString__cu126(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cudnn", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cudnn",
+            "cudnnGetErrorString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cudnnGetFilter4dDescriptor` for CUDA 11.8, 12.1 (sync).

@@ -8256,7 +8256,12 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetErrorString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cusparse", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cusparse",
+            "cusparseGetErrorString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cusparseGetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -139,7 +139,12 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "cusparselt", status as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "cusparselt",
+            "cusparseLtGetErrorString",
+            status as i64,
+        ) as *mut c_void
     }
 }
 ///`cusparseLtGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).

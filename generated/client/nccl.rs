@@ -430,7 +430,10 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGather(
 ///`ncclGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetErrorString(result: u32) -> *mut c_void {
-    unsafe { crate::runtime::error_string("13.1", "nccl", result as i64) as *mut c_void }
+    unsafe {
+        crate::runtime::error_string("13.1", "nccl", "ncclGetErrorString", result as i64)
+            as *mut c_void
+    }
 }
 ///`ncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]

@@ -3592,7 +3592,10 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfile
 ///`nvmlErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlErrorString(result: u32) -> *mut c_void {
-    unsafe { crate::runtime::error_string("13.1", "nvml", result as i64) as *mut c_void }
+    unsafe {
+        crate::runtime::error_string("13.1", "nvml", "nvmlErrorString", result as i64)
+            as *mut c_void
+    }
 }
 ///`nvmlGetExcludedDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

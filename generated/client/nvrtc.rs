@@ -109,7 +109,12 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetErrorString(
     result: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "nvrtc", result as i64) as *mut c_void
+        crate::runtime::error_string(
+            "13.1",
+            "nvrtc",
+            "nvrtcGetErrorString",
+            result as i64,
+        ) as *mut c_void
     }
 }
 ///`nvrtcGetLTOIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

@@ -211,6 +211,9 @@ pub struct MirrorChanges {
     pub bytes: Vec<u8>,
 }
 
+/// The most status values one `Service::StatusTexts` may name.
+pub const MAX_STATUS_TEXTS: usize = 4096;
+
 /// Client → server: the host callback of `token` returned.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct HostCallbackDone {
@@ -308,6 +311,11 @@ pub enum Service {
     /// ncclGetLastError of the session's NCCL (`comm`: a communicator of the session, or 0;
     /// NCCL keeps one text per process); answered by `Name`.
     NcclLastError { comm: u64 },
+    /// The texts the server's library gives for these status values, through its own
+    /// error-string function (one of `chidori_cuda::status::TEXT_FUNCTIONS`): the client's
+    /// tables have only names where a header documents no status. Answered by `Texts`, one
+    /// per value; at most [`MAX_STATUS_TEXTS`] values.
+    StatusTexts { library: String, function: String, values: Vec<i64> },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its
@@ -529,6 +537,7 @@ pub enum ServiceReply {
         message: String,
     },
     Name(String),
+    Texts(Vec<String>),
     Linked(LinkResult),
     /// A `GraphList`'s arrays: `edge_data` is empty where every edge has default data;
     /// `capture` holds (status, id, graph) for a capture's frontier.

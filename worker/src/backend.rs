@@ -149,6 +149,10 @@ pub trait Backend: Send + Sync + 'static {
     /// ncclGetLastError's text (`comm`: the backend's communicator, or 0). Err: (ncclResult_t,
     /// message) where the server has no NCCL.
     fn nccl_last_error(&self, comm: u64) -> Result<String, (i64, String)>;
+    /// The texts `library`'s error-string function `function` (one of
+    /// `chidori_cuda::status::TEXT_FUNCTIONS`, checked by the caller) gives for `values`.
+    /// Err: (status, message) where the library is missing.
+    fn status_texts(&self, library: &str, function: &str, values: &[i64]) -> Result<Vec<String>, (i64, String)>;
     /// Link with the JIT linker. Err: (driver status, message) when there is no linker.
     fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)>;
     /// Run a graph-replay loop (`request` with its `exec` and `stream` already the backend's

@@ -1051,6 +1051,20 @@ impl Backend for Emulated {
         self.list(query)
     }
 
+    fn status_texts(&self, library: &str, _function: &str, values: &[i64]) -> Result<Vec<String>, (i64, String)> {
+        // No library here: each value's name at the newest CUDA version, marked, so tests
+        // can tell the server answered.
+        let version = chidori_cuda::status::BY_VERSION.last().map(|(v, _)| *v).unwrap_or_default();
+        let table = chidori_cuda::status::table(version, library);
+        Ok(values
+            .iter()
+            .map(|&v| match table.and_then(|t| chidori_cuda::status::find(t, v)) {
+                Some(s) => format!("{} (emulated)", s.name.trim_end_matches('\0')),
+                None => "unknown status (emulated)".to_owned(),
+            })
+            .collect())
+    }
+
     fn nccl_last_error(&self, _comm: u64) -> Result<String, (i64, String)> {
         Ok(self.state().nccl_last_error.clone())
     }

@@ -812,6 +812,24 @@ impl Backend for Real {
         Ok(cstr(unsafe { f(comm) }))
     }
 
+    fn status_texts(&self, library: &str, function: &str, values: &[i64]) -> Result<Vec<String>, (i64, String)> {
+        let lib = self.library(library);
+        let lib = lib.as_ref().as_ref().map_err(|e| (NOT_SUPPORTED_RT, e.clone()))?;
+        // The caller checked `function` is one of TEXT_FUNCTIONS: the library's error-string
+        // function, one status enum (a C int) in, a static NUL-terminated text out.
+        let f: unsafe extern "C" fn(i32) -> *const i8 =
+            symbol_as(lib, function).map_err(|e| (NOT_SUPPORTED_RT, e.to_string()))?;
+        Ok(values
+            .iter()
+            .map(|&v| match i32::try_from(v) {
+                // SAFETY: see above; any int is a valid argument (an unknown value gets the
+                // library's own text for it), and the text is copied at once.
+                Ok(v) => cstr(unsafe { f(v) }),
+                Err(_) => String::new(),
+            })
+            .collect())
+    }
+
     fn graph_dot(&self, graph: u64, flags: u32) -> Result<String, (i64, String)> {
         let f: unsafe extern "C" fn(u64, *const i8, u32) -> i32 = self.driver_fn("cuGraphDebugDotPrint")?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -1944,6 +1944,22 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 None => foreign("NCCL communicator", comm),
             }
         }
+        Service::StatusTexts { library, function, values } => {
+            let known = chidori_cuda::status::TEXT_FUNCTIONS.iter().any(|&(l, f)| l == library && f == function);
+            if !known {
+                ServiceReply::Error {
+                    status: 400,
+                    message: format!("{function} is no error-string function of {library}"),
+                }
+            } else if values.len() > messages::MAX_STATUS_TEXTS {
+                ServiceReply::Error { status: 400, message: format!("{} status values asked at once", values.len()) }
+            } else {
+                match session.backend.status_texts(&library, &function, &values) {
+                    Ok(texts) => ServiceReply::Texts(texts),
+                    Err((status, message)) => ServiceReply::Error { status, message },
+                }
+            }
+        }
         Service::GraphList(query) => graph_list(session, query),
         Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
         Service::NvidiaSmi { args } => {

@@ -1014,6 +1014,20 @@ impl<'a> Emitter<'a> {
     fn status_mod(&self) -> Result<String> {
         let mods: Vec<_> = self.model.versions.iter().map(|v| ident(&version_mod(v))).collect();
         let versions = self.model.versions.iter().map(|v| lit_str(v));
+        // The functions whose spec answers them with `impl = "error_string"`.
+        let text_functions = self.model.libraries.iter().flat_map(|lib| {
+            lib.functions
+                .values()
+                .filter(|f| {
+                    f.variants.iter().any(|v| {
+                        matches!(&v.disposition, Disposition::GeneratedLocal { implementation } if implementation == "error_string")
+                    })
+                })
+                .map(|f| {
+                    let (l, n) = (lit_str(&lib.lib.name), lit_str(&f.name));
+                    quote!((#l, #n))
+                })
+        });
         rust_file(
             PREAMBLE_ALL,
             "Status names and messages of every library, per CUDA version (for `*GetErrorName`,\n//! `*GetErrorString` and log lines).",
@@ -1029,6 +1043,9 @@ impl<'a> Emitter<'a> {
                 /// Status tables of every library at one CUDA version.
                 pub type Tables = &'static [(&'static str, &'static [Status])];
                 pub static BY_VERSION: &[(&str, Tables)] = &[#((#versions, #mods::LIBRARIES)),*];
+                /// (library, function) of each library's error-string function: one status in,
+                /// a static text out. The server calls only these for a client's status texts.
+                pub static TEXT_FUNCTIONS: &[(&str, &str)] = &[#(#text_functions),*];
                 /// The status table of `library` at CUDA `version`.
                 pub fn table(version: &str, library: &str) -> Option<&'static [Status]> {
                     let (_, libs) = BY_VERSION.iter().find(|(v, _)| *v == version)?;
@@ -1152,7 +1169,12 @@ impl<'a> Emitter<'a> {
                         let arg = &names[0];
                         let func = ident(implementation);
                         let lname = lit_str(libname);
-                        quote!(crate::runtime::#func(#version, #lname, #arg as i64) as *mut c_void)
+                        if implementation == "error_string" {
+                            let fname = lit_str(&f.name);
+                            quote!(crate::runtime::#func(#version, #lname, #fname, #arg as i64) as *mut c_void)
+                        } else {
+                            quote!(crate::runtime::#func(#version, #lname, #arg as i64) as *mut c_void)
+                        }
                     }
                     Disposition::Custom { implementation: None, .. } => {
                         let func = ident(&variant_ident(&f.name, &v.tag));

@@ -392,14 +392,67 @@ pub fn error_name(version: &str, library: &str, value: i64) -> *const c_char {
     })
 }
 
-/// `*GetErrorString`: the status's one-sentence description.
-pub fn error_string(version: &str, library: &str, value: i64) -> *const c_char {
+/// `*GetErrorString`: the status's one-sentence description. Where the library's header
+/// documents no status (cuBLAS, cuSPARSE, cuSPARSELt, NCCL: the table holds only names), the
+/// text is the server's library's own, asked once per library.
+pub fn error_string(version: &str, library: &str, function: &'static str, value: i64) -> *const c_char {
     crate::guard::ffi("error_string", UNRECOGNIZED.as_ptr(), || {
-        match status::table(version, library).and_then(|t| status::find(t, value)) {
-            Some(s) => s.message.as_ptr().cast(),
-            None => UNRECOGNIZED.as_ptr(),
+        let Some(s) = status::table(version, library).and_then(|t| status::find(t, value)) else {
+            return UNRECOGNIZED.as_ptr();
+        };
+        if s.message != s.name {
+            return s.message.as_ptr().cast();
         }
+        server_text(version, library, function, value).unwrap_or(s.message.as_ptr().cast())
     })
+}
+
+/// Status texts the server's libraries gave, per (CUDA version, library); None where the
+/// server could not answer. Never emptied: the program keeps the pointers.
+type ServerTexts =
+    std::collections::BTreeMap<(String, String), Option<std::collections::BTreeMap<i64, std::ffi::CString>>>;
+static SERVER_TEXTS: std::sync::Mutex<ServerTexts> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn server_text(version: &str, library: &str, function: &str, value: i64) -> Option<*const c_char> {
+    let mut texts = SERVER_TEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let key = (version.to_owned(), library.to_owned());
+    if !texts.contains_key(&key) {
+        // Without a connection yet, the name serves and the server is asked next time.
+        let conn = conn::existing()?;
+        texts.insert(key.clone(), ask_texts(&conn, version, library, function));
+    }
+    texts.get(&key)?.as_ref()?.get(&value).map(|t| t.as_ptr())
+}
+
+/// Every status text of `library` at `version`, from the server's library (`function` is
+/// its error-string function).
+fn ask_texts(
+    conn: &Conn,
+    version: &str,
+    library: &str,
+    function: &str,
+) -> Option<std::collections::BTreeMap<i64, std::ffi::CString>> {
+    let table = status::table(version, library)?;
+    let values: Vec<i64> = table.iter().map(|s| s.value).collect();
+    let request = messages::Service::StatusTexts {
+        library: library.to_owned(),
+        function: function.to_owned(),
+        values: values.clone(),
+    };
+    match conn.service(&request, &[]) {
+        Ok(messages::ServiceReply::Texts(texts)) if texts.len() == values.len() => Some(
+            values
+                .into_iter()
+                .zip(texts)
+                .filter(|(_, t)| !t.is_empty())
+                .filter_map(|(v, t)| Some((v, std::ffi::CString::new(t).ok()?)))
+                .collect(),
+        ),
+        other => {
+            tracing::debug!("{function}: the server gave no status texts ({other:?})");
+            None
+        }
+    }
 }
 
 static UNRECOGNIZED: &CStr = c"unrecognized error code";

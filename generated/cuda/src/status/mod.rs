@@ -26,6 +26,19 @@ pub static BY_VERSION: &[(&str, Tables)] = &[
     ("13.0", v13_0::LIBRARIES),
     ("13.1", v13_1::LIBRARIES),
 ];
+/// (library, function) of each library's error-string function: one status in,
+/// a static text out. The server calls only these for a client's status texts.
+pub static TEXT_FUNCTIONS: &[(&str, &str)] = &[
+    ("cudart", "cudaGetErrorString"),
+    ("cublas", "cublasGetStatusString"),
+    ("cublaslt", "cublasLtGetStatusString"),
+    ("cudnn", "cudnnGetErrorString"),
+    ("nvml", "nvmlErrorString"),
+    ("cusparse", "cusparseGetErrorString"),
+    ("nvrtc", "nvrtcGetErrorString"),
+    ("nccl", "ncclGetErrorString"),
+    ("cusparselt", "cusparseLtGetErrorString"),
+];
 /// The status table of `library` at CUDA `version`.
 pub fn table(version: &str, library: &str) -> Option<&'static [Status]> {
     let (_, libs) = BY_VERSION.iter().find(|(v, _)| *v == version)?;
