@@ -26,6 +26,7 @@
 #            torch suite's cuDNN cases ($LEARNED_CASES) at 70 ms, twice with one fresh client
 #            cache, then decode with the dynamic cache (4 layers) learning 32 tokens, and again
 #            with 8 and 32: values against native, round trips, per token once running
+#            (LEARNED_CASES=none: decode only)
 #   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
 #            function and in order
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
@@ -311,7 +312,10 @@ if want learned; then
   # LEARNED_CASES=all: the whole suite (each case against native + syncs × RTT + 10 RTT).
   only=(--only "${LEARNED_CASES:-conv_cudnn,cnn_training,lstm,sdpa_backends}")
   [[ ${LEARNED_CASES:-} == all ]] && only=()
-  for run in first second; do
+  runs=(first second)
+  # LEARNED_CASES=none: decode only.
+  [[ ${LEARNED_CASES:-} == none ]] && runs=()
+  for run in "${runs[@]}"; do
     CHIDORI_LEARNED_CUDNN=1 CHIDORI_TRACE=- XDG_CACHE_HOME=$lcache timeout ${LEARNED_TIMEOUT:-240} python3 gpu/torch-suite/compare.py \
       --chidori "$CHIDORI" --server $SERVER --wan-server 127.0.0.1:$WAN_PORT --wan-only \
       "${only[@]}" --json "$LOGS/learned-$run.json" > "$LOGS/learned-$run.txt" 2>&1
