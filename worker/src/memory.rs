@@ -163,64 +163,6 @@ pub fn effect(name: &str) -> Effect {
     }
 }
 
-/// Calls whose device addresses come as a host array (batched prefetches and discards, beside
-/// an array of sizes; cuFFT's work areas, one per GPU, sized by the plan): (addresses
-/// parameter, sizes parameter). Every address is checked as the session's memory, with its
-/// size where there is one.
-pub fn address_arrays(name: &str) -> Option<(usize, Option<usize>)> {
-    match name.trim_end_matches("_ptsz") {
-        "cuMemPrefetchBatchAsync"
-        | "cuMemDiscardBatchAsync"
-        | "cuMemDiscardAndPrefetchBatchAsync"
-        | "cudaMemPrefetchBatchAsync"
-        | "cudaMemDiscardBatchAsync"
-        | "cudaMemDiscardAndPrefetchBatchAsync" => Some((0, Some(1))),
-        "cufftXtSetWorkArea" => Some((1, None)),
-        _ => None,
-    }
-}
-
-/// Byte ranges of the device arguments of copies and memsets: (device parameter, length
-/// parameter, bytes per unit). Other device arguments are checked at their address only.
-pub fn extents(name: &str) -> &'static [(usize, usize, u64)] {
-    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
-    match name {
-        // (dst, src, count, kind[, stream]): whichever of the two is a device address.
-        "cudaMemcpy" | "cudaMemcpyAsync" => &[(0, 2, 1), (1, 2, 1)],
-        "cudaMemset" | "cudaMemsetAsync" => &[(0, 2, 1)],
-        "cuMemcpy"
-        | "cuMemcpyAsync"
-        | "cuMemcpyHtoD_v2"
-        | "cuMemcpyHtoDAsync_v2"
-        | "cuMemcpyDtoH_v2"
-        | "cuMemcpyDtoHAsync_v2"
-        | "cuMemcpyDtoD_v2"
-        | "cuMemcpyDtoDAsync_v2"
-        | "cuMemcpyHtoD"
-        | "cuMemcpyDtoH"
-        | "cuMemcpyDtoD" => &[(0, 2, 1), (1, 2, 1)],
-        "cuMemsetD8_v2" | "cuMemsetD8Async" | "cuMemsetD8" => &[(0, 2, 1)],
-        "cuMemsetD16_v2" | "cuMemsetD16Async" | "cuMemsetD16" => &[(0, 2, 2)],
-        "cuMemsetD32_v2" | "cuMemsetD32Async" | "cuMemsetD32" => &[(0, 2, 4)],
-        "cuMemcpyPeer" | "cuMemcpyPeerAsync" => &[(0, 4, 1), (2, 4, 1)],
-        "cudaMemPrefetchAsync" | "cuMemPrefetchAsync" | "cuMemPrefetchAsync_v2" => &[(0, 1, 1)],
-        _ => &[],
-    }
-}
-
-/// Pitched device arguments of 2D copies and memsets: (device parameter, its pitch, the
-/// width in bytes, the height), for the range `(height - 1) × pitch + width`.
-pub fn extents_2d(name: &str) -> &'static [(usize, usize, usize, usize)] {
-    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
-    match name {
-        // (dst, dpitch, src, spitch, width, height, kind[, stream])
-        "cudaMemcpy2D" | "cudaMemcpy2DAsync" => &[(0, 1, 4, 5), (2, 3, 4, 5)],
-        // (devPtr, pitch, value, width, height[, stream])
-        "cudaMemset2D" | "cudaMemset2DAsync" => &[(0, 1, 3, 4)],
-        _ => &[],
-    }
-}
-
 /// The bytes a pitched range spans: `(height - 1) × pitch + width` (None: past the address
 /// space).
 pub fn span_2d(pitch: u64, width: u64, height: u64) -> Option<u64> {
@@ -257,7 +199,15 @@ mod tests {
         assert_eq!(effect("cudaFreeAsync"), Effect::Free { ptr: 0 });
         assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Foreign);
         assert_eq!(effect("cudaMemcpy"), Effect::None);
-        assert_eq!(extents("cuMemsetD32Async_ptsz"), &[(0, 2, 4)]);
+        // The specs' extents, per-thread twins included.
+        let extents = |f| chidori_cuda::checks::extents(f).collect::<Vec<_>>();
+        assert_eq!(extents("cuMemsetD32Async_ptsz"), [(0, 2, 4)]);
+        assert_eq!(extents("cudaMemcpyAsync_ptsz"), [(0, 2, 1), (1, 2, 1)]);
+        let pitched = |f| chidori_cuda::checks::extents_2d(f).collect::<Vec<_>>();
+        assert_eq!(pitched("cudaMemcpy2D_ptds"), [(0, 1, 4, 5), (2, 3, 4, 5)]);
+        let arrays = |f| chidori_cuda::checks::address_arrays(f).collect::<Vec<_>>();
+        assert_eq!(arrays("cuMemPrefetchBatchAsync_ptsz"), [(0, Some(1))]);
+        assert_eq!(arrays("cufftXtSetWorkArea"), [(1, None)]);
         assert_eq!(span_2d(512, 100, 3), Some(1124));
         assert_eq!(span_2d(0, 0, u64::MAX), Some(0));
         assert_eq!(span_2d(u64::MAX, 1, 3), None);

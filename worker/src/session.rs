@@ -820,8 +820,6 @@ struct SessionTables<'a> {
     session: &'a Session,
     desc: &'static CallDesc,
     args: &'a [u64],
-    /// Lengths of device arguments: (parameter, count parameter, bytes per count).
-    extents: &'a [(usize, usize, u64)],
 }
 
 impl codec::Tables for SessionTables<'_> {
@@ -847,12 +845,15 @@ impl codec::Tables for SessionTables<'_> {
         let arg = |j: usize| self.args.get(j).copied().unwrap_or(0);
         let extent = match bytes {
             Some(bytes) => Some(bytes),
+            // The bytes the specs' `extent` says the argument spans.
             None => match (
-                self.extents.iter().find(|(p, _, _)| *p == param),
-                memory::extents_2d(self.desc.name).iter().find(|(p, _, _, _)| *p == param),
+                chidori_cuda::checks::extents(self.desc.name).find(|&(p, _, _)| usize::from(p) == param),
+                chidori_cuda::checks::extents_2d(self.desc.name).find(|&(p, _, _, _)| usize::from(p) == param),
             ) {
-                (Some(&(_, count, unit)), _) => arg(count).checked_mul(unit),
-                (None, Some(&(_, pitch, width, height))) => memory::span_2d(arg(pitch), arg(width), arg(height)),
+                (Some((_, count, unit)), _) => arg(count.into()).checked_mul(unit),
+                (None, Some((_, pitch, width, height))) => {
+                    memory::span_2d(arg(pitch.into()), arg(width.into()), arg(height.into()))
+                }
                 (None, None) => Some(1),
             },
         };
@@ -985,7 +986,6 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     {
         return reply_status(session, &header, desc, desc.codes.invalid_value, None);
     }
-    let extents = memory::extents(desc.name);
     // Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
     let device_ok = |addr: u64, len: u64| device_ok(session, addr, len);
 
@@ -1008,7 +1008,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // Parse the arguments (lengths, bulk, handles, device addresses), then lay out the host
     // memory of the call.
     let decoded = {
-        let mut tables = SessionTables { session, desc, args: &args, extents };
+        let mut tables = SessionTables { session, desc, args: &args };
         match codec::decode(desc, &args, &lens, &frame.bulk, &mut tables) {
             Ok(decoded) => decoded,
             Err(e) => return refuse(session, &header, desc, e),
@@ -1193,8 +1193,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
-    // Host arrays of device addresses (batched prefetches and discards, cuFFT's work areas).
-    if let Some((addrs, sizes)) = memory::address_arrays(desc.name) {
+    // Host arrays of device addresses (the specs' `addresses`: batched prefetches and
+    // discards, cuFFT's work areas).
+    for (addrs, sizes) in chidori_cuda::checks::address_arrays(desc.name) {
+        let (addrs, sizes) = (usize::from(addrs), sizes.map(usize::from));
         let words = |p: usize| -> Vec<u64> {
             let (ptr, len) = (raw.get(p).copied().unwrap_or(0), lens.get(p).copied().unwrap_or(0));
             if ptr == 0 || len == NULL_LEN {

@@ -480,6 +480,84 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        // The bytes device parameters span and host arrays of device addresses.
+        let mut extents = BTreeSet::new();
+        let mut extents_2d = BTreeSet::new();
+        let mut address_arrays = BTreeSet::new();
+        for lib in &self.model.libraries {
+            for (name, f) in &lib.functions {
+                let Some(spec) = crate::model::function_spec(&lib.lib, &lib.spec, name) else {
+                    continue;
+                };
+                let at = |v: &Variant, what: &str, param: &str| -> Result<u8> {
+                    let i = v.decl.params.iter().position(|p| p.name == param.trim()).with_context(|| {
+                        format!(
+                            "specs/{}.toml: {name}: {what} names parameter {param}, which it does not have",
+                            lib.lib.name
+                        )
+                    })?;
+                    Ok(i as u8)
+                };
+                for v in &f.variants {
+                    for (param, extent) in &spec.extent {
+                        let p = at(v, "extent", param)?;
+                        let parts: Vec<&str> = extent.split(',').collect();
+                        match parts.as_slice() {
+                            [count] => {
+                                let (count, unit) = match count.split_once('*') {
+                                    Some((c, u)) => (
+                                        c,
+                                        u.trim().parse::<u64>().with_context(|| {
+                                            format!(
+                                                "specs/{}.toml: {name}: extent {extent:?}: the unit is no number",
+                                                lib.lib.name
+                                            )
+                                        })?,
+                                    ),
+                                    None => (*count, 1),
+                                };
+                                extents.insert((name.clone(), p, at(v, "extent", count)?, unit));
+                            }
+                            [pitch, width, height] => {
+                                let (pitch, width, height) =
+                                    (at(v, "extent", pitch)?, at(v, "extent", width)?, at(v, "extent", height)?);
+                                extents_2d.insert((name.clone(), p, pitch, width, height));
+                            }
+                            _ => bail!(
+                                "specs/{}.toml: {name}: extent {extent:?} is no count and no pitch, width, height",
+                                lib.lib.name
+                            ),
+                        }
+                    }
+                    for (param, sizes) in &spec.addresses {
+                        let sizes = if sizes.is_empty() { u8::MAX } else { at(v, "addresses", sizes)? };
+                        address_arrays.insert((name.clone(), at(v, "addresses", param)?, sizes));
+                    }
+                }
+            }
+        }
+        // One entry per parameter: variants that placed it differently would be ambiguous.
+        let ambiguous = |keys: Vec<(&String, u8)>| keys.windows(2).find(|w| w[0] == w[1]).map(|w| w[0].0.clone());
+        if let Some(name) = ambiguous(extents.iter().map(|e| (&e.0, e.1)).collect())
+            .or_else(|| ambiguous(extents_2d.iter().map(|e| (&e.0, e.1)).collect()))
+            .or_else(|| ambiguous(address_arrays.iter().map(|e| (&e.0, e.1)).collect()))
+        {
+            bail!(
+                "{name}: its versions place an extent's parameters differently; give the older variant a spec of its own"
+            );
+        }
+        let extents = extents.into_iter().map(|(name, p, count, unit)| {
+            let name = lit_str(&name);
+            quote!((#name, #p, #count, #unit))
+        });
+        let extents_2d = extents_2d.into_iter().map(|(name, p, pitch, width, height)| {
+            let name = lit_str(&name);
+            quote!((#name, #p, #pitch, #width, #height))
+        });
+        let address_arrays = address_arrays.into_iter().map(|(name, p, sizes)| {
+            let name = lit_str(&name);
+            quote!((#name, #p, #sizes))
+        });
         // Values a wire form fixes: (function, form, parameter index, value); and parameters
         // it sets to another's value (`= other`): (function, form, index, the other's index).
         let mut fixed = BTreeMap::new();
@@ -572,6 +650,28 @@ impl<'a> Emitter<'a> {
                 /// The parameters of `function` that are never NULL.
                 pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
                     of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
+                }
+                /// (function, device parameter, the parameter counting its units, bytes per
+                /// unit), sorted: the bytes the device argument spans (specs' `extent`).
+                pub static EXTENTS: &[(&str, u8, u8, u64)] = &[#(#extents),*];
+                /// The extents of `function`'s device parameters: (parameter, count, unit).
+                pub fn extents(function: &str) -> impl Iterator<Item = (u8, u8, u64)> + '_ {
+                    of(EXTENTS, function, |e| e.0).iter().map(|(_, p, c, u)| (*p, *c, *u))
+                }
+                /// (function, device parameter, pitch, width, height parameters), sorted: a
+                /// pitched range, `(height − 1) × pitch + width` bytes.
+                pub static EXTENTS_2D: &[(&str, u8, u8, u8, u8)] = &[#(#extents_2d),*];
+                /// The pitched extents of `function`'s device parameters: (parameter, pitch,
+                /// width, height).
+                pub fn extents_2d(function: &str) -> impl Iterator<Item = (u8, u8, u8, u8)> + '_ {
+                    of(EXTENTS_2D, function, |e| e.0).iter().map(|(_, p, a, b, c)| (*p, *a, *b, *c))
+                }
+                /// (function, host array of device addresses, the array of their sizes or
+                /// `u8::MAX`), sorted (specs' `addresses`).
+                pub static ADDRESS_ARRAYS: &[(&str, u8, u8)] = &[#(#address_arrays),*];
+                /// `function`'s host arrays of device addresses: (parameter, sizes parameter).
+                pub fn address_arrays(function: &str) -> impl Iterator<Item = (u8, Option<u8>)> + '_ {
+                    of(ADDRESS_ARRAYS, function, |e| e.0).iter().map(|(_, p, s)| (*p, (*s != u8::MAX).then_some(*s)))
                 }
                 /// (function, wire form, parameter index, the value the worker passes), sorted.
                 pub static FIXED: &[(&str, Form, u8, u64)] = &[#(#fixed),*];

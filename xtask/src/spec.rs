@@ -64,6 +64,9 @@
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
 //! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
+//! extent = { dst = "count", devPtr = "N * 4", dst2 = "dpitch, width, height" }
+//!                                  # the bytes a device parameter spans (checked whole)
+//! addresses = { dptrs = "sizes", workArea = "" }  # host arrays of device addresses (sizes)
 //!
 //! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
 //! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
@@ -297,6 +300,17 @@ pub struct FnSpec {
     /// invalid-value code.
     #[serde(default)]
     pub required: Vec<String>,
+    /// Device parameter → the bytes it spans, all of which the worker checks are the
+    /// session's memory: `"count"` or `"N * 4"` (a parameter, times a unit), or
+    /// `"pitch, width, height"` (a pitched range: `(height − 1) × pitch + width` bytes).
+    /// Without one a device parameter is checked at its address.
+    #[serde(default)]
+    pub extent: BTreeMap<String, String>,
+    /// Host array of device addresses → the parameter holding their sizes in bytes, or ""
+    /// where none does: the worker checks every address (batched prefetches and discards,
+    /// cuFFT's work areas).
+    #[serde(default)]
+    pub addresses: BTreeMap<String, String>,
     /// The library's size tables (filled in by the model from the file's `[size]`).
     #[serde(skip)]
     pub sizes: BTreeMap<String, BTreeMap<String, u64>>,

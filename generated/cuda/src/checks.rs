@@ -2808,6 +2808,133 @@ pub static REQUIRED: &[(&str, u8)] = &[
 pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
     of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
 }
+/// (function, device parameter, the parameter counting its units, bytes per
+/// unit), sorted: the bytes the device argument spans (specs' `extent`).
+pub static EXTENTS: &[(&str, u8, u8, u64)] = &[
+    ("cuMemPrefetchAsync", 0u8, 1u8, 1u64),
+    ("cuMemPrefetchAsync_ptsz", 0u8, 1u8, 1u64),
+    ("cuMemPrefetchAsync_v2", 0u8, 1u8, 1u64),
+    ("cuMemPrefetchAsync_v2_ptsz", 0u8, 1u8, 1u64),
+    ("cuMemcpy", 0u8, 2u8, 1u64),
+    ("cuMemcpy", 1u8, 2u8, 1u64),
+    ("cuMemcpyAsync", 0u8, 2u8, 1u64),
+    ("cuMemcpyAsync", 1u8, 2u8, 1u64),
+    ("cuMemcpyAsync_ptsz", 0u8, 2u8, 1u64),
+    ("cuMemcpyAsync_ptsz", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoD", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoD", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync_v2", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync_v2", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync_v2_ptsz", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoDAsync_v2_ptsz", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoD_v2", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoD_v2", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoD_v2_ptds", 0u8, 2u8, 1u64),
+    ("cuMemcpyDtoD_v2_ptds", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoH", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoHAsync", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoHAsync_v2", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoHAsync_v2_ptsz", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoH_v2", 1u8, 2u8, 1u64),
+    ("cuMemcpyDtoH_v2_ptds", 1u8, 2u8, 1u64),
+    ("cuMemcpyHtoD", 0u8, 2u8, 1u64),
+    ("cuMemcpyHtoDAsync", 0u8, 2u8, 1u64),
+    ("cuMemcpyHtoDAsync_v2", 0u8, 2u8, 1u64),
+    ("cuMemcpyHtoDAsync_v2_ptsz", 0u8, 2u8, 1u64),
+    ("cuMemcpyHtoD_v2", 0u8, 2u8, 1u64),
+    ("cuMemcpyHtoD_v2_ptds", 0u8, 2u8, 1u64),
+    ("cuMemcpyPeer", 0u8, 4u8, 1u64),
+    ("cuMemcpyPeer", 2u8, 4u8, 1u64),
+    ("cuMemcpyPeerAsync", 0u8, 4u8, 1u64),
+    ("cuMemcpyPeerAsync", 2u8, 4u8, 1u64),
+    ("cuMemcpyPeerAsync_ptsz", 0u8, 4u8, 1u64),
+    ("cuMemcpyPeerAsync_ptsz", 2u8, 4u8, 1u64),
+    ("cuMemcpyPeer_ptds", 0u8, 4u8, 1u64),
+    ("cuMemcpyPeer_ptds", 2u8, 4u8, 1u64),
+    ("cuMemcpy_ptds", 0u8, 2u8, 1u64),
+    ("cuMemcpy_ptds", 1u8, 2u8, 1u64),
+    ("cuMemsetD16", 0u8, 2u8, 2u64),
+    ("cuMemsetD16Async", 0u8, 2u8, 2u64),
+    ("cuMemsetD16Async_ptsz", 0u8, 2u8, 2u64),
+    ("cuMemsetD16_v2", 0u8, 2u8, 2u64),
+    ("cuMemsetD16_v2_ptds", 0u8, 2u8, 2u64),
+    ("cuMemsetD32", 0u8, 2u8, 4u64),
+    ("cuMemsetD32Async", 0u8, 2u8, 4u64),
+    ("cuMemsetD32Async_ptsz", 0u8, 2u8, 4u64),
+    ("cuMemsetD32_v2", 0u8, 2u8, 4u64),
+    ("cuMemsetD32_v2_ptds", 0u8, 2u8, 4u64),
+    ("cuMemsetD8", 0u8, 2u8, 1u64),
+    ("cuMemsetD8Async", 0u8, 2u8, 1u64),
+    ("cuMemsetD8Async_ptsz", 0u8, 2u8, 1u64),
+    ("cuMemsetD8_v2", 0u8, 2u8, 1u64),
+    ("cuMemsetD8_v2_ptds", 0u8, 2u8, 1u64),
+    ("cudaMemPrefetchAsync", 0u8, 1u8, 1u64),
+    ("cudaMemPrefetchAsync_ptsz", 0u8, 1u8, 1u64),
+    ("cudaMemPrefetchAsync_v2", 0u8, 1u8, 1u64),
+    ("cudaMemPrefetchAsync_v2_ptsz", 0u8, 1u8, 1u64),
+    ("cudaMemcpy", 0u8, 2u8, 1u64),
+    ("cudaMemcpy", 1u8, 2u8, 1u64),
+    ("cudaMemcpyAsync", 0u8, 2u8, 1u64),
+    ("cudaMemcpyAsync", 1u8, 2u8, 1u64),
+    ("cudaMemcpyAsync_ptsz", 0u8, 2u8, 1u64),
+    ("cudaMemcpyAsync_ptsz", 1u8, 2u8, 1u64),
+    ("cudaMemcpy_ptds", 0u8, 2u8, 1u64),
+    ("cudaMemcpy_ptds", 1u8, 2u8, 1u64),
+    ("cudaMemset", 0u8, 2u8, 1u64),
+    ("cudaMemsetAsync", 0u8, 2u8, 1u64),
+    ("cudaMemsetAsync_ptsz", 0u8, 2u8, 1u64),
+    ("cudaMemset_ptds", 0u8, 2u8, 1u64),
+];
+/// The extents of `function`'s device parameters: (parameter, count, unit).
+pub fn extents(function: &str) -> impl Iterator<Item = (u8, u8, u64)> + '_ {
+    of(EXTENTS, function, |e| e.0).iter().map(|(_, p, c, u)| (*p, *c, *u))
+}
+/// (function, device parameter, pitch, width, height parameters), sorted: a
+/// pitched range, `(height − 1) × pitch + width` bytes.
+pub static EXTENTS_2D: &[(&str, u8, u8, u8, u8)] = &[
+    ("cudaMemcpy2D", 0u8, 1u8, 4u8, 5u8),
+    ("cudaMemcpy2D", 2u8, 3u8, 4u8, 5u8),
+    ("cudaMemcpy2DAsync", 0u8, 1u8, 4u8, 5u8),
+    ("cudaMemcpy2DAsync", 2u8, 3u8, 4u8, 5u8),
+    ("cudaMemcpy2DAsync_ptsz", 0u8, 1u8, 4u8, 5u8),
+    ("cudaMemcpy2DAsync_ptsz", 2u8, 3u8, 4u8, 5u8),
+    ("cudaMemcpy2D_ptds", 0u8, 1u8, 4u8, 5u8),
+    ("cudaMemcpy2D_ptds", 2u8, 3u8, 4u8, 5u8),
+    ("cudaMemset2D", 0u8, 1u8, 3u8, 4u8),
+    ("cudaMemset2DAsync", 0u8, 1u8, 3u8, 4u8),
+    ("cudaMemset2DAsync_ptsz", 0u8, 1u8, 3u8, 4u8),
+    ("cudaMemset2D_ptds", 0u8, 1u8, 3u8, 4u8),
+];
+/// The pitched extents of `function`'s device parameters: (parameter, pitch,
+/// width, height).
+pub fn extents_2d(function: &str) -> impl Iterator<Item = (u8, u8, u8, u8)> + '_ {
+    of(EXTENTS_2D, function, |e| e.0).iter().map(|(_, p, a, b, c)| (*p, *a, *b, *c))
+}
+/// (function, host array of device addresses, the array of their sizes or
+/// `u8::MAX`), sorted (specs' `addresses`).
+pub static ADDRESS_ARRAYS: &[(&str, u8, u8)] = &[
+    ("cuMemDiscardAndPrefetchBatchAsync", 0u8, 1u8),
+    ("cuMemDiscardAndPrefetchBatchAsync_ptsz", 0u8, 1u8),
+    ("cuMemDiscardBatchAsync", 0u8, 1u8),
+    ("cuMemDiscardBatchAsync_ptsz", 0u8, 1u8),
+    ("cuMemPrefetchBatchAsync", 0u8, 1u8),
+    ("cuMemPrefetchBatchAsync_ptsz", 0u8, 1u8),
+    ("cudaMemDiscardAndPrefetchBatchAsync", 0u8, 1u8),
+    ("cudaMemDiscardAndPrefetchBatchAsync_ptsz", 0u8, 1u8),
+    ("cudaMemDiscardBatchAsync", 0u8, 1u8),
+    ("cudaMemDiscardBatchAsync_ptsz", 0u8, 1u8),
+    ("cudaMemPrefetchBatchAsync", 0u8, 1u8),
+    ("cudaMemPrefetchBatchAsync_ptsz", 0u8, 1u8),
+    ("cufftXtSetWorkArea", 1u8, 255u8),
+];
+/// `function`'s host arrays of device addresses: (parameter, sizes parameter).
+pub fn address_arrays(function: &str) -> impl Iterator<Item = (u8, Option<u8>)> + '_ {
+    of(ADDRESS_ARRAYS, function, |e| e.0)
+        .iter()
+        .map(|(_, p, s)| (*p, (*s != u8::MAX).then_some(*s)))
+}
 /// (function, wire form, parameter index, the value the worker passes), sorted.
 pub static FIXED: &[(&str, Form, u8, u64)] = &[
     ("cudaGraphAddMemcpyNode1D", Form::Call, 7u8, 3u64),
