@@ -1996,7 +1996,24 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         },
     };
     let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
-    session.writer.send(h, &messages::encode(&reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+    session.writer.send(h, &fitting(reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// A service reply encoded, or, where it is more than a frame holds (a huge graph's node
+/// list, a compiler's output), an error that says so: the request fails, the session goes on.
+fn fitting(reply: ServiceReply) -> chidori_protocol::rkyv::util::AlignedVec {
+    let archive = messages::encode(&reply);
+    if archive.len() <= frame::MAX_ARCHIVE as usize {
+        return archive;
+    }
+    let message = format!(
+        "the server's answer is {} bytes, more than one frame carries ({} bytes); not sent",
+        archive.len(),
+        frame::MAX_ARCHIVE
+    );
+    tracing::warn!("{message}");
+    // cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY: the answer did not fit.
+    messages::encode(&ServiceReply::Error { status: 2, message })
 }
 
 /// Run a graph-replay loop: the graph and stream must be this session's; the output of
@@ -2235,6 +2252,22 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A service answer larger than a frame carries becomes an error for that request,
+    /// not the end of the session; one that fits goes as it is.
+    #[test]
+    fn answers_too_large_for_a_frame_become_errors() {
+        let read = |archive| {
+            let f = Frame { header: Header::new(Kind::ServiceReply, 0, 0, 1), archive, bulk: Vec::new() };
+            messages::decode::<ServiceReply>(&f, "service reply").expect("a well-formed reply")
+        };
+        assert_eq!(read(fitting(ServiceReply::Name("small".into()))), ServiceReply::Name("small".into()));
+        let huge = ServiceReply::Name("x".repeat(frame::MAX_ARCHIVE as usize + 1));
+        match read(fitting(huge)) {
+            ServiceReply::Error { status: 2, message } => assert!(message.contains("more than one frame"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// A record the library fills is as large as any release makes it, whatever the
     /// client's headers say (cuSPARSELt 0.6's are 13,072 bytes, 0.7's 1024, 0.8's 512).
