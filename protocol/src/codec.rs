@@ -378,7 +378,7 @@ impl DecodeError {
 /// a nonzero count (default edges): adding and removing dependencies, capturing into a
 /// graph, updating a capture's dependencies.
 fn edge_data(name: &str) -> bool {
-    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    let name = crate::desc::strip_suffixes(name, &["_ptsz", "_ptds"]);
     name.starts_with("cudaGraph")
         || name.starts_with("cuGraph")
         || ((name.starts_with("cudaStream") || name.starts_with("cuStream")) && name.contains("Capture"))

@@ -20,6 +20,7 @@ pub mod adapt;
 pub mod auth;
 pub mod backend;
 pub mod cache;
+pub mod call_checks;
 pub mod content;
 pub mod emulated;
 pub mod fatal;

@@ -127,7 +127,7 @@ pub enum Effect {
 
 /// The effect of the function `name` (per-thread-stream suffixes ignored).
 pub fn effect(name: &str) -> Effect {
-    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+    let name = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")).unwrap_or(name);
     let alloc = |size| Effect::Alloc { out: 0, size, origin: Origin::Allocated };
     match name {
         "cudaMalloc"

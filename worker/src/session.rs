@@ -31,6 +31,7 @@ use chidori_protocol::resume::SECRET_LEN;
 use crate::auth::Security;
 use crate::backend::{Backend, HostFn};
 use crate::cache::{self, ModuleCache};
+use crate::call_checks::{self, CallChecks};
 use crate::handles::Handles;
 use crate::io::{ReadError, Sink, Writer, read_frame};
 use crate::lanes::Lanes;
@@ -818,8 +819,9 @@ fn translate(from: &structs::StructMap, to: &structs::StructMap, src: &[u8], dst
 /// The session's handle tables and memory, as the argument decoder checks them.
 struct SessionTables<'a> {
     session: &'a Session,
-    desc: &'static CallDesc,
     args: &'a [u64],
+    /// The call's checks (extents of its device arguments).
+    checks: &'static CallChecks,
 }
 
 impl codec::Tables for SessionTables<'_> {
@@ -847,8 +849,8 @@ impl codec::Tables for SessionTables<'_> {
             Some(bytes) => Some(bytes),
             // The bytes the specs' `extent` says the argument spans.
             None => match (
-                chidori_cuda::checks::extents(self.desc.name).find(|&(p, _, _)| usize::from(p) == param),
-                chidori_cuda::checks::extents_2d(self.desc.name).find(|&(p, _, _, _)| usize::from(p) == param),
+                self.checks.extents.iter().find(|&&(p, _, _)| usize::from(p) == param).copied(),
+                self.checks.extents_2d.iter().find(|&&(p, _, _, _)| usize::from(p) == param).copied(),
             ) {
                 (Some((_, count, unit)), _) => arg(count.into()).checked_mul(unit),
                 (None, Some((_, pitch, width, height))) => {
@@ -948,7 +950,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 
     // What the call does to the session's memory: allocations within the quota, and never
     // memory of another process.
-    let effect = memory::effect(desc.name);
+    let checks = call_checks::of(desc);
+    let effect = checks.effect;
     match effect {
         Effect::Foreign => {
             return fail(
@@ -990,7 +993,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let device_ok = |addr: u64, len: u64| device_ok(session, addr, len);
 
     // Handles the library dereferences unchecked are never NULL (`required` in the specs).
-    if let Some(i) = chidori_cuda::checks::required(desc.name).find(|&i| args.get(usize::from(i)) == Some(&0)) {
+    if let Some(&i) = checks.required.iter().find(|&&i| args.get(usize::from(i)) == Some(&0)) {
         return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be NULL", desc.name));
     }
     // A host function travels as the client's number for it, counted from 1: 0 names none
@@ -999,7 +1002,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         return fail(desc.codes.invalid_value, format!("{}: no host function (NULL)", desc.name));
     }
     // Parameters that select a union's member may hold only the values the spec allows.
-    for (i, allowed) in chidori_cuda::checks::params(desc.name) {
+    for &(i, allowed) in &checks.params {
         if let Some(value) = args.get(usize::from(i)).filter(|v| !allowed.contains(v)) {
             return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be {value}", desc.name));
         }
@@ -1008,7 +1011,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // Parse the arguments (lengths, bulk, handles, device addresses), then lay out the host
     // memory of the call.
     let decoded = {
-        let mut tables = SessionTables { session, desc, args: &args };
+        let mut tables = SessionTables { session, args: &args, checks };
         match codec::decode(desc, &args, &lens, &frame.bulk, &mut tables) {
             Ok(decoded) => decoded,
             Err(e) => return refuse(session, &header, desc, e),
@@ -1099,8 +1102,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 let t = translation(session, desc, record);
                 // Handles inside input records are checked and mapped, restricted fields
                 // checked, in the client's layout, before any translation.
-                let checks = record.zip(desc.versions.last()).and_then(|(r, v)| chidori_cuda::checks::record(v, r));
-                if let (Some(checks), Some(input)) = (checks, input) {
+                let record_checks = checks.records.get(i).copied().flatten().filter(|_| record.is_some());
+                if let (Some(checks), Some(input)) = (record_checks, input) {
                     let mut bytes = input.to_vec();
                     let handles = lock(&session.handles);
                     let checked = checks.apply(&mut bytes, |kind, value| handles.resolve(kind, value));
@@ -1195,7 +1198,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 
     // Host arrays of device addresses (the specs' `addresses`: batched prefetches and
     // discards, cuFFT's work areas).
-    for (addrs, sizes) in chidori_cuda::checks::address_arrays(desc.name) {
+    for &(addrs, sizes) in &checks.address_arrays {
         let (addrs, sizes) = (usize::from(addrs), sizes.map(usize::from));
         let words = |p: usize| -> Vec<u64> {
             let (ptr, len) = (raw.get(p).copied().unwrap_or(0), lens.get(p).copied().unwrap_or(0));
@@ -1459,8 +1462,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             );
         let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
         let handle_checks = match *wire {
-            Wire::Buf { record: Some(r), .. } => {
-                desc.versions.last().and_then(|v| chidori_cuda::checks::record(v, r)).filter(|c| !c.handles.is_empty())
+            Wire::Buf { record: Some(_), .. } => {
+                call_checks::of(desc).records.get(i).copied().flatten().filter(|c| !c.handles.is_empty())
             }
             _ => None,
         };

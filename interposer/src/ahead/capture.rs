@@ -89,7 +89,7 @@ impl Captures {
         if !self.any_active() {
             return;
         }
-        let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+        let name = chidori_protocol::desc::strip_suffixes(name, &["_ptsz", "_ptds"]);
         if name.starts_with("cudaStreamWaitEvent")
             || name.starts_with("cuStreamWaitEvent")
             || name.contains("UpdateCaptureDependencies")

@@ -245,7 +245,7 @@ fn from_array(ctx: &Ctx, dst: u64, src: u64, offsets: (u64, u64), count: u64, ki
 /// the form by the call's name.
 pub unsafe fn array_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let word = |i: usize| args.get(i).copied().unwrap_or(0);
-    let name = ctx.name.trim_end_matches("_ptsz");
+    let name = chidori_protocol::desc::strip_suffixes(ctx.name, &["_ptsz"]);
     let (two_d, to, n) = (name.contains("2D"), name.contains("ToArray"), if name.contains("2D") { 8 } else { 6 });
     let stream = name.ends_with("Async").then(|| stream_of(ctx, word(n) as *mut c_void));
     let status = match (two_d, to) {

@@ -138,7 +138,7 @@ pub fn drained_by_loop(conn: &Conn, device: i32, before: u64) {
 
 fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
     let desc = ctx.form(Form::Call);
-    let name = ctx.name.trim_end_matches("_ptsz");
+    let name = chidori_protocol::desc::strip_suffixes(ctx.name, &["_ptsz"]);
     crate::guard::ffi(name, crate::runtime::unavailable(desc) as u32, || {
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(desc) as u32 };
         let scope = scope.filter(|_| trusted());

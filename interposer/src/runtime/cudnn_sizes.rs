@@ -53,7 +53,7 @@ fn legacy(kind: u16) -> bool {
 }
 
 fn is_query(name: &str) -> bool {
-    let base = name.trim_end_matches("_v8").trim_end_matches("_v9");
+    let base = chidori_protocol::desc::strip_suffixes(name, &["_v8", "_v9"]);
     (base.starts_with("cudnnGet")
         && (base.ends_with("Size")
             || base.ends_with("Sizes")

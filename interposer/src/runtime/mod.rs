@@ -242,7 +242,7 @@ fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
 /// holds: there is nothing to move (the bytes travel when the GPU is handed pointers), so
 /// they succeed here. Other ranges go to the server, which answers for them.
 fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
-    let name = desc.name.trim_end_matches("_ptsz").trim_end_matches("_v2");
+    let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz", "_v2"]);
     // The position of the address (the driver's CUdeviceptr travels as a plain value).
     let at = match name {
         "cudaMemAdvise" | "cudaMemPrefetchAsync" | "cuMemAdvise" | "cuMemPrefetchAsync" => 0,
@@ -263,7 +263,7 @@ fn settles(desc: &CallDesc, ret: u64) -> bool {
     if desc.only_waits || matches!(desc.form, Some(Form::D2h | Form::H2d | Form::A2h | Form::H2a)) {
         return true;
     }
-    let name = desc.name.trim_end_matches("_ptsz");
+    let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz"]);
     matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery") && ret == success(desc)
 }
 

@@ -1,0 +1,67 @@
+//! What the generated checks (`chidori_cuda::checks`) and the memory rules say about each
+//! call descriptor, looked up once per descriptor. The executor asks for every call; the
+//! generated tables are searched by function name, and those searches (string comparisons)
+//! were a sixth of the executor's time for small asynchronous calls.
+
+use std::sync::OnceLock;
+
+use chidori_cuda::calls::VARIANTS;
+use chidori_protocol::desc::{CallDesc, RecordChecks, Wire};
+
+use crate::memory::{self, Effect};
+
+/// One descriptor's checks.
+pub struct CallChecks {
+    /// What the call does to the session's memory.
+    pub effect: Effect,
+    /// Handle parameters never NULL.
+    pub required: Vec<u8>,
+    /// Restricted parameters: (index, allowed values).
+    pub params: Vec<(u8, &'static [u64])>,
+    /// Device parameters' extents: (parameter, count parameter, bytes per unit).
+    pub extents: Vec<(u8, u8, u64)>,
+    /// Pitched extents: (parameter, pitch, width, height).
+    pub extents_2d: Vec<(u8, u8, u8, u8)>,
+    /// Host arrays of device addresses: (parameter, sizes parameter).
+    pub address_arrays: Vec<(u8, Option<u8>)>,
+    /// Per parameter, the checks of the record it carries (in the newest layout the
+    /// descriptor serves).
+    pub records: Vec<Option<&'static RecordChecks>>,
+}
+
+impl CallChecks {
+    fn of(desc: &CallDesc) -> CallChecks {
+        let name = desc.name;
+        let records = desc
+            .params
+            .iter()
+            .map(|wire| match *wire {
+                Wire::Buf { record: Some(r), .. } => {
+                    desc.versions.last().and_then(|v| chidori_cuda::checks::record(v, r))
+                }
+                _ => None,
+            })
+            .collect();
+        CallChecks {
+            effect: memory::effect(name),
+            required: chidori_cuda::checks::required(name).collect(),
+            params: chidori_cuda::checks::params(name).collect(),
+            extents: chidori_cuda::checks::extents(name).collect(),
+            extents_2d: chidori_cuda::checks::extents_2d(name).collect(),
+            address_arrays: chidori_cuda::checks::address_arrays(name).collect(),
+            records,
+        }
+    }
+}
+
+/// The checks of `desc` (built for every descriptor on first use).
+pub fn of(desc: &CallDesc) -> &'static CallChecks {
+    static ALL: OnceLock<Vec<CallChecks>> = OnceLock::new();
+    let all = ALL.get_or_init(|| VARIANTS.iter().map(|d| CallChecks::of(d)).collect());
+    match all.get(desc.wire as usize) {
+        Some(c) if VARIANTS[desc.wire as usize].name == desc.name => c,
+        // Every descriptor a frame names is one of VARIANTS; one built elsewhere (a test's)
+        // is looked up as it comes, and kept.
+        _ => Box::leak(Box::new(CallChecks::of(desc))),
+    }
+}
