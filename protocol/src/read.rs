@@ -71,18 +71,18 @@ pub fn read_frame_reusing(
 ) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
-    let mut progress = Instant::now();
+    let mut silent = Silence::default();
     while got < HEADER_LEN {
         match r.read(&mut head[got..]) {
             Ok(0) if got == 0 => return Err(ReadError::Closed),
             Ok(0) => return Err(ReadError::Frame(FrameError::Truncated("header"))),
             Ok(n) => {
                 got += n;
-                progress = Instant::now();
+                silent.progress();
             }
             Err(e) if got == 0 && is_timeout(&e) => return Err(ReadError::Timeout),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) => check_stall(progress, stall, "header")?,
+            Err(e) if is_timeout(&e) => silent.check(stall, "header")?,
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
@@ -104,28 +104,41 @@ pub fn read_frame_reusing(
 /// the bytes arrive (doubling) and fills without zeroing first: bulk is most of what a
 /// session reads (every host-to-device copy), so it is read once, not zeroed and read.
 fn read_bulk(r: &mut impl Read, into: &mut Vec<u8>, total: usize, stall: Duration) -> Result<(), ReadError> {
-    let mut progress = Instant::now();
+    let mut silent = Silence::default();
     while into.len() < total {
         let before = into.len();
         let left = (total - before) as u64;
         let result = r.by_ref().take(left).read_to_end(into);
         if into.len() > before {
-            progress = Instant::now();
+            silent.progress();
         }
         match result {
             Ok(_) if into.len() < total => return Err(ReadError::Frame(FrameError::Truncated("bulk"))),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) => check_stall(progress, stall, "bulk")?,
+            Err(e) if is_timeout(&e) => silent.check(stall, "bulk")?,
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
     Ok(())
 }
 
-fn check_stall(progress: Instant, stall: Duration, what: &'static str) -> Result<(), ReadError> {
-    let after = progress.elapsed();
-    if after >= stall { Err(ReadError::Stalled { what, after }) } else { Ok(()) }
+/// How long a frame's reads have timed out without progress. The clock starts at the first
+/// timed-out read after progress, not at every read that makes some: reading the time after
+/// each read was a few percent of the server's CPU for small calls (a read timed out only
+/// after waiting the socket's timeout, so a stall is reported at most that much late).
+#[derive(Default)]
+struct Silence(Option<Instant>);
+
+impl Silence {
+    fn progress(&mut self) {
+        self.0 = None;
+    }
+
+    fn check(&mut self, stall: Duration, what: &'static str) -> Result<(), ReadError> {
+        let after = self.0.get_or_insert_with(Instant::now).elapsed();
+        if after >= stall { Err(ReadError::Stalled { what, after }) } else { Ok(()) }
+    }
 }
 
 /// Memory a frame part is read into, extended at its end.
@@ -159,7 +172,7 @@ fn read_growing(
     what: &'static str,
 ) -> Result<(), ReadError> {
     let mut done = 0usize;
-    let mut progress = Instant::now();
+    let mut silent = Silence::default();
     while done < total {
         let n = (total - done).min(done.max(FIRST_CHUNK));
         let chunk = into.extend_zeroed(n);
@@ -169,10 +182,10 @@ fn read_growing(
                 Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
                 Ok(k) => {
                     at += k;
-                    progress = Instant::now();
+                    silent.progress();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => check_stall(progress, stall, what)?,
+                Err(e) if is_timeout(&e) => silent.check(stall, what)?,
                 Err(e) => return Err(ReadError::Io(e)),
             }
         }

@@ -912,14 +912,19 @@ fn refuse(session: &Session, header: &Header, desc: &CallDesc, e: DecodeError) -
     }
 }
 
+/// A call's per-parameter array: inline up to 16 parameters (most calls), on the heap past.
+type PerCall<T> = smallvec::SmallVec<[T; 16]>;
+
 fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let header = frame.header;
     let desc: &'static CallDesc =
         VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
     let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
     let n = desc.params.len();
-    let mut args: Vec<u64> = call.args.iter().map(|a| a.to_native()).collect();
-    let lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
+    // Per-call arrays live on the stack up to PER_CALL parameters: their allocations were
+    // most of the executor's remaining time for small asynchronous calls.
+    let mut args: PerCall<u64> = call.args.iter().map(|a| a.to_native()).collect();
+    let lens: PerCall<u64> = call.lens.iter().map(|l| l.to_native()).collect();
     // Values a wire form fixes (a copy's direction is what its form says), whatever the
     // client sent.
     if let Some(form) = desc.form {
@@ -1017,13 +1022,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Err(e) => return refuse(session, &header, desc, e),
         }
     };
-    let mut raw = vec![0u64; n];
-    let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
-    let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
+    let mut raw: PerCall<u64> = smallvec::smallvec![0u64; n];
+    let mut buffers: PerCall<Option<Buffer>> = (0..n).map(|_| None).collect();
+    let mut translations: PerCall<Option<Translation>> = (0..n).map(|_| None).collect();
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
     let mut held = HeldCall::new();
     // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
-    let mut nulled = vec![false; n];
+    let mut nulled: PerCall<bool> = smallvec::smallvec![false; n];
     for (i, (wire, arg)) in desc.params.iter().zip(decoded).enumerate() {
         let mut keep = |raw: &mut u64, mut b: Buffer| {
             *raw = b.addr();
@@ -1450,7 +1455,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut out_lens = vec![0u64; n];
     // Records in the client's layout where it differs; other outputs go out as they are.
     let mut translated: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
-    let mut is_out = vec![false; n];
+    let mut is_out: PerCall<bool> = smallvec::smallvec![false; n];
     for (i, wire) in desc.params.iter().enumerate() {
         is_out[i] = !nulled[i]
             && matches!(
