@@ -921,8 +921,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
     let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
     let n = desc.params.len();
-    // Per-call arrays live on the stack up to PER_CALL parameters: their allocations were
-    // most of the executor's remaining time for small asynchronous calls.
+    // Per-call arrays live on the stack up to 16 parameters ([`PerCall`]): their
+    // allocations showed in the executor's profile for small asynchronous calls.
     let mut args: PerCall<u64> = call.args.iter().map(|a| a.to_native()).collect();
     let lens: PerCall<u64> = call.lens.iter().map(|l| l.to_native()).collect();
     // Values a wire form fixes (a copy's direction is what its form says), whatever the
