@@ -498,8 +498,11 @@ impl Backend for Real {
     fn thread_init(&self) {
         // The runtime's primary context becomes current on this thread, as cudart does on a
         // program's threads: kernels and driver calls of this client thread run in it.
+        // Relaxed: another client thread may be capturing in global mode, and a cudaFree
+        // would invalidate its capture (the program made no such call).
+        let api = &self.module_api;
         // SAFETY: cudaFree(NULL) only initializes.
-        unsafe { (self.module_api.rt_free)(std::ptr::null_mut()) };
+        api.relaxed(|| unsafe { (api.rt_free)(std::ptr::null_mut()) });
     }
 
     fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
