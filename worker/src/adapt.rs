@@ -55,7 +55,7 @@ pub unsafe fn call(
     call: impl FnOnce(&[u64]) -> Result<u64, String>,
 ) -> Result<u64, String> {
     let (old, new) = (from.params.len(), to.params.len());
-    let name = from.name.strip_suffix("_ptsz").unwrap_or(from.name);
+    let name = chidori_protocol::desc::strip_suffixes(from.name, &["_ptsz", "_ptds"]);
     let refuse = |why: &str| {
         Err(format!(
             "{} of CUDA {} cannot be made with the server's CUDA {}: {why}",

@@ -417,7 +417,7 @@ impl Backend for Emulated {
     }
 
     unsafe fn invoke(&self, desc: &'static CallDesc, a: &[u64]) -> Result<u64, String> {
-        let name = desc.name.strip_suffix("_ptds").or_else(|| desc.name.strip_suffix("_ptsz")).unwrap_or(desc.name);
+        let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz", "_ptds"]);
         let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
         // Arrays, 3D memory, pools, texture objects, stream attributes and graphs.
         // SAFETY: as below.

@@ -127,7 +127,7 @@ pub enum Effect {
 
 /// The effect of the function `name` (per-thread-stream suffixes ignored).
 pub fn effect(name: &str) -> Effect {
-    let name = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")).unwrap_or(name);
+    let name = chidori_protocol::desc::strip_suffixes(name, &["_ptsz", "_ptds"]);
     let alloc = |size| Effect::Alloc { out: 0, size, origin: Origin::Allocated };
     match name {
         "cudaMalloc"

@@ -1020,7 +1020,7 @@ impl Backend for Real {
         let per_thread = desc.name.ends_with("_ptsz");
         let keep = self.capturing(stream, per_thread);
         let ctx = Box::into_raw(Box::new(HostCtx { keep, host })) as *mut c_void;
-        let base = desc.name.strip_suffix("_ptsz").unwrap_or(desc.name);
+        let base = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz"]);
         let status = match base {
             "cudaStreamAddCallback" | "cuStreamAddCallback" => {
                 let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };

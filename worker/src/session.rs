@@ -782,7 +782,7 @@ fn record_bytes(kind: HandleKind, bytes: usize) -> usize {
     let Some(name) = chidori_cuda::handles::KINDS.get(usize::from(kind)) else { return bytes };
     structs::BY_VERSION
         .iter()
-        .filter_map(|(_, maps)| maps.iter().find(|m| m.name == *name))
+        .filter_map(|(v, _)| structs::get(v, name))
         .map(|m| m.size as usize)
         .fold(bytes, usize::max)
 }
@@ -1468,7 +1468,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
         let handle_checks = match *wire {
             Wire::Buf { record: Some(_), .. } => {
-                call_checks::of(desc).records.get(i).copied().flatten().filter(|c| !c.handles.is_empty())
+                checks.records.get(i).copied().flatten().filter(|c| !c.handles.is_empty())
             }
             _ => None,
         };

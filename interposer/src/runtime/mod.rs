@@ -395,7 +395,7 @@ pub fn error_name(version: &str, library: &str, value: i64) -> *const c_char {
 /// `*GetErrorString`: the status's one-sentence description. Where the library's header
 /// documents no status (cuBLAS, cuSPARSE, cuSPARSELt, NCCL: the table holds only names), the
 /// text is the server's library's own, asked once per library.
-pub fn error_string(version: &str, library: &str, function: &'static str, value: i64) -> *const c_char {
+pub fn error_string(version: &'static str, library: &'static str, function: &'static str, value: i64) -> *const c_char {
     crate::guard::ffi("error_string", UNRECOGNIZED.as_ptr(), || {
         let Some(s) = status::table(version, library).and_then(|t| status::find(t, value)) else {
             return UNRECOGNIZED.as_ptr();
@@ -409,19 +409,22 @@ pub fn error_string(version: &str, library: &str, function: &'static str, value:
 
 /// Status texts the server's libraries gave, per (CUDA version, library); None where the
 /// server could not answer. Never emptied: the program keeps the pointers.
-type ServerTexts =
-    std::collections::BTreeMap<(String, String), Option<std::collections::BTreeMap<i64, std::ffi::CString>>>;
+type ServerTexts = std::collections::BTreeMap<
+    (&'static str, &'static str),
+    Option<std::collections::BTreeMap<i64, std::ffi::CString>>,
+>;
 static SERVER_TEXTS: std::sync::Mutex<ServerTexts> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-fn server_text(version: &str, library: &str, function: &str, value: i64) -> Option<*const c_char> {
+fn server_text(version: &'static str, library: &'static str, function: &str, value: i64) -> Option<*const c_char> {
     let mut texts = SERVER_TEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    let key = (version.to_owned(), library.to_owned());
-    if !texts.contains_key(&key) {
+    let known = match texts.entry((version, library)) {
+        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         // Without a connection yet, the name serves and the server is asked next time.
-        let conn = conn::existing()?;
-        texts.insert(key.clone(), ask_texts(&conn, version, library, function));
-    }
-    texts.get(&key)?.as_ref()?.get(&value).map(|t| t.as_ptr())
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(ask_texts(&*conn::existing()?, version, library, function))
+        }
+    };
+    known.as_ref()?.get(&value).map(|t| t.as_ptr())
 }
 
 /// Every status text of `library` at `version`, from the server's library (`function` is
