@@ -237,8 +237,9 @@ pub trait Tables {
     fn name_free(&mut self, kind: HandleKind, value: u64) -> bool;
     /// Check the device address `addr` of parameter `param`: a `Device` parameter (`bytes`
     /// None: its extent is the session's to work out from the arguments) or a scalar in
-    /// device pointer mode of `bytes`. Err: why it is not the session's memory.
-    fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<(), String>;
+    /// device pointer mode of `bytes`. Ok: the address the library is given (the session's
+    /// may lie elsewhere than the client names it); Err: why it is not the session's memory.
+    fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<u64, String>;
 }
 
 /// One decoded parameter.
@@ -432,8 +433,7 @@ pub fn decode<'f>(
                 _ => return Err(DecodeError::TooLarge { param: i, count: a, elem: 1 }),
             },
             Wire::Device => {
-                tables.device(i, a, None).map_err(|why| DecodeError::Device { param: i, why })?;
-                Arg::Device(a)
+                Arg::Device(tables.device(i, a, None).map_err(|why| DecodeError::Device { param: i, why })?)
             }
             Wire::Handle { kind, destroy } | Wire::RecordHandle { kind, destroy } => {
                 let real =
@@ -485,8 +485,9 @@ pub fn decode<'f>(
                     // the parameter may be.
                     let untyped = matches!(wire, Wire::Scalar { size: None, .. });
                     let bytes = if told > 0 && untyped { told.min(bytes) } else { bytes };
-                    tables.device(i, a, Some(bytes)).map_err(|why| DecodeError::Device { param: i, why })?;
-                    Arg::ScalarDevice(a)
+                    Arg::ScalarDevice(
+                        tables.device(i, a, Some(bytes)).map_err(|why| DecodeError::Device { param: i, why })?,
+                    )
                 } else {
                     // An input scalar whose size no argument gives may be shorter than the
                     // widest (the client knew its type): the worker pads it with zeros.

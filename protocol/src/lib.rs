@@ -29,4 +29,4 @@ pub use rkyv;
 /// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
 /// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
 /// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 23;
+pub const PROTOCOL_VERSION: u16 = 24;

@@ -272,8 +272,11 @@ pub enum Service {
     Compile(CompileRequest),
     /// Bring the mirror of the client's pinned range `[base, base + len)` up to date (made
     /// on first use): the bulk section holds the bytes of `runs` ((offset, length) from
-    /// `base`, see [`crate::mirror`]). Not answered; a failure comes back as an AsyncError.
-    MirrorWrite { base: u64, len: u64, runs: Vec<(u64, u64)> },
+    /// `base`, see [`crate::mirror`]). A stand-in (`base` a key from
+    /// [`crate::mirror::STAND_IN_KEYS`]) names in `client` the client's address of the
+    /// range, which calls name it by; `client` is 0 for every other mirror. Not answered; a
+    /// failure comes back as an AsyncError.
+    MirrorWrite { base: u64, len: u64, runs: Vec<(u64, u64)>, client: u64 },
     /// The bytes of these mirrors that the GPU changed since the client last saw them,
     /// starting at offset `from` of the first; answered by `MirrorRuns` (one answer carries
     /// at most [`crate::mirror::PULL_BUDGET`] bytes and says where the next pull starts).

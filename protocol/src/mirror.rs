@@ -41,6 +41,18 @@ pub const PUSH_MAX_RUNS: usize = 1 << 18;
 /// The longest a packed run can be: two 10-byte varints.
 pub const MAX_PACKED_RUN: usize = 20;
 
+/// Mirrors of pageable memory that graphs copy (*stand-ins*) are named on the wire by keys
+/// from here up, never by an address: the worker places each where it likes, and calls that
+/// name the client's address (a captured copy, a memcpy node, a library's host array) are
+/// given the stand-in's address on the worker instead. Two stand-ins may cover the same
+/// client page (each its own registration, never replaced while a graph node names it).
+pub const STAND_IN_KEYS: u64 = 1 << 63;
+
+/// Whether a mirror's key names a stand-in ([`STAND_IN_KEYS`]).
+pub const fn is_stand_in(key: u64) -> bool {
+    key >= STAND_IN_KEYS
+}
+
 /// Copy `out.len()` bytes of this process's own memory at `addr` into `out`, through the
 /// kernel (`process_vm_readv`): false where any of it is not mapped readable, never a fault
 /// (a page the program unmapped, a library table shorter than expected).

@@ -10,6 +10,13 @@
 //! worker can reach from the CPU: a module's `__managed__` variable (the client keeps its
 //! copy of the variable at the variable's device address). Nothing is mapped for it; writes
 //! and pulls go to the variable itself.
+//!
+//! A *stand-in* (pageable memory a graph's copy or a library's host array names, see
+//! `chidori_protocol::mirror::STAND_IN_KEYS`) lies wherever the worker maps it, never at the
+//! client's address (which may be the worker's own heap or stack): the calls that name it
+//! are given its address here instead ([`Mirrors::translate`]). Stand-ins may cover the same
+//! client pages; each is its own registration and stays until the client drops it, so a
+//! graph node that names one is never left with a replaced registration.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,9 +45,13 @@ pub fn reserve_arena() -> bool {
 const WINDOW: u64 = 4 << 20;
 
 struct Mirror {
-    /// The client's range.
+    /// The client's range (a stand-in: its key, and its address in `client`).
     base: u64,
     len: u64,
+    /// The client's address of the range, which calls name.
+    client: u64,
+    /// Where the contents lie in this process: `base`, except for stand-ins.
+    at: u64,
     /// The pages mapped for it.
     page_base: u64,
     page_len: u64,
@@ -58,9 +69,9 @@ impl Mirror {
             backend.read_host_accessible(self.base + offset, &mut now)?;
             return Ok(now);
         }
-        // SAFETY: [base + offset, base + offset + len) lies in the pages this mirror mapped
+        // SAFETY: [at + offset, at + offset + len) lies in the pages this mirror mapped
         // read-write (callers keep offset + len within the mirror's length).
-        Ok(unsafe { std::slice::from_raw_parts((self.base + offset) as *const u8, len as usize) }.to_vec())
+        Ok(unsafe { std::slice::from_raw_parts((self.at + offset) as *const u8, len as usize) }.to_vec())
     }
 
     /// Write runs of the client's bytes (checked against the mirror's length).
@@ -74,7 +85,7 @@ impl Mirror {
             }
         } else {
             // SAFETY: as in `read`; the session's mirror table is behind one lock.
-            let target = unsafe { std::slice::from_raw_parts_mut(self.base as *mut u8, self.len as usize) };
+            let target = unsafe { std::slice::from_raw_parts_mut(self.at as *mut u8, self.len as usize) };
             mirror::apply_runs(runs, bytes, target);
         }
         mirror::apply_runs(runs, bytes, &mut self.shadow);
@@ -92,7 +103,9 @@ pub struct Mirrors {
 impl Mirrors {
     /// Apply a client's write to the mirror of `[base, base + len)`, making it first.
     /// `direct`: the range is the session's own host-accessible memory (see the module
-    /// docs), checked by the caller.
+    /// docs), checked by the caller. `client`: a stand-in's address in the client (`base`
+    /// is then its key), else 0.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &mut self,
         backend: &dyn Backend,
@@ -101,20 +114,65 @@ impl Mirrors {
         runs: &[(u64, u64)],
         bytes: &[u8],
         direct: bool,
+        client: u64,
     ) -> Result<(), String> {
         mirror::check_runs(runs, len, bytes.len() as u64)?;
+        if mirror::is_stand_in(base) != (client != 0) {
+            return Err(format!("a mirror key {base:#x} with the client address {client:#x}"));
+        }
         if !self.by_base.contains_key(&base) {
-            if direct {
+            if client != 0 {
+                self.create_stand_in(backend, base, client, len)?;
+            } else if direct {
                 self.create_direct(base, len)?;
             } else {
                 self.create(backend, base, len)?;
             }
         }
         let m = self.by_base.get_mut(&base).ok_or("no such mirror")?;
-        if m.len != len {
-            return Err(format!("the mirror at {base:#x} has {} bytes, not {len}", m.len));
+        if m.len != len || (client != 0 && m.client != client) {
+            return Err(format!(
+                "the mirror {base:#x} has {} bytes at {:#x}, not {len} at {client:#x}",
+                m.len, m.client
+            ));
         }
         m.write(backend, runs, bytes)
+    }
+
+    /// A stand-in `key` for the client's `[client, client + len)`: fresh pages wherever the
+    /// system puts them, registered with CUDA.
+    fn create_stand_in(&mut self, backend: &dyn Backend, key: u64, client: u64, len: u64) -> Result<(), String> {
+        mirror::pages(client, len).ok_or_else(|| format!("{len} bytes at {client:#x} are no user memory"))?;
+        if len > MAX_MIRROR || self.total.saturating_add(len) > MAX_MIRRORED {
+            return Err(format!(
+                "mirroring {len} more bytes of the client's memory would pass the session's limit ({MAX_MIRRORED} bytes, {MAX_MIRROR} each)"
+            ));
+        }
+        let page_len = len.div_ceil(mirror::PAGE) * mirror::PAGE;
+        // SAFETY: a fresh anonymous mapping wherever the system chooses; it replaces nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page_len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!("no memory for {len} bytes of the client's memory"));
+        }
+        let page_base = p as u64;
+        if let Err(e) = backend.map_host(page_base, page_len) {
+            release(page_base, page_len, false);
+            return Err(e);
+        }
+        self.total += len;
+        let shadow = vec![0; len as usize];
+        let m = Mirror { base: key, len, client, at: page_base, page_base, page_len, shadow, direct: false };
+        self.by_base.insert(key, m);
+        Ok(())
     }
 
     /// A mirror that is the session's memory itself. Its shadow starts zero-filled, as the
@@ -129,7 +187,8 @@ impl Mirrors {
         }
         self.total += len;
         let shadow = vec![0; len as usize];
-        self.by_base.insert(base, Mirror { base, len, page_base: base, page_len: 0, shadow, direct: true });
+        let m = Mirror { base, len, client: base, at: base, page_base: base, page_len: 0, shadow, direct: true };
+        self.by_base.insert(base, m);
         Ok(())
     }
 
@@ -169,8 +228,9 @@ impl Mirrors {
             return Err(e);
         }
         self.total += len;
+        let shadow = vec![0; len as usize];
         self.by_base
-            .insert(base, Mirror { base, len, page_base, page_len, shadow: vec![0; len as usize], direct: false });
+            .insert(base, Mirror { base, len, client: base, at: base, page_base, page_len, shadow, direct: false });
         Ok(())
     }
 
@@ -256,10 +316,37 @@ impl Mirrors {
         }
     }
 
-    /// Whether `[addr, addr + len)` lies inside one mirror (`len` 0 counts as 1).
+    /// Whether `[addr, addr + len)` lies inside one mirror at its client's address (`len` 0
+    /// counts as 1; stand-ins are reached through [`Mirrors::translate`]).
     pub fn contains(&self, addr: u64, len: u64) -> bool {
+        if mirror::is_stand_in(addr) {
+            return false;
+        }
         let Some((_, m)) = self.by_base.range(..=addr).next_back() else { return false };
         addr.checked_add(len.max(1)).is_some_and(|end| end <= m.base + m.len)
+    }
+
+    /// Where `[addr, addr + len)` of the client's memory lies here when a stand-in holds it
+    /// whole (`len` 0 counts as 1): the newest such stand-in, the one the client claimed
+    /// last for those bytes.
+    pub fn translate(&self, addr: u64, len: u64) -> Option<u64> {
+        let end = addr.checked_add(len.max(1))?;
+        self.by_base
+            .range(mirror::STAND_IN_KEYS..)
+            .rev()
+            .map(|(_, m)| m)
+            .find(|m| m.client <= addr && end <= m.client + m.len)
+            .map(|m| m.at + (addr - m.client))
+    }
+
+    /// The client's address of `addr` when it lies in a stand-in here (a graph node's
+    /// parameters read back name the program's memory, as the program gave them).
+    pub fn untranslate(&self, addr: u64) -> Option<u64> {
+        self.by_base
+            .range(mirror::STAND_IN_KEYS..)
+            .map(|(_, m)| m)
+            .find(|m| m.at <= addr && addr < m.at + m.len)
+            .map(|m| m.client + (addr - m.at))
     }
 
     /// Forget the mirror at `base` (the client freed the memory).
@@ -270,7 +357,8 @@ impl Mirrors {
                 return;
             }
             backend.unmap_host(m.page_base);
-            let in_arena = ARENA.load(Ordering::Relaxed) && mirror::in_arena(m.page_base);
+            let in_arena =
+                !mirror::is_stand_in(m.base) && ARENA.load(Ordering::Relaxed) && mirror::in_arena(m.page_base);
             release(m.page_base, m.page_len, in_arena);
         }
     }
@@ -299,7 +387,7 @@ mod tests {
         assert!(reserve_arena());
         let (base, len) = (ARENA_BASE + (3 << 30), 6u64 << 20);
         let mut mirrors = Mirrors::default();
-        mirrors.write(&*backend, base, len, &[], &[], false).expect("a mirror in the arena");
+        mirrors.write(&*backend, base, len, &[], &[], false, 0).expect("a mirror in the arena");
         // What the GPU would do: every float rewritten, so few bytes in a row change.
         // SAFETY: the mirror just mapped these pages read-write.
         let memory = unsafe { std::slice::from_raw_parts_mut(base as *mut f32, (len / 4) as usize) };
@@ -340,5 +428,40 @@ mod tests {
         });
         assert_eq!(frames, 1);
         mirrors.remove(&*backend, base);
+    }
+
+    /// Stand-ins lie where the worker maps them, even where the client's address is taken
+    /// here (this test's own heap); overlapping ones coexist, calls are given the newest
+    /// that holds their bytes, and the way back names the client's address.
+    #[test]
+    fn stand_ins_lie_anywhere_and_overlap() {
+        let backend = crate::fuzz::emulated_harness_backend();
+        let taken = vec![0u8; 3 * 4096];
+        let client = (taken.as_ptr() as u64).div_ceil(mirror::PAGE) * mirror::PAGE;
+        let (old, new) = (mirror::STAND_IN_KEYS, mirror::STAND_IN_KEYS + 1);
+        let mut mirrors = Mirrors::default();
+        let page = mirror::PAGE;
+        mirrors.write(&*backend, old, page, &[(0, 4)], &[1, 2, 3, 4], false, client).expect("a stand-in");
+        mirrors.write(&*backend, new, 2 * page, &[(page, 2)], &[5, 6], false, client).expect("an overlapping one");
+        let (at_old, at_new) = (mirrors.by_base[&old].at, mirrors.by_base[&new].at);
+        assert_ne!(at_old, client);
+        assert_eq!(mirrors.translate(client + 10, 8), Some(at_new + 10), "the newest that holds them");
+        assert_eq!(mirrors.translate(client + page, 2), Some(at_new + page));
+        assert_eq!(mirrors.translate(client + 2 * page - 1, 2), None, "past every stand-in");
+        assert!(!mirrors.contains(client, 1), "a stand-in is not reached at the client's address");
+        assert!(!mirrors.contains(old, 1), "nor at its key");
+        assert_eq!(mirrors.untranslate(at_old + 3), Some(client + 3));
+        // SAFETY: the stand-ins' pages, mapped read-write by `write`.
+        assert_eq!(unsafe { std::slice::from_raw_parts(at_old as *const u8, 4) }, &[1, 2, 3, 4]);
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::slice::from_raw_parts((at_new + page) as *const u8, 2) }, &[5, 6]);
+        assert!(mirrors.write(&*backend, old, page, &[], &[], false, client + page).is_err(), "another address");
+        assert!(mirrors.write(&*backend, old + 7, page, &[], &[], false, 0).is_err(), "a stand-in key without one");
+        assert!(mirrors.write(&*backend, client, page, &[], &[], false, client).is_err(), "an address with one");
+        mirrors.remove(&*backend, new);
+        assert_eq!(mirrors.translate(client + 10, 8), Some(at_old + 10), "the older one still holds them");
+        mirrors.remove(&*backend, old);
+        assert_eq!(mirrors.translate(client, 1), None);
+        assert_eq!(mirrors.total, 0);
     }
 }

@@ -3,7 +3,9 @@
 //! (`cudaMemsetParams`, `CUDA_MEMSET_NODE_PARAMS`) and the linear and pitched memory of
 //! texture and surface objects (`cudaResourceDesc`, `CUDA_RESOURCE_DESC`). The worker checks
 //! every span against the session's memory before the library sees the record, as it checks
-//! device arguments (a pointer into the worker's own memory is never passed on).
+//! device arguments (a pointer into the worker's own memory is never passed on), and gives
+//! the record the address where the session has the memory (a stand-in of the client's
+//! pageable memory lies elsewhere than the client names it: `crate::mirror`).
 //!
 //! Hand-written because the span is arithmetic over several fields (pitch × rows × depth
 //! from a position), which a spec cannot say. Offsets of the records' own fields come from
@@ -15,8 +17,16 @@
 
 use chidori_cuda::structs;
 
-/// A span `(address, bytes)` of device memory a record names.
-pub type Span = (u64, u64);
+/// A span of device memory a record names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The first byte and how many.
+    pub start: u64,
+    pub len: u64,
+    /// The pointer field the span is counted from: its offset in the record, its value.
+    pub field: usize,
+    pub base: u64,
+}
 
 /// `cudaMemcpyMemoryType`-like values of the driver's copy records.
 const CU_MEMORYTYPE_DEVICE: u64 = 2;
@@ -70,15 +80,21 @@ fn at_3d(base: u64, x: u64, y: u64, z: u64, pitch: u64, slice: u64) -> Option<u6
     base.checked_add(z.checked_mul(slice)?)?.checked_add(y.checked_mul(pitch)?)?.checked_add(x)
 }
 
-/// Add the span of `len` bytes at `start` of memory based at `base` (NULL with bytes to
-/// touch is refused, whatever offset it is given).
-fn push(spans: &mut Vec<Span>, what: &str, base: u64, start: Option<u64>, len: Option<u64>) -> Result<(), String> {
+/// Add the span of `len` bytes at `start` of memory based at `base`, the pointer field at
+/// `field` (NULL with bytes to touch is refused, whatever offset it is given).
+fn push(
+    spans: &mut Vec<Span>,
+    what: &str,
+    (field, base): (usize, u64),
+    start: Option<u64>,
+    len: Option<u64>,
+) -> Result<(), String> {
     let (Some(start), Some(len)) = (start, len) else { return Err(format!("{what}: a span past the address space")) };
     if len > 0 {
         if base == 0 {
             return Err(format!("{what}: NULL for {len} bytes"));
         }
-        spans.push((start, len));
+        spans.push(Span { start, len, field, base });
     }
     Ok(())
 }
@@ -124,14 +140,14 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
                 let (x, y, z) = (f.word(&pos, 0)?, f.word(&pos, 8)?, f.word(&pos, 16)?);
                 let start = slice.and_then(|s| at_3d(base, x, y, z, pitch, s));
                 let len = slice.and_then(|s| span_3d(pitch, s, w, h, d));
-                push(&mut spans, &format!("{record}.{side}Ptr"), base, start, len)?;
+                push(&mut spans, &format!("{record}.{side}Ptr"), (f.offset(&ptr)?, base), start, len)?;
             }
         }
         "cudaMemsetParams" | "CUDA_MEMSET_NODE_PARAMS_st" => {
             let (dst, pitch) = (f.word("dst", 0)?, f.word("pitch", 0)?);
             let (elem, w, h) = (f.word("elementSize", 0)?, f.word("width", 0)?, f.word("height", 0)?);
             let len = w.checked_mul(elem).and_then(|row| span_3d(pitch, 0, row, h, 1));
-            push(&mut spans, &format!("{record}.dst"), dst, Some(dst), len)?;
+            push(&mut spans, &format!("{record}.dst"), (f.offset("dst")?, dst), Some(dst), len)?;
         }
         "CUDA_MEMCPY2D_st" | "CUDA_MEMCPY3D_st" | "CUDA_MEMCPY3D_PEER_st" => {
             let three = record != "CUDA_MEMCPY2D_st";
@@ -142,7 +158,8 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
                 if ty != CU_MEMORYTYPE_DEVICE && ty != CU_MEMORYTYPE_UNIFIED {
                     continue;
                 }
-                let base = f.word(&format!("{side}Device"), 0)?;
+                let field = format!("{side}Device");
+                let base = f.word(&field, 0)?;
                 let pitch = f.word(&format!("{side}Pitch"), 0)?;
                 let rows = if three { f.word(&format!("{side}Height"), 0)?.max(1) } else { 1 };
                 let (x, y) = (f.word(&format!("{side}XInBytes"), 0)?, f.word(&format!("{side}Y"), 0)?);
@@ -150,7 +167,7 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
                 let slice = pitch.checked_mul(rows);
                 let start = slice.and_then(|s| at_3d(base, x, y, z, pitch, s));
                 let len = slice.and_then(|s| span_3d(pitch, s, w, h, d));
-                push(&mut spans, &format!("{record}.{side}Device"), base, start, len)?;
+                push(&mut spans, &format!("{record}.{field}"), (f.offset(&field)?, base), start, len)?;
             }
         }
         "cudaResourceDesc" | "CUDA_RESOURCE_DESC_st" => {
@@ -163,11 +180,13 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
             match ty {
                 RESOURCE_LINEAR => {
                     let base = word(0)?;
-                    push(&mut spans, &format!("{record}.linear"), base, Some(base), Some(word(sizes)?))?;
+                    let (what, size) = (format!("{record}.linear"), Some(word(sizes)?));
+                    push(&mut spans, &what, (res, base), Some(base), size)?;
                 }
                 RESOURCE_PITCH2D => {
                     let (base, w, h, pitch) = (word(0)?, word(sizes)?, word(sizes + 8)?, word(sizes + 16)?);
-                    push(&mut spans, &format!("{record}.pitch2D"), base, Some(base), span_3d(pitch, 0, w, h, 1))?;
+                    let what = format!("{record}.pitch2D");
+                    push(&mut spans, &what, (res, base), Some(base), span_3d(pitch, 0, w, h, 1))?;
                 }
                 _ => {}
             }
@@ -183,6 +202,11 @@ mod tests {
 
     fn put(bytes: &mut [u8], at: usize, value: u64) {
         bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// The (start, bytes) of each span.
+    fn plain(spans: Result<Vec<Span>, String>) -> Vec<(u64, u64)> {
+        spans.unwrap().iter().map(|s| (s.start, s.len)).collect()
     }
 
     #[test]
@@ -201,7 +225,7 @@ mod tests {
         put(&mut r, 136, 2);
         put(&mut r, 144, 1);
         let spans = device_spans("cudaMemcpy3DParms", "13.0", &r).unwrap();
-        assert_eq!(spans, [(0x10_0000 + 512 + 16, 512 + 100)]);
+        assert_eq!(spans, [Span { start: 0x10_0000 + 512 + 16, len: 512 + 100, field: 32, base: 0x10_0000 }]);
         // A pointer side at NULL with a nonzero extent is refused.
         put(&mut r, 32, 0);
         assert!(device_spans("cudaMemcpy3DParms", "13.0", &r).is_err());
@@ -222,8 +246,8 @@ mod tests {
         r[f("dstMemoryType")..f("dstMemoryType") + 4].copy_from_slice(&3u32.to_le_bytes());
         put(&mut r, f("WidthInBytes"), 64);
         put(&mut r, f("Height"), 3);
-        let spans = device_spans("CUDA_MEMCPY2D_st", "13.0", &r).unwrap();
-        assert_eq!(spans, [(0x20_0000, 2 * 256 + 64)]);
+        assert_eq!(plain(device_spans("CUDA_MEMCPY2D_st", "13.0", &r)), [(0x20_0000, 2 * 256 + 64)]);
+        assert_eq!(device_spans("CUDA_MEMCPY2D_st", "13.0", &r).unwrap()[0].field, f("srcDevice"));
     }
 
     #[test]
@@ -251,14 +275,17 @@ mod tests {
             .copy_from_slice(&4u32.to_le_bytes()[..e.size as usize]);
         put(&mut r, w.offset as usize, 10);
         put(&mut r, h.offset as usize, 2);
-        assert_eq!(device_spans("cudaMemsetParams", "13.0", &r).unwrap(), [(0x30_0000, 1024 + 40)]);
+        assert_eq!(plain(device_spans("cudaMemsetParams", "13.0", &r)), [(0x30_0000, 1024 + 40)]);
 
         let map = structs::get("13.0", "cudaResourceDesc").unwrap();
         let mut r = vec![0u8; map.size as usize];
         r[0..4].copy_from_slice(&2u32.to_le_bytes());
         put(&mut r, 8, 0x40_0000);
         put(&mut r, 8 + 32, 4096);
-        assert_eq!(device_spans("cudaResourceDesc", "13.0", &r).unwrap(), [(0x40_0000, 4096)]);
+        assert_eq!(
+            device_spans("cudaResourceDesc", "13.0", &r).unwrap(),
+            [Span { start: 0x40_0000, len: 4096, field: 8, base: 0x40_0000 }]
+        );
         assert!(device_spans("cudaPos", "13.0", &r).unwrap().is_empty(), "a record naming no memory");
     }
 }

@@ -843,7 +843,7 @@ impl codec::Tables for SessionTables<'_> {
         lock(&self.session.handles).name_free(kind, value)
     }
 
-    fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<(), String> {
+    fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<u64, String> {
         let arg = |j: usize| self.args.get(j).copied().unwrap_or(0);
         let extent = match bytes {
             Some(bytes) => Some(bytes),
@@ -860,17 +860,25 @@ impl codec::Tables for SessionTables<'_> {
             },
         };
         let Some(extent) = extent else { return Err("a length past the address space".into()) };
-        if device_ok(self.session, addr, extent) {
-            Ok(())
-        } else {
-            Err(format!("{addr:#x} ({extent} bytes) is not device memory of this session"))
-        }
+        device_at(self.session, addr, extent)
+            .ok_or_else(|| format!("{addr:#x} ({extent} bytes) is not device memory of this session"))
     }
 }
 
-/// Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
+/// Whether `[addr, addr + len)` is memory of this session at that address (NULL is left to
+/// the library).
 fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
     addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
+}
+
+/// Where the session has `[addr, addr + len)` of what the client names: the address itself
+/// ([`device_ok`]), or where a stand-in of the client's pageable memory holds it
+/// (`crate::mirror`); None where neither.
+fn device_at(session: &Session, addr: u64, len: u64) -> Option<u64> {
+    if device_ok(session, addr, len) {
+        return Some(addr);
+    }
+    lock(&session.mirrors).translate(addr, len)
 }
 
 /// Answer a call whose arguments the decoder refused: the library's status, or the end of
@@ -1184,19 +1192,29 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             // The copy, memset or resource itself: required by every API that takes one.
             return quiet(format!("argument {i}: NULL for the {record}"));
         }
-        let Some(b) = buffers[i].as_ref() else { continue };
+        let Some(b) = buffers[i].as_mut() else { continue };
         let Some(version) = session.backend.layout_version(desc.library) else { continue };
         // Every record of an array (each in the server's layout).
         let size = structs::get(&version, record).map_or(b.bytes().len(), |m| m.size as usize).max(1);
-        for one in b.bytes().chunks(size) {
+        for one in b.bytes_mut().chunks_mut(size) {
             let spans = match crate::records::device_spans(record, &version, one) {
                 Ok(spans) => spans,
                 Err(why) => return invalid(format!("argument {i}: {why}")),
             };
-            if let Some((addr, len)) = spans.into_iter().find(|&(addr, len)| !device_ok(addr, len)) {
-                return invalid(format!(
-                    "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
-                ));
+            for span in spans {
+                let Some(at) = device_at(session, span.start, span.len) else {
+                    let (addr, len) = (span.start, span.len);
+                    return invalid(format!(
+                        "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
+                    ));
+                };
+                // Memory the session has elsewhere (a stand-in): the pointer field names it
+                // there, the span's offset from it kept.
+                if at != span.start
+                    && let Some(field) = one.get_mut(span.field..span.field + 8)
+                {
+                    field.copy_from_slice(&at.wrapping_sub(span.start - span.base).to_le_bytes());
+                }
             }
         }
     }
@@ -1854,15 +1872,15 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let request: Service = messages::decode(frame, "service").map_err(|e| Fatal(e.to_string()))?;
     let reply = match request {
         // Sent without waiting: only a failure is answered, as the next runtime call's status.
-        Service::MirrorWrite { base, len, runs } => {
+        Service::MirrorWrite { base, len, runs, client } => {
             // The session's own memory that the worker can reach from the CPU (a managed
             // variable) is mirrored by itself; other session memory is the GPU's alone.
-            let own = lock(&session.memory).contains(base, len);
+            let own = client == 0 && lock(&session.memory).contains(base, len);
             let direct = own && session.backend.host_accessible(base, len);
             let result = if own && !direct {
                 Err(format!("{base:#x} is device memory, not memory of the client's"))
             } else {
-                lock(&session.mirrors).write(&*session.backend, base, len, &runs, &frame.bulk, direct)
+                lock(&session.mirrors).write(&*session.backend, base, len, &runs, &frame.bulk, direct, client)
             };
             return match result {
                 Ok(()) => Ok(()),

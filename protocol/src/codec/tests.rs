@@ -68,6 +68,8 @@ struct FakeTables {
 
 const FOREIGN: u64 = 1 << 40;
 const DEVICE: u64 = 0x7f00_0000_0000;
+/// Client addresses of session memory that lies at DEVICE + 512 KiB.
+const ELSEWHERE: u64 = 0x5000_0000_0000;
 
 impl Tables for FakeTables {
     fn resolve(&mut self, _kind: HandleKind, value: u64) -> Option<u64> {
@@ -78,9 +80,16 @@ impl Tables for FakeTables {
         !self.named.contains(&value)
     }
 
-    fn device(&mut self, _param: usize, addr: u64, bytes: Option<u64>) -> Result<(), String> {
+    fn device(&mut self, _param: usize, addr: u64, bytes: Option<u64>) -> Result<u64, String> {
         let end = addr.checked_add(bytes.unwrap_or(1)).ok_or("past the address space")?;
-        if addr >= DEVICE && end <= DEVICE + (1 << 20) { Ok(()) } else { Err(format!("{addr:#x} is not ours")) }
+        if addr >= DEVICE && end <= DEVICE + (1 << 20) {
+            Ok(addr)
+        } else if addr >= ELSEWHERE && end <= ELSEWHERE + 4096 {
+            // Memory of the session's that lies elsewhere than the client names it.
+            Ok(addr - ELSEWHERE + DEVICE + (1 << 19))
+        } else {
+            Err(format!("{addr:#x} is not ours"))
+        }
     }
 }
 
@@ -389,6 +398,16 @@ fn scalars_are_their_size_not_null_and_device_ones_are_the_sessions() {
     assert_eq!(e.refusal(), Refusal::InvalidValue);
     let e = refused(vec![mode, scalar], &[1, 0], &[0, DEVICE_LEN], &[]);
     assert!(matches!(e, DecodeError::Device { param: 1, .. }), "a NULL device scalar: {e}");
+}
+
+#[test]
+fn the_library_is_given_the_address_where_the_session_has_the_memory() {
+    let desc = desc(vec![Wire::Device, Wire::Device]);
+    let tables = &mut FakeTables::default();
+    let args = decode(desc, &[DEVICE + 8, ELSEWHERE + 100], &[0, 0], &[], tables).unwrap();
+    assert_eq!(args, vec![Arg::Device(DEVICE + 8), Arg::Device(DEVICE + (1 << 19) + 100)]);
+    let e = decode(desc, &[DEVICE, ELSEWHERE + 4096], &[0, 0], &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Device { param: 1, .. }), "{e}");
 }
 
 #[test]
