@@ -2403,7 +2403,8 @@ int main(void) {
   CHECK(cudaGraphExecDestroy(px));
   CHECK(cudaGraphDestroy(pg));
   /* 2D rows of a malloc'ed buffer in, on a capturing stream. */
-  float *rows = malloc(8 * 16 * sizeof(float));
+  /* Two pages: the rows at the start of the first. */
+  float *rows = aligned_alloc(4096, 2 * 4096);
   for (int i = 0; i < 8 * 16; ++i) rows[i] = (float)i;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(cudaMemcpy2DAsync(d, 4 * sizeof(float), rows, 16 * sizeof(float), 4 * sizeof(float), 8, cudaMemcpyHostToDevice, s));
@@ -2415,6 +2416,26 @@ int main(void) {
   CHECK(cudaMemcpy(back, d, 32 * sizeof(float), cudaMemcpyDeviceToHost));
   for (int r = 0; r < 8; ++r)
     for (int c = 0; c < 4; ++c) EXPECT(back[r * 4 + c] == (r == 7 && c == 3 ? -1.0f : (float)(r * 16 + c)));
+  /* A second graph copies the rows in and out to bytes across both pages (one the first
+     graph's copy names, one it does not): the first graph still replays, and both are right. */
+  float *beside = rows + 1000;
+  cudaGraph_t bg;
+  cudaGraphExec_t bx;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpy2DAsync(d + 64, 4 * sizeof(float), rows, 16 * sizeof(float), 4 * sizeof(float), 8, cudaMemcpyHostToDevice, s));
+  CHECK(cudaMemcpyAsync(beside, d + 64, 32 * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamEndCapture(s, &bg));
+  CHECK(cudaGraphInstantiate(&bx, bg, 0));
+  rows[0] = -2.0f;
+  CHECK(cudaGraphLaunch(px, s));
+  CHECK(cudaGraphLaunch(bx, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(back, d, 32 * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT(back[0] == -2.0f && back[31] == -1.0f && back[5] == 17.0f);
+  EXPECT(beside[0] == -2.0f && beside[31] == -1.0f && beside[5] == 17.0f);
+  EXPECT(rows[0] == -2.0f && rows[5] == 5.0f && rows[16 * 7 + 3] == -1.0f);
+  CHECK(cudaGraphExecDestroy(bx));
+  CHECK(cudaGraphDestroy(bg));
   CHECK(cudaGraphExecDestroy(px));
   CHECK(cudaGraphDestroy(pg));
   free(rows);

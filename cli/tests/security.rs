@@ -461,6 +461,7 @@ fn hostile_services_crash_no_worker() {
         Api, GraphList, GraphLoop, GraphNode, JitLinkRequest, Launch, LinkRequest, LoopCopy, NodeParams, NodeTarget,
         Service, ServiceReply,
     };
+    use chidori_protocol::mirror::STAND_IN_KEYS;
     let server = Server::start(&[], &[]);
     let junk = 0x7e00_dead_0000u64;
     let launch = Launch {
@@ -482,6 +483,21 @@ fn hostile_services_crash_no_worker() {
         (Service::FunctionName { handle: 0, kernel: false }, vec![], true),
         (Service::MirrorPull { bases: vec![junk, 0, u64::MAX], from: u64::MAX }, vec![], true),
         (Service::MirrorDrop { base: junk }, vec![], false),
+        // Stand-ins: a key without the client's address, an address without a key, one in
+        // kernel space, one past the session's limit, runs past the end; then a good one
+        // (its worker pages wherever the worker puts them), pulled and dropped.
+        (Service::MirrorWrite { base: STAND_IN_KEYS, len: 4096, runs: vec![(0, 4)], client: 0 }, vec![1; 4], false),
+        (Service::MirrorWrite { base: junk, len: 4096, runs: vec![], client: junk }, vec![], false),
+        (Service::MirrorWrite { base: STAND_IN_KEYS, len: 4096, runs: vec![], client: u64::MAX - 4095 }, vec![], false),
+        (Service::MirrorWrite { base: STAND_IN_KEYS + 1, len: 1 << 40, runs: vec![], client: junk }, vec![], false),
+        (Service::MirrorWrite { base: STAND_IN_KEYS + 2, len: 8, runs: vec![(6, 4)], client: junk }, vec![1; 4], false),
+        (
+            Service::MirrorWrite { base: STAND_IN_KEYS + 3, len: 8192, runs: vec![(8190, 2)], client: junk },
+            vec![7; 2],
+            false,
+        ),
+        (Service::MirrorPull { bases: vec![STAND_IN_KEYS + 3, STAND_IN_KEYS], from: 0 }, vec![], true),
+        (Service::MirrorDrop { base: STAND_IN_KEYS + 3 }, vec![], false),
         (Service::GraphList(GraphList::Nodes { graph: junk }), vec![], true),
         (Service::GraphList(GraphList::Edges { graph: 0 }), vec![], true),
         (Service::GraphList(GraphList::Dependents { node: junk }), vec![], true),

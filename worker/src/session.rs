@@ -871,6 +871,35 @@ fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
     addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
 }
 
+/// Memory named in records the library wrote (a copy node's parameters read back): where
+/// a stand-in of the client's memory holds it, the client's own address, as the program
+/// gave it.
+fn untranslate_records(session: &Session, desc: &CallDesc, buffers: &mut [Option<Buffer>]) {
+    for (i, wire) in desc.params.iter().enumerate() {
+        let Wire::Buf { dir: Dir::Out | Dir::InOut, record: Some(record), .. } = *wire else { continue };
+        if !crate::records::names_memory(record) {
+            continue;
+        }
+        let (Some(b), Some(version)) =
+            (buffers.get_mut(i).and_then(Option::as_mut), session.backend.layout_version(desc.library))
+        else {
+            continue;
+        };
+        let size = structs::get(&version, record).map_or(b.bytes().len(), |m| m.size as usize).max(1);
+        let mirrors = lock(&session.mirrors);
+        for one in b.bytes_mut().chunks_mut(size) {
+            let Ok(spans) = crate::records::device_spans(record, &version, one) else { continue };
+            for span in spans {
+                if let Some(client) = mirrors.untranslate(span.start)
+                    && let Some(field) = one.get_mut(span.field..span.field + 8)
+                {
+                    field.copy_from_slice(&client.wrapping_sub(span.start - span.base).to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
 /// Where the session has `[addr, addr + len)` of what the client names: the address itself
 /// ([`device_ok`]), or where a stand-in of the client's pageable memory holds it
 /// (`crate::mirror`); None where neither.
@@ -1435,6 +1464,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
             _ => {}
         }
+        untranslate_records(session, desc, &mut buffers);
         if let Some(values) = kept {
             lock(&session.owned).insert(raw[0], values);
         }
