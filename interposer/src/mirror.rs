@@ -333,7 +333,8 @@ pub fn prepare_graph(conn: &Conn) {
 /// A graph's copy (a node, or a copy on a capturing stream) has one side in the program's
 /// memory at `[addr, addr + len)`, or a library reads and writes the program's host memory
 /// itself ([`around_library_call`]): make that memory one the server mirrors, with its
-/// contents now, so the server can name it by its address. Pinned, registered and managed
+/// contents now, so calls can name it by its address (the server gives the library its
+/// mirror's, which is the same address but for stand-ins). Pinned, registered and managed
 /// memory is mirrored whole (until the program frees it); other memory by the pages that
 /// hold it, a stand-in claimed by `owner` ([`GRAPHS`] for a graph's). What the server writes
 /// there comes back at the next [`pull`].
@@ -368,7 +369,7 @@ pub fn call_owner() -> u64 {
 
 /// A library call `name` that reads and writes the program's host arrays itself (cuBLASXt's
 /// matrices, cuSOLVER's low-level CPU path): every `(address, bytes)` of `arrays` becomes
-/// memory the server mirrors at that address, claimed by `owner`; `call` runs (it waits);
+/// memory the server mirrors, claimed by `owner`; `call` runs (it waits);
 /// what the library wrote there comes back before this returns. An array that is not the
 /// program's memory (a device address the client did not see allocated) passes as it is:
 /// the server checks it as device memory.

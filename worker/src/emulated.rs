@@ -880,8 +880,8 @@ impl Backend for Emulated {
                 }
                 ("cusolver", "cusolverSpXcsrpermHost") => permute_csr(a),
                 // The low-level Cholesky's CPU path for diagonal matrices: enough to see the
-                // program's host arrays reach the library at its own addresses (the worker
-                // mirrors them) and the workspace keep the factor from Factor to Solve.
+                // program's host arrays reach the library (as the worker's stand-ins of them)
+                // and the workspace keep the factor from Factor to Solve.
                 ("cusolver", "cusolverSpCreateCsrcholInfoHost") => {
                     let h = self.state().handle();
                     put_u64(a[0], h);

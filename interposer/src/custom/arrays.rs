@@ -567,7 +567,8 @@ fn mirror_box(
 
 /// A runtime 3D copy that a graph replays on the server (a node, or a copy on a capturing
 /// stream): each pointer side in the program's memory becomes memory the server mirrors,
-/// which the graph then names by its address (`mirror::for_server`).
+/// which the graph then names by the program's address (the server gives the node its
+/// mirror's: `mirror::for_server`).
 fn mirror_sides_3d(conn: &Conn, m: &Memcpy3DParms) -> Result<(), Unmirrored> {
     let (src, dst) = sides_3d(m).map_err(Unmirrored::Status)?;
     if src != Side::Host && dst != Side::Host {
@@ -963,7 +964,8 @@ pub(crate) unsafe fn node_copy_3d(conn: &Conn, p: *const c_void) -> Result<Vec<u
 }
 
 /// A driver copy (unified sides resolved) that a graph replays on the server: each host side
-/// becomes memory the server mirrors, named as device memory at its address.
+/// becomes memory the server mirrors, named as device memory by the program's address (the
+/// server gives the node its mirror's).
 fn mirror_host_sides_driver(conn: &Conn, m: &mut CuMemcpy3D) -> Result<(), Unmirrored> {
     let size = (Some(m.width), m.height.max(1), m.depth.max(1));
     if m.src_type == HOST {

@@ -269,11 +269,11 @@ fn xt_matrices(name: &str, args: &[u64]) -> Option<Vec<(usize, u64)>> {
 
 /// A cuBLASXt routine (`cublasXt<t>gemm`, `symm`, `syrk`, `trsm`, …): its matrices may be
 /// the program's host memory, which the library tiles onto the GPU itself. Each host matrix
-/// becomes memory the server mirrors at its own address (`crate::mirror::around_library_call`),
-/// so the server's library reads and writes it there; the call waits, as cuBLASXt does with
+/// becomes memory the server mirrors (`crate::mirror::around_library_call`), whose address
+/// the server's library is given, so it reads and writes it there; the call waits, as cuBLASXt does with
 /// host matrices, and what it wrote comes back into the program's memory before it returns.
 /// The routine keeps no pointer to its matrices: the mirrors this call alone holds go after
-/// it (pinned memory and pages a graph's mirror shares stay). Device matrices pass as they are.
+/// it (pinned memory and stand-ins a graph also holds stay). Device matrices pass as they are.
 pub unsafe fn xt(ctx: &Ctx, args: &[u64]) -> u64 {
     crate::guard::ffi(ctx.name, u64::from(INVALID_VALUE), || {
         let desc = ctx.form(chidori_protocol::desc::Form::Call);

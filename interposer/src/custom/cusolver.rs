@@ -153,8 +153,8 @@ fn sp_host_arrays(name: &str, args: &[u64], info: &dyn Fn(u64) -> SpInfo) -> Opt
 /// `cusolverSpXcsr{qr,chol,lu}AnalysisHost`): the guide leaves open what the info object
 /// keeps between calls (the matrix given to Setup is not passed to Factor again; the
 /// workspace holds the factors from Factor to Solve), so every host array becomes memory the
-/// server mirrors at the program's own address (`crate::mirror::around_library_call`, owned
-/// by the info object until it is destroyed) and the library
+/// server mirrors (`crate::mirror::around_library_call`, owned by the info object until it
+/// is destroyed), whose address on the server the library is given each time, and the library
 /// sees the same arrays there, call after call, as natively. The call waits; what the
 /// library wrote comes back before it returns. The client records each info object's sizes
 /// (the workspace from BufferInfoHost, the factors' from NnzHost) for the calls that do not
