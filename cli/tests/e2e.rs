@@ -2658,6 +2658,89 @@ fn a_synchronize_after_a_read_back_is_answered_by_the_client() {
     assert_eq!(trace_row(&stderr, "cudaMemcpyAsync"), ["42", "28"], "{stderr}");
 }
 
+/// Event queries as torch's pinned host allocator makes them (an event recorded after a
+/// block's last use, queried before the block is reused, usually after a synchronize):
+/// answered by the client where the event is known complete, asked where it was recorded
+/// again since, on a stream no synchronize drained, or before a graph launch.
+const EVENT_QUERIES: &str = r#"
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+int main(void) {
+  cudaEvent_t e, f;
+  cudaStream_t s;
+  int *p;
+  int host[16];
+  CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CHECK(cudaEventCreate(&f));
+  CHECK(cudaStreamCreate(&s));
+  CHECK(cudaMalloc((void **)&p, sizeof host));
+  for (int i = 0; i < 10; ++i) {
+    CHECK(cudaMemsetAsync(p, i, sizeof host, 0));
+    CHECK(cudaEventRecord(e, 0));
+    CHECK(cudaMemcpyAsync(host, p, sizeof host, cudaMemcpyDeviceToHost, 0));
+    CHECK(cudaStreamSynchronize(0));
+    EXPECT(host[0] == i * 0x01010101);
+    /* The read back drained the stream the event was recorded on. */
+    EXPECT(cudaEventQuery(e) == cudaSuccess);
+    EXPECT(cudaEventQuery(e) == cudaSuccess);
+  }
+  /* Recorded again, nothing drained since: asked; once it said complete, a synchronize of
+     it is the client's. */
+  CHECK(cudaMemsetAsync(p, 1, sizeof host, 0));
+  CHECK(cudaEventRecord(e, 0));
+  while (cudaEventQuery(e) != cudaSuccess) {}
+  CHECK(cudaEventSynchronize(e));
+  /* On another stream than the one drained: asked; then that stream drained: answered. */
+  CHECK(cudaEventRecord(f, s));
+  CHECK(cudaStreamSynchronize(0));
+  EXPECT(cudaEventQuery(f) == cudaSuccess);
+  CHECK(cudaEventRecord(f, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(cudaEventQuery(f) == cudaSuccess);
+  /* A graph launch may record any event again: asked. */
+  cudaGraph_t g;
+  cudaGraphNode_t n;
+  cudaGraphExec_t x;
+  CHECK(cudaGraphCreate(&g, 0));
+  CHECK(cudaGraphAddEmptyNode(&n, g, NULL, 0));
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaGraphLaunch(x, s));
+  EXPECT(cudaEventQuery(f) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s));
+  /* The driver's. */
+  CUevent d;
+  CHECK(cuEventCreate(&d, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(d, (CUstream)s));
+  CHECK(cuStreamSynchronize((CUstream)s));
+  EXPECT(cuEventQuery(d) == CUDA_SUCCESS);
+  /* Destroyed: nothing is known of its handle. */
+  CHECK(cuEventDestroy(d));
+  CHECK(cudaEventDestroy(e));
+  CHECK(cudaEventCreate(&e));
+  EXPECT(cudaEventQuery(e) == cudaSuccess);
+  CHECK(cudaGraphExecDestroy(x));
+  CHECK(cudaGraphDestroy(g));
+  puts("OK");
+  return 0;
+}
+"#;
+
+#[test]
+fn queries_of_events_known_complete_are_answered_by_the_client() {
+    let server = server();
+    let exe = program_with("event-queries", &format!("{CHECKS}{EVENT_QUERIES}"), &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // 20 in the loop answered; asked: the query after recording again (at least once,
+    // until the server says complete), the other stream's before its synchronize, after
+    // the graph launch, the new event's.
+    let queries = trace_row(&stderr, "cudaEventQuery");
+    let (calls, trips): (u32, u32) = (queries[0].parse().unwrap(), queries[1].parse().unwrap());
+    assert_eq!(calls - trips, 21, "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaEventSynchronize"), ["1", "0"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuEventQuery"), ["1", "0"], "{stderr}");
+}
+
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current
 /// context follows), arrays with 2D copies between host memory, arrays and device memory,
 /// texture objects, pools, pointer attributes from the interval map, graphs, stream

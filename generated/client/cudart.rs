@@ -1028,14 +1028,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
         ) as u32
     }
 }
-///`cudaEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventDestroy(event: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventDestroy,
-            &[(event) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventDestroy",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventDestroy__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(event) as usize as u64])
+        }) as u32
     }
 }
 ///`cudaEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1066,30 +1078,57 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventElapsedTime_v2(
         ) as u32
     }
 }
-///`cudaEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventQuery(event: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventQuery,
-            &[(event) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventQuery",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventQuery__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(event) as usize as u64])
+        }) as u32
     }
 }
-///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
     event: *mut c_void,
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventRecord,
-            &[(event) as usize as u64, (stream) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventRecord",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventRecord__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(event) as usize as u64, (stream) as usize as u64],
+            )
+        }) as u32
     }
 }
-///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
     event: *mut c_void,
@@ -1097,13 +1136,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventRecordWithFlags,
-            &[(event) as usize as u64, (stream) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventRecordWithFlags",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventRecordWithFlags__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(event) as usize as u64, (stream) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
-///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
     event: *mut c_void,
@@ -1111,35 +1165,79 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventRecordWithFlags_ptsz,
-            &[(event) as usize as u64, (stream) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventRecordWithFlags_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaEventRecordWithFlags_ptsz__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(event) as usize as u64, (stream) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
-///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord_ptsz(
     event: *mut c_void,
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventRecord_ptsz,
-            &[(event) as usize as u64, (stream) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventRecord_ptsz",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventRecord_ptsz__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(event) as usize as u64, (stream) as usize as u64],
+            )
+        }) as u32
     }
 }
-///`cudaEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventSynchronize(
     event: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventSynchronize,
-            &[(event) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventSynchronize",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventSynchronize__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(event) as usize as u64])
+        }) as u32
     }
 }
 ///`cudaExecutionCtxDestroy` for CUDA 13.1 (sync).

@@ -679,7 +679,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftResetPlanProperty(
         ) as u32
     }
 }
-///`cufftSetAutoAllocation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftSetAutoAllocation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetAutoAllocation(
     plan: i32,
@@ -706,7 +706,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetPlanPropertyInt64(
         ) as u32
     }
 }
-///`cufftSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetStream(
     plan: i32,

@@ -1353,24 +1353,48 @@ pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
         ) as u32
     }
 }
-///`cuEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventDestroy(hEvent: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventDestroy,
-            &[(hEvent) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventDestroy",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventDestroy__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(hEvent) as usize as u64])
+        }) as u32
     }
 }
-///`cuEventDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventDestroy_v2(hEvent: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventDestroy_v2,
-            &[(hEvent) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventDestroy_v2",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventDestroy_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(hEvent) as usize as u64])
+        }) as u32
     }
 }
 ///`cuEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1409,30 +1433,57 @@ pub unsafe extern "C" fn __chidori_driver_cuEventElapsedTime_v2(
         ) as u32
     }
 }
-///`cuEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventQuery(hEvent: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventQuery,
-            &[(hEvent) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventQuery",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventQuery__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(hEvent) as usize as u64])
+        }) as u32
     }
 }
-///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
     hEvent: *mut c_void,
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventRecord,
-            &[(hEvent) as usize as u64, (hStream) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventRecord",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventRecord__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(hEvent) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
-///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
     hEvent: *mut c_void,
@@ -1440,13 +1491,28 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventRecordWithFlags,
-            &[(hEvent) as usize as u64, (hStream) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventRecordWithFlags",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventRecordWithFlags__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(hEvent) as usize as u64, (hStream) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
-///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
     hEvent: *mut c_void,
@@ -1454,35 +1520,79 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventRecordWithFlags_ptsz,
-            &[(hEvent) as usize as u64, (hStream) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventRecordWithFlags_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuEventRecordWithFlags_ptsz__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(hEvent) as usize as u64, (hStream) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
-///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord_ptsz(
     hEvent: *mut c_void,
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventRecord_ptsz,
-            &[(hEvent) as usize as u64, (hStream) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventRecord_ptsz",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventRecord_ptsz__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(
+                &CTX,
+                &[(hEvent) as usize as u64, (hStream) as usize as u64],
+            )
+        }) as u32
     }
 }
-///`cuEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventSynchronize(
     hEvent: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventSynchronize,
-            &[(hEvent) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventSynchronize",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventSynchronize__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::sync::event_raw(&CTX, &[(hEvent) as usize as u64])
+        }) as u32
     }
 }
 ///`cuExternalMemoryGetMappedBuffer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

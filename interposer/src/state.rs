@@ -118,6 +118,8 @@ pub struct Ahead {
     pub streams: Pool<(u64, u32, i32), (i32, u32, i32)>,
     /// The scope last found idle, and the copies in since (`crate::custom::sync`).
     pub idle: Idle,
+    /// Events known complete (`crate::custom::sync`).
+    pub events: crate::ahead::events::Events,
     /// cuDNN backend descriptors: what is asked after finalizes and fills, and the fills made
     /// ahead (`crate::custom::cudnn`).
     pub cudnn: Mutex<Option<Replay>>,
@@ -166,6 +168,7 @@ pub static CLIENT: Client = Client {
         occupancy: Answers::new(1 << 16),
         streams: Pool::new(),
         idle: Idle::new(),
+        events: crate::ahead::events::Events::new(),
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),
         rnn_filled_tensors: Answers::new(2),

@@ -31,7 +31,7 @@ pub enum Scope {
 impl Scope {
     /// Whether draining `self` drains `stream` too: the same stream, or a default stream of
     /// the same device and context (a created stream's device or context is not known here).
-    fn covers(&self, stream: &StreamKey) -> bool {
+    pub fn covers(&self, stream: &StreamKey) -> bool {
         let default = matches!(stream.handle, 0 | 1 | PER_THREAD);
         match *self {
             Scope::Stream(s) => s == *stream,

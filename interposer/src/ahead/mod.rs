@@ -14,9 +14,12 @@
 //!   until something may change it.
 //! * [`idle`]: streams and devices known idle (a read-back copy or a synchronize drained
 //!   them, nothing sent since): their synchronizes return at once.
+//! * [`events`]: events known complete (a query said so, or a synchronize drained the
+//!   stream they were recorded on): their queries return at once.
 
 pub mod capture;
 pub mod cudnn;
+pub mod events;
 pub mod idle;
 pub mod learned;
 

@@ -110,6 +110,8 @@ pub extern "C" fn chidori_loop_start(
         };
         // The graph's mirrored memory, as for a launch (the loop's steps replay it as is).
         crate::mirror::prepare_graph(&conn);
+        // Its event-record nodes record again, unseen.
+        crate::state::CLIENT.ahead.events.forget_all();
         let (tx, rx) = std::sync::mpsc::channel();
         // Counted before the start goes out: from then on the server may launch unasked.
         ACTIVE.fetch_add(1, Ordering::AcqRel);

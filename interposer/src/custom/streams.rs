@@ -17,9 +17,11 @@ use chidori_cuda::calls::cudart;
 
 use crate::state::CLIENT;
 
-/// A context was reset or destroyed: its streams are gone, and so are those made ahead.
+/// A context was reset or destroyed: its streams are gone, and so are those made ahead
+/// (and its events, whose handles the server may give out again).
 pub fn forget() {
     CLIENT.ahead.streams.clear();
+    CLIENT.ahead.events.forget_all();
 }
 
 pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {

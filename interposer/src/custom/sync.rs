@@ -4,6 +4,10 @@
 //! synchronize still goes to the server, without waiting); otherwise asked, and what they
 //! drain is learned. Nothing is answered or learned while a stream captures or a graph loop
 //! runs on the server (work no message announces).
+//!
+//! Event queries and synchronizes are answered by the client where the event is known
+//! complete (`crate::ahead::events`): a query or synchronize said so, or a synchronize by
+//! the recording thread drained the stream it was recorded on.
 
 use std::ffi::c_void;
 
@@ -61,6 +65,7 @@ pub unsafe fn read_back(conn: &Conn, desc: &'static CallDesc, stream: Option<u64
     {
         let key = stream_key(stream, desc.name.ends_with("_ptsz"));
         CLIENT.ahead.idle.learn(key, before, calls.len() as u64, conn.sent_so_far());
+        CLIENT.ahead.events.drained(key, crate::runtime::thread_id());
     }
     ret
 }
@@ -166,9 +171,69 @@ fn synchronize(ctx: &Ctx, args: &[u64], scope: Option<Scope>) -> u32 {
             && ret == crate::runtime::success(desc)
         {
             CLIENT.ahead.idle.learn(scope, before, 1, conn.sent_so_far());
+            CLIENT.ahead.events.drained(scope, crate::runtime::thread_id());
         }
         ret as u32
     })
+}
+
+/// What an event call does to what the client knows of events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EventRole {
+    /// cudaEventRecord(WithFlags), cuEventRecord(WithFlags): (event, stream, …).
+    Record,
+    /// cudaEventQuery, cuEventQuery, cudaEventSynchronize, cuEventSynchronize: (event).
+    Wait,
+    /// cudaEventDestroy, cuEventDestroy: (event).
+    Destroy,
+}
+
+fn event_role(name: &str) -> Option<EventRole> {
+    match chidori_protocol::desc::strip_suffixes(name, &["_ptsz", "_v2"]) {
+        "cudaEventRecord" | "cudaEventRecordWithFlags" | "cuEventRecord" | "cuEventRecordWithFlags" => {
+            Some(EventRole::Record)
+        }
+        "cudaEventQuery" | "cuEventQuery" | "cudaEventSynchronize" | "cuEventSynchronize" => Some(EventRole::Wait),
+        "cudaEventDestroy" | "cuEventDestroy" => Some(EventRole::Destroy),
+        _ => None,
+    }
+}
+
+/// Event records, queries, synchronizes and destroys of both APIs (`raw_args`: the event
+/// first, a record's stream second). A query or synchronize of an event known complete
+/// is answered here; the others are forwarded, and what they say is noted
+/// (`crate::ahead::events`).
+///
+/// # Safety
+/// Handles by value only.
+pub unsafe fn event_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let desc = ctx.form(Form::Call);
+    let role = event_role(ctx.name);
+    let event = args.first().copied().unwrap_or(0);
+    match role {
+        Some(EventRole::Wait)
+            if event != 0 && trusted() && !crate::mirror::pending() && CLIENT.ahead.events.is_complete(event) =>
+        {
+            crate::trace::local(ctx.name);
+            return crate::runtime::success(desc);
+        }
+        Some(EventRole::Record) => match (args.get(1), trusted()) {
+            (Some(&stream), true) => {
+                if let Scope::Stream(key) = stream_key(stream, ctx.per_thread()) {
+                    CLIENT.ahead.events.recorded(event, key, crate::runtime::thread_id());
+                }
+            }
+            _ => CLIENT.ahead.events.unknown(event),
+        },
+        Some(EventRole::Destroy) => CLIENT.ahead.events.unknown(event),
+        _ => {}
+    }
+    // SAFETY: handles by value only.
+    let ret = unsafe { crate::runtime::call(desc, args) };
+    if role == Some(EventRole::Wait) && event != 0 && ret == crate::runtime::success(desc) && trusted() {
+        CLIENT.ahead.events.complete(event);
+    }
+    ret
 }
 
 /// cudaStreamSynchronize, cuStreamSynchronize and their `_ptsz` forms.

@@ -233,8 +233,12 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
     crate::mirror::prepare(conn, devices);
-    if crate::mirror::active() && (desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch")) {
-        crate::mirror::prepare_graph(conn);
+    if desc.name.starts_with("cudaGraphLaunch") || desc.name.starts_with("cuGraphLaunch") {
+        if crate::mirror::active() {
+            crate::mirror::prepare_graph(conn);
+        }
+        // The graph's event-record nodes record again on the server, unseen.
+        crate::state::CLIENT.ahead.events.forget_all();
     }
 }
 
