@@ -3078,6 +3078,32 @@ fn registering_program(copies: usize) -> String {
     c
 }
 
+/// Occupancy answers are kept per function, block size, shared memory and flags, and
+/// forgotten when the program sets the function's attributes or cache preference (which
+/// change how many blocks fit): asked again then.
+#[test]
+fn occupancy_is_asked_again_after_the_function_changes() {
+    let mut source = registering_program(1);
+    let tail = "  printf(\"\\n\");\n  return 0;\n}\n";
+    assert!(source.ends_with(tail));
+    source.truncate(source.len() - tail.len());
+    source += "  int n = 0;\n\
+               #define OCC() { int s = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)host0, 128, 64 << 10); printf(\"%d:%d \", s, n); }\n\
+               OCC(); OCC();\n\
+               printf(\"%d \", (int)cudaFuncSetAttribute((const void *)host0, cudaFuncAttributePreferredSharedMemoryCarveout, 50));\n\
+               OCC(); OCC();\n\
+               printf(\"%d \", (int)cudaFuncSetCacheConfig((const void *)host0, cudaFuncCachePreferShared));\n\
+               OCC();\n\
+               printf(\"\\n\");\n  return 0;\n}\n";
+    let server = server();
+    let exe = program("occupancy_again", &source);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    // 64 KiB of shared memory a block: 3 fit in 228 KiB, 1 in half of it (the carveout).
+    assert_eq!(stdout.trim(), "0 0:3 0:3 0 0:1 0:1 0 0:1", "{stderr}");
+    // Asked first, after the attribute and after the cache preference.
+    assert_eq!(trace_row(&stderr, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"), ["3", "3"], "{stderr}");
+}
+
 /// Issue 19: the first module load of a process also loads, in the same round trip, the
 /// modules the last run of the same command loaded; a run with it turned off loads each
 /// module as the program first uses it, and the program sees the same answers.
@@ -3102,6 +3128,10 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     assert_eq!(second_trips, 1, "the last run's modules go with the first load: {stderr}");
     assert_eq!(second_bytes, 0, "the server holds the image: {stderr}");
     assert_eq!(second, first, "the program sees the same answers");
+    assert!(
+        first.split_whitespace().all(|s| s == "0") && !first.trim().is_empty(),
+        "every kernel's attributes: {first}"
+    );
     let (off, (off_trips, _), stderr) = run(false);
     assert_eq!(off_trips, 4, "turned off, each module is loaded on first use: {stderr}");
     assert_eq!(off, first);

@@ -551,6 +551,36 @@ impl Backend for Emulated {
                     self.state().function_attributes.insert((a[0], a[1] as u32), a[2] as i32);
                     SUCCESS
                 }
+                ("driver", "cuFuncSetCacheConfig") => {
+                    // (CUfunction, CUfunc_cache): a preference the emulated device has no use for.
+                    if a[1] > 3 {
+                        return Ok(INVALID_VALUE);
+                    }
+                    SUCCESS
+                }
+                ("driver", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags") => {
+                    // (int *numBlocks, CUfunction, int blockSize, size_t dynamicSMem, flags): an
+                    // sm_90 multiprocessor (2048 threads, 32 blocks, 228 KiB of shared memory,
+                    // the function's carveout preference taken) for a kernel of no registers.
+                    let block = a[2] as i32;
+                    if a[0] == 0 || !(1..=1024).contains(&block) {
+                        return Ok(INVALID_VALUE);
+                    }
+                    use chidori_cuda::consts::CUfunction_attribute_enum as f;
+                    let carveout = self
+                        .state()
+                        .function_attributes
+                        .get(&(a[1], f::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT))
+                        .copied();
+                    let shared = match carveout {
+                        Some(percent @ 0..=100) => (228u64 << 10) * percent as u64 / 100,
+                        _ => 228 << 10,
+                    };
+                    let by_shared = shared.checked_div(a[3]).unwrap_or(32);
+                    let blocks = (2048 / block as u64).min(32).min(by_shared);
+                    put_u32(a[0], blocks as u32);
+                    SUCCESS
+                }
                 ("driver", "cuModuleGetFunction") => {
                     // (CUfunction *, CUmodule, const char *name)
                     if a[2] == 0 {

@@ -781,6 +781,6 @@ pub unsafe fn mem_range_get_attributes(
                 .collect()
         };
         // SAFETY: each call writes dataSizes[i] bytes into data[i].
-        Ok(unsafe { crate::runtime::call_pipelined(&conn, &calls::cudaMemRangeGetAttribute, &calls_args) } as u32)
+        Ok(unsafe { crate::runtime::call_batch(&conn, &calls::cudaMemRangeGetAttribute, &calls_args) } as u32)
     })
 }

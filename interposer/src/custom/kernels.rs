@@ -302,7 +302,7 @@ pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Res
     let calls: Vec<Vec<u64>> =
         ids.iter().zip(values.iter_mut()).map(|(id, v)| vec![v as *mut i32 as u64, u64::from(*id), function]).collect();
     // SAFETY: each call writes one int into `values`.
-    let s = unsafe { crate::runtime::call_pipelined(conn, &dcalls::cuFuncGetAttribute__call, &calls) } as u32;
+    let s = unsafe { crate::runtime::call_batch(conn, &dcalls::cuFuncGetAttribute__call, &calls) } as u32;
     if s != SUCCESS {
         return Err(s);
     }
@@ -407,6 +407,8 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
     if s == SUCCESS {
         CLIENT.ahead.function_attributes.learn((function, attr), value);
         CLIENT.attributes_set.insert((function, attr), ());
+        // The shared memory it may use or prefers changes how many blocks fit.
+        CLIENT.ahead.occupancy.forget_where(|k| k.0 == function);
     }
     s
 }
@@ -432,6 +434,8 @@ pub unsafe fn kernel_set_attribute(ctx: &Ctx, attrib: u32, val: i32, kernel: *mu
         if s == SUCCESS {
             CLIENT.ahead.function_attributes.learn((kernel as u64, attrib), val);
             CLIENT.ahead.kernel_attributes_set.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Its functions' handles are not known apart: every occupancy answer may change.
+            CLIENT.ahead.occupancy.clear();
         }
         s
     })
@@ -451,6 +455,8 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32
         let kernel = kernel_of(func)?;
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
+        // The preferred split of shared memory and L1 changes how many blocks fit.
+        CLIENT.ahead.occupancy.forget_where(|k| k.0 == f.handle);
         // SAFETY: value arguments only.
         Ok(
             unsafe {
@@ -460,8 +466,10 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32
     })
 }
 
-/// Occupancy answers, per (function, block size, shared memory, flags): they never change.
-/// (function, block size, dynamic shared memory, flags) → active blocks per SM.
+/// Occupancy answers, per (function, block size, shared memory, flags): they change only
+/// when the program sets the function's attributes or its cache preference (the answers of
+/// that function are forgotten then). (function, block size, dynamic shared memory, flags)
+/// → active blocks per SM.
 pub(crate) type OccupancyKey = (u64, i32, usize, u32);
 
 fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: usize, flags: u32) -> u32 {

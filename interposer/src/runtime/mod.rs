@@ -464,18 +464,29 @@ fn ask_texts(
 
 static UNRECOGNIZED: &CStr = c"unrecognized error code";
 
-/// Send several calls of one descriptor back to back and then wait for all their replies
-/// (chunks of one large copy: the network stays full, no stop-and-wait per chunk).
-/// Returns the first failing status, or success.
+/// Send the chunks of one large copy, each `(dst, src, count, …)`, back to back and then
+/// wait for all their replies (the network stays full, no stop-and-wait per chunk; large
+/// copies go over the bulk lanes). Returns the first failing status, or success.
 ///
 /// # Safety
 /// As [`prepare`], for every argument list.
 pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
-    let bytes: u64 = calls.iter().filter_map(|a| a.get(2)).sum();
+    let bytes = calls.iter().filter_map(|a| a.get(2)).fold(0u64, |sum, n| sum.saturating_add(*n));
     if let Some(lanes) = crate::lanes::for_batch(conn, calls.len(), bytes) {
         // SAFETY: forwarded contract.
         return unsafe { call_on_lanes(conn, lanes, desc, calls) };
     }
+    // SAFETY: forwarded contract.
+    unsafe { call_batch(conn, desc, calls) }
+}
+
+/// Send several calls of one descriptor back to back and then wait for all their replies
+/// (not a copy: on the session's own connection). Returns the first failing status, or
+/// success.
+///
+/// # Safety
+/// As [`prepare`], for every argument list.
+pub unsafe fn call_batch(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
     if !desc.waits() {
         for args in calls {
             // SAFETY: forwarded contract.
