@@ -2741,6 +2741,61 @@ fn queries_of_events_known_complete_are_answered_by_the_client() {
     assert_eq!(trace_row(&stderr, "cuEventQuery"), ["1", "0"], "{stderr}");
 }
 
+/// Capture-mode exchanges as torch's allocator makes them around every cudaMalloc while a
+/// graph captures (RELAXED in, the old mode back): after a thread's first exchange the
+/// client knows its mode, answers with it and sends the exchange without waiting.
+const CAPTURE_MODES: &str = r#"
+#include <pthread.h>
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+static void *other(void *out) {
+  enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  *(int *)out = cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess && m == cudaStreamCaptureModeGlobal;
+  return NULL;
+}
+int main(void) {
+  enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+  EXPECT(m == cudaStreamCaptureModeGlobal);
+  for (int i = 0; i < 10; ++i) {
+    m = cudaStreamCaptureModeThreadLocal;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+    EXPECT(m == cudaStreamCaptureModeRelaxed);
+    m = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+    EXPECT(m == cudaStreamCaptureModeThreadLocal);
+  }
+  /* No such mode: the server's to refuse; the mode stays. */
+  m = (enum cudaStreamCaptureMode)7;
+  EXPECT(cudaThreadExchangeStreamCaptureMode(&m) == cudaErrorInvalidValue);
+  EXPECT(cudaThreadExchangeStreamCaptureMode(NULL) == cudaErrorInvalidValue);
+  CUstreamCaptureMode d = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  CHECK(cuThreadExchangeStreamCaptureMode(&d));
+  EXPECT(d == CU_STREAM_CAPTURE_MODE_RELAXED);
+  /* Another thread has a mode of its own. */
+  pthread_t t;
+  int ok = 0;
+  pthread_create(&t, NULL, other, &ok);
+  pthread_join(t, NULL);
+  EXPECT(ok);
+  CHECK(cudaDeviceSynchronize());
+  puts("OK");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_threads_capture_mode_is_the_clients_after_its_first_exchange() {
+    let server = server();
+    let exe = program_with("capture-modes", &format!("{CHECKS}{CAPTURE_MODES}"), &["-l:libcuda.so.1", "-lpthread"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    // Asked: the first, the one refused, the other thread's first (NULL is the client's).
+    assert_eq!(trace_row(&stderr, "cudaThreadExchangeStreamCaptureMode"), ["23", "3"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuThreadExchangeStreamCaptureMode"), ["1", "0"], "{stderr}");
+}
+
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current
 /// context follows), arrays with 2D copies between host memory, arrays and device memory,
 /// texture objects, pools, pointer attributes from the interval map, graphs, stream

@@ -10138,16 +10138,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent_ptsz(
         ) as u32
     }
 }
-///`cudaThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaThreadExchangeStreamCaptureMode(
     mode: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaThreadExchangeStreamCaptureMode,
-            &[(mode) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaThreadExchangeStreamCaptureMode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaThreadExchangeStreamCaptureMode__async,
+                &chidori_cuda::calls::cudart::cudaThreadExchangeStreamCaptureMode__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::exchange_mode(&CTX, mode)
     }
 }
 ///`cudaThreadExit` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).

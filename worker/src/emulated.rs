@@ -21,6 +21,11 @@ use graphs::Op;
 
 /// Status values shared by the runtime and the driver for what the emulation reports.
 const SUCCESS: u64 = 0;
+
+thread_local! {
+    /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 const INVALID_VALUE: u64 = 1;
 const OUT_OF_MEMORY: u64 = 2;
 const INVALID_HANDLE: u64 = 400;
@@ -549,6 +554,18 @@ impl Backend for Emulated {
                         return Ok(INVALID_VALUE);
                     }
                     self.state().function_attributes.insert((a[0], a[1] as u32), a[2] as i32);
+                    SUCCESS
+                }
+                ("cudart", "cudaThreadExchangeStreamCaptureMode") | ("driver", "cuThreadExchangeStreamCaptureMode") => {
+                    // (mode *): each thread's own mode, global to begin with.
+                    if a[0] == 0 {
+                        return Ok(INVALID_VALUE);
+                    }
+                    let wanted = std::ptr::read_unaligned(a[0] as *const u32);
+                    if wanted > 2 {
+                        return Ok(INVALID_VALUE);
+                    }
+                    put_u32(a[0], CAPTURE_MODE.with(|m| m.replace(wanted)));
                     SUCCESS
                 }
                 ("driver", "cuFuncSetCacheConfig") => {

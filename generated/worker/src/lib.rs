@@ -80306,7 +80306,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            2481u32 => {
+            2483u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80341,7 +80341,7 @@ pub fn signature(wire: u32) -> u8 {
         338u32 => 1u8,
         368u32 => 1u8,
         370u32 => 1u8,
-        2481u32 => 1u8,
+        2483u32 => 1u8,
         _ => 0,
     }
 }

@@ -125,6 +125,53 @@ fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32,
     })
 }
 
+thread_local! {
+    /// This thread's stream-capture mode as the server has it, once an exchange said it.
+    static MODE: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// The highest capture mode (cudaStreamCaptureModeRelaxed; the driver's values are the same).
+const MODE_MAX: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
+
+/// cudaThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode: swap the calling
+/// thread's capture mode. torch's allocator swaps in RELAXED around every cudaMalloc while
+/// a graph captures and restores what it got back: two round trips per allocation. A
+/// thread's first exchange asks the server (whose answer is the thread's mode there); from
+/// then on the client knows the mode, answers with it and sends the exchange without
+/// waiting (the server's thread still changes mode, in order with its other calls).
+pub unsafe fn exchange_mode(ctx: &Ctx, mode: *mut c_void) -> u32 {
+    let desc = ctx.form(Form::Call);
+    crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc) as u32, || {
+        let success = desc.codes.success as u32;
+        if mode.is_null() {
+            // The mode to set is read from the pointer: there is none.
+            let invalid = desc.codes.invalid_value as u64;
+            crate::runtime::note_status(desc, invalid);
+            return invalid as u32;
+        }
+        // SAFETY: the caller's cudaStreamCaptureMode*, checked non-null.
+        let wanted = unsafe { std::ptr::read_unaligned(mode as *const u32) };
+        if let (true, Some(current)) = (wanted <= MODE_MAX, MODE.with(std::cell::Cell::get)) {
+            let new = wanted;
+            let mut value = new;
+            // SAFETY: the async form reads one enum from `value`, sent before this returns.
+            let s = unsafe { crate::runtime::call(ctx.form(Form::Async), &[&raw mut value as u64]) } as u32;
+            if s == success {
+                // SAFETY: as above.
+                unsafe { std::ptr::write_unaligned(mode as *mut u32, current) };
+                MODE.with(|m| m.set(Some(new)));
+            }
+            return s;
+        }
+        // SAFETY: the caller's pointer, which the call reads and writes.
+        let s = unsafe { crate::runtime::call(desc, &[mode as u64]) } as u32;
+        if s == success {
+            MODE.with(|m| m.set(Some(wanted)));
+        }
+        s
+    })
+}
+
 /// cudaStreamBeginCapture, cuStreamBeginCapture_v2 and their `_ptsz` forms.
 pub unsafe fn begin_capture(ctx: &Ctx, stream: *mut c_void, mode: u32) -> u32 {
     let args = [stream as u64, u64::from(mode)];
