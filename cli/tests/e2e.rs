@@ -3135,9 +3135,10 @@ fn registering_program(copies: usize) -> String {
 
 /// Occupancy answers are kept per function, block size, shared memory and flags, and
 /// forgotten when the program sets the function's attributes or cache preference (which
-/// change how many blocks fit): asked again then.
+/// change how many blocks fit): asked again then. Those asked before any such change are
+/// learned for the next process.
 #[test]
-fn occupancy_is_asked_again_after_the_function_changes() {
+fn occupancy_is_learned_and_asked_again_after_the_function_changes() {
     let mut source = registering_program(1);
     let tail = "  printf(\"\\n\");\n  return 0;\n}\n";
     assert!(source.ends_with(tail));
@@ -3152,11 +3153,19 @@ fn occupancy_is_asked_again_after_the_function_changes() {
                printf(\"\\n\");\n  return 0;\n}\n";
     let server = server();
     let exe = program("occupancy_again", &source);
-    let (stdout, stderr) = run_traced(&server, &exe);
+    let cache = chidori_tests::scratch("occupancy-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (stdout, stderr) = run_learning(&server, &exe, &cache, &[]);
     // 64 KiB of shared memory a block: 3 fit in 228 KiB, 1 in half of it (the carveout).
     assert_eq!(stdout.trim(), "0 0:3 0:3 0 0:1 0:1 0 0:1", "{stderr}");
     // Asked first, after the attribute and after the cache preference.
-    assert_eq!(trace_row(&stderr, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"), ["3", "3"], "{stderr}");
+    let row = "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags";
+    assert_eq!(trace_row(&stderr, row), ["3", "3"], "{stderr}");
+    // The next process: the first answer is the one learned (checked when the server's
+    // comes); what follows the changes is asked again.
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, stdout, "{stderr}");
+    assert_eq!(trace_row(&stderr, row), ["3", "2"], "{stderr}");
 }
 
 /// Issue 19: the first module load of a process also loads, in the same round trip, the

@@ -32,6 +32,11 @@ pub enum Space {
     /// rode with it (`crate::ahead::cudnn::Finalized`), by what the descriptor holds and the
     /// calls made ahead (`crate::custom::cudnn`).
     CudnnFinalize = 4,
+    /// An occupancy answer as a process first sees it (before it sets the function's
+    /// attributes or cache preference): active blocks per multiprocessor, by the module's
+    /// content, the function's name, the block size, the dynamic shared memory and the
+    /// flags (`crate::custom::kernels`).
+    Occupancy = 5,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

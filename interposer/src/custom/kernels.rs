@@ -457,6 +457,7 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32
         let f = function_of(&conn, kernel)?;
         // The preferred split of shared memory and L1 changes how many blocks fit.
         CLIENT.ahead.occupancy.forget_where(|k| k.0 == f.handle);
+        CLIENT.attributes_set.insert((f.handle, CACHE_PREFERENCE), ());
         // SAFETY: value arguments only.
         Ok(
             unsafe {
@@ -481,27 +482,76 @@ fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: 
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
         let key = (f.handle, block_size, smem, flags);
-        let cached = CLIENT.ahead.occupancy.get(&key);
-        let n = match cached {
-            Some(n) => n,
-            None => {
-                let mut n = 0i32;
-                let args = [&mut n as *mut i32 as u64, f.handle, block_size as u64, smem as u64, u64::from(flags)];
-                // SAFETY: writes one int into `n`.
-                let s = unsafe {
-                    crate::runtime::call_on(&conn, &dcalls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, &args)
-                } as u32;
-                if s != SUCCESS {
-                    return Err(INVALID_VALUE);
-                }
-                CLIENT.ahead.occupancy.learn(key, n);
-                n
+        let desc = &dcalls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
+        let learned = occupancy_learned_key(key);
+        let n = if let Some(n) = CLIENT.ahead.occupancy.get(&key) {
+            n
+        } else if let Some(n) = learned_occupancy(&conn, key, learned.as_deref()) {
+            n
+        } else {
+            let mut n = 0i32;
+            let args = [&mut n as *mut i32 as u64, f.handle, block_size as u64, smem as u64, u64::from(flags)];
+            // SAFETY: writes one int into `n`.
+            let s = unsafe { crate::runtime::call_on(&conn, desc, &args) } as u32;
+            if s != SUCCESS {
+                return Err(INVALID_VALUE);
             }
+            CLIENT.ahead.occupancy.learn(key, n);
+            if let Some(k) = &learned {
+                crate::learned::with(&conn, |l| l.learn(Space::Occupancy, k, &n.to_le_bytes()));
+            }
+            n
         };
         // SAFETY: the caller's int.
         unsafe { std::ptr::write_unaligned(num_blocks as *mut i32, n) };
         Ok(SUCCESS)
     })
+}
+
+/// Attribute ids no function's occupancy depends on being unset: the dynamic shared memory
+/// limit and the carveout preference, and [`CACHE_PREFERENCE`].
+const OCCUPANCY_ATTRIBUTES: &[u32] = &[MAX_DYNAMIC_SHARED, CARVEOUT, CACHE_PREFERENCE];
+const CARVEOUT: u32 =
+    chidori_cuda::consts::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+/// Recorded in `attributes_set` when the program sets a function's cache preference.
+const CACHE_PREFERENCE: u32 = u32::MAX;
+
+/// The key of an occupancy answer across sessions: the function's module content and name
+/// with the question, while this process has set nothing that changes it (the function's
+/// shared memory attributes or cache preference, any CUkernel's attributes). None: not
+/// learned.
+fn occupancy_learned_key((function, block, smem, flags): OccupancyKey) -> Option<Vec<u8>> {
+    if CLIENT.ahead.kernel_attributes_set.load(std::sync::atomic::Ordering::Relaxed)
+        || OCCUPANCY_ATTRIBUTES.iter().any(|&id| CLIENT.attributes_set.contains(&(function, id)))
+    {
+        return None;
+    }
+    let (hash, name) = CLIENT.function_origins.get(&function)?;
+    let question = [&block.to_le_bytes()[..], &(smem as u64).to_le_bytes(), &flags.to_le_bytes()].concat();
+    Some([&hash[..], name.as_bytes(), &[0], &question].concat())
+}
+
+/// The occupancy an earlier session on this server learned for `key`: given now, the call
+/// still made and its answer checked when it comes. None: not learned.
+fn learned_occupancy(conn: &Arc<Conn>, key: OccupancyKey, learned: Option<&[u8]>) -> Option<i32> {
+    let k = learned?;
+    let n = crate::learned::with(conn, |l| l.get(Space::Occupancy, k).and_then(|v| v.try_into().ok()))??;
+    let n = i32::from_le_bytes(n);
+    let (function, block, smem, flags) = key;
+    let mut scratch = Box::new(0i32);
+    let args = [(&raw mut *scratch) as u64, function, block as u64, smem as u64, u64::from(flags)];
+    let desc = &dcalls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
+    // SAFETY: the call writes one int into `scratch`, which the checking thread keeps until
+    // the reply has landed.
+    let slot = unsafe { crate::runtime::send_checked(conn, desc, &args) }?;
+    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, got| match outcome {
+        Ok(s) if *s != u64::from(SUCCESS) => Some(format!("status {s}")),
+        _ if **got != n => Some(format!("{} active blocks, not {n}", **got)),
+        _ => None,
+    });
+    CLIENT.ahead.occupancy.learn(key, n);
+    crate::trace::local(desc.name);
+    Some(n)
 }
 
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
