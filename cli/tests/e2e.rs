@@ -2713,9 +2713,17 @@ int main(void) {
   CHECK(cuEventRecord(d, (CUstream)s));
   CHECK(cuStreamSynchronize((CUstream)s));
   EXPECT(cuEventQuery(d) == CUDA_SUCCESS);
-  /* Destroyed: nothing is known of its handle. */
+  /* One found complete: so is one recorded before it on its stream. */
+  cudaEvent_t a;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventRecord(a, s));
+  CHECK(cudaEventRecord(f, s));
+  CHECK(cudaEventSynchronize(f));
+  EXPECT(cudaEventQuery(a) == cudaSuccess);
+  /* Destroyed (without waiting, being complete): nothing is known of its handle. */
   CHECK(cuEventDestroy(d));
   CHECK(cudaEventDestroy(e));
+  CHECK(cudaEventDestroy(a));
   CHECK(cudaEventCreate(&e));
   EXPECT(cudaEventQuery(e) == cudaSuccess);
   CHECK(cudaGraphExecDestroy(x));
@@ -2731,14 +2739,18 @@ fn queries_of_events_known_complete_are_answered_by_the_client() {
     let exe = program_with("event-queries", &format!("{CHECKS}{EVENT_QUERIES}"), &["-l:libcuda.so.1"]);
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // 20 in the loop answered; asked: the query after recording again (at least once,
-    // until the server says complete), the other stream's before its synchronize, after
-    // the graph launch, the new event's.
+    // 20 in the loop answered, the other stream's once drained, `a`'s; asked: the query
+    // after recording again (at least once, until the server says complete), the other
+    // stream's before its synchronize, after the graph launch, the new event's.
     let queries = trace_row(&stderr, "cudaEventQuery");
     let (calls, trips): (u32, u32) = (queries[0].parse().unwrap(), queries[1].parse().unwrap());
-    assert_eq!(calls - trips, 21, "{stderr}");
-    assert_eq!(trace_row(&stderr, "cudaEventSynchronize"), ["1", "0"], "{stderr}");
+    assert_eq!(calls - trips, 22, "{stderr}");
+    // The one after a query said complete answered; the one that taught `a` asked.
+    assert_eq!(trace_row(&stderr, "cudaEventSynchronize"), ["2", "1"], "{stderr}");
     assert_eq!(trace_row(&stderr, "cuEventQuery"), ["1", "0"], "{stderr}");
+    // `a`'s destroy goes without waiting; `e` was forgotten at the graph launch.
+    assert_eq!(trace_row(&stderr, "cudaEventDestroy"), ["2", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuEventDestroy_v2"), ["1", "0"], "{stderr}");
 }
 
 /// Capture-mode exchanges as torch's allocator makes them around every cudaMalloc while a

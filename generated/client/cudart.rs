@@ -1037,7 +1037,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventDestroy(event: *mut c_void) -
                 name: "cudaEventDestroy",
                 version: "13.1",
                 library: "cudart",
-                forms: &[&chidori_cuda::calls::cudart::cudaEventDestroy__call],
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaEventDestroy__async,
+                    &chidori_cuda::calls::cudart::cudaEventDestroy__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,

@@ -1362,7 +1362,10 @@ pub unsafe extern "C" fn __chidori_driver_cuEventDestroy(hEvent: *mut c_void) ->
                 name: "cuEventDestroy",
                 version: "13.1",
                 library: "driver",
-                forms: &[&chidori_cuda::calls::driver::cuEventDestroy__call],
+                forms: &[
+                    &chidori_cuda::calls::driver::cuEventDestroy__async,
+                    &chidori_cuda::calls::driver::cuEventDestroy__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,
@@ -1384,7 +1387,10 @@ pub unsafe extern "C" fn __chidori_driver_cuEventDestroy_v2(hEvent: *mut c_void)
                 name: "cuEventDestroy_v2",
                 version: "13.1",
                 library: "driver",
-                forms: &[&chidori_cuda::calls::driver::cuEventDestroy_v2__call],
+                forms: &[
+                    &chidori_cuda::calls::driver::cuEventDestroy_v2__async,
+                    &chidori_cuda::calls::driver::cuEventDestroy_v2__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,

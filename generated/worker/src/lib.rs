@@ -80102,7 +80102,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
     let _ = a;
     Some(
         match wire {
-            92u32 => {
+            93u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80121,7 +80121,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            122u32 => {
+            123u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80140,7 +80140,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            125u32 => {
+            126u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -80161,7 +80161,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            157u32 => {
+            158u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80180,7 +80180,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            193u32 => {
+            194u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80196,7 +80196,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            211u32 => {
+            212u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80215,7 +80215,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            213u32 => {
+            214u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80234,7 +80234,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            336u32 => {
+            337u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80251,7 +80251,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            338u32 => {
+            339u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80268,7 +80268,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            368u32 => {
+            369u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80287,7 +80287,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            370u32 => {
+            371u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80306,7 +80306,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            2483u32 => {
+            2486u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80330,18 +80330,18 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
 /// numbers take the same arguments.
 pub fn signature(wire: u32) -> u8 {
     match wire {
-        92u32 => 1u8,
-        122u32 => 1u8,
-        125u32 => 1u8,
-        157u32 => 1u8,
-        193u32 => 1u8,
-        211u32 => 1u8,
-        213u32 => 1u8,
-        336u32 => 1u8,
-        338u32 => 1u8,
-        368u32 => 1u8,
-        370u32 => 1u8,
-        2483u32 => 1u8,
+        93u32 => 1u8,
+        123u32 => 1u8,
+        126u32 => 1u8,
+        158u32 => 1u8,
+        194u32 => 1u8,
+        212u32 => 1u8,
+        214u32 => 1u8,
+        337u32 => 1u8,
+        339u32 => 1u8,
+        369u32 => 1u8,
+        371u32 => 1u8,
+        2486u32 => 1u8,
         _ => 0,
     }
 }

@@ -24,10 +24,11 @@ const MAX_EVENTS: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Recorded on `stream` by `thread`, not known complete yet.
+    /// Recorded on `stream` by `thread` as the `order`th record, not known complete yet.
     Recorded {
         stream: StreamKey,
         thread: u32,
+        order: u64,
     },
     Complete,
 }
@@ -36,6 +37,9 @@ enum State {
 pub struct Events {
     state: Mutex<Option<HashMap<u64, State>>>,
 }
+
+/// Records counted, for their order on a stream.
+static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Default for Events {
     fn default() -> Self {
@@ -59,7 +63,8 @@ impl Events {
 
     /// `event` was recorded on `stream` by `thread` (sent, not yet done).
     pub fn recorded(&self, event: u64, stream: StreamKey, thread: u32) {
-        self.with(|m| m.insert(event, State::Recorded { stream, thread }));
+        let order = RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.with(|m| m.insert(event, State::Recorded { stream, thread, order }));
     }
 
     /// Nothing is known of `event` any more (destroyed, or recorded where the client cannot
@@ -68,9 +73,22 @@ impl Events {
         self.with(|m| m.remove(&event));
     }
 
-    /// The server said `event` is complete (a query or a synchronize of it succeeded).
+    /// The server said `event` is complete (a query or a synchronize of it succeeded): so
+    /// is every event the same thread recorded on the same stream before it.
     pub fn complete(&self, event: u64) {
-        self.with(|m| m.insert(event, State::Complete));
+        self.with(|m| {
+            if let Some(State::Recorded { stream, thread, order }) = m.insert(event, State::Complete) {
+                for state in m.values_mut() {
+                    if let State::Recorded { stream: s, thread: t, order: o } = *state
+                        && s == stream
+                        && t == thread
+                        && o < order
+                    {
+                        *state = State::Complete;
+                    }
+                }
+            }
+        });
     }
 
     /// A synchronize of `scope` by `thread` returned: the events that thread recorded on a
@@ -78,7 +96,7 @@ impl Events {
     pub fn drained(&self, scope: Scope, thread: u32) {
         self.with(|m| {
             for state in m.values_mut() {
-                if let State::Recorded { stream, thread: t } = *state
+                if let State::Recorded { stream, thread: t, .. } = *state
                     && t == thread
                     && scope.covers(&stream)
                 {
@@ -132,5 +150,14 @@ mod tests {
         assert!(e.is_complete(8) && !e.is_complete(9));
         e.forget_all();
         assert!(!e.is_complete(8));
+        // One complete: those recorded before it on its stream by its thread are too.
+        e.recorded(1, s, 1);
+        e.recorded(2, other, 1);
+        e.recorded(3, s, 2);
+        e.recorded(4, s, 1);
+        e.recorded(5, s, 1);
+        e.complete(4);
+        assert!(e.is_complete(1) && e.is_complete(4));
+        assert!(!e.is_complete(2) && !e.is_complete(3) && !e.is_complete(5));
     }
 }

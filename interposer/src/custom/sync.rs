@@ -201,8 +201,8 @@ fn event_role(name: &str) -> Option<EventRole> {
 
 /// Event records, queries, synchronizes and destroys of both APIs (`raw_args`: the event
 /// first, a record's stream second). A query or synchronize of an event known complete
-/// is answered here; the others are forwarded, and what they say is noted
-/// (`crate::ahead::events`).
+/// is answered here, and its destroy sent without waiting; the others are forwarded, and
+/// what they say is noted (`crate::ahead::events`).
 ///
 /// # Safety
 /// Handles by value only.
@@ -225,7 +225,17 @@ pub unsafe fn event_raw(ctx: &Ctx, args: &[u64]) -> u64 {
             }
             _ => CLIENT.ahead.events.unknown(event),
         },
-        Some(EventRole::Destroy) => CLIENT.ahead.events.unknown(event),
+        Some(EventRole::Destroy) => {
+            let known = event != 0 && CLIENT.ahead.events.is_complete(event);
+            CLIENT.ahead.events.unknown(event);
+            if known {
+                // An event the server said complete is one of the session's: its destroy
+                // is not refused, and goes without waiting (torch destroys each Python
+                // event object's event as it goes).
+                // SAFETY: handles by value only.
+                return unsafe { crate::runtime::call(ctx.form(Form::Async), args) };
+            }
+        }
         _ => {}
     }
     // SAFETY: handles by value only.
