@@ -208,6 +208,10 @@ fn event_role(name: &str) -> Option<EventRole> {
 /// Handles by value only.
 pub unsafe fn event_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(Form::Call);
+    crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc), || event(ctx, desc, args))
+}
+
+fn event(ctx: &Ctx, desc: &'static CallDesc, args: &[u64]) -> u64 {
     let role = event_role(ctx.name);
     let event = args.first().copied().unwrap_or(0);
     match role {
