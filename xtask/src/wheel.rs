@@ -257,7 +257,7 @@ pub fn check(root: &Path, wheel: &Path) -> Result<String> {
 /// The program `--check-install` runs through `chidori run`: CUDA calls through the
 /// `libcudart.so.13` shim with ctypes, then what the `chidori` package says about them.
 const CHECK_PROGRAM: &str = r#"
-import ctypes, json
+import ctypes, json, os
 import chidori
 
 cudart = ctypes.CDLL("libcudart.so.13")
@@ -266,7 +266,9 @@ assert cudart.cudaGetDeviceCount(ctypes.byref(count)) == 0, "cudaGetDeviceCount 
 size = 1 << 20
 device = ctypes.c_void_p()
 assert cudart.cudaMalloc(ctypes.byref(device), ctypes.c_size_t(size)) == 0, "cudaMalloc failed"
-sent = (ctypes.c_ubyte * size)(*([7] * size))
+# Random bytes: a link the client finds slow gets compressed copies, and the server keeps
+# uploads it has seen; neither may shrink what the totals must show.
+sent = (ctypes.c_ubyte * size).from_buffer_copy(os.urandom(size))
 back = (ctypes.c_ubyte * size)()
 assert cudart.cudaMemcpy(device, sent, ctypes.c_size_t(size), 1) == 0, "cudaMemcpy H2D failed"
 assert cudart.cudaMemcpy(back, device, ctypes.c_size_t(size), 2) == 0, "cudaMemcpy D2H failed"
