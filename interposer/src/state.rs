@@ -93,6 +93,10 @@ pub struct Client {
     pub ahead: Ahead,
 }
 
+/// A call whose answer does not change while the process runs: its descriptor's wire index
+/// and the values passed (`crate::runtime`).
+pub type ConstantKey = (u32, Vec<u64>);
+
 /// The state of the engines of answers made ahead (`crate::ahead`, `docs/ahead.md`), one
 /// instance each for the process.
 pub struct Ahead {
@@ -120,6 +124,10 @@ pub struct Ahead {
     pub idle: Idle,
     /// Events known complete (`crate::custom::sync`).
     pub events: crate::ahead::events::Events,
+    /// Answers of calls that do not change while the process runs (specs' `constant`:
+    /// versions, properties), by (descriptor, the values passed): the return value and the
+    /// outputs' bytes (`crate::runtime`).
+    pub constants: Answers<ConstantKey, (u64, Vec<Vec<u8>>)>,
     /// cuDNN backend descriptors: what is asked after finalizes and fills, and the fills made
     /// ahead (`crate::custom::cudnn`).
     pub cudnn: Mutex<Option<Replay>>,
@@ -169,6 +177,7 @@ pub static CLIENT: Client = Client {
         streams: Pool::new(),
         idle: Idle::new(),
         events: crate::ahead::events::Events::new(),
+        constants: Answers::new(4096),
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),
         rnn_filled_tensors: Answers::new(2),

@@ -536,6 +536,16 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        // Functions whose answers do not change while a process runs.
+        let mut constant = BTreeSet::new();
+        for lib in &self.model.libraries {
+            for name in lib.functions.keys() {
+                if crate::model::function_spec(&lib.lib, &lib.spec, name).is_some_and(|s| s.constant) {
+                    constant.insert(name.clone());
+                }
+            }
+        }
+        let constant = constant.iter().map(|n| lit_str(n));
         // One entry per parameter: variants that placed it differently would be ambiguous.
         let ambiguous = |keys: Vec<(&String, u8)>| keys.windows(2).find(|w| w[0] == w[1]).map(|w| w[0].0.clone());
         if let Some(name) = ambiguous(extents.iter().map(|e| (&e.0, e.1)).collect())
@@ -672,6 +682,13 @@ impl<'a> Emitter<'a> {
                 /// `function`'s host arrays of device addresses: (parameter, sizes parameter).
                 pub fn address_arrays(function: &str) -> impl Iterator<Item = (u8, Option<u8>)> + '_ {
                     of(ADDRESS_ARRAYS, function, |e| e.0).iter().map(|(_, p, s)| (*p, (*s != u8::MAX).then_some(*s)))
+                }
+                /// Functions whose answer depends only on the values passed and does not change
+                /// while a process runs (specs' `constant`: versions, properties), sorted.
+                pub static CONSTANT: &[&str] = &[#(#constant),*];
+                /// Whether `function`'s answers may be kept for the process (`CONSTANT`).
+                pub fn constant(function: &str) -> bool {
+                    CONSTANT.binary_search(&function).is_ok()
                 }
                 /// (function, wire form, parameter index, the value the worker passes), sorted.
                 pub static FIXED: &[(&str, Form, u8, u64)] = &[#(#fixed),*];

@@ -35,6 +35,7 @@
 //!
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
+//! constant = true                  # the same answer for the same values while a process runs
 //!
 //! [function.cudaGraphGetNodes]
 //! null_asks_count = true           # a NULL output array asks for the count, whatever it says
@@ -282,6 +283,11 @@ pub struct FnSpec {
     /// the worker lets later calls from other client threads start while it blocks.
     #[serde(default)]
     pub only_waits: bool,
+    /// The answer depends only on the arguments passed by value and never changes while a
+    /// process runs (a library's version and properties): the client asks once per those
+    /// values and answers the rest itself.
+    #[serde(default)]
+    pub constant: bool,
     /// The call's output arrays may be NULL whatever their count says: NULL asks for the
     /// count only (the graph queries, NVML's samples). Elsewhere an array at NULL with
     /// elements is refused (the library would write through it).

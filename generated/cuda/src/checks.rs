@@ -2935,6 +2935,31 @@ pub fn address_arrays(function: &str) -> impl Iterator<Item = (u8, Option<u8>)> 
         .iter()
         .map(|(_, p, s)| (*p, (*s != u8::MAX).then_some(*s)))
 }
+/// Functions whose answer depends only on the values passed and does not change
+/// while a process runs (specs' `constant`: versions, properties), sorted.
+pub static CONSTANT: &[&str] = &[
+    "cublasGetProperty",
+    "cublasGetVersion",
+    "cublasLtGetProperty",
+    "cudnnGetProperty",
+    "cufftGetProperty",
+    "cufftGetVersion",
+    "curandGetProperty",
+    "curandGetVersion",
+    "cusolverGetProperty",
+    "cusolverGetVersion",
+    "cusparseGetProperty",
+    "cusparseGetVersion",
+    "cusparseLtGetProperty",
+    "cusparseLtGetVersion",
+    "ncclGetVersion",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+];
+/// Whether `function`'s answers may be kept for the process (`CONSTANT`).
+pub fn constant(function: &str) -> bool {
+    CONSTANT.binary_search(&function).is_ok()
+}
 /// (function, wire form, parameter index, the value the worker passes), sorted.
 pub static FIXED: &[(&str, Form, u8, u64)] = &[
     ("cudaGraphAddMemcpyNode1D", Form::Call, 7u8, 3u64),

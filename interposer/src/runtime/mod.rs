@@ -271,6 +271,46 @@ fn settles(desc: &CallDesc, ret: u64) -> bool {
     matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery") && ret == success(desc)
 }
 
+/// The key of a call whose answer does not change while the process runs (specs'
+/// `constant`), where its inputs are all values: the descriptor and the arguments, an
+/// output pointer only as NULL or not. None for every other call.
+fn constant_key(desc: &CallDesc, args: &[u64]) -> Option<crate::state::ConstantKey> {
+    static ALL: std::sync::OnceLock<Vec<bool>> = std::sync::OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        chidori_cuda::calls::VARIANTS
+            .iter()
+            .map(|d| {
+                let by_value = d.params.iter().all(|w| {
+                    matches!(
+                        w,
+                        Wire::Val { .. }
+                            | Wire::Null
+                            | Wire::Handle { destroy: false, .. }
+                            | Wire::Buf { dir: Dir::Out, record: None, .. }
+                            | Wire::Scalar { dir: Dir::Out, .. }
+                    )
+                });
+                let name = chidori_protocol::desc::strip_suffixes(d.name, &["_v2"]);
+                d.waits() && by_value && chidori_cuda::checks::constant(name)
+            })
+            .collect()
+    });
+    let known = chidori_cuda::calls::VARIANTS.get(desc.wire as usize).is_some_and(|d| std::ptr::eq(*d, desc));
+    if !(known && all.get(desc.wire as usize).copied().unwrap_or(false)) {
+        return None;
+    }
+    let values = desc
+        .params
+        .iter()
+        .zip(args)
+        .map(|(w, &a)| match w {
+            Wire::Buf { .. } | Wire::Scalar { .. } => u64::from(a != 0),
+            _ => a,
+        })
+        .collect();
+    Some((desc.wire, values))
+}
+
 /// Send a call on `conn` and, unless it is async, wait for its reply.
 ///
 /// # Safety
@@ -285,6 +325,21 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(conn, desc, args) };
+    // A version or property asked before: the same answer.
+    let constant = constant_key(desc, args);
+    if let Some(key) = &constant
+        && let Some((ret, outs)) = crate::state::CLIENT.ahead.constants.get(key)
+    {
+        for (target, bytes) in prepared.outs.iter().zip(&outs) {
+            if target.ptr != 0 && bytes.len() == target.len {
+                // SAFETY: the caller's output of `target.len` bytes, as the descriptor says
+                // (the same call filled it before).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.ptr as *mut u8, bytes.len()) };
+            }
+        }
+        crate::trace::local(desc.name);
+        return ret;
+    }
     // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSELt's
     // records) are answered here.
     let action = match desc.library {
@@ -319,6 +374,22 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Ok(r) => r,
         Err(_) => return unavailable(desc),
     };
+    if let Some(key) = constant
+        && ret == success(desc)
+    {
+        let outs = prepared
+            .outs
+            .iter()
+            .map(|t| {
+                if t.ptr == 0 {
+                    return Vec::new();
+                }
+                // SAFETY: the caller's output of `t.len` bytes, which the reply just filled.
+                unsafe { std::slice::from_raw_parts(t.ptr as *const u8, t.len) }.to_vec()
+            })
+            .collect();
+        crate::state::CLIENT.ahead.constants.learn(key, (ret, outs));
+    }
     if let Some(key) = learn {
         if desc.library == "cudnn" {
             cudnn_sizes::learn(key, ret, desc, &prepared);
@@ -698,6 +769,25 @@ pub unsafe fn call_with_riders(
 #[cfg(test)]
 mod tests {
     use std::ffi::CStr;
+
+    #[test]
+    fn versions_and_properties_are_kept_by_their_values_and_nothing_else_is() {
+        use chidori_cuda::calls::{cublas, cudart, nvml};
+        let mut value = 0i32;
+        let out = &mut value as *mut i32 as u64;
+        // (type, int *value): the type is the key, the pointer only as NULL or not.
+        let key = super::constant_key(&cublas::cublasGetProperty, &[1, out]);
+        assert_eq!(key, Some((cublas::cublasGetProperty.wire, vec![1, 1])));
+        assert_eq!(super::constant_key(&cublas::cublasGetProperty, &[1, 0]).map(|k| k.1), Some(vec![1, 0]));
+        // The _v2 entry point of a constant function is constant too.
+        assert!(super::constant_key(&cublas::cublasGetVersion_v2, &[0x10, out]).is_some());
+        // A string out of a length the caller gives: the length is part of the key.
+        let key = super::constant_key(&nvml::nvmlSystemGetDriverVersion, &[out, 80]);
+        assert_eq!(key.map(|k| k.1), Some(vec![1, 80]));
+        // Calls whose answers change are never kept.
+        assert_eq!(super::constant_key(&cudart::cudaMalloc__call, &[out, 4096]), None);
+        assert_eq!(super::constant_key(&cudart::cudaMemGetInfo, &[out, out]), None);
+    }
 
     #[test]
     fn an_untyped_scalar_at_the_end_of_memory_is_read_without_faulting() {
