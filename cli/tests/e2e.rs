@@ -2753,6 +2753,54 @@ fn queries_of_events_known_complete_are_answered_by_the_client() {
     assert_eq!(trace_row(&stderr, "cuEventDestroy_v2"), ["1", "0"], "{stderr}");
 }
 
+/// Events as torch makes them, one per Python event object: from the second create of one
+/// kind in a row a few more are made in the same round trip, and the next creates of that
+/// kind take them; each works as an event made when asked. Interprocess events are asked.
+const EVENTS_AHEAD: &str = r#"
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+int main(void) {
+  cudaEvent_t e[12];
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  for (int i = 0; i < 12; ++i) CHECK(cudaEventCreateWithFlags(&e[i], cudaEventDisableTiming));
+  for (int i = 0; i < 12; ++i)
+    for (int j = 0; j < i; ++j) EXPECT(e[i] != e[j]);
+  for (int i = 0; i < 12; ++i) CHECK(cudaEventRecord(e[i], s));
+  CHECK(cudaStreamSynchronize(s));
+  for (int i = 0; i < 12; ++i) EXPECT(cudaEventQuery(e[i]) == cudaSuccess);
+  for (int i = 0; i < 12; ++i) CHECK(cudaEventDestroy(e[i]));
+  cudaEvent_t ipc[3];
+  for (int i = 0; i < 3; ++i) CHECK(cudaEventCreateWithFlags(&ipc[i], cudaEventInterprocess | cudaEventDisableTiming));
+  for (int i = 0; i < 3; ++i) CHECK(cudaEventDestroy(ipc[i]));
+  CUevent d[4];
+  for (int i = 0; i < 4; ++i) CHECK(cuEventCreate(&d[i], CU_EVENT_DEFAULT));
+  for (int i = 0; i < 4; ++i) CHECK(cuEventRecord(d[i], (CUstream)s));
+  CHECK(cuStreamSynchronize((CUstream)s));
+  for (int i = 0; i < 4; ++i) CHECK(cuEventDestroy(d[i]));
+  puts("OK");
+  return 0;
+}
+"#;
+
+#[test]
+fn events_are_made_ahead_as_streams_are() {
+    let server = server();
+    let exe = program_with("events-ahead", &format!("{CHECKS}{EVENTS_AHEAD}"), &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    let row = |name: &str| -> (u32, u32) {
+        let r = trace_row(&stderr, name);
+        (r[0].parse().unwrap(), r[1].parse().unwrap())
+    };
+    // 12 of one kind: asked at the 1st, 2nd (making 1 more), 4th (3 more) and 8th (7
+    // more); the 3 interprocess ones each.
+    assert_eq!(row("cudaEventCreateWithFlags"), (15, 4 + 3), "{stderr}");
+    // 4 of another kind: the 1st, 2nd and 4th.
+    assert_eq!(row("cuEventCreate"), (4, 3), "{stderr}");
+}
+
 /// Capture-mode exchanges as torch's allocator makes them around every cudaMalloc while a
 /// graph captures (RELAXED in, the old mode back): after a thread's first exchange the
 /// client knows its mode, answers with it and sends the exchange without waiting.

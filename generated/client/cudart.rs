@@ -1005,27 +1005,54 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDriverGetVersion(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaDriverGetVersion(driverVersion) }
 }
-///`cudaEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventCreate(event: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventCreate,
-            &[(event) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventCreate",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventCreate__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::event_create_raw(&CTX, &[(event) as usize as u64])
+        }) as u32
     }
 }
-///`cudaEventCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
     event: *mut c_void,
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaEventCreateWithFlags,
-            &[(event) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaEventCreateWithFlags",
+                version: "13.1",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaEventCreateWithFlags__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::event_create_raw(
+                &CTX,
+                &[(event) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

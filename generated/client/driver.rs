@@ -1340,17 +1340,32 @@ pub unsafe extern "C" fn __chidori_driver_cuDriverGetVersion(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDriverGetVersion(driverVersion) }
 }
-///`cuEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
     phEvent: *mut c_void,
     Flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuEventCreate,
-            &[(phEvent) as usize as u64, (Flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuEventCreate",
+                version: "13.1",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuEventCreate__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::event_create_raw(
+                &CTX,
+                &[(phEvent) as usize as u64, (Flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cuEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

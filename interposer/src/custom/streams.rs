@@ -9,54 +9,109 @@
 //! is active. Streams made ahead and never asked for stay on the server until the session
 //! ends (at most 7 per kind: torch's 32 per level leave 7); a context reset or destroy
 //! drops them, as it destroys them. The schedule and the pool are `crate::ahead::Pool`.
+//! Events are made ahead the same way (torch makes one per Python event object), by flags;
+//! interprocess events are not.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
 
-use chidori_cuda::calls::cudart;
+use std::hash::Hash;
 
+use chidori_cuda::calls::cudart;
+use chidori_protocol::desc::CallDesc;
+
+use crate::ahead::Pool;
 use crate::state::CLIENT;
 
 /// A context was reset or destroyed: its streams are gone, and so are those made ahead
 /// (and its events, whose handles the server may give out again).
 pub fn forget() {
     CLIENT.ahead.streams.clear();
+    CLIENT.ahead.event_pool.clear();
     CLIENT.ahead.events.forget_all();
 }
 
 pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
     let desc = &cudart::cudaStreamCreateWithPriority__call;
+    let args = [pStream as u64, u64::from(flags), priority as i64 as u64];
+    let device = crate::state::current_device();
+    // SAFETY: the caller's arguments, as cudaStreamCreateWithPriority takes them.
+    unsafe { create_ahead(desc, &args, &CLIENT.ahead.streams, |ctx| (ctx, flags, priority), (device, flags, priority)) }
+}
+
+/// cudaEventCreate, cudaEventCreateWithFlags and cuEventCreate (`raw_args`: the out-pointer,
+/// then the flags where the call takes them). torch makes one event per Python event object
+/// (`torch.cuda.Event`, its record); a fresh event is as good as one made when asked, so
+/// events are made ahead as streams are. Interprocess events are not (another process may
+/// hold one).
+///
+/// # Safety
+/// The caller's out-pointer, as the call takes it.
+pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) -> u64 {
+    let desc = ctx.form(chidori_protocol::desc::Form::Call);
+    let flags = args.get(1).copied().unwrap_or(0) as u32;
+    if flags & INTERPROCESS != 0 {
+        // SAFETY: the caller's arguments.
+        return unsafe { crate::runtime::call(desc, args) };
+    }
+    let device = crate::state::current_device();
+    // SAFETY: the caller's arguments.
+    u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags)) })
+}
+
+/// cudaEventInterprocess and CU_EVENT_INTERPROCESS.
+const INTERPROCESS: u32 = 4;
+
+/// Create an object through `desc` with `args` (its out-pointer first, the rest the same
+/// for every object of its kind): from `pool` where it holds one made ahead for the
+/// current context (`key` of the context), else asked, and from the second miss of `miss`
+/// in a row with a few more made in the same round trip (2, 4, then 8 at most) for the
+/// next creates of that kind. Nothing is made ahead while a capture is active or where the
+/// context is not known.
+///
+/// # Safety
+/// `args` are the caller's, as `desc` takes them.
+unsafe fn create_ahead<K: Eq + Hash + Clone, M: Eq + Hash>(
+    desc: &'static CallDesc,
+    args: &[u64],
+    pool: &Pool<K, M>,
+    key: impl Fn(u64) -> K,
+    miss: M,
+) -> u32 {
     let unavailable = crate::runtime::unavailable(desc) as u32;
-    crate::guard::ffi("cudaStreamCreateWithPriority", unavailable, || {
-        let args = [pStream as u64, u64::from(flags), priority as i64 as u64];
-        if pStream.is_null() || crate::custom::capture::any_active() {
+    crate::guard::ffi(desc.name, unavailable, || {
+        let out = args.first().copied().unwrap_or(0);
+        if out == 0 || crate::custom::capture::any_active() {
             // SAFETY: the caller's arguments (a null out-pointer is the server's to refuse).
-            return unsafe { crate::runtime::call(desc, &args) } as u32;
+            return unsafe { crate::runtime::call(desc, args) } as u32;
         }
-        let device = crate::state::current_device();
         let context = crate::custom::context::cached_current();
         if let Some(ctx) = context
-            && let Some(stream) = CLIENT.ahead.streams.take(&(ctx, flags, priority))
+            && let Some(made) = pool.take(&key(ctx))
         {
-            crate::trace::local("cudaStreamCreateWithPriority");
-            // SAFETY: the caller's cudaStream_t*, checked non-null.
-            unsafe { std::ptr::write_unaligned(pStream as *mut u64, stream) };
-            return 0;
+            crate::trace::local(desc.name);
+            // SAFETY: the caller's out-pointer, checked non-null.
+            unsafe { std::ptr::write_unaligned(out as *mut u64, made) };
+            return desc.codes.success as u32;
         }
-        let wanted = CLIENT.ahead.streams.missed((device, flags, priority));
-        // Ahead only where the context is known: the streams go to creates in the same one.
+        let wanted = pool.missed(miss);
+        // Ahead only where the context is known: the objects go to creates in the same one.
         let n = match context.or_else(|| (wanted > 1).then(crate::custom::context::current).flatten()) {
             Some(_) => wanted,
             None => 1,
         };
         if n == 1 {
             // SAFETY: as above.
-            return unsafe { crate::runtime::call(desc, &args) } as u32;
+            return unsafe { crate::runtime::call(desc, args) } as u32;
         }
         let Ok(conn) = crate::conn::get() else { return unavailable };
         let mut extra = vec![0u64; n - 1];
-        let mut lists = vec![args];
-        lists.extend(extra.iter_mut().map(|slot| [slot as *mut u64 as u64, u64::from(flags), priority as i64 as u64]));
+        let mut lists = vec![args.to_vec()];
+        lists.extend(extra.iter_mut().map(|slot| {
+            let mut a = args.to_vec();
+            a[0] = slot as *mut u64 as u64;
+            a
+        }));
         let calls: Vec<_> = lists.iter().map(|a| (desc, &a[..])).collect();
         // SAFETY: each call's out-pointer is the caller's or a slot of `extra`, alive until
         // every reply has landed.
@@ -64,13 +119,12 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
             return unavailable;
         };
         crate::runtime::note_status(desc, status);
-        let status = status as u32;
-        if status == 0
+        if status == crate::runtime::success(desc)
             && let Some(ctx) = crate::custom::context::cached_current()
         {
             let made = statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h);
-            CLIENT.ahead.streams.add((ctx, flags, priority), made);
+            pool.add(key(ctx), made);
         }
-        status
+        status as u32
     })
 }
