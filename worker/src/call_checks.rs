@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use chidori_cuda::calls::VARIANTS;
-use chidori_protocol::desc::{CallDesc, RecordChecks, Wire};
+use chidori_protocol::desc::{CallDesc, Dir, RecordChecks, Wire};
 
 use crate::memory::{self, Effect};
 
@@ -27,6 +27,9 @@ pub struct CallChecks {
     /// Per parameter, the checks of the record it carries (in the newest layout the
     /// descriptor serves).
     pub records: Vec<Option<&'static RecordChecks>>,
+    /// Records that name device memory (`crate::records`): (parameter, record type, whether
+    /// the library reads it, whether it writes it).
+    pub memory_records: Vec<(usize, &'static str, bool, bool)>,
 }
 
 impl CallChecks {
@@ -50,6 +53,17 @@ impl CallChecks {
             extents_2d: chidori_cuda::checks::extents_2d(name).collect(),
             address_arrays: chidori_cuda::checks::address_arrays(name).collect(),
             records,
+            memory_records: desc
+                .params
+                .iter()
+                .enumerate()
+                .filter_map(|(i, wire)| match *wire {
+                    Wire::Buf { dir, record: Some(r), .. } if crate::records::names_memory(r) => {
+                        Some((i, r, dir != Dir::Out, dir != Dir::In))
+                    }
+                    _ => None,
+                })
+                .collect(),
         }
     }
 }

@@ -874,12 +874,8 @@ fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
 /// Memory named in records the library wrote (a copy node's parameters read back): where
 /// a stand-in of the client's memory holds it, the client's own address, as the program
 /// gave it.
-fn untranslate_records(session: &Session, desc: &CallDesc, buffers: &mut [Option<Buffer>]) {
-    for (i, wire) in desc.params.iter().enumerate() {
-        let Wire::Buf { dir: Dir::Out | Dir::InOut, record: Some(record), .. } = *wire else { continue };
-        if !crate::records::names_memory(record) {
-            continue;
-        }
+fn untranslate_records(session: &Session, desc: &CallDesc, checks: &CallChecks, buffers: &mut [Option<Buffer>]) {
+    for &(i, record, _, _) in checks.memory_records.iter().filter(|r| r.3) {
         let (Some(b), Some(version)) =
             (buffers.get_mut(i).and_then(Option::as_mut), session.backend.layout_version(desc.library))
         else {
@@ -1211,12 +1207,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
 
     // Device memory named inside input records (copies, memsets, resources): the session's.
-    for (i, wire) in desc.params.iter().enumerate() {
-        let Wire::Buf { dir: Dir::In | Dir::InOut, record: Some(record), .. } = *wire else { continue };
-        // Only those records name memory: others cost no layout lookup here.
-        if !crate::records::names_memory(record) {
-            continue;
-        }
+    for &(i, record, _, _) in checks.memory_records.iter().filter(|r| r.2) {
         if lens[i] == NULL_LEN {
             // The copy, memset or resource itself: required by every API that takes one.
             return quiet(format!("argument {i}: NULL for the {record}"));
@@ -1464,7 +1455,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
             _ => {}
         }
-        untranslate_records(session, desc, &mut buffers);
+        if !checks.memory_records.is_empty() {
+            untranslate_records(session, desc, checks, &mut buffers);
+        }
         if let Some(values) = kept {
             lock(&session.owned).insert(raw[0], values);
         }

@@ -14,7 +14,7 @@
 //! graph launch (its event-record nodes record again on the server), a graph loop, a
 //! context reset.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::idle::{Scope, StreamKey};
@@ -22,20 +22,25 @@ use super::idle::{Scope, StreamKey};
 /// Events followed at most: past it, what is known is dropped (queries then ask).
 const MAX_EVENTS: usize = 1 << 16;
 
+/// An event recorded, not known complete yet: on `stream` by `thread`, the `order`th record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Recorded on `stream` by `thread` as the `order`th record, not known complete yet.
-    Recorded {
-        stream: StreamKey,
-        thread: u32,
-        order: u64,
-    },
-    Complete,
+struct Recorded {
+    stream: StreamKey,
+    thread: u32,
+    order: u64,
 }
 
-/// What the client knows of each event, by the program's handle.
+/// Events recorded and not yet known complete (few: a synchronize looks through them), and
+/// events known complete, by the program's handle.
+#[derive(Default)]
+struct State {
+    recorded: HashMap<u64, Recorded>,
+    complete: HashSet<u64>,
+}
+
+/// What the client knows of each event.
 pub struct Events {
-    state: Mutex<Option<HashMap<u64, State>>>,
+    state: Mutex<Option<State>>,
 }
 
 /// Records counted, for their order on a stream.
@@ -52,68 +57,72 @@ impl Events {
         Events { state: Mutex::new(None) }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<u64, State>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let map = guard.get_or_insert_with(HashMap::new);
-        if map.len() > MAX_EVENTS {
-            map.clear();
+        let state = guard.get_or_insert_with(State::default);
+        if state.recorded.len() + state.complete.len() > MAX_EVENTS {
+            *state = State::default();
         }
-        f(map)
+        f(state)
     }
 
     /// `event` was recorded on `stream` by `thread` (sent, not yet done).
     pub fn recorded(&self, event: u64, stream: StreamKey, thread: u32) {
         let order = RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.with(|m| m.insert(event, State::Recorded { stream, thread, order }));
+        self.with(|s| {
+            s.complete.remove(&event);
+            s.recorded.insert(event, Recorded { stream, thread, order });
+        });
     }
 
     /// Nothing is known of `event` any more (destroyed, or recorded where the client cannot
     /// follow it: into a capture).
     pub fn unknown(&self, event: u64) {
-        self.with(|m| m.remove(&event));
+        self.with(|s| {
+            s.complete.remove(&event);
+            s.recorded.remove(&event);
+        });
     }
 
     /// The server said `event` is complete (a query or a synchronize of it succeeded): so
     /// is every event the same thread recorded on the same stream before it.
     pub fn complete(&self, event: u64) {
-        self.with(|m| {
-            if let Some(State::Recorded { stream, thread, order }) = m.insert(event, State::Complete) {
-                for state in m.values_mut() {
-                    if let State::Recorded { stream: s, thread: t, order: o } = *state
-                        && s == stream
-                        && t == thread
-                        && o < order
-                    {
-                        *state = State::Complete;
-                    }
-                }
+        self.with(|s| {
+            if let Some(r) = s.recorded.remove(&event) {
+                s.settle(|e| e.stream == r.stream && e.thread == r.thread && e.order < r.order);
             }
+            s.complete.insert(event);
         });
     }
 
     /// A synchronize of `scope` by `thread` returned: the events that thread recorded on a
     /// stream the scope covers are complete.
     pub fn drained(&self, scope: Scope, thread: u32) {
-        self.with(|m| {
-            for state in m.values_mut() {
-                if let State::Recorded { stream, thread: t, .. } = *state
-                    && t == thread
-                    && scope.covers(&stream)
-                {
-                    *state = State::Complete;
-                }
-            }
-        });
+        self.with(|s| s.settle(|e| e.thread == thread && scope.covers(&e.stream)));
     }
 
     /// Whether `event` is known complete.
     pub fn is_complete(&self, event: u64) -> bool {
-        self.with(|m| m.get(&event) == Some(&State::Complete))
+        self.with(|s| s.complete.contains(&event))
     }
 
     /// Work the client cannot follow may have recorded any event again.
     pub fn forget_all(&self) {
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+impl State {
+    /// The recorded events `done` accepts are complete.
+    fn settle(&mut self, done: impl Fn(&Recorded) -> bool) {
+        let complete = &mut self.complete;
+        self.recorded.retain(|&event, r| {
+            if done(r) {
+                complete.insert(event);
+                return false;
+            }
+            true
+        });
     }
 }
 

@@ -325,20 +325,36 @@ fn learned_attributes(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Option<Ve
             .collect::<Option<Vec<i32>>>()
     })??;
     for (&id, &value) in ids.iter().zip(&values) {
-        let mut scratch = Box::new(0i32);
-        let args = [(&raw mut *scratch) as u64, u64::from(id), function];
-        // SAFETY: the call writes one int into `scratch`, which the checking thread keeps
-        // until the reply has landed.
-        let slot = unsafe { crate::runtime::send_checked(conn, &dcalls::cuFuncGetAttribute__call, &args) }?;
-        crate::learned::check(conn.clone(), "cuFuncGetAttribute", slot, scratch, move |outcome, got| match outcome {
-            Ok(s) if *s != u64::from(SUCCESS) => Some(format!("status {s}")),
-            _ if **got != value => Some(format!("attribute {id}: {}, not {value}", **got)),
-            _ => None,
-        });
+        let desc = &dcalls::cuFuncGetAttribute__call;
+        checked_int(conn, desc, |out| vec![out, u64::from(id), function], value, format!("attribute {id}"))?;
         CLIENT.ahead.function_attributes.learn((function, id), value);
     }
     crate::trace::local("cuFuncGetAttribute");
     Some(values)
+}
+
+/// Give the program `value`, learned in an earlier session, for a call that writes one int
+/// (its arguments from `args` of where it writes): the call is still sent, without waiting,
+/// and its answer checked when it comes (`what` names the value in a mismatch). None: the
+/// call could not be sent.
+fn checked_int(
+    conn: &Arc<Conn>,
+    desc: &'static chidori_protocol::desc::CallDesc,
+    args: impl FnOnce(u64) -> Vec<u64>,
+    value: i32,
+    what: String,
+) -> Option<()> {
+    let mut scratch = Box::new(0i32);
+    let args = args((&raw mut *scratch) as u64);
+    // SAFETY: the call writes one int into `scratch`, which the checking thread keeps until
+    // the reply has landed.
+    let slot = unsafe { crate::runtime::send_checked(conn, desc, &args) }?;
+    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, got| match outcome {
+        Ok(s) if *s != u64::from(SUCCESS) => Some(format!("status {s}")),
+        _ if **got != value => Some(format!("{what}: {}, not {value}", **got)),
+        _ => None,
+    });
+    Some(())
 }
 
 /// cuFuncGetAttribute: through the attribute cache (and what earlier sessions learned).
@@ -538,17 +554,9 @@ fn learned_occupancy(conn: &Arc<Conn>, key: OccupancyKey, learned: Option<&[u8]>
     let n = crate::learned::with(conn, |l| l.get(Space::Occupancy, k).and_then(|v| v.try_into().ok()))??;
     let n = i32::from_le_bytes(n);
     let (function, block, smem, flags) = key;
-    let mut scratch = Box::new(0i32);
-    let args = [(&raw mut *scratch) as u64, function, block as u64, smem as u64, u64::from(flags)];
     let desc = &dcalls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
-    // SAFETY: the call writes one int into `scratch`, which the checking thread keeps until
-    // the reply has landed.
-    let slot = unsafe { crate::runtime::send_checked(conn, desc, &args) }?;
-    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, got| match outcome {
-        Ok(s) if *s != u64::from(SUCCESS) => Some(format!("status {s}")),
-        _ if **got != n => Some(format!("{} active blocks, not {n}", **got)),
-        _ => None,
-    });
+    let args = |out| vec![out, function, block as u64, smem as u64, u64::from(flags)];
+    checked_int(conn, desc, args, n, "active blocks".to_owned())?;
     CLIENT.ahead.occupancy.learn(key, n);
     crate::trace::local(desc.name);
     Some(n)
