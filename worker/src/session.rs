@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -111,6 +111,8 @@ struct Session {
     lanes: Option<Arc<Lanes>>,
     /// The program's PID on the client's machine: its processes in NVML's lists.
     program_pid: u32,
+    /// The client has gone: executors skip the frames still queued ([`finish`]).
+    closing: AtomicBool,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -298,6 +300,7 @@ pub fn run(
         warned: Mutex::new(std::collections::HashSet::new()),
         lanes: lanes.map(|(_, lanes)| lanes),
         program_pid: hello.pid,
+        closing: AtomicBool::new(false),
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -415,6 +418,22 @@ fn only_waits(frame: &Frame) -> bool {
 
 fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, stall: Duration) -> Result<()> {
     let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
+    // Each executor holds a sender until it ends: `finish` waits for all of them.
+    let (running_tx, running_rx) = mpsc::channel::<()>();
+    let result = receive(session, reader, stall, &mut executors, &running_tx);
+    finish(session, executors, running_tx, &running_rx);
+    result
+}
+
+/// Read the client's frames and hand each to its thread's executor, until the client
+/// closes the session (Ok) or breaks it (Err).
+fn receive(
+    session: &Arc<Session>,
+    reader: &mut std::io::BufReader<Resumable>,
+    stall: Duration,
+    executors: &mut HashMap<u32, mpsc::Sender<Batch>>,
+    running_tx: &mpsc::Sender<()>,
+) -> Result<()> {
     // Consecutive frames of one client thread, handed to its executor together.
     let mut batch: Option<(u32, Batch)> = None;
     let turn = Arc::new(Turn::default());
@@ -476,9 +495,9 @@ fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, sta
                         {
                             bail!("executor of client thread {t} is gone");
                         }
-                        executors
-                            .entry(thread)
-                            .or_insert_with(|| spawn_executor(session.clone(), turn.clone(), fatal_tx.clone()));
+                        executors.entry(thread).or_insert_with(|| {
+                            spawn_executor(session.clone(), turn.clone(), fatal_tx.clone(), running_tx.clone())
+                        });
                         batch = Some((thread, vec![(issued - 1, frame, lane)]));
                     }
                 }
@@ -540,7 +559,41 @@ fn send_reply(session: &Session, header: Header, archive: &[u8], bulk: &[&[u8]])
     }
 }
 
-fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<Batch> {
+/// How long the calls running when the client closes its session may take to return before
+/// the worker ends anyway (a kernel that never ends, a wait for the client).
+const FINISH_LIMIT: Duration = Duration::from_secs(10);
+
+/// The client has closed its session: what its executors still hold is not run (as a
+/// process's queued work ends with it natively), and the calls running now return before
+/// the worker exits. The exit runs the libraries' own teardown (cuDNN, cuSOLVER, the
+/// runtime's), which must not race a call inside the same library: a `cusolverDnDestroy`
+/// sent as the program exited faulted in the worker under the runtime's teardown.
+fn finish(
+    session: &Session,
+    executors: HashMap<u32, mpsc::Sender<Batch>>,
+    running: mpsc::Sender<()>,
+    running_rx: &mpsc::Receiver<()>,
+) {
+    session.closing.store(true, Ordering::SeqCst);
+    drop(executors);
+    drop(running);
+    // A host function waiting for the client returns (the client will never run it).
+    lock(&session.callbacks).clear();
+    // Nothing is sent on `running`: it disconnects when the last executor has ended.
+    if let Err(mpsc::RecvTimeoutError::Timeout) = running_rx.recv_timeout(FINISH_LIMIT) {
+        tracing::warn!(
+            "a call of the closed session still runs after {} s; the worker ends anyway",
+            FINISH_LIMIT.as_secs()
+        );
+    }
+}
+
+fn spawn_executor(
+    session: Arc<Session>,
+    turn: Arc<Turn>,
+    fatal: mpsc::Sender<Fatal>,
+    running: mpsc::Sender<()>,
+) -> mpsc::Sender<Batch> {
     let (tx, rx) = mpsc::channel::<Batch>();
     std::thread::Builder::new()
         .name("chidori-exec".into())
@@ -550,6 +603,10 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
                 for (n, mut frame, lane) in frames {
                     REPLY_LANE.set(lane);
                     turn.wait(n);
+                    if session.closing.load(Ordering::SeqCst) {
+                        turn.release(n);
+                        continue;
+                    }
                     let early = only_waits(&frame);
                     if early {
                         turn.release(n);
@@ -578,6 +635,9 @@ fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fa
                     }
                 }
             }
+            // The session goes before `running` says this executor has ended.
+            drop(session);
+            drop(running);
         })
         .expect("spawning an executor thread");
     tx
@@ -1670,7 +1730,9 @@ fn host_closure(session: &Arc<Session>, client_id: u64) -> HostFn {
             let h = Header::new(Kind::HostCallback, 0, 0, 0);
             sent &= owner.writer.send(h, &messages::encode(&msg), &[]).is_ok();
         });
-        if sent && !owner.writer.is_detached() {
+        // A closed session's client runs nothing more (`finish` drops the wake-ups it
+        // finds; this one was registered before `closing` was set, or is not waited on).
+        if sent && !owner.writer.is_detached() && !owner.closing.load(Ordering::SeqCst) {
             drop(owner);
             // Until the client ran the function; a lost client ends the process anyway.
             let _ = rx.recv();
@@ -1707,6 +1769,7 @@ impl Harness {
             warned: Mutex::new(std::collections::HashSet::new()),
             lanes: None,
             program_pid: 0,
+            closing: AtomicBool::new(false),
         });
         Harness { session }
     }
@@ -2432,5 +2495,28 @@ mod tests {
         // SAFETY: the address of the second kept value (alive in `values`).
         assert_eq!(unsafe { *(pointers[1] as *const f32) }, 0.125);
         assert!(host_value_pointers(&records[..HOST_VALUE_RECORD + 1]).is_none(), "a torn record");
+    }
+
+    /// A session the client closes returns only when no executor runs a call (the worker's
+    /// exit then runs the libraries' teardown alone): frames still queued are skipped.
+    #[test]
+    fn a_closed_session_returns_once_no_executor_runs() {
+        use chidori_protocol::desc::Form;
+        let harness = crate::fuzz::emulated_harness();
+        let desc = VARIANTS.iter().rev().find(|d| d.name == "cudaMalloc" && d.form == Some(Form::Call)).unwrap();
+        let mut bytes = Vec::new();
+        for seq in 0..300u64 {
+            // Three client threads, interleaved: three executors.
+            let header = Header::new(Kind::Call, desc.wire, 1 + (seq % 3) as u32, seq + 1);
+            let call = Call { args: vec![0, 4096], lens: vec![8, 0] };
+            bytes.extend(frame::to_vec(header, &messages::encode(&call), &[]).unwrap());
+        }
+        let bye = Goodbye { reason: String::new() };
+        bytes.extend(frame::to_vec(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]).unwrap());
+        let session = harness.session.clone();
+        let reader = Resumable::plain(Box::new(std::io::Cursor::new(bytes)), session.writer.clone());
+        serve(&session, &mut std::io::BufReader::new(reader), Duration::from_secs(2)).unwrap();
+        assert!(session.closing.load(Ordering::SeqCst));
+        assert_eq!(Arc::strong_count(&session), 2, "the harness's and this test's: no executor holds the session");
     }
 }
