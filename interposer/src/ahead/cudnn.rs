@@ -44,12 +44,15 @@ pub fn filled_by(status: u32, count: i64, requested: usize) -> usize {
 /// the program's descriptor in its place.
 ///
 /// The call may ask for fewer descriptors than the program will (one more than the library
-/// filled last time: the frontend asks an engine configuration for 44 knob choices and gets
-/// one): a count below what it asked for is then all there is, and the program's call fills
-/// the same. A count that reaches it says nothing of the rest, and the program's call goes
-/// to the server.
+/// filled before: the frontend asks an engine configuration for 44 knob choices and gets
+/// one), or for more (the heuristics of one graph offer five configurations, of the next
+/// six: the frontend asks for as many as the count it was given): a count below what the
+/// call asked for is then all there is, and a program's call asking for at least as many
+/// fills the same (whether the library counts what it filled or what it has, both are that
+/// count). A count that reaches what was asked says nothing of the rest, and only the
+/// identical call is answered.
 pub struct Twin {
-    /// The program's call: (attribute, requested, descriptor type).
+    /// The fill planned: (attribute, most the program asked for, descriptor type).
     pub query: FillQuery,
     pub status: u32,
     pub count: i64,
@@ -57,13 +60,15 @@ pub struct Twin {
 }
 
 impl Twin {
-    /// Whether this fill answers the program's: it succeeded, and it asked for as many
-    /// descriptors or was filled short of what it asked for.
-    pub fn answers(&self, query: FillQuery) -> bool {
-        self.query == query
+    /// Whether this fill answers the program's: the same attribute and descriptor type, it
+    /// succeeded, and it asked for as many descriptors, or was filled short of what it asked
+    /// for and the program asks for at least what it filled.
+    pub fn answers(&self, (name, requested, ty): FillQuery) -> bool {
+        let short =
+            self.count != UNWRITTEN && (0..self.shadows.len() as i64).contains(&self.count) && self.count <= requested;
+        (self.query.0, self.query.2) == (name, ty)
             && self.status == 0
-            && (self.shadows.len() as i64 == query.1
-                || (self.count != UNWRITTEN && (0..self.shadows.len() as i64).contains(&self.count)))
+            && (self.shadows.len() as i64 == requested || short)
     }
 }
 
@@ -289,8 +294,11 @@ impl Plan {
     }
 }
 
-/// A fill learned per source descriptor type and slot: (fill, descriptors it filled last
-/// time, most times one source was filled so).
+/// A fill learned per source descriptor type and slot, one per attribute and descriptor
+/// type: (fill asking for the most the program asked for, the most descriptors the library
+/// filled, most times one source was filled so). The most, not the last: heuristics offer
+/// graph by graph a few configurations more or fewer, and a fill made ahead for the most
+/// comes back short for every graph (see [`Twin`]).
 pub type LearnedFill = (FillQuery, i64, u32);
 
 /// The calls to make ahead for a descriptor of one type: its learned questions, and its
@@ -455,8 +463,12 @@ impl Replay {
 
     pub fn learn_fill(&mut self, ty: (u32, Slot), query: FillQuery, count: i64, nth: u32) {
         let learned = self.learned_fills.entry(ty).or_default();
-        if let Some((_, last, times)) = learned.iter_mut().find(|(q, _, _)| *q == query) {
-            *last = count;
+        let (name, requested, desc_type) = query;
+        if let Some((q, last, times)) = learned.iter_mut().find(|(q, _, _)| (q.0, q.2) == (name, desc_type)) {
+            if requested <= REQUESTED_MAX {
+                q.1 = q.1.max(requested);
+            }
+            *last = (*last).max(count);
             *times = (*times).max(nth);
         } else if learned.len() < LEARNED_MAX && query.1 <= REQUESTED_MAX {
             learned.push((query, count, nth));
@@ -587,6 +599,26 @@ mod tests {
         assert!(junk.learned.is_empty() && junk.learned_fills.is_empty());
     }
 
+    /// Graph by graph the heuristics offer a few configurations more or fewer, and the
+    /// frontend asks for as many as it was told: one learned fill covers them all (the
+    /// learned list of a type once filled up with one entry per count, and the decode's
+    /// next graphs were never made ahead), made ahead for the most.
+    #[test]
+    fn fills_of_other_counts_are_one_learned_fill_for_the_most() {
+        let mut r = Replay::default();
+        for requested in [5, 6, 5, 12, 3, 7, 9, 10, 11, 2, 8] {
+            r.learn_fill((4, None), (202, requested, 3), requested, 1);
+        }
+        assert_eq!(r.learned_fills[&(4, None)], vec![((202, 12, 3), 12, 1)]);
+        r.learn_fill((4, None), (202, 500, 3), 4, 1);
+        assert_eq!(r.learned_fills[&(4, None)], vec![((202, 12, 3), 12, 1)], "past REQUESTED_MAX: not planned for");
+        let mut budget = PLAN_MAX;
+        let plan = r.plan(4, None, 0, &mut budget);
+        assert_eq!(plan.fills.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), vec![((202, 12, 3), 12)]);
+        let twin = Twin { query: (202, 12, 3), status: 0, count: 5, shadows: vec![1; 12] };
+        assert!(twin.answers((202, 5, 3)));
+    }
+
     #[test]
     fn a_short_fill_answers_the_program_only_when_it_came_back_short() {
         let twin = |count, shadows: usize| Twin { query: (302, 44, 7), status: 0, count, shadows: vec![1; shadows] };
@@ -594,7 +626,12 @@ mod tests {
         assert!(!twin(2, 2).answers((302, 44, 7)), "both set: there may be more");
         assert!(!twin(UNWRITTEN, 2).answers((302, 44, 7)), "no count: nothing is known of the rest");
         assert!(twin(UNWRITTEN, 44).answers((302, 44, 7)), "the program's own call");
-        assert!(!twin(1, 2).answers((302, 8, 7)), "another call");
+        assert!(twin(1, 2).answers((302, 8, 7)), "fewer asked for, at least the one there is");
+        assert!(twin(5, 7).answers((302, 6, 7)), "five of six offered: the program asks for six");
+        assert!(twin(5, 7).answers((302, 5, 7)), "and for five");
+        assert!(!twin(5, 7).answers((302, 4, 7)), "fewer than there are: the count is the library's to say");
+        assert!(!twin(1, 2).answers((303, 44, 7)), "another attribute");
+        assert!(!twin(1, 2).answers((302, 44, 8)), "another descriptor type");
         assert!(!Twin { status: 2000, ..twin(1, 2) }.answers((302, 44, 7)), "a failure is asked again");
     }
 

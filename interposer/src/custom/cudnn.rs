@@ -918,13 +918,13 @@ fn fill(
         for t in &targets {
             r.fresh.remove(t);
         }
-        // Only the descriptors the same fill set last time get a plan (the frontend offers
-        // 44 knob choices, the library sets one).
+        // Only as many descriptors as this fill ever set get a plan (the frontend offers 44
+        // knob choices, the library sets one).
         let expected = match (source_type, same_type) {
             (Some(t), Some(u)) => {
                 let at = r.known.get(&source).and_then(|k| k.slot);
                 let learned = r.learned_fills.get(&(t, at)).map(Vec::as_slice).unwrap_or(&[]);
-                learned.iter().find(|l| l.0 == (name, requested, u)).map(|l| l.1.clamp(0, requested) as usize)
+                learned.iter().find(|l| (l.0.0, l.0.2) == (name, u)).map(|l| l.1.clamp(0, requested) as usize)
             }
             _ => None,
         };
