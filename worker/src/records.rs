@@ -1,7 +1,9 @@
 //! Device memory named inside input records: the pointer sides of 2D and 3D copies
 //! (`cudaMemcpy3DParms`, `CUDA_MEMCPY2D`, `CUDA_MEMCPY3D`), memsets
-//! (`cudaMemsetParams`, `CUDA_MEMSET_NODE_PARAMS`) and the linear and pitched memory of
-//! texture and surface objects (`cudaResourceDesc`, `CUDA_RESOURCE_DESC`). The worker checks
+//! (`cudaMemsetParams`, `CUDA_MEMSET_NODE_PARAMS`), the linear and pitched memory of
+//! texture and surface objects (`cudaResourceDesc`, `CUDA_RESOURCE_DESC`) and the words
+//! batched stream memory operations wait on, write or reduce into
+//! (`CUstreamBatchMemOpParams`). The worker checks
 //! every span against the session's memory before the library sees the record, as it checks
 //! device arguments (a pointer into the worker's own memory is never passed on), and gives
 //! the record the address where the session has the memory (a stand-in of the client's
@@ -36,6 +38,24 @@ const CU_MEMORYTYPE_UNIFIED: u64 = 4;
 /// the runtime's and the driver's enums).
 const RESOURCE_LINEAR: u64 = 2;
 const RESOURCE_PITCH2D: u64 = 3;
+
+/// `CUstreamBatchMemOpType`: the operations that name a word of device memory, and those
+/// that name none (a flush of remote writes, a memory barrier).
+const MEM_OP_WAIT_VALUE_32: u64 = 1;
+const MEM_OP_WRITE_VALUE_32: u64 = 2;
+const MEM_OP_FLUSH_REMOTE_WRITES: u64 = 3;
+const MEM_OP_WAIT_VALUE_64: u64 = 4;
+const MEM_OP_WRITE_VALUE_64: u64 = 5;
+const MEM_OP_BARRIER: u64 = 6;
+const MEM_OP_ATOMIC_REDUCTION: u64 = 8;
+/// Where the members of the operation union hold their address (CUDA 11.8 to 13.1; the
+/// unit test checks them against every generated layout): a wait's and a write's at 8, an
+/// atomic reduction's at 16 after its operator and data type (a `u32` at 12).
+const MEM_OP_VALUE_ADDRESS: usize = 8;
+const MEM_OP_REDUCTION_DATA_TYPE: usize = 12;
+const MEM_OP_REDUCTION_ADDRESS: usize = 16;
+/// `CUstreamAtomicReductionDataType`: a 32-bit word (else 64).
+const REDUCTION_UNSIGNED_32: u64 = 14;
 
 struct Fields<'a> {
     map: &'static structs::StructMap,
@@ -112,6 +132,7 @@ pub fn names_memory(record: &str) -> bool {
             | "CUDA_MEMCPY3D_PEER_st"
             | "cudaResourceDesc"
             | "CUDA_RESOURCE_DESC_st"
+            | "CUstreamBatchMemOpParams_union"
     )
 }
 
@@ -191,6 +212,21 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
                 _ => {}
             }
         }
+        "CUstreamBatchMemOpParams_union" => {
+            let (at, len) = match f.word("operation", 0)? {
+                MEM_OP_WAIT_VALUE_32 | MEM_OP_WRITE_VALUE_32 => (MEM_OP_VALUE_ADDRESS, 4),
+                MEM_OP_WAIT_VALUE_64 | MEM_OP_WRITE_VALUE_64 => (MEM_OP_VALUE_ADDRESS, 8),
+                MEM_OP_ATOMIC_REDUCTION => {
+                    let ty = f.word_at(MEM_OP_REDUCTION_DATA_TYPE, 4)?;
+                    (MEM_OP_REDUCTION_ADDRESS, if ty == REDUCTION_UNSIGNED_32 { 4 } else { 8 })
+                }
+                MEM_OP_FLUSH_REMOTE_WRITES | MEM_OP_BARRIER => return Ok(spans),
+                // A later release's operation may name memory where this one cannot tell.
+                other => return Err(format!("{record}: operation {other} is not one this server knows")),
+            };
+            let base = f.word_at(at, 8)?;
+            push(&mut spans, &format!("{record}.address"), (at, base), Some(base), Some(len))?;
+        }
         _ => {}
     }
     Ok(spans)
@@ -233,6 +269,59 @@ mod tests {
         put(&mut r, 32, 0x10_0000);
         put(&mut r, 144, u64::MAX);
         assert!(device_spans("cudaMemcpy3DParms", "13.0", &r).is_err());
+    }
+
+    /// Each operation of a batch names its word (a NULL one is refused), the flush and the
+    /// barrier none, an operation this server does not know is refused; the offsets are
+    /// those of every CUDA release's layout.
+    #[test]
+    fn batched_memory_operations_name_their_words() {
+        const R: &str = "CUstreamBatchMemOpParams_union";
+        let op = |ty: u32, at: usize, address: u64| {
+            let mut r = vec![0u8; 48];
+            r[..4].copy_from_slice(&ty.to_le_bytes());
+            put(&mut r, at, address);
+            r
+        };
+        assert_eq!(plain(device_spans(R, "13.0", &op(1, 8, 0x40_0000))), [(0x40_0000, 4)]);
+        assert_eq!(plain(device_spans(R, "13.0", &op(2, 8, 0x40_0000))), [(0x40_0000, 4)]);
+        assert_eq!(plain(device_spans(R, "13.0", &op(4, 8, 0x40_0008))), [(0x40_0008, 8)]);
+        assert_eq!(plain(device_spans(R, "12.1", &op(5, 8, 0x40_0008))), [(0x40_0008, 8)]);
+        let mut reduce = op(8, 16, 0x40_0010);
+        reduce[12..16].copy_from_slice(&14u32.to_le_bytes());
+        assert_eq!(plain(device_spans(R, "13.1", &reduce)), [(0x40_0010, 4)]);
+        reduce[12..16].copy_from_slice(&22u32.to_le_bytes());
+        assert_eq!(plain(device_spans(R, "13.1", &reduce)), [(0x40_0010, 8)]);
+        assert_eq!(device_spans(R, "13.0", &op(2, 8, 0x40_0000)).unwrap()[0].field, 8);
+        assert!(plain(device_spans(R, "13.0", &op(3, 8, 0x40_0000))).is_empty(), "a flush names no memory");
+        assert!(plain(device_spans(R, "13.0", &op(6, 8, 0))).is_empty(), "nor does a barrier");
+        assert!(device_spans(R, "13.0", &op(2, 8, 0)).is_err(), "a write to NULL");
+        assert!(device_spans(R, "13.0", &op(99, 8, 0x40_0000)).is_err(), "an unknown operation");
+        assert!(device_spans(R, "13.0", &[2, 0, 0]).is_err(), "a torn record");
+        // The members' layouts, from the headers of every release (the struct maps hold
+        // only the union).
+        let ir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../generated/ir");
+        for version in ["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"] {
+            assert_eq!(structs::get(version, R).map(|m| m.size), Some(48), "{version}");
+            let text = std::fs::read_to_string(ir.join(version).join("driver.jsonl")).unwrap();
+            let record = |member: &str| -> Option<serde_json::Value> {
+                let name = format!("{R}_CUstreamMemOp{member}Params_st");
+                text.lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .find(|v| v["name"] == name)
+            };
+            let offset = |v: &serde_json::Value, field: &str| {
+                v["fields"].as_array()?.iter().find(|f| f["name"] == field)?["offset"].as_u64().map(|o| o as usize)
+            };
+            for member in ["WaitValue", "WriteValue"] {
+                let v = record(member).unwrap_or_else(|| panic!("{version} {member}"));
+                assert_eq!(offset(&v, "address"), Some(MEM_OP_VALUE_ADDRESS), "{version} {member}");
+            }
+            if let Some(v) = record("AtomicReduction") {
+                assert_eq!(offset(&v, "address"), Some(MEM_OP_REDUCTION_ADDRESS), "{version}");
+                assert_eq!(offset(&v, "dataType"), Some(MEM_OP_REDUCTION_DATA_TYPE), "{version}");
+            }
+        }
     }
 
     #[test]

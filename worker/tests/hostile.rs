@@ -204,6 +204,25 @@ fn device_addresses_must_be_the_sessions_own() {
     assert_eq!(err.header.kind, Kind::AsyncError, "an async call's refusal comes back as an AsyncError");
     let e: messages::AsyncError = messages::decode(&err, "async error").unwrap();
     assert_eq!(e.status, dtod.codes.invalid_value);
+    // A batched stream memory operation's word: a write into a made-up address is refused
+    // before the driver; one into the session's memory gets past the check (the emulated
+    // driver then answers what it answers, not a refusal of the address).
+    let batch = newest("cuStreamBatchMemOp_v2", None);
+    let write = |address: u64| {
+        let mut op = vec![0u8; 48];
+        op[..4].copy_from_slice(&2u32.to_le_bytes());
+        op[8..16].copy_from_slice(&address.to_le_bytes());
+        harness.run(&frame_of(batch, vec![0, 1, 0, 0], vec![0, 0, 48, 0], &op)).unwrap();
+        match harness.last_reply() {
+            Some(r) if r.header.kind == Kind::AsyncError => {
+                messages::decode::<messages::AsyncError>(&r, "async error").unwrap().status
+            }
+            _ => 0,
+        }
+    };
+    assert_eq!(write(0x7e00_dead_0000), batch.codes.invalid_value, "a word outside the session");
+    assert_eq!(write(base + 4094), batch.codes.invalid_value, "a word across the allocation's end");
+    assert_ne!(write(base + 4092), batch.codes.invalid_value, "the session's own word");
     let _ = DEVICE_LEN;
 }
 
