@@ -315,6 +315,7 @@ pub fn session(args: SessionArgs) -> Result<()> {
     chidori_worker::fatal::install();
     let result =
         chidori_worker::session::run_on_fd(supervisor::SESSION_FD, security, make_backend, options, authenticated);
-    // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.
-    std::process::exit(if result.is_ok() { 0 } else { 1 })
+    // End the process, which frees the session's GPU state (without the libraries' teardown
+    // where a call may still run inside one).
+    chidori_worker::session::end_process(if result.is_ok() { 0 } else { 1 })
 }

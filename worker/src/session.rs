@@ -585,7 +585,26 @@ fn finish(
             "a call of the closed session still runs after {} s; the worker ends anyway",
             FINISH_LIMIT.as_secs()
         );
+        CALL_LEFT_RUNNING.store(true, Ordering::SeqCst);
     }
+}
+
+/// A call may still run inside a library (a fatal error ended the session from an executor,
+/// or a call outlived [`FINISH_LIMIT`]).
+static CALL_LEFT_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// End the session's worker process. Normally with `exit`, which runs the libraries' own
+/// teardown as a program's exit does; where a call may still run inside a library, with
+/// `_exit`, which skips that teardown (it would free what the call uses under it: a fault
+/// instead of an exit). The process's end frees the session's GPU state either way.
+pub fn end_process(code: i32) -> ! {
+    if CALL_LEFT_RUNNING.load(Ordering::SeqCst) {
+        use std::io::Write;
+        let _ = std::io::stderr().flush();
+        // SAFETY: _exit ends the process at once; nothing of this process is used after.
+        unsafe { libc::_exit(code) }
+    }
+    std::process::exit(code)
 }
 
 fn spawn_executor(
@@ -631,7 +650,10 @@ fn spawn_executor(
                         tracing::warn!("session ends: {reason}");
                         let bye = Goodbye { reason };
                         let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
-                        std::process::exit(2);
+                        // Other executors may be inside a library: no teardown of the
+                        // libraries under them ([`end_process`]).
+                        CALL_LEFT_RUNNING.store(true, Ordering::SeqCst);
+                        end_process(2);
                     }
                 }
             }
