@@ -3,7 +3,8 @@
 //! (`cudaMemsetParams`, `CUDA_MEMSET_NODE_PARAMS`), the linear and pitched memory of
 //! texture and surface objects (`cudaResourceDesc`, `CUDA_RESOURCE_DESC`) and the words
 //! batched stream memory operations wait on, write or reduce into
-//! (`CUstreamBatchMemOpParams`). The worker checks
+//! (`CUstreamBatchMemOpParams`), and the buffers of hardware decompressions
+//! (`CUmemDecompressParams`). The worker checks
 //! every span against the session's memory before the library sees the record, as it checks
 //! device arguments (a pointer into the worker's own memory is never passed on), and gives
 //! the record the address where the session has the memory (a stand-in of the client's
@@ -133,6 +134,7 @@ pub fn names_memory(record: &str) -> bool {
             | "cudaResourceDesc"
             | "CUDA_RESOURCE_DESC_st"
             | "CUstreamBatchMemOpParams_union"
+            | "CUmemDecompressParams_st"
     )
 }
 
@@ -226,6 +228,16 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
             };
             let base = f.word_at(at, 8)?;
             push(&mut spans, &format!("{record}.address"), (at, base), Some(base), Some(len))?;
+        }
+        "CUmemDecompressParams_st" => {
+            // What the decompression writes is known only once it has: the destination is
+            // checked for the bytes the program expects (dstNumBytes, optional: at least its
+            // first byte), as the driver is told.
+            let (src_len, dst_len) = (f.word("srcNumBytes", 0)?, f.word("dstNumBytes", 0)?.max(1));
+            for (field, len) in [("src", src_len), ("dst", dst_len), ("dstActBytes", 4)] {
+                let base = f.word(field, 0)?;
+                push(&mut spans, &format!("{record}.{field}"), (f.offset(field)?, base), Some(base), Some(len))?;
+            }
         }
         _ => {}
     }
@@ -322,6 +334,23 @@ mod tests {
                 assert_eq!(offset(&v, "dataType"), Some(MEM_OP_REDUCTION_DATA_TYPE), "{version}");
             }
         }
+    }
+
+    #[test]
+    fn a_decompression_names_its_source_destination_and_count() {
+        const R: &str = "CUmemDecompressParams_st";
+        let map = structs::get("13.0", R).unwrap();
+        let f = |n: &str| map.fields.iter().find(|x| x.name == n).unwrap().offset as usize;
+        let mut r = vec![0u8; map.size as usize];
+        put(&mut r, f("srcNumBytes"), 100);
+        put(&mut r, f("src"), 0x50_0000);
+        put(&mut r, f("dst"), 0x60_0000);
+        put(&mut r, f("dstActBytes"), 0x70_0000);
+        assert_eq!(plain(device_spans(R, "13.0", &r)), [(0x50_0000, 100), (0x60_0000, 1), (0x70_0000, 4)]);
+        put(&mut r, f("dstNumBytes"), 4096);
+        assert_eq!(plain(device_spans(R, "13.0", &r))[1], (0x60_0000, 4096));
+        put(&mut r, f("dstActBytes"), 0);
+        assert!(device_spans(R, "13.0", &r).is_err(), "the count's word is required");
     }
 
     #[test]
