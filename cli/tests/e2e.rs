@@ -3228,6 +3228,60 @@ fn occupancy_is_learned_and_asked_again_after_the_function_changes() {
     assert_eq!(trace_row(&stderr, row), ["3", "2"], "{stderr}");
 }
 
+/// Issue 19: versions and properties (the specs' `constant`) are asked once per process,
+/// and a later process on the same server is given what the first was, the call still sent
+/// without waiting and its answer checked.
+#[test]
+fn constants_learned_by_one_process_answer_the_next() {
+    let source = r#"
+#include <stdio.h>
+extern int nvmlInit_v2(void);
+extern int nvmlSystemGetDriverVersion(char *, unsigned int);
+extern int nvmlSystemGetNVMLVersion(char *, unsigned int);
+int main(void) {
+  char a[80] = {0}, b[80] = {0}, c[80] = {0};
+  if (nvmlInit_v2()) { printf("init\n"); return 1; }
+  int s1 = nvmlSystemGetDriverVersion(a, sizeof a);
+  int s2 = nvmlSystemGetDriverVersion(b, sizeof b);
+  int s3 = nvmlSystemGetNVMLVersion(c, sizeof c);
+  printf("%d %d %d [%s] [%s] [%s]\n", s1, s2, s3, a, b, c);
+  return 0;
+}
+"#;
+    let server = server();
+    let exe = program_with("constants_learned", source, &["-l:libnvidia-ml.so.1"]);
+    let cache = chidori_tests::scratch("constants-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert!(first.starts_with("0 0 0 [") && !first.contains("[]"), "{first} {stderr}");
+    assert_eq!(trace_row(&stderr, "nvmlSystemGetDriverVersion"), ["2", "1"], "asked once: {stderr}");
+    assert_eq!(trace_row(&stderr, "nvmlSystemGetNVMLVersion"), ["1", "1"], "{stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trace_row(&stderr, "nvmlSystemGetDriverVersion"), ["2", "0"], "given as learned: {stderr}");
+    assert_eq!(trace_row(&stderr, "nvmlSystemGetNVMLVersion"), ["1", "0"], "{stderr}");
+    assert!(!stderr.contains("differs"), "the server's answers were the learned ones: {stderr}");
+    // cuDNN's version (a value, not a status): once a process, then learned likewise.
+    let exe = cudnn_program(
+        "cudnn_version_learned",
+        "#include <stdio.h>\n#include <stddef.h>\nsize_t cudnnGetVersion(void);\n\
+         int main(void) { size_t a = cudnnGetVersion(), b = cudnnGetVersion(); printf(\"%zu %zu\\n\", a, b); return 0; }\n",
+    );
+    let (versions, stderr) = run_learning(&server, &exe, &cache, &[]);
+    let v: Vec<&str> = versions.split_whitespace().collect();
+    assert!(v.len() == 2 && v[0] == v[1] && v[0] != "0", "{versions} {stderr}");
+    assert_eq!(trace_row(&stderr, "cudnnGetVersion"), ["2", "1"], "{stderr}");
+    let (again, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(again, versions, "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudnnGetVersion"), ["2", "0"], "{stderr}");
+    // Asked for another length: not what was learned, so asked.
+    let other = source.replace("sizeof b", "40");
+    let exe = program_with("constants_other_length", &other, &["-l:libnvidia-ml.so.1"]);
+    let (third, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(third, first, "{stderr}");
+    assert_eq!(trace_row(&stderr, "nvmlSystemGetDriverVersion"), ["2", "1"], "{stderr}");
+}
+
 /// Issue 19: the first module load of a process also loads, in the same round trip, the
 /// modules the last run of the same command loaded; a run with it turned off loads each
 /// module as the program first uses it, and the program sees the same answers.

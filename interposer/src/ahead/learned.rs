@@ -37,6 +37,9 @@ pub enum Space {
     /// content, the function's name, the block size, the dynamic shared memory and the
     /// flags (`crate::custom::kernels`).
     Occupancy = 5,
+    /// A version or property (the specs' `constant`): the status and the outputs, by the
+    /// call and its values (`crate::runtime::learned_constant`).
+    Constant = 6,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

@@ -20,6 +20,7 @@ use chidori_protocol::desc::{CLIENT_NAME_TAG as NAME_TAG, CallDesc, Dir, HANDLE_
 use chidori_protocol::frame::{self, Header, Kind};
 use chidori_protocol::messages::{self, COMPRESS_MAX, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
 
+use crate::ahead::learned::Space;
 use crate::conn::{self, Conn, OutTarget, Slot};
 
 /// The raw return value a call answers when it cannot reach a server.
@@ -330,6 +331,91 @@ fn constant_key(desc: &CallDesc, args: &[u64]) -> Option<crate::state::ConstantK
     Some((desc.wire, values))
 }
 
+/// The key of a constant across processes: the function (its name, not this client's wire
+/// number) and its values.
+fn learned_constant_key(desc: &CallDesc, (_, values): &crate::state::ConstantKey) -> Vec<u8> {
+    let mut key = format!("{}|{:?}|", desc.name, desc.form).into_bytes();
+    values.iter().for_each(|v| key.extend_from_slice(&v.to_le_bytes()));
+    key
+}
+
+/// A constant's answer as kept: the status, then each output's length (u32) and bytes.
+fn encode_constant(ret: u64, outs: &[Vec<u8>]) -> Vec<u8> {
+    let mut bytes = ret.to_le_bytes().to_vec();
+    for out in outs {
+        bytes.extend_from_slice(&u32::try_from(out.len()).unwrap_or(u32::MAX).to_le_bytes());
+        bytes.extend_from_slice(out);
+    }
+    bytes
+}
+
+/// What [`encode_constant`] kept; None if it cannot be read.
+fn decode_constant(mut bytes: &[u8]) -> Option<(u64, Vec<Vec<u8>>)> {
+    let (ret, rest) = bytes.split_first_chunk::<8>()?;
+    let ret = u64::from_le_bytes(*ret);
+    bytes = rest;
+    let mut outs = Vec::new();
+    while !bytes.is_empty() {
+        let (len, rest) = bytes.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
+        outs.push(rest.get(..len)?.to_vec());
+        bytes = &rest[len..];
+    }
+    Some((ret, outs))
+}
+
+/// A constant an earlier process on this server was given (`Space::Constant`): given now;
+/// the call still goes, without waiting, into buffers of the client's own, and its answer is
+/// compared when it comes (another one ends the session: `crate::learned`). None: not
+/// learned, or learned for outputs of other sizes.
+///
+/// # Safety
+/// `outs` are the caller's outputs of this call, valid for their lengths.
+unsafe fn learned_constant(
+    desc: &'static CallDesc,
+    args: &[u64],
+    key: &crate::state::ConstantKey,
+    outs: &[OutTarget],
+) -> Option<u64> {
+    let conn = conn::get().ok()?;
+    let lkey = learned_constant_key(desc, key);
+    let kept = crate::learned::with(&conn, |l| l.get(Space::Constant, &lkey).map(<[u8]>::to_vec))??;
+    let (ret, learned) = decode_constant(&kept)?;
+    let fits = learned.len() == outs.len()
+        && outs.iter().zip(&learned).all(|(t, b)| {
+            (t.ptr == 0 && b.is_empty()) || (b.len() == t.len && args.get(t.param) == Some(&(t.ptr as u64)))
+        });
+    if !fits {
+        return None;
+    }
+    // The reply lands in these (moved into the check, which keeps them until it has).
+    let mut own: Vec<Vec<u8>> = outs.iter().map(|t| vec![0u8; if t.ptr == 0 { 0 } else { t.len }]).collect();
+    let mut own_args = args.to_vec();
+    for (t, buffer) in outs.iter().zip(&mut own) {
+        if t.ptr != 0 {
+            own_args[t.param] = buffer.as_mut_ptr() as u64;
+        }
+    }
+    // SAFETY: the caller's values and our buffers of the outputs' lengths, kept by the
+    // check until the reply has landed.
+    let slot = unsafe { send_checked(&conn, desc, &own_args) }?;
+    for (t, bytes) in outs.iter().zip(&learned) {
+        if t.ptr != 0 {
+            // SAFETY: the caller's output of `t.len` bytes (checked above: `bytes` is as long).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.ptr as *mut u8, t.len) };
+        }
+    }
+    crate::state::CLIENT.ahead.constants.learn(key.clone(), (ret, learned.clone()));
+    crate::learned::check(conn.clone(), desc.name, slot, (own, ret, learned), |outcome, (own, ret, learned)| {
+        match outcome {
+            Ok(r) if r != ret => Some(format!("status {r}, not {ret}")),
+            Ok(_) if own != learned => Some("another value".to_owned()),
+            _ => None,
+        }
+    });
+    Some(ret)
+}
+
 /// Send a call on `conn` and, unless it is async, wait for its reply.
 ///
 /// # Safety
@@ -356,6 +442,14 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.ptr as *mut u8, bytes.len()) };
             }
         }
+        crate::trace::local(desc.name);
+        return ret;
+    }
+    // One an earlier process on this server was given.
+    if let Some(key) = &constant
+        // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
+        && let Some(ret) = unsafe { learned_constant(desc, args, key, &prepared.outs) }
+    {
         crate::trace::local(desc.name);
         return ret;
     }
@@ -396,7 +490,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     if let Some(key) = constant
         && ret == success(desc)
     {
-        let outs = prepared
+        let outs: Vec<Vec<u8>> = prepared
             .outs
             .iter()
             .map(|t| {
@@ -407,6 +501,8 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
                 unsafe { std::slice::from_raw_parts(t.ptr as *const u8, t.len) }.to_vec()
             })
             .collect();
+        let value = encode_constant(ret, &outs);
+        crate::learned::with(conn, |l| l.learn(Space::Constant, &learned_constant_key(desc, &key), &value));
         crate::state::CLIENT.ahead.constants.learn(key, (ret, outs));
     }
     if let Some(key) = learn {
@@ -788,6 +884,27 @@ pub unsafe fn call_with_riders(
 #[cfg(test)]
 mod tests {
     use std::ffi::CStr;
+
+    /// A constant kept for later processes reads back as it was; a record cut short reads as
+    /// nothing, or as fewer outputs than the call has (which `learned_constant` does not
+    /// give: the call is asked of the server again).
+    #[test]
+    fn kept_constants_read_back_whole_or_not_at_all() {
+        let outs = vec![b"580.95.05\0".to_vec(), Vec::new(), vec![7, 0, 0, 0]];
+        let bytes = super::encode_constant(3, &outs);
+        assert_eq!(super::decode_constant(&bytes), Some((3, outs)));
+        assert_eq!(super::decode_constant(&super::encode_constant(0, &[])), Some((0, Vec::new())));
+        for cut in 1..bytes.len() {
+            let read = super::decode_constant(&bytes[..cut]);
+            assert!(read.as_ref().is_none_or(|(_, o)| o.len() < 3), "{cut}: {read:?}");
+        }
+        let key = |form| {
+            let mut desc = chidori_cuda::calls::nvml::nvmlSystemGetDriverVersion;
+            desc.form = form;
+            super::learned_constant_key(&desc, &(desc.wire, vec![1, 80]))
+        };
+        assert_ne!(key(None), key(Some(chidori_protocol::desc::Form::Call)), "the form is part of the key");
+    }
 
     #[test]
     fn versions_and_properties_are_kept_by_their_values_and_nothing_else_is() {

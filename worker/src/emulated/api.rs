@@ -1212,6 +1212,20 @@ impl Emulated {
                     }
                     status
                 }
+                // The driver's and NVML's versions, of the driver series the profile was
+                // recorded on (CUDA 13.0: 580): into `length` bytes, the terminator included.
+                "nvmlSystemGetDriverVersion" | "nvmlSystemGetNVMLVersion" => {
+                    let text: &[u8] =
+                        if name == "nvmlSystemGetDriverVersion" { b"580.95.05\0" } else { b"13.580.95.05\0" };
+                    if a[0] == 0 {
+                        invalid
+                    } else if (a[1] as usize) < text.len() {
+                        insufficient
+                    } else {
+                        std::ptr::copy_nonoverlapping(text.as_ptr(), a[0] as *mut u8, text.len());
+                        SUCCESS
+                    }
+                }
                 "nvmlVgpuTypeGetName" => {
                     const NAME: &[u8] = b"GRID H200-1-18C\0";
                     match room(a[2], NAME.len()) {
