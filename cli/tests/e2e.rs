@@ -1455,7 +1455,8 @@ fn cudnn_questions_learned_by_one_process_ride_with_the_next_ones_first_build() 
     let exe = cudnn_program("cudnn-patterns", CUDNN_HEURISTICS);
     let cache = chidori_tests::scratch("cudnn-patterns-cache");
     let run = || {
-        let (stdout, stderr) = run_learning(&server, &exe, &cache, &[]);
+        // Finalizes answered as before off, whatever round trip a loaded machine measures.
+        let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_LEARNED_CUDNN", "0")]);
         let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
         (stdout, total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr)
     };
@@ -1514,6 +1515,64 @@ fn cudnn_finalizes_learned_answer_later_builds_of_the_same_graph() {
     assert_eq!(runs[1].0, runs[0].0, "{}", runs[1].1);
     assert_eq!(trips(&runs[0].1).as_deref(), Some("2"), "{}", runs[0].1);
     assert_eq!(trips(&runs[1].1).as_deref(), Some("0"), "{}", runs[1].1);
+}
+
+/// A relay to `target` that holds every chunk `delay` before passing it on, each way: a
+/// WAN's round trip on loopback. Its address.
+fn delaying_relay(target: &str, delay: Duration) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let target = target.to_owned();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(&target) else { continue };
+            for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        std::thread::sleep(delay);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    address
+}
+
+/// Issue 19: where the connection's round trip is a WAN's (2 ms or more), cuDNN finalizes
+/// are answered as earlier builds were without being asked to (`CHIDORI_LEARNED_CUDNN`
+/// unset); on loopback, only when asked.
+#[test]
+fn cudnn_finalizes_are_answered_as_before_by_default_on_a_wan() {
+    let server = server();
+    let relay = delaying_relay(&server.address, Duration::from_millis(3));
+    let exe = cudnn_program("cudnn-finalizes-wan", CUDNN_HEURISTICS);
+    let cache = chidori_tests::scratch("cudnn-finalizes-wan-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let run = |address: &str, envs: &[(&str, &str)]| {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["run", "--trace", "-s", address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+        cmd.env("XDG_CACHE_HOME", &cache).env_remove("CHIDORI_LEARNED_CUDNN").envs(envs.iter().copied());
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), total.and_then(|t| t.parse::<u64>().ok()), stderr)
+    };
+    // As with `CHIDORI_LEARNED_CUDNN=1` (cudnn_finalizes_learned_answer_later_builds_of_the_same_graph).
+    let (first, trips, stderr) = run(&relay, &[]);
+    assert_eq!(trips, Some(11), "{stderr}");
+    let (second, trips, stderr) = run(&relay, &[]);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trips, Some(0), "{stderr}");
+    // Turned off, the finalizes wait as within one process (12, with the questions learned: 3).
+    let (off, trips, stderr) = run(&relay, &[("CHIDORI_LEARNED_CUDNN", "0")]);
+    assert_eq!(off, first, "{stderr}");
+    assert_eq!(trips, Some(3), "{stderr}");
 }
 
 const CUDNN_FINALIZE_TWICE: &str = r#"

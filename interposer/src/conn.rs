@@ -46,6 +46,12 @@ pub struct OutTarget {
 /// The outcome of a call: the raw return value, or why there is none.
 pub type Outcome = Result<u64, String>;
 
+/// The round trip from which a connection counts as a WAN, unless the program says
+/// otherwise: large copies go compressed (one core compresses faster than a WAN carries; a
+/// LAN's link may be faster than the compressor) and cuDNN finalizes are answered as before
+/// (each waited one costs a round trip; on loopback following descriptors saves nothing).
+pub const WAN_RTT: Duration = Duration::from_millis(2);
+
 pub struct Slot {
     done: Mutex<Option<Outcome>>,
     ready: Condvar,
@@ -616,6 +622,21 @@ impl Conn {
     pub fn round_trip(&self) -> Option<Duration> {
         let us = self.rtt_us.load(Ordering::Relaxed);
         (us > 0).then(|| Duration::from_micros(us))
+    }
+
+    /// Whether the probe measured a round trip of [`WAN_RTT`] or more (unknown: no).
+    pub fn is_wan(&self) -> bool {
+        self.round_trip().is_some_and(|rtt| rtt >= WAN_RTT)
+    }
+
+    /// [`Conn::is_wan`], waiting up to `limit` for the probe's answer where it has not come
+    /// yet (a decision kept for the whole process, made at a program's first call).
+    pub fn is_wan_waiting(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while self.round_trip().is_none() && Instant::now() < until && self.broken().is_none() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.is_wan()
     }
 
     pub fn next_seq(&self) -> u64 {

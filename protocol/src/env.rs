@@ -109,8 +109,11 @@ pub const LEARNED: &str = "CHIDORI_LEARNED";
 /// carries; a LAN's link may be faster than the compressor).
 pub const COMPRESS: &str = "CHIDORI_COMPRESS";
 
-/// `1` turns on cuDNN finalizes answered from earlier sessions (interposer,
-/// `docs/ahead.md`): off by default until the H200 has run torch's suite with it.
+/// cuDNN finalizes answered as earlier builds of the same graph were (interposer,
+/// `docs/ahead.md`): `1` on, `0` off; unset, on where the connection's measured round trip
+/// is 2 ms or more when the program first uses cuDNN's backend API (a WAN, where each
+/// finalize waited costs a round trip; on loopback following what each descriptor holds is
+/// work that saves nothing).
 pub const LEARNED_CUDNN: &str = "CHIDORI_LEARNED_CUDNN";
 
 /// The emulated backend's answers that depend on the library (cuBLASLt heuristics) change

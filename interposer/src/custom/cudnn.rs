@@ -340,10 +340,18 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
     })
 }
 
-/// Whether finalizes are answered from earlier sessions (`CHIDORI_LEARNED_CUDNN=1`).
+/// Whether finalizes are answered as earlier builds of the same graph were
+/// ([`chidori_protocol::env::LEARNED_CUDNN`]): decided once, at the program's first use of
+/// the backend API (what descriptors hold is followed from their creation on).
 fn finalizes_learned() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var(chidori_protocol::env::LEARNED_CUDNN).is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| match std::env::var(chidori_protocol::env::LEARNED_CUDNN).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        // The probe sent at connection answers within one round trip (a program whose first
+        // call is cuDNN's waits for it here, once).
+        _ => crate::conn::get().is_ok_and(|c| c.is_wan_waiting(std::time::Duration::from_secs(1))),
+    })
 }
 
 /// The key of a finalize's learned answer: this release, what the descriptor holds, and

@@ -160,11 +160,8 @@ fn compressing(conn: &Conn) -> bool {
         Ok("0") => Some(false),
         _ => None,
     });
-    asked.unwrap_or_else(|| conn.round_trip().is_some_and(|rtt| rtt >= COMPRESS_RTT))
+    asked.unwrap_or_else(|| conn.is_wan())
 }
-
-/// The round trip from which copies go compressed unless the program says otherwise.
-const COMPRESS_RTT: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// `bytes` as an input travels compressed: the frame's byte count, then a zstd frame
 /// ([`chidori_protocol::pack::compress`]); None where that does not pay.
