@@ -41,6 +41,10 @@ struct State {
 /// What the client knows of each event.
 pub struct Events {
     state: Mutex<Option<State>>,
+    /// Events the server made for this client and that it has not destroyed: a destroy of
+    /// one cannot be refused (one recorded and not complete is released once it is), so it
+    /// goes without waiting. Kept across what drops the rest, but a context's end.
+    live: Mutex<Option<HashSet<u64>>>,
 }
 
 /// Records counted, for their order on a stream.
@@ -54,7 +58,35 @@ impl Default for Events {
 
 impl Events {
     pub const fn new() -> Self {
-        Events { state: Mutex::new(None) }
+        Events { state: Mutex::new(None), live: Mutex::new(None) }
+    }
+
+    fn with_live<R>(&self, f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
+        let mut guard = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = guard.get_or_insert_with(HashSet::new);
+        if live.len() > MAX_EVENTS {
+            live.clear();
+        }
+        f(live)
+    }
+
+    /// The server made `event` for this client.
+    pub fn created(&self, event: u64) {
+        self.with_live(|l| l.insert(event));
+    }
+
+    /// `event` is destroyed: nothing is known of it any more. Whether it was live (made for
+    /// this client and not destroyed before).
+    pub fn destroyed(&self, event: u64) -> bool {
+        self.unknown(event);
+        self.with_live(|l| l.remove(&event))
+    }
+
+    /// The context's events are gone (a reset, a destroy): their handles may be given out
+    /// again.
+    pub fn context_ended(&self) {
+        self.forget_all();
+        *self.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -130,6 +162,19 @@ impl State {
 mod tests {
     use super::*;
     use crate::ahead::idle::stream;
+
+    #[test]
+    fn events_made_for_the_client_are_live_until_destroyed_or_their_context_ends() {
+        let e = Events::new();
+        assert!(!e.destroyed(5), "never made");
+        e.created(5);
+        e.created(6);
+        e.forget_all();
+        assert!(e.destroyed(5), "a graph launch forgets states, not which events exist");
+        assert!(!e.destroyed(5), "destroyed already");
+        e.context_ended();
+        assert!(!e.destroyed(6), "gone with its context");
+    }
 
     #[test]
     fn an_event_is_complete_once_said_or_drained_by_its_thread_until_recorded_again() {

@@ -28,7 +28,7 @@ use crate::state::CLIENT;
 pub fn forget() {
     CLIENT.ahead.streams.clear();
     CLIENT.ahead.event_pool.clear();
-    CLIENT.ahead.events.forget_all();
+    CLIENT.ahead.events.context_ended();
 }
 
 pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
@@ -50,13 +50,20 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
 pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(chidori_protocol::desc::Form::Call);
     let flags = args.get(1).copied().unwrap_or(0) as u32;
-    if flags & INTERPROCESS != 0 {
+    let out = args.first().copied().unwrap_or(0);
+    let status = if flags & INTERPROCESS != 0 {
         // SAFETY: the caller's arguments.
-        return unsafe { crate::runtime::call(desc, args) };
+        unsafe { crate::runtime::call(desc, args) }
+    } else {
+        let device = crate::state::current_device();
+        // SAFETY: the caller's arguments.
+        u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags)) })
+    };
+    if status == crate::runtime::success(desc) && out != 0 {
+        // SAFETY: the caller's out-pointer, written by the create that succeeded.
+        CLIENT.ahead.events.created(unsafe { std::ptr::read_unaligned(out as *const u64) });
     }
-    let device = crate::state::current_device();
-    // SAFETY: the caller's arguments.
-    u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags)) })
+    status
 }
 
 /// cudaEventInterprocess and CU_EVENT_INTERPROCESS.
