@@ -5076,44 +5076,24 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionReorderType__cu126(
         ) as u32
     }
 }
-///`cudnnGetCudartVersion` for CUDA 11.8, 12.1 (custom).
+///`cudnnGetCudartVersion` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu118() -> usize {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetCudartVersion",
-            version: "12.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu118__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 9i64,
-                unavailable: 1i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::cudnn::get_cudart_version(&CTX)
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu118,
+            &[],
+        ) as usize
     }
 }
-///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu126() -> usize {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetCudartVersion",
-            version: "13.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu126__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 3000i64,
-                unavailable: 1001i64,
-                invalid_handle: 2000i64,
-                invalid_value: 2000i64,
-            },
-        };
-        crate::custom::cudnn::get_cudart_version(&CTX)
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu126,
+            &[],
+        ) as usize
     }
 }
 ///`cudnnGetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
@@ -6988,44 +6968,20 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorTransformDescriptor__cu12
         ) as u32
     }
 }
-///`cudnnGetVersion` for CUDA 11.8, 12.1 (custom).
+///`cudnnGetVersion` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu118() -> usize {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetVersion",
-            version: "12.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnGetVersion__cu118__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 9i64,
-                unavailable: 1i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::cudnn::get_version(&CTX)
+        crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnGetVersion__cu118, &[])
+            as usize
     }
 }
-///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu126() -> usize {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetVersion",
-            version: "13.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnGetVersion__cu126__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 3000i64,
-                unavailable: 1001i64,
-                invalid_handle: 2000i64,
-                invalid_value: 2000i64,
-            },
-        };
-        crate::custom::cudnn::get_version(&CTX)
+        crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnGetVersion__cu126, &[])
+            as usize
     }
 }
 ///`cudnnGraphVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).

@@ -2938,10 +2938,15 @@ pub fn address_arrays(function: &str) -> impl Iterator<Item = (u8, Option<u8>)> 
 /// Functions whose answer depends only on the values passed and does not change
 /// while a process runs (specs' `constant`: versions, properties), sorted.
 pub static CONSTANT: &[&str] = &[
+    "cublasGetCudartVersion",
     "cublasGetProperty",
     "cublasGetVersion",
+    "cublasLtGetCudartVersion",
     "cublasLtGetProperty",
+    "cublasLtGetVersion",
+    "cudnnGetCudartVersion",
     "cudnnGetProperty",
+    "cudnnGetVersion",
     "cufftGetProperty",
     "cufftGetVersion",
     "curandGetProperty",

@@ -1016,52 +1016,6 @@ pub unsafe fn backend_get_attribute(
     get_attribute(forms(ctx), d, (name, ty, requested), count, elements)
 }
 
-/// The library's versions, asked once per process.
-static VERSION: OnceLock<usize> = OnceLock::new();
-static CUDART_VERSION: OnceLock<usize> = OnceLock::new();
-
-fn once(cell: &OnceLock<usize>, desc: &'static CallDesc) -> usize {
-    if let Some(v) = cell.get() {
-        crate::trace::local(desc.name);
-        return *v;
-    }
-    crate::guard::ffi(desc.name, 0, || {
-        let Ok(conn) = crate::conn::get() else { return 0 };
-        // What an earlier process on this server was answered: given now, the call still
-        // sent without waiting and its answer compared when it comes.
-        let key = format!("{}|once", desc.name).into_bytes();
-        let learned = crate::learned::with(&conn, |l| l.get(Space::Constant, &key).and_then(|v| v.try_into().ok()));
-        if let Some(v) = learned.flatten().map(u64::from_le_bytes).filter(|&v| v != 0)
-            // SAFETY: no arguments.
-            && let Some(slot) = unsafe { crate::runtime::send_checked(&conn, desc, &[]) }
-        {
-            crate::learned::check(conn.clone(), desc.name, slot, (), move |outcome, _| match outcome {
-                Ok(got) if *got != v => Some(format!("{got}, not {v}")),
-                _ => None,
-            });
-            let _ = cell.set(v as usize);
-            crate::trace::local(desc.name);
-            return v as usize;
-        }
-        // SAFETY: no arguments.
-        let v = unsafe { crate::runtime::call_on(&conn, desc, &[]) } as usize;
-        // 0 means the server could not be asked; ask again next time.
-        if v != 0 {
-            let _ = cell.set(v);
-            crate::learned::with(&conn, |l| l.learn(Space::Constant, &key, &(v as u64).to_le_bytes()));
-        }
-        v
-    })
-}
-
-pub unsafe fn get_version(ctx: &Ctx) -> usize {
-    once(&VERSION, ctx.form(Form::Call))
-}
-
-pub unsafe fn get_cudart_version(ctx: &Ctx) -> usize {
-    once(&CUDART_VERSION, ctx.form(Form::Call))
-}
-
 pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) -> u32 {
     let (desc, bad_param) = (ctx.form(Form::Call), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnSetStream", bad_param, || {

@@ -361,19 +361,29 @@ fn decode_constant(mut bytes: &[u8]) -> Option<(u64, Vec<Vec<u8>>)> {
     Some((ret, outs))
 }
 
-/// A constant an earlier process on this server was given (`Space::Constant`): given now;
-/// the call still goes, without waiting, into buffers of the client's own, and its answer is
-/// compared when it comes (another one ends the session: `crate::learned`). None: not
-/// learned, or learned for outputs of other sizes.
+/// Whether `ret` is the library's answer (a success, or a value: 0 is what a call answers
+/// without a server), to keep for a constant.
+fn answered(desc: &CallDesc, ret: u64) -> bool {
+    match desc.ret {
+        Ret::Status => ret == success(desc),
+        Ret::Val { .. } => ret != unavailable(desc),
+        Ret::Void => true,
+    }
+}
+
+/// A constant an earlier process on this server was given (`Space::Constant`): its answer
+/// and outputs, now the process's too; the call still goes, without waiting, into buffers
+/// of the client's own, and its answer is compared when it comes (another one ends the
+/// session: `crate::learned`). None: not learned, or learned for outputs of other sizes.
 ///
 /// # Safety
-/// `outs` are the caller's outputs of this call, valid for their lengths.
+/// `args` are the caller's arguments of this call, `outs` its outputs.
 unsafe fn learned_constant(
     desc: &'static CallDesc,
     args: &[u64],
     key: &crate::state::ConstantKey,
     outs: &[OutTarget],
-) -> Option<u64> {
+) -> Option<(u64, Vec<Vec<u8>>)> {
     let conn = conn::get().ok()?;
     let lkey = learned_constant_key(desc, key);
     let kept = crate::learned::with(&conn, |l| l.get(Space::Constant, &lkey).map(<[u8]>::to_vec))??;
@@ -396,21 +406,16 @@ unsafe fn learned_constant(
     // SAFETY: the caller's values and our buffers of the outputs' lengths, kept by the
     // check until the reply has landed.
     let slot = unsafe { send_checked(&conn, desc, &own_args) }?;
-    for (t, bytes) in outs.iter().zip(&learned) {
-        if t.ptr != 0 {
-            // SAFETY: the caller's output of `t.len` bytes (checked above: `bytes` is as long).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.ptr as *mut u8, t.len) };
-        }
-    }
     crate::state::CLIENT.ahead.constants.learn(key.clone(), (ret, learned.clone()));
-    crate::learned::check(conn.clone(), desc.name, slot, (own, ret, learned), |outcome, (own, ret, learned)| {
+    let expected = learned.clone();
+    crate::learned::check(conn.clone(), desc.name, slot, (own, ret, expected), |outcome, (own, ret, expected)| {
         match outcome {
-            Ok(r) if r != ret => Some(format!("status {r}, not {ret}")),
-            Ok(_) if own != learned => Some("another value".to_owned()),
+            Ok(r) if r != ret => Some(format!("answer {r}, not {ret}")),
+            Ok(_) if own != expected => Some("another value".to_owned()),
             _ => None,
         }
     });
-    Some(ret)
+    Some((ret, learned))
 }
 
 /// Send a call on `conn` and, unless it is async, wait for its reply.
@@ -427,10 +432,14 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(conn, desc, args) };
-    // A version or property asked before: the same answer.
+    // A version or property asked before in this process, or by an earlier one on this
+    // server: the same answer.
     let constant = constant_key(desc, args);
     if let Some(key) = &constant
-        && let Some((ret, outs)) = crate::state::CLIENT.ahead.constants.get(key)
+        && let Some((ret, outs)) = crate::state::CLIENT.ahead.constants.get(key).or_else(|| {
+            // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
+            unsafe { learned_constant(desc, args, key, &prepared.outs) }
+        })
     {
         for (target, bytes) in prepared.outs.iter().zip(&outs) {
             if target.ptr != 0 && bytes.len() == target.len {
@@ -439,14 +448,6 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.ptr as *mut u8, bytes.len()) };
             }
         }
-        crate::trace::local(desc.name);
-        return ret;
-    }
-    // One an earlier process on this server was given.
-    if let Some(key) = &constant
-        // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
-        && let Some(ret) = unsafe { learned_constant(desc, args, key, &prepared.outs) }
-    {
         crate::trace::local(desc.name);
         return ret;
     }
@@ -485,7 +486,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Err(_) => return unavailable(desc),
     };
     if let Some(key) = constant
-        && ret == success(desc)
+        && answered(desc, ret)
     {
         let outs: Vec<Vec<u8>> = prepared
             .outs
