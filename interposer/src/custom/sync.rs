@@ -229,16 +229,13 @@ fn event(ctx: &Ctx, desc: &'static CallDesc, args: &[u64]) -> u64 {
             }
             _ => CLIENT.ahead.events.unknown(event),
         },
-        Some(EventRole::Destroy) => {
-            let complete = event != 0 && CLIENT.ahead.events.is_complete(event);
-            let live = event != 0 && CLIENT.ahead.events.destroyed(event);
-            if complete || live {
-                // An event the server made for this client (or said complete) is one of
-                // the session's: its destroy is not refused, and goes without waiting
-                // (torch destroys each Python event object's event as it goes).
-                // SAFETY: handles by value only.
-                return unsafe { crate::runtime::call(ctx.form(Form::Async), args) };
-            }
+        // An event the server made for this client (every one it knows complete among
+        // them) is one of the session's: its destroy is not refused, and goes without
+        // waiting (torch destroys each Python event object's event as it goes). Whatever the
+        // answer, nothing is known of the handle after its destroy.
+        Some(EventRole::Destroy) if event != 0 && CLIENT.ahead.events.destroyed(event) => {
+            // SAFETY: handles by value only.
+            return unsafe { crate::runtime::call(ctx.form(Form::Async), args) };
         }
         _ => {}
     }
