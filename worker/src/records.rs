@@ -244,6 +244,30 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
     Ok(spans)
 }
 
+/// Rename the memory the records in `bytes` name (records of type `record` back to back, each
+/// in the layout of CUDA `version`): `place` is given each span and says where its first
+/// byte is to be named instead (`Ok(None)`: where it is); the pointer field then names that
+/// place, the span's offset from the field kept. Err: a record is malformed or names an
+/// impossible span, or `place` refused a span (its reason).
+pub fn rename_spans(
+    record: &str,
+    version: &str,
+    bytes: &mut [u8],
+    mut place: impl FnMut(&Span) -> Result<Option<u64>, String>,
+) -> Result<(), String> {
+    let size = structs::get(version, record).map_or(bytes.len(), |m| m.size as usize).max(1);
+    for one in bytes.chunks_mut(size) {
+        for span in device_spans(record, version, one)? {
+            if let Some(at) = place(&span)?
+                && let Some(field) = one.get_mut(span.field..span.field + 8)
+            {
+                field.copy_from_slice(&at.wrapping_sub(span.start - span.base).to_le_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +358,24 @@ mod tests {
                 assert_eq!(offset(&v, "dataType"), Some(MEM_OP_REDUCTION_DATA_TYPE), "{version}");
             }
         }
+    }
+
+    /// Each record of an array is renamed where `place` says, the offset from its pointer
+    /// field kept; a refusal is the whole array's.
+    #[test]
+    fn spans_of_every_record_are_renamed_where_placed() {
+        const R: &str = "CUstreamBatchMemOpParams_union";
+        let mut ops = vec![0u8; 96];
+        for (i, address) in [(0usize, 0x40_0000u64), (48, 0x50_0004)] {
+            ops[i..i + 4].copy_from_slice(&2u32.to_le_bytes());
+            put(&mut ops, i + 8, address);
+        }
+        let moved = |s: &Span| Ok((s.start >= 0x50_0000).then(|| 0x90_0000 + (s.start - 0x50_0000)));
+        rename_spans(R, "13.0", &mut ops, moved).unwrap();
+        assert_eq!(plain(device_spans(R, "13.0", &ops[..48])), [(0x40_0000, 4)], "left where it was");
+        assert_eq!(plain(device_spans(R, "13.0", &ops[48..])), [(0x90_0004, 4)], "named where placed");
+        let refused = rename_spans(R, "13.0", &mut ops, |s| Err(format!("{:#x}", s.start)));
+        assert_eq!(refused, Err("0x400000".to_owned()));
     }
 
     #[test]

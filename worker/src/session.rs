@@ -963,18 +963,10 @@ fn untranslate_records(session: &Session, desc: &CallDesc, checks: &CallChecks, 
         else {
             continue;
         };
-        let size = structs::get(&version, record).map_or(b.bytes().len(), |m| m.size as usize).max(1);
         let mirrors = lock(&session.mirrors);
-        for one in b.bytes_mut().chunks_mut(size) {
-            let Ok(spans) = crate::records::device_spans(record, &version, one) else { continue };
-            for span in spans {
-                if let Some(client) = mirrors.untranslate(span.start)
-                    && let Some(field) = one.get_mut(span.field..span.field + 8)
-                {
-                    field.copy_from_slice(&client.wrapping_sub(span.start - span.base).to_le_bytes());
-                }
-            }
-        }
+        // A record the library wrote that names no span this server can read is left as it is.
+        let _ =
+            crate::records::rename_spans(record, &version, b.bytes_mut(), |span| Ok(mirrors.untranslate(span.start)));
     }
 }
 
@@ -1296,28 +1288,16 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
         let Some(b) = buffers[i].as_mut() else { continue };
         let Some(version) = session.backend.layout_version(desc.library) else { continue };
-        // Every record of an array (each in the server's layout).
-        let size = structs::get(&version, record).map_or(b.bytes().len(), |m| m.size as usize).max(1);
-        for one in b.bytes_mut().chunks_mut(size) {
-            let spans = match crate::records::device_spans(record, &version, one) {
-                Ok(spans) => spans,
-                Err(why) => return invalid(format!("argument {i}: {why}")),
-            };
-            for span in spans {
-                let Some(at) = device_at(session, span.start, span.len) else {
-                    let (addr, len) = (span.start, span.len);
-                    return invalid(format!(
-                        "argument {i}: {addr:#x} ({len} bytes) in {record} is not device memory of this session"
-                    ));
-                };
-                // Memory the session has elsewhere (a stand-in): the pointer field names it
-                // there, the span's offset from it kept.
-                if at != span.start
-                    && let Some(field) = one.get_mut(span.field..span.field + 8)
-                {
-                    field.copy_from_slice(&at.wrapping_sub(span.start - span.base).to_le_bytes());
-                }
-            }
+        // Every record of an array (each in the server's layout); memory the session has
+        // elsewhere (a stand-in) is named there.
+        let checked = crate::records::rename_spans(record, &version, b.bytes_mut(), |span| {
+            let (addr, len) = (span.start, span.len);
+            let at = device_at(session, addr, len)
+                .ok_or_else(|| format!("{addr:#x} ({len} bytes) in {record} is not device memory of this session"))?;
+            Ok((at != addr).then_some(at))
+        });
+        if let Err(why) = checked {
+            return invalid(format!("argument {i}: {why}"));
         }
     }
 
