@@ -1658,9 +1658,11 @@ fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
     let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(stdout.trim(), "wrong=0", "{stderr}");
     let row = |f: &str| trace_row(&stderr, f);
-    // 32 addresses asked 100 times each: the server answers the first of each run, and the
-    // one after the create and destroy sent in between (33).
-    assert_eq!(row("cudnnGetRNNWeightParams"), ["3200", "33"], "{stderr}");
+    // 32 addresses asked 100 times each: the server answers the first of each layer and
+    // linear layer (16). A repeat with nothing sent since is the client's; so is the same
+    // question with the two descriptors swapped, and the one after the create and destroy
+    // sent in between: what the RNN descriptor says has not changed.
+    assert_eq!(row("cudnnGetRNNWeightParams"), ["3200", "16"], "{stderr}");
     // The dimensions of each filled descriptor came in the round trip of its fill; the
     // program's own descriptor is described by the server.
     assert_eq!(row("cudnnGetTensorNdDescriptor"), ["33", "1"], "{stderr}");
@@ -1669,6 +1671,107 @@ fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
     assert_eq!(row("cudnnSetTensorNdDescriptor"), ["1", "0"], "{stderr}");
     assert_eq!(row("cudnnDestroyTensorDescriptor"), ["65", "0"], "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
+/// torch makes a new RNN descriptor for each forward and backward and asks every matrix and
+/// bias of every layer with its shape: each pass here does the same, twice with a hidden
+/// size of 32, then once with 64.
+const CUDNN_RNN_PASSES: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cudnnCreate(h_t *h);
+int cudnnCreateRNNDescriptor(h_t *d);
+int cudnnDestroyRNNDescriptor(h_t d);
+int cudnnCreateDropoutDescriptor(h_t *d);
+int cudnnSetDropoutDescriptor(h_t d, h_t handle, float dropout, void *states, unsigned long size,
+                              unsigned long long seed);
+int cudnnSetRNNDescriptor_v8(h_t d, int algo, int cellMode, int biasMode, int dirMode, int inputMode,
+                             int dataType, int mathPrec, int mathType, int inputSize, int hiddenSize,
+                             int projSize, int numLayers, h_t dropoutDesc, unsigned auxFlags);
+int cudnnCreateTensorDescriptor(h_t *d);
+int cudnnDestroyTensorDescriptor(h_t d);
+int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
+                            h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
+int cudnnGetTensorNdDescriptor(h_t d, int requested, int *dataType, int *nbDims, int *dims, int *strides);
+int cudaMalloc(void **p, unsigned long size);
+#define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return -1; } } while (0)
+static long pass(h_t handle, h_t dropout, int hidden, char *space, unsigned long size) {
+  h_t rnn, mat, bias;
+  long sum = 0;
+  C(cudnnCreateRNNDescriptor(&rnn));
+  C(cudnnSetRNNDescriptor_v8(rnn, 0, 2, 3, 0, 0, 0, 0, 0, 16, hidden, hidden, 2, dropout, 0));
+  C(cudnnCreateTensorDescriptor(&mat));
+  C(cudnnCreateTensorDescriptor(&bias));
+  for (int layer = 0; layer < 2; layer++)
+    for (int lin = 0; lin < 8; lin++) {
+      void *m = 0, *b = 0;
+      int type, nb, dims[3], strides[3];
+      C(cudnnGetRNNWeightParams(handle, rnn, layer, size, space, lin, mat, &m, bias, &b));
+      C(cudnnGetTensorNdDescriptor(mat, 3, &type, &nb, dims, strides));
+      sum += ((char *)m - space) * 3 + dims[1] * 7 + strides[0] + nb;
+      C(cudnnGetTensorNdDescriptor(bias, 3, &type, &nb, dims, strides));
+      sum += ((char *)b - space) * 5 + dims[1] * 11 + strides[0];
+    }
+  C(cudnnDestroyTensorDescriptor(mat));
+  C(cudnnDestroyTensorDescriptor(bias));
+  C(cudnnDestroyRNNDescriptor(rnn));
+  return sum;
+}
+int main(void) {
+  h_t handle, dropout;
+  char *space;
+  unsigned long size = 4ul << 20;
+  if (cudaMalloc((void **)&space, size)) return 9;
+  if (cudnnCreate(&handle) || cudnnCreateDropoutDescriptor(&dropout)) return 10;
+  /* No dropout: torch's descriptor, without states. */
+  if (cudnnSetDropoutDescriptor(dropout, handle, 0.0f, 0, 0, 0)) return 11;
+  long a = pass(handle, dropout, 32, space, size);
+  long b = pass(handle, dropout, 32, space, size);
+  long c = pass(handle, dropout, 64, space, size);
+  printf("%ld %ld %ld\n", a, b, c);
+  return 0;
+}
+"#;
+
+/// Issue 19: an RNN's matrices and biases asked about a new descriptor set like an earlier
+/// one are answered by the client (the call still made, its answer checked), in the same
+/// process and in a later one; a descriptor set otherwise is asked; a server that answers
+/// otherwise ends the session naming the call.
+#[test]
+fn rnn_weights_of_descriptors_set_alike_are_answered_by_the_client() {
+    let server = server();
+    let exe = cudnn_program("cudnn-rnn-passes", CUDNN_RNN_PASSES);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    let sums: Vec<i64> = stdout.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    assert_eq!(sums.len(), 3, "{stdout}{stderr}");
+    assert_eq!(sums[0], sums[1], "a descriptor set alike, the same answers: {stdout}");
+    assert_ne!(sums[0], sums[2], "another hidden size, other answers: {stdout}");
+    let row = |stderr: &str, f: &str| trace_row(stderr, f);
+    // The first and the third pass ask the server (16 each, the shapes in the same round
+    // trips); the second is answered by the client.
+    assert_eq!(row(&stderr, "cudnnGetRNNWeightParams"), ["48", "32"], "{stderr}");
+    assert_eq!(row(&stderr, "cudnnGetTensorNdDescriptor"), ["96", "0"], "{stderr}");
+
+    // A later process asks none of them, and the server's answers agree.
+    let cache = chidori_tests::scratch("cudnn-rnn-passes-cache");
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first, stdout, "{stderr}");
+    assert_eq!(row(&stderr, "cudnnGetRNNWeightParams")[1], "32", "{stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, stdout, "{stderr}");
+    assert_eq!(row(&stderr, "cudnnGetRNNWeightParams")[1], "0", "{stderr}");
+    assert_eq!(row(&stderr, "cudnnGetTensorNdDescriptor")[1], "0", "{stderr}");
+    assert!(!stderr.contains("answered differently") && !stderr.contains("WARN"), "{stderr}");
+    drop(server);
+
+    // A server whose library places the biases otherwise (same GPU, same versions).
+    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
+        .expect("starting an emulated server");
+    let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
+    assert!(
+        stderr.contains("cudnnGetRNNWeightParams: the server answered differently (other addresses)"),
+        "a different answer ends the session, naming the call: {stderr}"
+    );
 }
 
 /// A fill made ahead answers only the same call into fresh descriptors: a configuration the

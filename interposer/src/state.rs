@@ -140,7 +140,9 @@ pub struct Ahead {
     pub rnn_weight_params: Answers<[u64; 9], (u64, u64)>,
     /// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
     /// asked in its round trip, trusted while the connection has sent nothing since.
-    pub rnn_filled_tensors: Answers<u64, crate::custom::cudnn::TensorNd>,
+    pub rnn_filled_tensors: Answers<u64, crate::ahead::rnn::TensorNd>,
+    /// `cudnnGetRNNWeightParams` answers by what the RNN descriptor says (`crate::ahead::rnn`).
+    pub rnn_weights: Answers<crate::ahead::rnn::Question, crate::ahead::rnn::Weights>,
 }
 
 pub static CLIENT: Client = Client {
@@ -185,6 +187,7 @@ pub static CLIENT: Client = Client {
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),
         rnn_filled_tensors: Answers::new(2),
+        rnn_weights: Answers::new(4096),
     },
 };
 

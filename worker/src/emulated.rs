@@ -79,6 +79,8 @@ struct State {
     peers: HashSet<i32>,
     /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.
     tensors: HashMap<u64, (u32, Vec<i32>, Vec<i32>)>,
+    /// The hidden size each RNN descriptor was set with (32 where none was).
+    rnn_hidden: HashMap<u64, u64>,
     /// The variables of each loaded library's images (name, initial bytes), and those
     /// asked for, by (library, name): their memory is an allocation.
     variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
@@ -829,6 +831,7 @@ impl Backend for Emulated {
                 {
                     let mut s = self.state();
                     s.tensors.remove(&a[0]);
+                    s.rnn_hidden.remove(&a[0]);
                     if s.legacy.remove(&a[0]) { SUCCESS } else { 2000 }
                 }
                 // An RNN data descriptor: a live one, positive sizes (the padding value may
@@ -837,8 +840,27 @@ impl Backend for Emulated {
                     let sizes = [a[3], a[4], a[5]].iter().all(|&v| (1..=i32::MAX as u64).contains(&(v & 0xffff_ffff)));
                     if self.state().legacy.contains(&a[0]) && sizes { SUCCESS } else { 2000 }
                 }
-                // A matrix is 32 x 32 floats, a bias 64 floats; the descriptors passed are
-                // filled with their dimensions.
+                // An RNN descriptor's settings: only its hidden size (a[10], 1 to 1024) is kept.
+                ("cudnn", "cudnnSetRNNDescriptor_v8") => {
+                    let hidden = a[10] & 0xffff_ffff;
+                    let mut s = self.state();
+                    if !s.legacy.contains(&a[0]) || !(1..=1024).contains(&hidden) {
+                        return Ok(2000);
+                    }
+                    s.rnn_hidden.insert(a[0], hidden);
+                    SUCCESS
+                }
+                ("cudnn", "cudnnSetDropoutDescriptor") => {
+                    if self.state().legacy.contains(&a[0]) {
+                        SUCCESS
+                    } else {
+                        2000
+                    }
+                }
+                // For a hidden size h (32 where unset): a matrix is h x h floats, a bias 2h
+                // floats, each layer 8 of each (matrices first); the descriptors passed are
+                // filled with their dimensions. Another salt, another library: the biases
+                // start one float later.
                 ("cudnn", "cudnnGetRNNWeightParams") => {
                     let (layer, lin) = (a[2] as i32, a[5] as i32);
                     // As cuDNN: an address asked without its descriptor is a bad parameter.
@@ -846,19 +868,24 @@ impl Backend for Emulated {
                     if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 || unpaired {
                         return Ok(2000);
                     }
-                    let base = a[4] + layer as u64 * (8 * 4096 + 8 * 256);
                     let mut s = self.state();
+                    let h = s.rnn_hidden.get(&a[1]).copied().unwrap_or(32);
+                    let (matrix, bias) = (4 * h * h, 8 * h);
+                    let salt =
+                        std::env::var(chidori_protocol::env::EMULATED_SALT).map_or(0, |v| u64::from(!v.is_empty()));
+                    let base = a[4] + layer as u64 * 8 * (matrix + bias);
+                    let (hi, h2) = (h as i32, 2 * h as i32);
                     if a[6] != 0 {
-                        s.tensors.insert(a[6], (0, vec![1, 32, 32], vec![1024, 32, 1]));
+                        s.tensors.insert(a[6], (0, vec![1, hi, hi], vec![hi * hi, hi, 1]));
                     }
                     if a[8] != 0 {
-                        s.tensors.insert(a[8], (0, vec![1, 64, 1], vec![64, 1, 1]));
+                        s.tensors.insert(a[8], (0, vec![1, h2, 1], vec![h2, 1, 1]));
                     }
                     if a[7] != 0 {
-                        put_u64(a[7], base + lin as u64 * 4096);
+                        put_u64(a[7], base + lin as u64 * matrix);
                     }
                     if a[9] != 0 {
-                        put_u64(a[9], base + 8 * 4096 + lin as u64 * 256);
+                        put_u64(a[9], base + 8 * matrix + lin as u64 * bias + 4 * salt);
                     }
                     SUCCESS
                 }

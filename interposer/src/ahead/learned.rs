@@ -40,6 +40,10 @@ pub enum Space {
     /// A version or property (the specs' `constant`): the status and the outputs, by the
     /// call and its values (`crate::runtime::learned_constant`).
     Constant = 6,
+    /// Where `cudnnGetRNNWeightParams` finds a matrix and a bias: offsets into the weight
+    /// space and the descriptors' shapes, by the RNN descriptor's fingerprint and the
+    /// question (`crate::ahead::rnn`).
+    RnnWeights = 7,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

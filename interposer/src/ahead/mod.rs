@@ -16,12 +16,15 @@
 //!   them, nothing sent since): their synchronizes return at once.
 //! * [`events`]: events known complete (a query said so, or a synchronize drained the
 //!   stream they were recorded on): their queries return at once.
+//! * [`rnn`]: where an RNN's matrices and biases lie in its weight space, by what its
+//!   descriptor says.
 
 pub mod capture;
 pub mod cudnn;
 pub mod events;
 pub mod idle;
 pub mod learned;
+pub mod rnn;
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;

@@ -27,6 +27,7 @@ use crate::ahead::cudnn::{
     Answer, FillQuery, Finalized, PLAN_MAX, Plan, Query, Replay, Rider, Twin, UNWRITTEN, filled_by, slot,
 };
 use crate::ahead::learned::Space;
+use crate::ahead::rnn::{DIM_MAX, Question, TensorNd, Weights};
 use crate::state::CLIENT;
 
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
@@ -1060,17 +1061,6 @@ pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
     })
 }
 
-/// A tensor descriptor as `cudnnGetTensorNdDescriptor` reported it (all its dimensions).
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct TensorNd {
-    data_type: u32,
-    dims: Vec<i32>,
-    strides: Vec<i32>,
-}
-
-/// CUDNN_DIM_MAX: no tensor descriptor has more dimensions.
-const DIM_MAX: usize = 8;
-
 /// torch's `get_parameters` asks each matrix's and bias's address 100 times in a row, with
 /// the same descriptors (a loop around a cuDNN defect): 6,400 round trips for a two-layer
 /// LSTM's forward and backward. A call identical to the last one the server answered, with
@@ -1078,6 +1068,11 @@ const DIM_MAX: usize = 8;
 /// hold what it wrote, so the addresses are answered here. Anything sent in between (by any
 /// thread) sends the next call to the server. A forwarded call also asks, in its round trip,
 /// the dimensions of the two descriptors it fills: torch reads them right after.
+///
+/// torch makes a new RNN descriptor for each forward and backward: a question answered
+/// before about a descriptor set alike (in this process, or in an earlier one on this
+/// server, `crate::ahead::rnn`) is answered here, and the call and its questions are sent
+/// without waiting, their answers checked when they come.
 ///
 /// `args`: handle, rnnDesc, pseudoLayer, weightSpaceSize, weightSpace, linLayerID, mDesc,
 /// mAddr, bDesc, bAddr (the last two of each triple: the caller's `void **` or null).
@@ -1100,6 +1095,12 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
                 }
             }
             return 0;
+        }
+        let question = question(&args);
+        if let Some(q) = question
+            && let Some(status) = answer_known(&conn, (desc, nd), &args, key, q)
+        {
+            return status;
         }
         // The descriptors it fills (mDesc, bDesc), each asked for all its dimensions.
         let targets: Vec<u64> = [args[6], args[8]].into_iter().filter(|&d| d != 0).collect();
@@ -1139,7 +1140,9 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         if alone {
             // SAFETY: written by the reply where non-null.
             let read = |p: u64| if p == 0 { 0 } else { unsafe { std::ptr::read_unaligned(p as *const u64) } };
-            CLIENT.ahead.rnn_weight_params.learn_at(key, (read(m_addr), read(b_addr)), sent);
+            let (m, b) = (read(m_addr), read(b_addr));
+            CLIENT.ahead.rnn_weight_params.learn_at(key, (m, b), sent);
+            let mut filled = [None, None];
             for (i, &t) in targets.iter().enumerate() {
                 let n = counts[i];
                 if statuses[i + 1] == 0 && (0..=DIM_MAX as i32).contains(&n) {
@@ -1149,12 +1152,151 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
                         dims: dims[i][..n].to_vec(),
                         strides: strides[i][..n].to_vec(),
                     };
-                    CLIENT.ahead.rnn_filled_tensors.learn_at(t, nd, sent);
+                    CLIENT.ahead.rnn_filled_tensors.learn_at(t, nd.clone(), sent);
+                    filled[usize::from(t != args[6])] = Some(nd);
+                }
+            }
+            if let Some(q) = question {
+                let space = args[4];
+                let [matrix_nd, bias_nd] = filled;
+                let weights = Weights {
+                    matrix: crate::ahead::rnn::offset(m, space),
+                    bias: crate::ahead::rnn::offset(b, space),
+                    matrix_nd,
+                    bias_nd,
+                };
+                if weights.complete_for(q.passed) {
+                    crate::learned::with(&conn, |l| l.learn(crate::ahead::rnn::SPACE, &q.stored(), &weights.encode()));
+                    CLIENT.ahead.rnn_weights.learn(q, weights);
                 }
             }
         }
         status
     })
+}
+
+/// The question a `cudnnGetRNNWeightParams` call asks, where its RNN descriptor says what
+/// was set on it and the weight space is named (`args` as [`weight_params`]).
+fn question(args: &[u64; 10]) -> Option<Question> {
+    let rnn = crate::runtime::cudnn_sizes::fingerprint(args[1]).filter(|_| args[1] != 0 && args[4] != 0)?;
+    let passed =
+        [args[6], args[7], args[8], args[9]].iter().enumerate().fold(0u8, |bits, (i, &a)| bits | u8::from(a != 0) << i);
+    // A matrix descriptor shared with the bias would be filled twice: the server's to say.
+    if args[6] != 0 && args[6] == args[8] {
+        return None;
+    }
+    Some(Question { rnn, layer: args[2] as u32 as i32, space_size: args[3], lin: args[5] as u32 as i32, passed })
+}
+
+/// Where the server writes what the checked call and its questions answer.
+#[derive(Default)]
+struct Checked {
+    addrs: [u64; 2],
+    types: [u32; 2],
+    counts: [i32; 2],
+    dims: [[i32; DIM_MAX]; 2],
+    strides: [[i32; DIM_MAX]; 2],
+}
+
+/// `cudnnGetRNNWeightParams` answered from what was learned about descriptors set alike
+/// (`q`): the addresses written, the descriptors' shapes kept for the questions that
+/// follow; the call (which fills the server's descriptors as natively) and questions of
+/// those shapes sent without waiting, their answers compared when they come. None where
+/// nothing complete was learned (or it could not be sent).
+fn answer_known(
+    conn: &Arc<crate::conn::Conn>,
+    (desc, nd): (&'static CallDesc, &'static CallDesc),
+    args: &[u64; 10],
+    key: [u64; 9],
+    q: Question,
+) -> Option<u32> {
+    let (weights, from_store) = match CLIENT.ahead.rnn_weights.get(&q) {
+        Some(w) => (w, false),
+        None => (
+            crate::learned::with(conn, |l| l.get(crate::ahead::rnn::SPACE, &q.stored()).and_then(Weights::decode))??,
+            true,
+        ),
+    };
+    if !weights.complete_for(q.passed) {
+        return None;
+    }
+    let space = args[4];
+    let mut checked = Box::<Checked>::default();
+    let mut call = *args;
+    for (i, at) in [7, 9].into_iter().enumerate() {
+        if call[at] != 0 {
+            call[at] = &mut checked.addrs[i] as *mut u64 as u64;
+        }
+    }
+    // SAFETY: the caller's arguments but its two outputs, which are `checked`'s words; the
+    // checking thread keeps `checked` until every reply has landed.
+    let main = unsafe { crate::runtime::send_checked(conn, desc, &call) }?;
+    crate::runtime::cudnn_sizes::forget_passed(desc, args);
+    let mut slots = vec![main];
+    let targets: Vec<(usize, u64)> = [args[6], args[8]].into_iter().enumerate().filter(|&(_, t)| t != 0).collect();
+    for &(i, t) in &targets {
+        let ask = [
+            t,
+            DIM_MAX as u64,
+            &mut checked.types[i] as *mut u32 as u64,
+            &mut checked.counts[i] as *mut i32 as u64,
+            checked.dims[i].as_mut_ptr() as u64,
+            checked.strides[i].as_mut_ptr() as u64,
+        ];
+        // SAFETY: the question's outputs are `checked`'s arrays, kept as above.
+        let Some(slot) = (unsafe { crate::runtime::send_checked(conn, nd, &ask) }) else {
+            // The connection failed after the call went: its buffers stay until the call's
+            // reply or the session's end, and the program learns the session ended.
+            crate::learned::check_all(conn.clone(), desc.name, slots, checked, |_, _| None);
+            return Some(crate::runtime::unavailable(desc) as u32);
+        };
+        slots.push(slot);
+    }
+    let sent = conn.sent_so_far();
+    let (m, b) = (crate::ahead::rnn::address(weights.matrix, space), crate::ahead::rnn::address(weights.bias, space));
+    for (out, value) in [(args[7], m), (args[9], b)] {
+        if out != 0 {
+            // SAFETY: the caller's void** output, non-null.
+            unsafe { std::ptr::write_unaligned(out as *mut u64, value) };
+        }
+    }
+    CLIENT.ahead.rnn_weight_params.clear();
+    CLIENT.ahead.rnn_filled_tensors.clear();
+    CLIENT.ahead.rnn_weight_params.learn_at(key, (m, b), sent);
+    for (t, shape) in [(args[6], &weights.matrix_nd), (args[8], &weights.bias_nd)] {
+        if let (true, Some(shape)) = (t != 0, shape) {
+            CLIENT.ahead.rnn_filled_tensors.learn_at(t, shape.clone(), sent);
+        }
+    }
+    if from_store {
+        CLIENT.ahead.rnn_weights.learn(q, weights.clone());
+    }
+    let args = *args;
+    crate::learned::check_all(conn.clone(), desc.name, slots, checked, move |outcomes, c| {
+        let statuses: Vec<u64> = outcomes.iter().map(|o| *o.as_ref().unwrap_or(&u64::MAX)).collect();
+        if statuses.iter().any(|&s| s != 0) {
+            return Some(format!("statuses {statuses:?}, not all success"));
+        }
+        let got = |i: usize, at: usize| (args[at] != 0).then(|| crate::ahead::rnn::offset(c.addrs[i], space)).flatten();
+        if got(0, 7) != weights.matrix.filter(|_| args[7] != 0) || got(1, 9) != weights.bias.filter(|_| args[9] != 0) {
+            return Some("other addresses".to_owned());
+        }
+        for &(i, _) in &targets {
+            let n = c.counts[i];
+            let shape = (0..=DIM_MAX as i32).contains(&n).then(|| TensorNd {
+                data_type: c.types[i],
+                dims: c.dims[i][..n as usize].to_vec(),
+                strides: c.strides[i][..n as usize].to_vec(),
+            });
+            let want = if i == 0 { &weights.matrix_nd } else { &weights.bias_nd };
+            if shape.as_ref() != want.as_ref() {
+                return Some("another shape".to_owned());
+            }
+        }
+        None
+    });
+    crate::trace::local("cudnnGetRNNWeightParams");
+    Some(0)
 }
 
 /// `cudnnGetTensorNdDescriptor`: answered by the client for a descriptor the last forwarded

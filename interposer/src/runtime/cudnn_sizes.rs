@@ -83,6 +83,9 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, skip: Option<usiz
                 Some(Some(fingerprint)) => fingerprint.hash(&mut h),
                 Some(None) => return None,
             },
+            // A device address by its value (a dropout descriptor's states: NULL without
+            // dropout, the same in every process).
+            Wire::Device => a.hash(&mut h),
             Wire::Buf { dir: Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
             Wire::Buf { dir: Dir::In, .. } => prepared.call.lens.get(i).hash(&mut h),
             // A handle of another kind, a scalar, a string: not a question this answers.
@@ -178,13 +181,18 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
 }
 
 /// A cuDNN call sent by a path that does not ask [`before`] (several calls in one round
-/// trip): the descriptors it passes may change, so their fingerprints go.
+/// trip): the descriptors it passes may change, so their fingerprints go. A `cudnnGet…`
+/// function reads the first descriptor it passes (the one it asks about) and changes at
+/// most the others (`cudnnGetRNNWeightParams` fills the two it is given for a matrix and a
+/// bias; the RNN descriptor stays as set).
 pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
+    let reads_first = desc.name.starts_with("cudnnGet");
     let mut passed = desc
         .params
         .iter()
         .zip(args)
         .filter(|(wire, a)| matches!(wire, Wire::Handle { kind: k, .. } if legacy(*k)) && **a != 0)
+        .skip(usize::from(reads_first))
         .peekable();
     // Most cuDNN calls (the graph API's) pass none: no lock for them.
     if passed.peek().is_none() {
@@ -194,6 +202,19 @@ pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
     let map = prints.get_or_insert_with(HashMap::new);
     for (_, a) in passed {
         map.insert(*a, None);
+    }
+}
+
+/// What the legacy descriptor `handle` says: the fingerprint of the Sets made on it since it
+/// was created (1 for none; 0 for NULL), or None where a call may have changed it in a way
+/// the client does not know.
+pub fn fingerprint(handle: u64) -> Option<u64> {
+    if handle == 0 {
+        return Some(0);
+    }
+    match fingerprints().as_ref().and_then(|m| m.get(&handle).copied()) {
+        None => Some(1),
+        Some(known) => known,
     }
 }
 
