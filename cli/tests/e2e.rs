@@ -1774,6 +1774,76 @@ fn rnn_weights_of_descriptors_set_alike_are_answered_by_the_client() {
     );
 }
 
+/// torch creates a cuFFT plan for each new transform shape and makes it, waiting for its
+/// work size; here five plans, of three kinds (two shapes, and the first shape with its work
+/// area left to the program).
+const CUFFT_PLANS: &str = r#"
+#include <stdio.h>
+typedef int cufftHandle;
+int cufftCreate(cufftHandle *plan);
+int cufftDestroy(cufftHandle plan);
+int cufftSetAutoAllocation(cufftHandle plan, int autoAllocate);
+int cufftXtMakePlanMany(cufftHandle plan, int rank, long long *n, long long *inembed, long long istride,
+                        long long idist, int inputtype, long long *onembed, long long ostride, long long odist,
+                        int outputtype, long long batch, unsigned long *workSize, int executiontype);
+int main(void) {
+  long long sizes[5] = {64, 128, 64, 64, 64};
+  int manual[5] = {0, 0, 0, 1, 1};
+  cufftHandle plans[5];
+  for (int i = 0; i < 5; i++) {
+    unsigned long work = 0;
+    if (cufftCreate(&plans[i])) return 10;
+    if (manual[i] && cufftSetAutoAllocation(plans[i], 0)) return 11;
+    int s = cufftXtMakePlanMany(plans[i], 1, &sizes[i], 0, 1, 0, 4, 0, 1, 0, 4, 3, &work, 4);
+    printf("%d:%lu ", s, work);
+  }
+  /* The server made the third plan too: making it again is refused there. */
+  unsigned long work = 0;
+  int again = cufftXtMakePlanMany(plans[2], 1, &sizes[2], 0, 1, 0, 4, 0, 1, 0, 4, 3, &work, 4);
+  printf("again:%d\n", again != 0);
+  for (int i = 0; i < 5; i++)
+    if (cufftDestroy(plans[i])) return 12;
+  return 0;
+}
+"#;
+
+/// Issue 19: cuFFT plans are created ahead of the program's creates, and a plan made like an
+/// earlier one (the same transform, the same settings) is answered by the client (the call
+/// still made, its work size checked), in the same process and in a later one.
+#[test]
+fn cufft_plans_made_as_before_are_answered_by_the_client() {
+    let server = server();
+    let exe = program_with("cufft-plans", CUFFT_PLANS, &["-l:libcufft.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "0:3072 0:6144 0:3072 0:3072 0:3072 again:1", "{stderr}");
+    let row = |stderr: &str, f: &str| trace_row(stderr, f);
+    // Five creates: the first two asked (the second with one more), the third from those,
+    // the fourth with three more, the fifth from those.
+    assert_eq!(row(&stderr, "cufftCreate"), ["5", "3"], "{stderr}");
+    // Three kinds of plan asked; the third plan's make and the second make of it (refused
+    // by the server, which made it) are what the client knew and what it did not.
+    assert_eq!(row(&stderr, "cufftXtMakePlanMany"), ["6", "4"], "{stderr}");
+
+    // A later process makes none of them waiting, and the server's answers agree.
+    let cache = chidori_tests::scratch("cufft-plans-cache");
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first, stdout, "{stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, stdout, "{stderr}");
+    assert_eq!(row(&stderr, "cufftXtMakePlanMany"), ["6", "1"], "{stderr}");
+    assert!(!stderr.contains("answered differently") && !stderr.contains("WARN"), "{stderr}");
+    drop(server);
+
+    // A server whose library needs another work size (same GPU, same versions).
+    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
+        .expect("starting an emulated server");
+    let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
+    assert!(
+        stderr.contains("cufftXtMakePlanMany: the server answered differently (another work size)"),
+        "a different answer ends the session, naming the call: {stderr}"
+    );
+}
+
 /// A fill made ahead answers only the same call into fresh descriptors: a configuration the
 /// program already set an attribute of is filled by the server, as natively.
 const CUDNN_TWIN_FRESH: &str = r#"

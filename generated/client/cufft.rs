@@ -28,14 +28,24 @@ pub unsafe extern "C" fn __chidori_cufft___cufftXtSetJITCallback_12_7(
         ) as u32
     }
 }
-///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cufft::cufftCreate,
-            &[(handle) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cufftCreate",
+            version: "13.1",
+            library: "cufft",
+            forms: &[&chidori_cuda::calls::cufft::cufftCreate__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 16i64,
+                unavailable: 7i64,
+                invalid_handle: 1i64,
+                invalid_value: 4i64,
+            },
+        };
+        crate::custom::cufft::create(&CTX, handle)
     }
 }
 ///`cufftDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

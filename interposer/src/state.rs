@@ -83,6 +83,8 @@ pub struct Client {
     pub cublaslt_records: Table<u64, crate::custom::cublaslt::Record>,
     /// cuDNN descriptors whose content was fingerprinted for size queries (None: unknown).
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
+    /// What was set on each cuFFT plan since its create (`crate::runtime::cufft_plans`).
+    pub cufft_prints: Table<u64, Option<u64>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
     /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
@@ -141,6 +143,11 @@ pub struct Ahead {
     /// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
     /// asked in its round trip, trusted while the connection has sent nothing since.
     pub rnn_filled_tensors: Answers<u64, crate::ahead::rnn::TensorNd>,
+    /// cuFFT plans made before: the status and work sizes, by the call and what was set on
+    /// the plan (`crate::runtime::cufft_plans`).
+    pub cufft_plans: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    /// cuFFT plans made ahead of the program's creates, by context (`crate::custom::cufft`).
+    pub cufft_pool: Pool<u64, i32>,
     /// `cudnnGetRNNWeightParams` answers by what the RNN descriptor says (`crate::ahead::rnn`).
     pub rnn_weights: Answers<crate::ahead::rnn::Question, crate::ahead::rnn::Weights>,
 }
@@ -168,6 +175,7 @@ pub static CLIENT: Client = Client {
     loops: Table::new(),
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
+    cufft_prints: Table::new(),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
     sparselt_prints: Mutex::new(None),
@@ -188,6 +196,8 @@ pub static CLIENT: Client = Client {
         rnn_weight_params: Answers::new(1),
         rnn_filled_tensors: Answers::new(2),
         rnn_weights: Answers::new(4096),
+        cufft_plans: Answers::new(crate::runtime::cufft_plans::ANSWERS_MAX),
+        cufft_pool: Pool::new(),
     },
 };
 

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use chidori_cuda::consts::cufftResult_t;
 use chidori_protocol::desc::{CallDesc, Form, Wire};
 use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LoopCopy};
 
@@ -81,6 +82,9 @@ struct State {
     tensors: HashMap<u64, (u32, Vec<i32>, Vec<i32>)>,
     /// The hidden size each RNN descriptor was set with (32 where none was).
     rnn_hidden: HashMap<u64, u64>,
+    /// cuFFT plans created (handles from 1 on), and whether each was made.
+    cufft_plans: HashMap<u64, bool>,
+    cufft_created: u64,
     /// The variables of each loaded library's images (name, initial bytes), and those
     /// asked for, by (library, name): their memory is an allocation.
     variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
@@ -839,6 +843,48 @@ impl Backend for Emulated {
                 ("cudnn", "cudnnSetRNNDataDescriptor") => {
                     let sizes = [a[3], a[4], a[5]].iter().all(|&v| (1..=i32::MAX as u64).contains(&(v & 0xffff_ffff)));
                     if self.state().legacy.contains(&a[0]) && sizes { SUCCESS } else { 2000 }
+                }
+                // cuFFT plans: created, made once (a work size of 16 bytes per element of
+                // the batch's transforms; another salt, another library: 8 more), destroyed.
+                ("cufft", "cufftCreate") => {
+                    let mut s = self.state();
+                    s.cufft_created += 1;
+                    let plan = s.cufft_created;
+                    s.cufft_plans.insert(plan, false);
+                    put_u32(a[0], plan as u32);
+                    SUCCESS
+                }
+                ("cufft", "cufftDestroy") => match self.state().cufft_plans.remove(&(a[0] & 0xffff_ffff)) {
+                    Some(_) => SUCCESS,
+                    None => u64::from(cufftResult_t::CUFFT_INVALID_PLAN),
+                },
+                ("cufft", "cufftSetAutoAllocation" | "cufftSetStream") => {
+                    match self.state().cufft_plans.contains_key(&(a[0] & 0xffff_ffff)) {
+                        true => SUCCESS,
+                        false => u64::from(cufftResult_t::CUFFT_INVALID_PLAN),
+                    }
+                }
+                ("cufft", "cufftXtMakePlanMany") => {
+                    let rank = a[1] & 0xffff_ffff;
+                    let batch = a[11] as i64;
+                    if !(1..=3).contains(&rank) || a[2] == 0 || batch < 1 || a[12] == 0 {
+                        return Ok(u64::from(cufftResult_t::CUFFT_INVALID_VALUE));
+                    }
+                    // SAFETY: the worker's copy of the caller's rank sizes (i64 each).
+                    let n = std::slice::from_raw_parts(a[2] as *const i64, rank as usize);
+                    if n.iter().any(|&d| d < 1) {
+                        return Ok(u64::from(cufftResult_t::CUFFT_INVALID_SIZE));
+                    }
+                    let mut st = self.state();
+                    match st.cufft_plans.get_mut(&(a[0] & 0xffff_ffff)) {
+                        Some(made @ false) => *made = true,
+                        _ => return Ok(u64::from(cufftResult_t::CUFFT_INVALID_PLAN)),
+                    }
+                    let salt =
+                        std::env::var(chidori_protocol::env::EMULATED_SALT).map_or(0, |v| u64::from(!v.is_empty()));
+                    let elements = n.iter().fold(batch as u64, |acc, &d| acc.saturating_mul(d as u64));
+                    put_u64(a[12], elements.saturating_mul(16) + 8 * salt);
+                    SUCCESS
                 }
                 // An RNN descriptor's settings: only its hidden size (a[10], 1 to 1024) is kept.
                 ("cudnn", "cudnnSetRNNDescriptor_v8") => {

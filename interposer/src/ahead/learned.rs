@@ -44,6 +44,9 @@ pub enum Space {
     /// space and the descriptors' shapes, by the RNN descriptor's fingerprint and the
     /// question (`crate::ahead::rnn`).
     RnnWeights = 7,
+    /// A cuFFT plan made: the status and work sizes, by the call and what was set on the
+    /// plan (`crate::runtime::cufft_plans`).
+    CufftPlan = 8,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

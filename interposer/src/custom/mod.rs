@@ -9,6 +9,7 @@ pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
 pub mod cudnn;
+pub mod cufft;
 pub mod curand;
 pub mod cusolver;
 pub mod cusparse;

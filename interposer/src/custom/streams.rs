@@ -28,6 +28,7 @@ use crate::state::CLIENT;
 pub fn forget() {
     CLIENT.ahead.streams.clear();
     CLIENT.ahead.event_pool.clear();
+    CLIENT.ahead.cufft_pool.clear();
     CLIENT.ahead.events.context_ended();
 }
 
@@ -36,7 +37,9 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
     let args = [pStream as u64, u64::from(flags), priority as i64 as u64];
     let device = crate::state::current_device();
     // SAFETY: the caller's arguments, as cudaStreamCreateWithPriority takes them.
-    unsafe { create_ahead(desc, &args, &CLIENT.ahead.streams, |ctx| (ctx, flags, priority), (device, flags, priority)) }
+    unsafe {
+        create_ahead(desc, &args, &CLIENT.ahead.streams, |ctx| (ctx, flags, priority), (device, flags, priority), 8)
+    }
 }
 
 /// cudaEventCreate, cudaEventCreateWithFlags and cuEventCreate (`raw_args`: the out-pointer,
@@ -57,7 +60,7 @@ pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) 
     } else {
         let device = crate::state::current_device();
         // SAFETY: the caller's arguments.
-        u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags)) })
+        u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags), 8) })
     };
     if status == crate::runtime::success(desc) && out != 0 {
         // SAFETY: the caller's out-pointer, written by the create that succeeded.
@@ -74,16 +77,18 @@ const INTERPROCESS: u32 = 4;
 /// current context (`key` of the context), else asked, and from the second miss of `miss`
 /// in a row with a few more made in the same round trip (2, 4, then 8 at most) for the
 /// next creates of that kind. Nothing is made ahead while a capture is active or where the
-/// context is not known.
+/// context is not known. The object is a handle of `bytes` bytes (8: a pointer; 4: an int,
+/// cuFFT's plans).
 ///
 /// # Safety
 /// `args` are the caller's, as `desc` takes them.
-unsafe fn create_ahead<K: Eq + Hash + Clone, M: Eq + Hash>(
+pub(crate) unsafe fn create_ahead<K: Eq + Hash + Clone, M: Eq + Hash>(
     desc: &'static CallDesc,
     args: &[u64],
     pool: &Pool<K, M>,
     key: impl Fn(u64) -> K,
     miss: M,
+    bytes: usize,
 ) -> u32 {
     let unavailable = crate::runtime::unavailable(desc) as u32;
     crate::guard::ffi(desc.name, unavailable, || {
@@ -97,8 +102,13 @@ unsafe fn create_ahead<K: Eq + Hash + Clone, M: Eq + Hash>(
             && let Some(made) = pool.take(&key(ctx))
         {
             crate::trace::local(desc.name);
-            // SAFETY: the caller's out-pointer, checked non-null.
-            unsafe { std::ptr::write_unaligned(out as *mut u64, made) };
+            // SAFETY: the caller's out-pointer, checked non-null, of a handle of `bytes` bytes.
+            unsafe {
+                match bytes {
+                    4 => std::ptr::write_unaligned(out as *mut u32, made as u32),
+                    _ => std::ptr::write_unaligned(out as *mut u64, made),
+                }
+            }
             return desc.codes.success as u32;
         }
         let wanted = pool.missed(miss);

@@ -268,7 +268,7 @@ fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
     format!("{}|{}|{key:016x}", env!("CARGO_PKG_VERSION"), desc.name).into_bytes()
 }
 
-fn encode((status, outs): &Answer) -> Vec<u8> {
+pub(crate) fn encode((status, outs): &Answer) -> Vec<u8> {
     let mut v = status.to_le_bytes().to_vec();
     for (param, bytes) in outs {
         v.extend_from_slice(&(*param as u32).to_le_bytes());
@@ -278,7 +278,7 @@ fn encode((status, outs): &Answer) -> Vec<u8> {
     v
 }
 
-fn decode(v: &[u8]) -> Option<Answer> {
+pub(crate) fn decode(v: &[u8]) -> Option<Answer> {
     let status = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
     let mut outs = Vec::new();
     let mut at = 8;

@@ -7,6 +7,7 @@
 //! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
 pub(crate) mod cudnn_sizes;
+pub(crate) mod cufft_plans;
 pub(crate) mod sparselt_sizes;
 
 use std::borrow::Cow;
@@ -456,6 +457,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let action = match desc.library {
         "cudnn" => cudnn_sizes::before(desc, args, &prepared),
         "cusparselt" => sparselt_sizes::before(desc, &prepared),
+        "cufft" => cufft_plans::before(desc, args, &prepared),
         _ => cudnn_sizes::Action::Send,
     };
     let learn = match action {
@@ -504,10 +506,10 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         crate::state::CLIENT.ahead.constants.learn(key, (ret, outs));
     }
     if let Some(key) = learn {
-        if desc.library == "cudnn" {
-            cudnn_sizes::learn(key, ret, desc, &prepared);
-        } else {
-            sparselt_sizes::learn(key, ret, desc, &prepared);
+        match desc.library {
+            "cudnn" => cudnn_sizes::learn(key, ret, desc, &prepared),
+            "cufft" => cufft_plans::learn(key, ret, desc, &prepared),
+            _ => sparselt_sizes::learn(key, ret, desc, &prepared),
         }
     }
     // Bytes of earlier asynchronous copies into pinned memory have landed before any

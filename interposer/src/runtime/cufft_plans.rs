@@ -1,0 +1,269 @@
+//! cuFFT plans made as before answered by the client (issue 19: torch makes a plan for each
+//! new transform shape, `cufftXtMakePlanMany` after `cufftCreate`, and waits for the work
+//! size it returns: one round trip each at 70 ms, 6 in the torch suite's FFT case).
+//!
+//! A plan's work size depends on the transform (the values and size arrays the call passes),
+//! the library and the GPU, and on what was set on the plan before it was made (its
+//! properties, its GPUs, its work-area policy). The client follows each plan from its
+//! create: a fingerprint of the calls made on it that may change how it is made (every
+//! `cufft…Set…` but its stream and work area). A make-plan call on a plan with a
+//! fingerprint is keyed by the call, its values and arrays, and that fingerprint; the
+//! server's successful answer is kept (for later sessions on the same server identity too,
+//! `crate::learned`), and the same question is answered by the client: the call still goes
+//! to the server, without waiting (it makes the plan there), and its answer is compared
+//! when it comes. A plan once made, or passed to a call the client does not know, is
+//! followed no further.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use chidori_protocol::desc::{CallDesc, Dir, Wire};
+
+use super::Prepared;
+use super::cudnn_sizes::{Action, Answer, give, outputs};
+use crate::ahead::learned::Space;
+use crate::state::CLIENT;
+
+/// Answers kept (distinct transforms).
+pub(crate) const ANSWERS_MAX: usize = 4096;
+/// Plans followed (the oldest go first).
+const PLANS_MAX: usize = 1 << 16;
+
+/// What a call does to the plan it names first.
+#[derive(Debug, PartialEq, Eq)]
+enum Role {
+    /// Names no plan first (creates, the one-call plans, estimates, versions).
+    None,
+    /// Makes the plan: a question about how a plan set so is made.
+    Make,
+    /// Changes nothing that making the plan depends on (streams, work areas, transforms,
+    /// sizes asked of a made plan, memory of a plan's GPUs).
+    Keeps,
+    /// Ends the plan (its handle may be given out again, as created).
+    Destroys,
+    /// May change how the plan is made: added to its fingerprint.
+    Sets,
+}
+
+fn role(name: &str) -> Role {
+    const NO_PLAN: &[&str] = &["cufftCreate", "cufftPlan", "cufftEstimate", "cufftGetVersion", "cufftGetProperty"];
+    const KEEPS: &[&str] = &[
+        "cufftSetStream",
+        "cufftSetWorkArea",
+        "cufftExec",
+        "cufftXtExec",
+        "cufftGetSize",
+        "cufftXtGetSize",
+        "cufftXtMalloc",
+        "cufftXtFree",
+        "cufftXtMemcpy",
+    ];
+    if NO_PLAN.iter().any(|p| name.starts_with(p)) {
+        Role::None
+    } else if name.starts_with("cufftMakePlan") || name.starts_with("cufftXtMakePlan") {
+        Role::Make
+    } else if name == "cufftDestroy" {
+        Role::Destroys
+    } else if KEEPS.iter().any(|p| name.starts_with(p)) {
+        Role::Keeps
+    } else {
+        Role::Sets
+    }
+}
+
+/// The fingerprint of a call's content, its first parameter (the plan) left out: its wire
+/// id, its values, and the lengths and bytes of its inputs. None where it passes anything
+/// else (a handle, a device address, a string).
+fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    desc.wire.hash(&mut h);
+    for (i, wire) in desc.params.iter().enumerate().skip(1) {
+        match *wire {
+            Wire::Val { .. } => args.get(i).copied().unwrap_or(0).hash(&mut h),
+            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
+            _ => return None,
+        }
+    }
+    for b in &prepared.bulk {
+        b.as_ref().hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// What each plan says: `Some(fingerprint)` of the Sets since its create, `None` once it
+/// was made or passed somewhere the client does not follow. A plan absent is as created.
+fn with_plans<T>(f: impl FnOnce(&mut HashMap<u64, Option<u64>>) -> T) -> T {
+    let mut guard = CLIENT.cufft_prints.lock();
+    let plans = guard.get_or_insert_with(HashMap::new);
+    if plans.len() > PLANS_MAX {
+        plans.clear();
+    }
+    f(plans)
+}
+
+/// A plan was created (by the server or ahead of the program): as created.
+pub fn created(plan: u64) {
+    with_plans(|p| p.remove(&plan));
+}
+
+/// Before a cuFFT call is sent: answer a plan made as before, and follow what is set on
+/// each plan.
+pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared) -> Action {
+    let plan = args.first().copied().unwrap_or(0) as u32 as u64;
+    match role(desc.name) {
+        Role::None | Role::Keeps => Action::Send,
+        Role::Destroys => {
+            with_plans(|p| p.remove(&plan));
+            Action::Send
+        }
+        Role::Sets => {
+            let call = content(desc, args, prepared);
+            with_plans(|p| {
+                let next = match (p.get(&plan).copied(), call) {
+                    (None, Some(c)) => Some(combine(1, c)),
+                    (Some(Some(before)), Some(c)) => Some(combine(before, c)),
+                    _ => None,
+                };
+                p.insert(plan, next);
+            });
+            Action::Send
+        }
+        Role::Make => {
+            let print = with_plans(|p| {
+                let print = match p.get(&plan) {
+                    None => Some(1),
+                    Some(known) => *known,
+                };
+                // Made (or refused) now: followed no further.
+                p.insert(plan, None);
+                print
+            });
+            let outputs_only_bufs =
+                desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
+            let Some(key) =
+                print.zip(content(desc, args, prepared)).filter(|_| outputs_only_bufs).map(|(p, c)| combine(p, c))
+            else {
+                return Action::Send;
+            };
+            let Ok(conn) = crate::conn::get() else { return Action::Send };
+            let known = CLIENT.ahead.cufft_plans.get(&key).or_else(|| {
+                let kept =
+                    crate::learned::with(&conn, |l| l.get(Space::CufftPlan, &stored(desc, key)).map(<[u8]>::to_vec));
+                let answer = super::cudnn_sizes::decode(&kept.flatten()?)?;
+                CLIENT.ahead.cufft_plans.learn(key, answer.clone());
+                Some(answer)
+            });
+            match known {
+                // SAFETY: the caller's arguments, as the descriptor says.
+                Some(answer) => match unsafe { answer_known(&conn, desc, args, prepared, answer) } {
+                    Some(status) => Action::Answered(status),
+                    None => Action::Learn(key),
+                },
+                None => Action::Learn(key),
+            }
+        }
+    }
+}
+
+fn combine(before: u64, call: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (before, call).hash(&mut h);
+    h.finish()
+}
+
+/// A plan made as before: the call goes without waiting, its outputs into buffers of the
+/// client's own, compared when its answer comes; the caller gets the answer known. None
+/// where the answer does not fit the call or the call could not be sent.
+///
+/// # Safety
+/// `args` are the caller's, as `desc` takes them; `prepared` is their preparation.
+unsafe fn answer_known(
+    conn: &std::sync::Arc<crate::conn::Conn>,
+    desc: &'static CallDesc,
+    args: &[u64],
+    prepared: &Prepared,
+    answer: Answer,
+) -> Option<u64> {
+    if !answer.1.iter().all(|(p, b)| prepared.outs.iter().any(|o| o.param == *p && o.len == b.len()))
+        || answer.1.len() != prepared.outs.len()
+    {
+        return None;
+    }
+    let mut scratch: Vec<Box<[u8]>> = Vec::new();
+    let mut check_args = args.to_vec();
+    for o in &prepared.outs {
+        let mut b = vec![0u8; o.len].into_boxed_slice();
+        if let Some(a) = check_args.get_mut(o.param) {
+            *a = b.as_mut_ptr() as u64;
+        }
+        scratch.push(b);
+    }
+    // SAFETY: the caller's arguments but its outputs, which are `scratch`'s buffers; the
+    // checking thread keeps them until the reply has landed.
+    let slot = unsafe { super::send_checked(conn, desc, &check_args) }?;
+    give(&answer, prepared);
+    let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
+    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, scratch| {
+        let got: Vec<(usize, Vec<u8>)> = params.iter().copied().zip(scratch.iter().map(|b| b.to_vec())).collect();
+        match outcome {
+            Ok(s) if *s != answer.0 => Some(format!("status {s}, not {}", answer.0)),
+            _ if got != answer.1 => Some("another work size".to_owned()),
+            _ => None,
+        }
+    });
+    crate::trace::local(desc.name);
+    Some(answer.0)
+}
+
+/// After the server made a plan: keep a success (for later sessions too).
+pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
+    if status != desc.codes.success as u64 {
+        return;
+    }
+    let answer = (status, outputs(prepared));
+    if let Ok(conn) = crate::conn::get() {
+        crate::learned::with(&conn, |l| {
+            l.learn(Space::CufftPlan, &stored(desc, key), &super::cudnn_sizes::encode(&answer))
+        });
+    }
+    CLIENT.ahead.cufft_plans.learn(key, answer);
+}
+
+/// The key in the store of learned answers: this release, the call's name and its
+/// in-process key (a hash only this release computes alike).
+fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
+    format!("{}|{}|{key:016x}", env!("CARGO_PKG_VERSION"), desc.name).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Role, role};
+
+    #[test]
+    fn calls_are_told_by_what_they_do_to_the_plan() {
+        for (name, want) in [
+            ("cufftCreate", Role::None),
+            ("cufftPlan1d", Role::None),
+            ("cufftPlanMany", Role::None),
+            ("cufftEstimateMany", Role::None),
+            ("cufftGetProperty", Role::None),
+            ("cufftXtMakePlanMany", Role::Make),
+            ("cufftMakePlan1d", Role::Make),
+            ("cufftMakePlanMany64", Role::Make),
+            ("cufftSetStream", Role::Keeps),
+            ("cufftSetWorkArea", Role::Keeps),
+            ("cufftExecC2C", Role::Keeps),
+            ("cufftXtExec", Role::Keeps),
+            ("cufftGetSize", Role::Keeps),
+            ("cufftDestroy", Role::Destroys),
+            ("cufftSetAutoAllocation", Role::Sets),
+            ("cufftSetPlanPropertyInt64", Role::Sets),
+            ("cufftResetPlanProperty", Role::Sets),
+            ("cufftXtSetGPUs", Role::Sets),
+            ("cufftXtSetWorkAreaPolicy", Role::Sets),
+            ("cufftXtSetCallback", Role::Sets),
+        ] {
+            assert_eq!(role(name), want, "{name}");
+        }
+    }
+}
