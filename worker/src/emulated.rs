@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use chidori_cuda::consts::{cudaError, cudaStreamCaptureMode};
 use chidori_protocol::desc::{CallDesc, Form, Wire};
 use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LoopCopy};
 
@@ -19,18 +20,39 @@ mod graphs;
 use crate::profile::Profile;
 use graphs::Op;
 
-/// Status values shared by the runtime and the driver for what the emulation reports.
-const SUCCESS: u64 = 0;
+/// Status values shared by the runtime and the driver for what the emulation reports: the
+/// runtime's names, and the driver's codes are the same numbers (checked below).
+const SUCCESS: u64 = cudaError::cudaSuccess as u64;
+const INVALID_VALUE: u64 = cudaError::cudaErrorInvalidValue as u64;
+const OUT_OF_MEMORY: u64 = cudaError::cudaErrorMemoryAllocation as u64;
+const INVALID_HANDLE: u64 = cudaError::cudaErrorInvalidResourceHandle as u64;
+/// cudaErrorIllegalState: an operation in a state that does not allow it.
+const ILLEGAL_STATE: u64 = cudaError::cudaErrorIllegalState as u64;
+/// cudaErrorSymbolNotFound: a name a module or library does not have.
+const NOT_FOUND: u64 = cudaError::cudaErrorSymbolNotFound as u64;
+/// cudaErrorNotReady: an event never recorded.
+const NOT_READY: u64 = cudaError::cudaErrorNotReady as u64;
+const NOT_SUPPORTED: i64 = cudaError::cudaErrorNotSupported as i64;
+/// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
+const CAPTURE_UNSUPPORTED: u64 = cudaError::cudaErrorStreamCaptureUnsupported as u64;
+const _: () = {
+    use chidori_cuda::consts::cudaError_enum as driver;
+    assert!(SUCCESS == driver::CUDA_SUCCESS as u64);
+    assert!(INVALID_VALUE == driver::CUDA_ERROR_INVALID_VALUE as u64);
+    assert!(OUT_OF_MEMORY == driver::CUDA_ERROR_OUT_OF_MEMORY as u64);
+    assert!(INVALID_HANDLE == driver::CUDA_ERROR_INVALID_HANDLE as u64);
+    assert!(ILLEGAL_STATE == driver::CUDA_ERROR_ILLEGAL_STATE as u64);
+    assert!(NOT_FOUND == driver::CUDA_ERROR_NOT_FOUND as u64);
+    assert!(NOT_READY == driver::CUDA_ERROR_NOT_READY as u64);
+    assert!(NOT_SUPPORTED == driver::CUDA_ERROR_NOT_SUPPORTED as i64);
+    assert!(CAPTURE_UNSUPPORTED == driver::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as u64);
+};
 
 thread_local! {
     /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
-    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static CAPTURE_MODE: std::cell::Cell<u32> =
+        const { std::cell::Cell::new(cudaStreamCaptureMode::cudaStreamCaptureModeGlobal) };
 }
-const INVALID_VALUE: u64 = 1;
-const OUT_OF_MEMORY: u64 = 2;
-const INVALID_HANDLE: u64 = 400;
-/// cudaErrorNotSupported / CUDA_ERROR_NOT_SUPPORTED.
-const NOT_SUPPORTED: i64 = 801;
 
 /// Where synthetic device addresses start: far from where Linux maps host memory.
 const DEVICE_BASE: u64 = 0x7e00_0000_0000;
@@ -329,9 +351,6 @@ impl Emulated {
     }
 }
 
-/// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
-const CAPTURE_UNSUPPORTED: u64 = 900;
-
 enum HandleSet {
     Stream,
     Event,
@@ -564,7 +583,7 @@ impl Backend for Emulated {
                         return Ok(INVALID_VALUE);
                     }
                     let wanted = std::ptr::read_unaligned(a[0] as *const u32);
-                    if wanted > 2 {
+                    if wanted > cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed {
                         return Ok(INVALID_VALUE);
                     }
                     put_u32(a[0], CAPTURE_MODE.with(|m| m.replace(wanted)));
@@ -572,7 +591,7 @@ impl Backend for Emulated {
                 }
                 ("driver", "cuFuncSetCacheConfig") => {
                     // (CUfunction, CUfunc_cache): a preference the emulated device has no use for.
-                    if a[1] > 3 {
+                    if a[1] > u64::from(chidori_cuda::consts::CUfunc_cache_enum::CU_FUNC_CACHE_PREFER_EQUAL) {
                         return Ok(INVALID_VALUE);
                     }
                     SUCCESS
@@ -614,8 +633,7 @@ impl Backend for Emulated {
                             SUCCESS
                         }
                         Some(_) => INVALID_VALUE,
-                        // CUDA_ERROR_NOT_FOUND.
-                        None => 500,
+                        None => NOT_FOUND,
                     }
                 }
                 ("driver", "cuFuncGetAttribute") => {
@@ -674,8 +692,7 @@ impl Backend for Emulated {
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
                     if a[0] == 0 {
-                        // cudaErrorInvalidValue / CUDA_ERROR_INVALID_VALUE.
-                        return Ok(1);
+                        return Ok(INVALID_VALUE);
                     }
                     put_u64(a[0], self.new_handle(HandleSet::Stream));
                     SUCCESS
@@ -730,9 +747,9 @@ impl Backend for Emulated {
                             put_u32(a[0], (ms as f32).to_bits());
                             SUCCESS
                         }
-                        // cudaErrorInvalidResourceHandle for unknown events, NotReady (600)
-                        // for events never recorded.
-                        (Some(_), Some(_)) => 600,
+                        // cudaErrorInvalidResourceHandle for unknown events, NotReady for
+                        // events never recorded.
+                        (Some(_), Some(_)) => NOT_READY,
                         _ => INVALID_HANDLE,
                     }
                 }
@@ -1234,8 +1251,7 @@ impl Backend for Emulated {
             };
             match variables.iter().find(|(n, _)| n == name) {
                 Some((_, init)) => init.clone(),
-                // CUDA_ERROR_NOT_FOUND.
-                None => return Err((500, format!("no variable {name} in the library"))),
+                None => return Err((NOT_FOUND as i64, format!("no variable {name} in the library"))),
             }
         };
         let size = init.len() as u64;
