@@ -64,8 +64,7 @@ struct ModuleApi {
     exchange_capture_mode: unsafe extern "C" fn(*mut u32) -> u32,
 }
 
-/// cudaStreamCaptureModeRelaxed.
-const CAPTURE_MODE_RELAXED: u32 = 2;
+const CAPTURE_MODE_RELAXED: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
 
 impl ModuleApi {
     /// Run `f` with this thread's stream-capture mode relaxed. The worker registers host
@@ -87,8 +86,9 @@ impl ModuleApi {
     }
 }
 
-/// cudaErrorNotSupported.
-const NOT_SUPPORTED_RT: i64 = 801;
+/// cudaErrorNotSupported (CUDA_ERROR_NOT_SUPPORTED is the same number).
+const NOT_SUPPORTED_RT: i64 = chidori_cuda::consts::cudaError::cudaErrorNotSupported as i64;
+const _: () = assert!(NOT_SUPPORTED_RT == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64);
 
 /// The runtime functions a graph-replay loop calls.
 struct LoopApi {
@@ -132,8 +132,7 @@ struct RealLoop<'a> {
     lens: [usize; LOOP_SLOTS],
 }
 
-/// cudaMemcpyDeviceToHost.
-const D2H: u32 = 2;
+const D2H: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToHost;
 const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
 
 fn status(rc: u32) -> Result<(), i64> {
@@ -197,7 +196,8 @@ impl LoopDevice for RealLoop<'_> {
     }
 }
 
-/// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it.
+/// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it. The
+/// header's macros, not an enum, so not among the generated constants.
 const HOST_REGISTER_PORTABLE_MAPPED: u32 = 1 | 2;
 
 /// cudaHostRegisterPortable: pinned for every context.
@@ -260,8 +260,7 @@ const _: () = {
     assert!(size_of::<LaunchAttribute>() == 72);
 };
 
-/// CU_LAUNCH_ATTRIBUTE_COOPERATIVE.
-const ATTRIBUTE_COOPERATIVE: u32 = 2;
+const ATTRIBUTE_COOPERATIVE: u32 = chidori_cuda::consts::CUlaunchAttributeID_enum::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
 
 fn cstr(p: *const i8) -> String {
     if p.is_null() {
@@ -672,8 +671,10 @@ impl Backend for Real {
         }
         let mut events = [0u64; LOOP_SLOTS];
         for e in &mut events {
-            // SAFETY: a valid out-pointer; cudaEventDisableTiming.
-            let rc = unsafe { (api.event_create)(e, 2) };
+            // cudaEventDisableTiming: a macro of the runtime's header, the driver's number.
+            let disable_timing = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING;
+            // SAFETY: a valid out-pointer.
+            let rc = unsafe { (api.event_create)(e, disable_timing) };
             if rc != 0 {
                 // SAFETY: allocated above.
                 unsafe { (api.free_host)(host) };
@@ -1131,10 +1132,10 @@ const _: () = {
     assert!(size_of::<NodeParamsUnion>() == 256);
 };
 
-/// CU_GRAPH_NODE_TYPE_KERNEL and _CONDITIONAL.
-const NODE_KERNEL: u32 = 0;
-const NODE_CONDITIONAL: u32 = 13;
-/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE.
+const NODE_KERNEL: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_KERNEL;
+const NODE_CONDITIONAL: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE: the
+/// header's macros (pointer values, no enum), so not among the generated constants.
 const LAUNCH_PARAM_END: usize = 0;
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
