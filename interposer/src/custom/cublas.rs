@@ -97,9 +97,8 @@ pub unsafe fn legacy_free(ctx: &Ctx, device_ptr: *mut c_void) -> u32 {
 // cudaMemcpy2D{,Async}, which read or write only the elements the arguments name.
 
 const MAPPING_ERROR: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_MAPPING_ERROR;
-/// cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost.
-const H2D: u32 = 1;
-const D2H: u32 = 2;
+const H2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyHostToDevice;
+const D2H: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToHost;
 
 /// `rows` elements of `elem` bytes in each of `cols` columns, `src_ld` / `dst_ld` elements
 /// apart.
