@@ -311,17 +311,21 @@ impl Profile {
     }
 }
 
-/// `cudaDeviceProp` fields that CUDA 13 removed, and the attribute each one mirrors.
-const DERIVED_PROPS: &[(&str, i32)] = &[
-    ("clockRate", 13),
-    ("deviceOverlap", 15),
-    ("kernelExecTimeoutEnabled", 17),
-    ("computeMode", 20),
-    ("memoryClockRate", 36),
-    ("maxTexture1DLinear", 69),
-    ("singleToDoublePrecisionPerfRatio", 87),
-    ("cooperativeMultiDeviceLaunch", 96),
-];
+/// `cudaDeviceProp` fields that CUDA 13 removed, and the attribute each one mirrors (the
+/// driver's names: the runtime's enum lost some of them in CUDA 13, with the same numbers).
+const DERIVED_PROPS: &[(&str, u32)] = {
+    use chidori_cuda::consts::CUdevice_attribute_enum as a;
+    &[
+        ("clockRate", a::CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        ("deviceOverlap", a::CU_DEVICE_ATTRIBUTE_GPU_OVERLAP),
+        ("kernelExecTimeoutEnabled", a::CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT),
+        ("computeMode", a::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE),
+        ("memoryClockRate", a::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+        ("maxTexture1DLinear", a::CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH),
+        ("singleToDoublePrecisionPerfRatio", a::CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO),
+        ("cooperativeMultiDeviceLaunch", a::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH),
+    ]
+};
 
 /// Write a record field by field into `dst` (zeroed first) in the layout `map`.
 ///
@@ -380,7 +384,7 @@ pub unsafe fn device_props(version: &str, device: &DeviceView, dst: *mut u8) -> 
             DERIVED_PROPS
                 .iter()
                 .find(|(n, _)| *n == f.name)
-                .and_then(|(_, attr)| device.attributes.get(attr))
+                .and_then(|(_, attr)| device.attributes.get(&(*attr as i32)))
                 .map(|v| PropValue::Int(i64::from(*v)))
         })
     };

@@ -36,11 +36,11 @@ pub unsafe fn invoke(backend: &dyn Backend, desc: &'static CallDesc, args: &[u64
     unsafe { call(desc, server, args, |a| backend.invoke(server, a)) }
 }
 
-/// `cudaCpuDeviceId`: the device ordinal 11.8 and 12.x name the host by.
+/// `cudaCpuDeviceId`: the device ordinal 11.8 and 12.x name the host by (a macro of the
+/// runtime's header, not an enum, so not among the generated constants).
 const CPU_DEVICE: i32 = -1;
-/// `cudaMemLocationTypeDevice` and `cudaMemLocationTypeHost`.
-const LOCATION_DEVICE: i32 = 1;
-const LOCATION_HOST: i32 = 2;
+const LOCATION_DEVICE: i32 = chidori_cuda::consts::cudaMemLocationType::cudaMemLocationTypeDevice as i32;
+const LOCATION_HOST: i32 = chidori_cuda::consts::cudaMemLocationType::cudaMemLocationTypeHost as i32;
 
 /// Call `to` (the server's variant) for a call the client made as `from`, with `from`'s
 /// raw arguments rewritten by `call`; Err names what does not carry over.

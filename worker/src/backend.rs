@@ -11,8 +11,11 @@ use chidori_protocol::messages::{
 /// every replay); returns when the client has run its callback.
 pub type HostFn = Box<dyn Fn(i64, bool) + Send + Sync>;
 
-/// NVRTC_ERROR_INTERNAL_ERROR.
-pub const NVRTC_INTERNAL_ERROR: i64 = 11;
+/// What a backend without a usable NVRTC answers a compile with.
+pub const NVRTC_INTERNAL_ERROR: i64 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR as i64;
+
+/// What a backend without a facility answers in the driver's codes.
+const NOT_SUPPORTED: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64;
 
 pub trait Backend: Send + Sync + 'static {
     /// "real" or "emulated".
@@ -65,7 +68,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The driver takes a kernel where a function is expected (a statically linked runtime
     /// launches kernels so); its parameter layout is asked of this function.
     fn kernel_function(&self, _kernel: u64) -> Result<u64, (i64, String)> {
-        Err((801, format!("the {} backend has no kernels (CUDA_ERROR_NOT_SUPPORTED)", self.name())))
+        Err((NOT_SUPPORTED, format!("the {} backend has no kernels (CUDA_ERROR_NOT_SUPPORTED)", self.name())))
     }
     /// Compile an NVRTC program with the server's NVRTC. Err: (NVRTC status, message) when
     /// the server has no usable NVRTC.
@@ -122,8 +125,7 @@ pub trait Backend: Send + Sync + 'static {
     /// status, message).
     fn cluster_occupancy(&self, launch: &Launch, potential: bool) -> Result<i32, (i64, String)> {
         let _ = (launch, potential);
-        // CUDA_ERROR_NOT_SUPPORTED.
-        Err((801, format!("the {} backend has no functions to ask about clusters", self.name())))
+        Err((NOT_SUPPORTED, format!("the {} backend has no functions to ask about clusters", self.name())))
     }
     /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,
     /// message).

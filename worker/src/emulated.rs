@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use chidori_cuda::consts::cufftResult_t;
+use chidori_cuda::consts::{cudaError, cudaStreamCaptureMode, cudnnBackendAttributeType_t, cufftResult_t};
 use chidori_protocol::desc::{CallDesc, Form, Wire};
 use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LoopCopy};
 
@@ -20,18 +20,49 @@ mod graphs;
 use crate::profile::Profile;
 use graphs::Op;
 
-/// Status values shared by the runtime and the driver for what the emulation reports.
-const SUCCESS: u64 = 0;
+/// Status values shared by the runtime and the driver for what the emulation reports: the
+/// runtime's names, and the driver's codes are the same numbers (checked below).
+const SUCCESS: u64 = cudaError::cudaSuccess as u64;
+const INVALID_VALUE: u64 = cudaError::cudaErrorInvalidValue as u64;
+const OUT_OF_MEMORY: u64 = cudaError::cudaErrorMemoryAllocation as u64;
+const INVALID_HANDLE: u64 = cudaError::cudaErrorInvalidResourceHandle as u64;
+/// cudaErrorIllegalState: an operation in a state that does not allow it.
+const ILLEGAL_STATE: u64 = cudaError::cudaErrorIllegalState as u64;
+/// cudaErrorSymbolNotFound: a name a module or library does not have.
+const NOT_FOUND: u64 = cudaError::cudaErrorSymbolNotFound as u64;
+/// cudaErrorNotReady: an event never recorded.
+const NOT_READY: u64 = cudaError::cudaErrorNotReady as u64;
+const NOT_SUPPORTED: i64 = cudaError::cudaErrorNotSupported as i64;
+/// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
+const CAPTURE_UNSUPPORTED: u64 = cudaError::cudaErrorStreamCaptureUnsupported as u64;
+/// CUDNN_STATUS_BAD_PARAM as cuDNN 9 numbers it, the newest headers' (cuDNN 8's is another
+/// number, `consts::v11_8`'s): the emulation answers cuDNN calls as cuDNN 9 does.
+const CUDNN_BAD_PARAM: u64 = chidori_cuda::consts::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM as u64;
+const _: () = assert!(CUDNN_BAD_PARAM != chidori_cuda::consts::v11_8::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM as u64);
+/// cudnnBackendAttributeType_t of the attributes whose elements are handles: cuDNN handles
+/// and backend descriptors.
+const CUDNN_TYPE_HANDLE: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_HANDLE as u64;
+const CUDNN_TYPE_BACKEND_DESCRIPTOR: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR as u64;
+/// CUSOLVER_STATUS_INVALID_VALUE: what the emulated cuSOLVER refuses.
+const CUSOLVER_INVALID_VALUE: u64 = chidori_cuda::consts::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE as u64;
+const _: () = {
+    use chidori_cuda::consts::cudaError_enum as driver;
+    assert!(SUCCESS == driver::CUDA_SUCCESS as u64);
+    assert!(INVALID_VALUE == driver::CUDA_ERROR_INVALID_VALUE as u64);
+    assert!(OUT_OF_MEMORY == driver::CUDA_ERROR_OUT_OF_MEMORY as u64);
+    assert!(INVALID_HANDLE == driver::CUDA_ERROR_INVALID_HANDLE as u64);
+    assert!(ILLEGAL_STATE == driver::CUDA_ERROR_ILLEGAL_STATE as u64);
+    assert!(NOT_FOUND == driver::CUDA_ERROR_NOT_FOUND as u64);
+    assert!(NOT_READY == driver::CUDA_ERROR_NOT_READY as u64);
+    assert!(NOT_SUPPORTED == driver::CUDA_ERROR_NOT_SUPPORTED as i64);
+    assert!(CAPTURE_UNSUPPORTED == driver::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as u64);
+};
 
 thread_local! {
     /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
-    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static CAPTURE_MODE: std::cell::Cell<u32> =
+        const { std::cell::Cell::new(cudaStreamCaptureMode::cudaStreamCaptureModeGlobal) };
 }
-const INVALID_VALUE: u64 = 1;
-const OUT_OF_MEMORY: u64 = 2;
-const INVALID_HANDLE: u64 = 400;
-/// cudaErrorNotSupported / CUDA_ERROR_NOT_SUPPORTED.
-const NOT_SUPPORTED: i64 = 801;
 
 /// Where synthetic device addresses start: far from where Linux maps host memory.
 const DEVICE_BASE: u64 = 0x7e00_0000_0000;
@@ -333,9 +364,6 @@ impl Emulated {
     }
 }
 
-/// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
-const CAPTURE_UNSUPPORTED: u64 = 900;
-
 enum HandleSet {
     Stream,
     Event,
@@ -568,7 +596,7 @@ impl Backend for Emulated {
                         return Ok(INVALID_VALUE);
                     }
                     let wanted = std::ptr::read_unaligned(a[0] as *const u32);
-                    if wanted > 2 {
+                    if wanted > cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed {
                         return Ok(INVALID_VALUE);
                     }
                     put_u32(a[0], CAPTURE_MODE.with(|m| m.replace(wanted)));
@@ -576,7 +604,7 @@ impl Backend for Emulated {
                 }
                 ("driver", "cuFuncSetCacheConfig") => {
                     // (CUfunction, CUfunc_cache): a preference the emulated device has no use for.
-                    if a[1] > 3 {
+                    if a[1] > u64::from(chidori_cuda::consts::CUfunc_cache_enum::CU_FUNC_CACHE_PREFER_EQUAL) {
                         return Ok(INVALID_VALUE);
                     }
                     SUCCESS
@@ -618,8 +646,7 @@ impl Backend for Emulated {
                             SUCCESS
                         }
                         Some(_) => INVALID_VALUE,
-                        // CUDA_ERROR_NOT_FOUND.
-                        None => 500,
+                        None => NOT_FOUND,
                     }
                 }
                 ("driver", "cuFuncGetAttribute") => {
@@ -678,8 +705,7 @@ impl Backend for Emulated {
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
                     if a[0] == 0 {
-                        // cudaErrorInvalidValue / CUDA_ERROR_INVALID_VALUE.
-                        return Ok(1);
+                        return Ok(INVALID_VALUE);
                     }
                     put_u64(a[0], self.new_handle(HandleSet::Stream));
                     SUCCESS
@@ -734,9 +760,9 @@ impl Backend for Emulated {
                             put_u32(a[0], (ms as f32).to_bits());
                             SUCCESS
                         }
-                        // cudaErrorInvalidResourceHandle for unknown events, NotReady (600)
-                        // for events never recorded.
-                        (Some(_), Some(_)) => 600,
+                        // cudaErrorInvalidResourceHandle for unknown events, NotReady for
+                        // events never recorded.
+                        (Some(_), Some(_)) => NOT_READY,
                         _ => INVALID_HANDLE,
                     }
                 }
@@ -749,10 +775,10 @@ impl Backend for Emulated {
                     put_u64(a[0], self.primary_context());
                     SUCCESS
                 }
-                // The driver's default: modules load their kernels on first use
-                // (CU_MODULE_LAZY_LOADING). NVIDIA's runtime asks at start.
+                // The driver's default: modules load their kernels on first use. NVIDIA's
+                // runtime asks at start.
                 ("driver", "cuModuleGetLoadingMode") => {
-                    put_u32(a[0], 2);
+                    put_u32(a[0], chidori_cuda::consts::CUmoduleLoadingMode_enum::CU_MODULE_LAZY_LOADING);
                     SUCCESS
                 }
                 // A new context becomes the thread's current one (one current context for
@@ -803,9 +829,9 @@ impl Backend for Emulated {
                     put_u32(a[2], 1);
                     SUCCESS
                 }
-                // cuDNN's backend API, as far as its descriptor lifecycle goes (cuDNN 9 codes:
-                // BAD_PARAM 2000, NOT_SUPPORTED 3000): an execution needs finalized
-                // descriptors of the right types; no graph runs.
+                // cuDNN's backend API, as far as its descriptor lifecycle goes (cuDNN 9's status
+                // codes): an execution needs finalized descriptors of the right types; no graph
+                // runs.
                 ("cudnn", "cudnnCreate") => {
                     let h = self.state().handle();
                     self.state().cudnn_handles.insert(h);
@@ -816,7 +842,7 @@ impl Backend for Emulated {
                     if self.state().cudnn_handles.remove(&a[0]) {
                         SUCCESS
                     } else {
-                        2000
+                        CUDNN_BAD_PARAM
                     }
                 }
                 // The legacy API's descriptors: created and destroyed; an RNN's weight space
@@ -836,13 +862,13 @@ impl Backend for Emulated {
                     let mut s = self.state();
                     s.tensors.remove(&a[0]);
                     s.rnn_hidden.remove(&a[0]);
-                    if s.legacy.remove(&a[0]) { SUCCESS } else { 2000 }
+                    if s.legacy.remove(&a[0]) { SUCCESS } else { CUDNN_BAD_PARAM }
                 }
                 // An RNN data descriptor: a live one, positive sizes (the padding value may
                 // be NULL; the sequence lengths the decoder already required).
                 ("cudnn", "cudnnSetRNNDataDescriptor") => {
                     let sizes = [a[3], a[4], a[5]].iter().all(|&v| (1..=i32::MAX as u64).contains(&(v & 0xffff_ffff)));
-                    if self.state().legacy.contains(&a[0]) && sizes { SUCCESS } else { 2000 }
+                    if self.state().legacy.contains(&a[0]) && sizes { SUCCESS } else { CUDNN_BAD_PARAM }
                 }
                 // cuFFT plans: created, made once (a work size of 16 bytes per element of
                 // the batch's transforms; another salt, another library: 8 more), destroyed.
@@ -891,7 +917,7 @@ impl Backend for Emulated {
                     let hidden = a[10] & 0xffff_ffff;
                     let mut s = self.state();
                     if !s.legacy.contains(&a[0]) || !(1..=1024).contains(&hidden) {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     }
                     s.rnn_hidden.insert(a[0], hidden);
                     SUCCESS
@@ -900,7 +926,7 @@ impl Backend for Emulated {
                     if self.state().legacy.contains(&a[0]) {
                         SUCCESS
                     } else {
-                        2000
+                        CUDNN_BAD_PARAM
                     }
                 }
                 // For a hidden size h (32 where unset): a matrix is h x h floats, a bias 2h
@@ -912,7 +938,7 @@ impl Backend for Emulated {
                     // As cuDNN: an address asked without its descriptor is a bad parameter.
                     let unpaired = (a[6] == 0 && a[7] != 0) || (a[8] == 0 && a[9] != 0);
                     if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 || unpaired {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     }
                     let mut s = self.state();
                     let h = s.rnn_hidden.get(&a[1]).copied().unwrap_or(32);
@@ -921,11 +947,12 @@ impl Backend for Emulated {
                         std::env::var(chidori_protocol::env::EMULATED_SALT).map_or(0, |v| u64::from(!v.is_empty()));
                     let base = a[4] + layer as u64 * 8 * (matrix + bias);
                     let (hi, h2) = (h as i32, 2 * h as i32);
+                    const FLOAT: u32 = chidori_cuda::consts::cudnnDataType_t::CUDNN_DATA_FLOAT;
                     if a[6] != 0 {
-                        s.tensors.insert(a[6], (0, vec![1, hi, hi], vec![hi * hi, hi, 1]));
+                        s.tensors.insert(a[6], (FLOAT, vec![1, hi, hi], vec![hi * hi, hi, 1]));
                     }
                     if a[8] != 0 {
-                        s.tensors.insert(a[8], (0, vec![1, h2, 1], vec![h2, 1, 1]));
+                        s.tensors.insert(a[8], (FLOAT, vec![1, h2, 1], vec![h2, 1, 1]));
                     }
                     if a[7] != 0 {
                         put_u64(a[7], base + lin as u64 * matrix);
@@ -938,7 +965,7 @@ impl Backend for Emulated {
                 ("cudnn", "cudnnSetTensorNdDescriptor") => {
                     let n = a[2] as i32;
                     if !(1..=8).contains(&n) || a[3] == 0 || a[4] == 0 {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     }
                     // SAFETY: the worker's copies of the caller's two arrays of nbDims ints.
                     let (dims, strides) = (
@@ -952,15 +979,16 @@ impl Backend for Emulated {
                 // other data types of four bytes, halves of two, doubles of eight).
                 ("cudnn", "cudnnGetTensorSizeInBytes") => {
                     let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     };
+                    use chidori_cuda::consts::cudnnDataType_t as data;
                     let elem: u64 = match dt {
-                        1 => 8,
-                        2 | 9 => 2,
+                        data::CUDNN_DATA_DOUBLE => 8,
+                        data::CUDNN_DATA_HALF | data::CUDNN_DATA_BFLOAT16 => 2,
                         _ => 4,
                     };
                     if dims.iter().chain(&strides).any(|v| *v <= 0) {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     }
                     let last = dims
                         .iter()
@@ -972,7 +1000,7 @@ impl Backend for Emulated {
                 // Writes min(requested, nbDims) dimensions and strides.
                 ("cudnn", "cudnnGetTensorNdDescriptor") => {
                     let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {
-                        return Ok(2000);
+                        return Ok(CUDNN_BAD_PARAM);
                     };
                     let k = (a[1] as i32).clamp(0, dims.len() as i32) as usize;
                     put_u32(a[2], dt);
@@ -993,7 +1021,7 @@ impl Backend for Emulated {
                 ("cusolver", "cusolverSpXcsrperm_bufferSizeHost") => {
                     let (m, nnz) = (a[1] as i32, a[3] as i32);
                     if m < 0 || nnz < 0 {
-                        return Ok(3);
+                        return Ok(CUSOLVER_INVALID_VALUE);
                     }
                     put_u64(a[9], 4 * (m as u64 + 1 + 2 * nnz as u64) + 64);
                     SUCCESS
@@ -1012,7 +1040,7 @@ impl Backend for Emulated {
                 ("cusolver", "cusolverSpDcsrcholBufferInfoHost") => {
                     let n = a[1] as i32;
                     if n <= 0 {
-                        return Ok(3);
+                        return Ok(CUSOLVER_INVALID_VALUE);
                     }
                     put_u64(a[8], 64);
                     put_u64(a[9], 8 * n as u64);
@@ -1023,13 +1051,13 @@ impl Backend for Emulated {
                     let n = a[1] as i32;
                     let mut values = vec![0u8; 8 * n.max(0) as usize];
                     if n <= 0 || !chidori_protocol::mirror::read_own(a[4], &mut values) {
-                        return Ok(3);
+                        return Ok(CUSOLVER_INVALID_VALUE);
                     }
                     let l: Vec<u8> = values
                         .chunks_exact(8)
                         .flat_map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()).sqrt().to_le_bytes())
                         .collect();
-                    if chidori_protocol::mirror::write_own(a[8], &l) { SUCCESS } else { 3 }
+                    if chidori_protocol::mirror::write_own(a[8], &l) { SUCCESS } else { CUSOLVER_INVALID_VALUE }
                 }
                 ("cusolver", "cusolverSpDcsrcholZeroPivotHost") => {
                     put_u32(a[3], u32::MAX);
@@ -1044,7 +1072,7 @@ impl Backend for Emulated {
                         || !chidori_protocol::mirror::read_own(a[2], &mut b)
                         || !chidori_protocol::mirror::read_own(a[5], &mut l)
                     {
-                        return Ok(3);
+                        return Ok(CUSOLVER_INVALID_VALUE);
                     }
                     let f = |c: &[u8]| f64::from_le_bytes(c.try_into().unwrap_or_default());
                     let x: Vec<u8> = b
@@ -1052,7 +1080,7 @@ impl Backend for Emulated {
                         .zip(l.chunks_exact(8))
                         .flat_map(|(b, l)| (f(b) / (f(l) * f(l))).to_le_bytes())
                         .collect();
-                    if chidori_protocol::mirror::write_own(a[3], &x) { SUCCESS } else { 3 }
+                    if chidori_protocol::mirror::write_own(a[3], &x) { SUCCESS } else { CUSOLVER_INVALID_VALUE }
                 }
                 ("cudnn", "cudnnBackendCreateDescriptor") => {
                     let mut s = self.state();
@@ -1065,14 +1093,20 @@ impl Backend for Emulated {
                 // array of handles (CUDNN_TYPE_HANDLE) live cudnnHandle_t.
                 ("cudnn", "cudnnBackendSetAttribute") => {
                     let s = self.state();
-                    let elements = if matches!(a[2], 0 | 15) && a[4] != 0 { a[3] as usize } else { 0 };
-                    let known =
-                        |v: u64| if a[2] == 0 { s.cudnn_handles.contains(&v) } else { s.descriptors.contains_key(&v) };
+                    let handles = matches!(a[2], CUDNN_TYPE_HANDLE | CUDNN_TYPE_BACKEND_DESCRIPTOR);
+                    let elements = if handles && a[4] != 0 { a[3] as usize } else { 0 };
+                    let known = |v: u64| {
+                        if a[2] == CUDNN_TYPE_HANDLE {
+                            s.cudnn_handles.contains(&v)
+                        } else {
+                            s.descriptors.contains_key(&v)
+                        }
+                    };
                     // SAFETY: the worker's array of `elementCount` handles (the wire form).
                     let live = (0..elements).all(|i| known(*(a[4] as *const u64).add(i)));
                     match s.descriptors.get(&a[0]) {
                         Some((_, false)) if live => SUCCESS,
-                        _ => 2000,
+                        _ => CUDNN_BAD_PARAM,
                     }
                 }
                 ("cudnn", "cudnnBackendFinalize") => match self.state().descriptors.get_mut(&a[0]) {
@@ -1080,30 +1114,34 @@ impl Backend for Emulated {
                         *finalized = true;
                         SUCCESS
                     }
-                    _ => 2000,
+                    _ => CUDNN_BAD_PARAM,
                 },
                 ("cudnn", "cudnnBackendExecute") => {
                     let s = self.state();
-                    let finalized = |d: u64, ty: u64| s.descriptors.get(&d) == Some(&(ty, true));
-                    // CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR and _VARIANT_PACK_DESCRIPTOR.
-                    if s.cudnn_handles.contains(&a[0]) && finalized(a[1], 5) && finalized(a[2], 16) {
+                    use chidori_cuda::consts::cudnnBackendDescriptorType_t as d;
+                    let finalized = |desc: u64, ty: u32| s.descriptors.get(&desc) == Some(&(u64::from(ty), true));
+                    if s.cudnn_handles.contains(&a[0])
+                        && finalized(a[1], d::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+                        && finalized(a[2], d::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)
+                    {
                         SUCCESS
                     } else {
-                        2000
+                        CUDNN_BAD_PARAM
                     }
                 }
                 // Two elements of any attribute are available (one descriptor): a Get writes
                 // min(requested, available) elements and their count.
                 ("cudnn", "cudnnBackendGetAttribute") => {
                     if !self.state().descriptors.contains_key(&a[0]) {
-                        2000
+                        CUDNN_BAD_PARAM
                     } else {
-                        let (requested, available) = (a[3] as i64, if a[2] == 15 { 1 } else { 2 });
-                        if a[2] == 15 && a[5] != 0 && requested > 0 {
+                        let descriptors = a[2] == CUDNN_TYPE_BACKEND_DESCRIPTOR;
+                        let (requested, available) = (a[3] as i64, if descriptors { 1 } else { 2 });
+                        if descriptors && a[5] != 0 && requested > 0 {
                             // SAFETY: the worker's array of `requested` descriptors.
                             let filled = *(a[5] as *const u64);
                             if !self.state().descriptors.contains_key(&filled) {
-                                return Ok(2000);
+                                return Ok(CUDNN_BAD_PARAM);
                             }
                         }
                         let n = if a[5] == 0 { available } else { requested.clamp(0, available) };
@@ -1114,7 +1152,7 @@ impl Backend for Emulated {
                             Some(Wire::Buf { len: Some(len), .. }) => len.eval(a).unwrap_or(0),
                             _ => 0,
                         };
-                        if a[2] != 15 && a[5] != 0 && requested > 0 {
+                        if !descriptors && a[5] != 0 && requested > 0 {
                             let per = bytes / requested as u64;
                             // Another salt, another library: what a test of answers kept
                             // from an earlier session changes.
@@ -1132,7 +1170,7 @@ impl Backend for Emulated {
                     if self.state().descriptors.remove(&a[0]).is_some() {
                         SUCCESS
                     } else {
-                        2000
+                        CUDNN_BAD_PARAM
                     }
                 }
                 // The context API version contexts have had since CUDA 3.2 (3020).
@@ -1207,24 +1245,29 @@ impl Backend for Emulated {
         &self,
         request: &chidori_protocol::messages::JitLinkRequest,
     ) -> Result<chidori_protocol::messages::JitLinkResult, (i64, String)> {
+        use chidori_cuda::consts::nvJitLinkInputType as input;
+        use chidori_cuda::consts::nvJitLinkResult as result;
         use chidori_protocol::messages::JitLinkResult;
-        let fail = |status: i64, log: String| JitLinkResult {
-            status,
+        let fail = |status: u32, log: String| JitLinkResult {
+            status: i64::from(status),
             error_log: format!("{log}\0").into_bytes(),
             ..JitLinkResult::default()
         };
         let Some(arch) = request.options.iter().find_map(|o| o.strip_prefix("-arch=")) else {
-            return Ok(fail(2, "ERROR: -arch=sm_NN is required".into()));
+            return Ok(fail(result::NVJITLINK_ERROR_MISSING_ARCH, "ERROR: -arch=sm_NN is required".into()));
         };
         if let Some(o) =
             request.options.iter().find(|o| !o.starts_with("-arch=") && !["-ptx", "-lto"].contains(&o.as_str()))
         {
-            return Ok(fail(1, format!("ERROR: unrecognized option {o}")));
+            return Ok(fail(result::NVJITLINK_ERROR_UNRECOGNIZED_OPTION, format!("ERROR: unrecognized option {o}")));
         }
-        if let Some((kind, name, _)) =
-            request.inputs.iter().find(|(kind, _, bytes)| bytes.is_empty() || !matches!(kind, 1..=7 | 10))
+        let known = |kind: u32| {
+            matches!(kind, input::NVJITLINK_INPUT_CUBIN..=input::NVJITLINK_INPUT_INDEX | input::NVJITLINK_INPUT_ANY)
+        };
+        if let Some((kind, name, _)) = request.inputs.iter().find(|(kind, _, bytes)| bytes.is_empty() || !known(*kind))
         {
-            return Ok(fail(3, format!("ERROR: input {name:?} (type {kind}) is empty or of no known type")));
+            let why = format!("ERROR: input {name:?} (type {kind}) is empty or of no known type");
+            return Ok(fail(result::NVJITLINK_ERROR_INVALID_INPUT, why));
         }
         let mut cubin = b"\x7fELF".to_vec();
         for (_, _, bytes) in &request.inputs {
@@ -1233,7 +1276,7 @@ impl Backend for Emulated {
         let ptx =
             if request.options.iter().any(|o| o == "-ptx") { b"// emulated link\n\0".to_vec() } else { Vec::new() };
         Ok(JitLinkResult {
-            status: 0,
+            status: i64::from(result::NVJITLINK_SUCCESS),
             cubin,
             ptx,
             info_log: format!("emulated link: {} inputs for {arch}\0", request.inputs.len()).into_bytes(),
@@ -1280,8 +1323,7 @@ impl Backend for Emulated {
             };
             match variables.iter().find(|(n, _)| n == name) {
                 Some((_, init)) => init.clone(),
-                // CUDA_ERROR_NOT_FOUND.
-                None => return Err((500, format!("no variable {name} in the library"))),
+                None => return Err((NOT_FOUND as i64, format!("no variable {name} in the library"))),
             }
         };
         let size = init.len() as u64;
@@ -1346,8 +1388,9 @@ impl Backend for Emulated {
         flags: u32,
         destroy: HostFn,
     ) -> Result<u64, String> {
-        // As CUDA: a positive count and the one flag (cudaUserObjectNoDestructorSync).
-        if refcount == 0 || flags != 1 {
+        // As CUDA: a positive count and the one flag (cudaUserObjectNoDestructorSync, the
+        // driver's number: the runtime's enum is not among the generated constants).
+        if refcount == 0 || flags != chidori_cuda::consts::CUuserObject_flags_enum::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC {
             return Ok(INVALID_VALUE);
         }
         let mut s = self.state();
@@ -1435,7 +1478,7 @@ impl LoopDevice for EmulatedLoop<'_> {
 
 /// `cusolverSpXcsrpermHost` on the worker's copies of the caller's arrays: B = P*A*Q^T, each
 /// of B's rows in column order, `map` permuted alike. `a`: handle, m, n, nnzA, descrA,
-/// csrRowPtrA, csrColIndA, p, q, map, pBuffer. CUSOLVER_STATUS_INVALID_VALUE (3) for a
+/// csrRowPtrA, csrColIndA, p, q, map, pBuffer. CUSOLVER_STATUS_INVALID_VALUE for a
 /// pattern, permutation or workspace the library would refuse.
 ///
 /// # Safety
@@ -1445,10 +1488,10 @@ unsafe fn permute_csr(a: &[u64]) -> u64 {
     let (Ok(m), Ok(n), Ok(nnz)) =
         (usize::try_from(a[1] as i32), usize::try_from(a[2] as i32), usize::try_from(a[3] as i32))
     else {
-        return 3;
+        return CUSOLVER_INVALID_VALUE;
     };
     if [a[5], a[6], a[7], a[8], a[9], a[10]].contains(&0) {
-        return 3;
+        return CUSOLVER_INVALID_VALUE;
     }
     // SAFETY: the worker's buffers of these lengths (the wire form's), checked non-null.
     let (rows, cols, p, q, map) = unsafe {
@@ -1465,18 +1508,20 @@ unsafe fn permute_csr(a: &[u64]) -> u64 {
     for (j, &c) in q.iter().enumerate() {
         match index(c, n) {
             Some(c) if q_inverse[c] == usize::MAX => q_inverse[c] = j,
-            _ => return 3,
+            _ => return CUSOLVER_INVALID_VALUE,
         }
     }
     let monotone = rows[0] == 0 && rows[m] as usize == nnz && rows.windows(2).all(|w| w[0] <= w[1]);
     if !monotone || cols.iter().any(|&c| index(c, n).is_none()) {
-        return 3;
+        return CUSOLVER_INVALID_VALUE;
     }
     let (old_rows, old_cols, old_map) = (rows.to_vec(), cols.to_vec(), map.to_vec());
     let mut seen = vec![false; m];
     let mut at = 0;
     for i in 0..m {
-        let Some(r) = index(p[i], m).filter(|&r| !std::mem::replace(&mut seen[r], true)) else { return 3 };
+        let Some(r) = index(p[i], m).filter(|&r| !std::mem::replace(&mut seen[r], true)) else {
+            return CUSOLVER_INVALID_VALUE;
+        };
         let (start, end) = (old_rows[r] as usize, old_rows[r + 1] as usize);
         let mut entries: Vec<(usize, i32)> =
             (start..end).map(|k| (q_inverse[old_cols[k] as usize], old_map[k])).collect();

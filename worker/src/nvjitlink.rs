@@ -10,9 +10,9 @@ use chidori_protocol::messages::{JitLinkRequest, JitLinkResult};
 use crate::loader::Library;
 
 /// NVJITLINK_SUCCESS, NVJITLINK_ERROR_INVALID_INPUT and NVJITLINK_ERROR_INTERNAL.
-const SUCCESS: c_int = 0;
-pub const INVALID_INPUT: i64 = 3;
-pub const INTERNAL: i64 = 6;
+const SUCCESS: c_int = chidori_cuda::consts::nvJitLinkResult::NVJITLINK_SUCCESS as c_int;
+pub const INVALID_INPUT: i64 = chidori_cuda::consts::nvJitLinkResult::NVJITLINK_ERROR_INVALID_INPUT as i64;
+pub const INTERNAL: i64 = chidori_cuda::consts::nvJitLinkResult::NVJITLINK_ERROR_INTERNAL as i64;
 
 type Handle = *mut c_void;
 type Size = unsafe extern "C" fn(Handle, *mut usize) -> c_int;
@@ -98,10 +98,10 @@ fn run(api: &Api, req: &JitLinkRequest) -> JitLinkResult {
                 break;
             }
         }
-        if result.status == 0 {
+        if result.status == i64::from(SUCCESS) {
             result.status = i64::from((api.complete)(handle));
         }
-        if result.status == 0 {
+        if result.status == i64::from(SUCCESS) {
             result.cubin = read(handle, api.cubin_size, api.cubin);
             result.ptx = read(handle, api.ptx_size, api.ptx);
         }

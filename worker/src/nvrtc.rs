@@ -11,8 +11,8 @@ use chidori_protocol::messages::{CompileRequest, CompileResult};
 use crate::loader::Library;
 
 /// NVRTC_SUCCESS and NVRTC_ERROR_INVALID_INPUT (the same in every version).
-const SUCCESS: c_int = 0;
-pub const INVALID_INPUT: i64 = 3;
+const SUCCESS: c_int = chidori_cuda::consts::nvrtcResult::NVRTC_SUCCESS as c_int;
+pub const INVALID_INPUT: i64 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INVALID_INPUT as i64;
 
 type Program = *mut c_void;
 

@@ -64,8 +64,7 @@ struct ModuleApi {
     exchange_capture_mode: unsafe extern "C" fn(*mut u32) -> u32,
 }
 
-/// cudaStreamCaptureModeRelaxed.
-const CAPTURE_MODE_RELAXED: u32 = 2;
+const CAPTURE_MODE_RELAXED: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
 
 impl ModuleApi {
     /// Run `f` with this thread's stream-capture mode relaxed. The worker registers host
@@ -87,8 +86,13 @@ impl ModuleApi {
     }
 }
 
-/// cudaErrorNotSupported.
-const NOT_SUPPORTED_RT: i64 = 801;
+/// cudaErrorNotSupported (CUDA_ERROR_NOT_SUPPORTED is the same number).
+const NOT_SUPPORTED_RT: i64 = chidori_cuda::consts::cudaError::cudaErrorNotSupported as i64;
+const _: () = assert!(NOT_SUPPORTED_RT == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64);
+/// What the worker answers for a failure of its own around a driver call: an argument it
+/// cannot pass on, and a failure with no status of the driver's.
+const INVALID_VALUE: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE as i64;
+const UNKNOWN: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_UNKNOWN as i64;
 
 /// The runtime functions a graph-replay loop calls.
 struct LoopApi {
@@ -132,8 +136,7 @@ struct RealLoop<'a> {
     lens: [usize; LOOP_SLOTS],
 }
 
-/// cudaMemcpyDeviceToHost.
-const D2H: u32 = 2;
+const D2H: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToHost;
 const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
 
 fn status(rc: u32) -> Result<(), i64> {
@@ -197,7 +200,8 @@ impl LoopDevice for RealLoop<'_> {
     }
 }
 
-/// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it.
+/// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it. The
+/// header's macros, not an enum, so not among the generated constants.
 const HOST_REGISTER_PORTABLE_MAPPED: u32 = 1 | 2;
 
 /// cudaHostRegisterPortable: pinned for every context.
@@ -260,8 +264,7 @@ const _: () = {
     assert!(size_of::<LaunchAttribute>() == 72);
 };
 
-/// CU_LAUNCH_ATTRIBUTE_COOPERATIVE.
-const ATTRIBUTE_COOPERATIVE: u32 = 2;
+const ATTRIBUTE_COOPERATIVE: u32 = chidori_cuda::consts::CUlaunchAttributeID_enum::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
 
 fn cstr(p: *const i8) -> String {
     if p.is_null() {
@@ -544,7 +547,7 @@ impl Backend for Real {
     }
 
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)> {
-        let name = std::ffi::CString::new(name).map_err(|_| (1, "bad symbol name".to_owned()))?;
+        let name = std::ffi::CString::new(name).map_err(|_| (INVALID_VALUE, "bad symbol name".to_owned()))?;
         let (mut address, mut size) = (0u64, 0usize);
         // SAFETY: out-pointers are locals; name is NUL-terminated.
         let mut rc = unsafe { (self.module_api.library_get_global)(&mut address, &mut size, library, name.as_ptr()) };
@@ -672,8 +675,10 @@ impl Backend for Real {
         }
         let mut events = [0u64; LOOP_SLOTS];
         for e in &mut events {
-            // SAFETY: a valid out-pointer; cudaEventDisableTiming.
-            let rc = unsafe { (api.event_create)(e, 2) };
+            // cudaEventDisableTiming: a macro of the runtime's header, the driver's number.
+            let disable_timing = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING;
+            // SAFETY: a valid out-pointer.
+            let rc = unsafe { (api.event_create)(e, disable_timing) };
             if rc != 0 {
                 // SAFETY: allocated above.
                 unsafe { (api.free_host)(host) };
@@ -839,13 +844,13 @@ impl Backend for Real {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("chidori-graph-{}-{n}.dot", std::process::id()));
         let c_path = std::ffi::CString::new(path.to_string_lossy().into_owned())
-            .map_err(|_| (1, "a temporary path with a NUL".to_owned()))?;
+            .map_err(|_| (INVALID_VALUE, "a temporary path with a NUL".to_owned()))?;
         // SAFETY: a graph of the session and a NUL-terminated path the worker owns.
         let status = unsafe { f(graph, c_path.as_ptr(), flags) };
         let text = std::fs::read_to_string(&path);
         let _ = std::fs::remove_file(&path);
         rc(status, "cuGraphDebugDotPrint")?;
-        text.map_err(|e| (999, format!("reading the graph's dot file: {e}")))
+        text.map_err(|e| (UNKNOWN, format!("reading the graph's dot file: {e}")))
     }
 
     fn link(&self, request: &LinkRequest) -> Result<LinkResult, (i64, String)> {
@@ -931,7 +936,7 @@ impl Backend for Real {
                 }
             }
             NodeParams::Host { .. } => {
-                let host = host.ok_or((1, "a host node without its function".to_owned()))?;
+                let host = host.ok_or((INVALID_VALUE, "a host node without its function".to_owned()))?;
                 // The node runs on every replay: the closure lives as long as the session.
                 let ctx = Box::into_raw(Box::new(HostCtx { keep: true, host })) as *mut c_void;
                 let p = HostNodeParams { f: host_trampoline, user_data: ctx };
@@ -978,7 +983,7 @@ impl Backend for Real {
                 at.copy_from_slice(&after[16..24]);
                 let bodies = u64::from_le_bytes(at) as *const u64;
                 if bodies.is_null() {
-                    return Err((1, "the driver made a conditional node without body graphs".into()));
+                    return Err((INVALID_VALUE, "the driver made a conditional node without body graphs".into()));
                 }
                 made.node = node;
                 // SAFETY: the driver's array of `size` body graphs, valid while the node is.
@@ -1131,10 +1136,10 @@ const _: () = {
     assert!(size_of::<NodeParamsUnion>() == 256);
 };
 
-/// CU_GRAPH_NODE_TYPE_KERNEL and _CONDITIONAL.
-const NODE_KERNEL: u32 = 0;
-const NODE_CONDITIONAL: u32 = 13;
-/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE.
+const NODE_KERNEL: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_KERNEL;
+const NODE_CONDITIONAL: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE: the
+/// header's macros (pointer values, no enum), so not among the generated constants.
 const LAUNCH_PARAM_END: usize = 0;
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;

@@ -18,6 +18,7 @@
 //! bytes: the span checked is never larger than the one used, and the GPU keeps what lies
 //! past it inside the session's own address space.
 
+use chidori_cuda::consts::{CUmemorytype_enum, CUresourcetype_enum, CUstreamBatchMemOpType_enum};
 use chidori_cuda::structs;
 
 /// A span of device memory a record names.
@@ -31,24 +32,30 @@ pub struct Span {
     pub base: u64,
 }
 
-/// `cudaMemcpyMemoryType`-like values of the driver's copy records.
-const CU_MEMORYTYPE_DEVICE: u64 = 2;
-const CU_MEMORYTYPE_UNIFIED: u64 = 4;
+/// `CUmemorytype` values of the driver's copy records that name device memory (records
+/// hold them in 64-bit words here).
+const CU_MEMORYTYPE_DEVICE: u64 = CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u64;
+const CU_MEMORYTYPE_UNIFIED: u64 = CUmemorytype_enum::CU_MEMORYTYPE_UNIFIED as u64;
 
 /// Resource types whose union holds device memory: linear and pitch 2D (same values in
 /// the runtime's and the driver's enums).
-const RESOURCE_LINEAR: u64 = 2;
-const RESOURCE_PITCH2D: u64 = 3;
+const RESOURCE_LINEAR: u64 = CUresourcetype_enum::CU_RESOURCE_TYPE_LINEAR as u64;
+const RESOURCE_PITCH2D: u64 = CUresourcetype_enum::CU_RESOURCE_TYPE_PITCH2D as u64;
+const _: () = {
+    use chidori_cuda::consts::cudaResourceType as runtime;
+    assert!(RESOURCE_LINEAR == runtime::cudaResourceTypeLinear as u64);
+    assert!(RESOURCE_PITCH2D == runtime::cudaResourceTypePitch2D as u64);
+};
 
 /// `CUstreamBatchMemOpType`: the operations that name a word of device memory, and those
 /// that name none (a flush of remote writes, a memory barrier).
-const MEM_OP_WAIT_VALUE_32: u64 = 1;
-const MEM_OP_WRITE_VALUE_32: u64 = 2;
-const MEM_OP_FLUSH_REMOTE_WRITES: u64 = 3;
-const MEM_OP_WAIT_VALUE_64: u64 = 4;
-const MEM_OP_WRITE_VALUE_64: u64 = 5;
-const MEM_OP_BARRIER: u64 = 6;
-const MEM_OP_ATOMIC_REDUCTION: u64 = 8;
+const MEM_OP_WAIT_VALUE_32: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_WAIT_VALUE_32 as u64;
+const MEM_OP_WRITE_VALUE_32: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_WRITE_VALUE_32 as u64;
+const MEM_OP_FLUSH_REMOTE_WRITES: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES as u64;
+const MEM_OP_WAIT_VALUE_64: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_WAIT_VALUE_64 as u64;
+const MEM_OP_WRITE_VALUE_64: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_WRITE_VALUE_64 as u64;
+const MEM_OP_BARRIER: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_BARRIER as u64;
+const MEM_OP_ATOMIC_REDUCTION: u64 = CUstreamBatchMemOpType_enum::CU_STREAM_MEM_OP_ATOMIC_REDUCTION as u64;
 /// Where the members of the operation union hold their address (CUDA 11.8 to 13.1; the
 /// unit test checks them against every generated layout): a wait's and a write's at 8, an
 /// atomic reduction's at 16 after its operator and data type (a `u32` at 12).
@@ -56,7 +63,8 @@ const MEM_OP_VALUE_ADDRESS: usize = 8;
 const MEM_OP_REDUCTION_DATA_TYPE: usize = 12;
 const MEM_OP_REDUCTION_ADDRESS: usize = 16;
 /// `CUstreamAtomicReductionDataType`: a 32-bit word (else 64).
-const REDUCTION_UNSIGNED_32: u64 = 14;
+const REDUCTION_UNSIGNED_32: u64 =
+    chidori_cuda::consts::CUstreamAtomicReductionDataType_enum::CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_32 as u64;
 
 struct Fields<'a> {
     map: &'static structs::StructMap,

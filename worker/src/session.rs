@@ -122,6 +122,11 @@ const TIMING_TARGET: &str = "chidori::calls";
 /// the same value in both APIs).
 const INVALID_VALUE: i64 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue as i64;
 
+/// A handle the session never made (CUDA_ERROR_INVALID_HANDLE, cudaErrorInvalidResourceHandle:
+/// the same value in both APIs); also what a status-text request the server cannot answer gets.
+const INVALID_HANDLE: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_HANDLE as i64;
+const _: () = assert!(INVALID_HANDLE == chidori_cuda::consts::cudaError::cudaErrorInvalidResourceHandle as i64);
+
 /// Why a session ends badly: the frame or call that broke the protocol.
 #[derive(Debug)]
 struct Fatal(String);
@@ -1884,16 +1889,16 @@ fn resolve_launch(session: &Session, l: &mut Launch) -> Result<(), (i64, String)
     let handles = lock(&session.handles);
     let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
     else {
-        return Err((400, format!("launch of {:#x}, which is no function of this session", l.function)));
+        return Err((INVALID_HANDLE, format!("launch of {:#x}, which is no function of this session", l.function)));
     };
     let Some(stream) = handles.resolve(CUstream_st, l.stream) else {
-        return Err((400, format!("launch on {:#x}, which is no stream of this session", l.stream)));
+        return Err((INVALID_HANDLE, format!("launch on {:#x}, which is no stream of this session", l.stream)));
     };
     for (id, value) in l.attributes.iter_mut().filter(|(id, _)| EVENT_ATTRIBUTES.contains(id)) {
         let Some(word) = value.first_chunk_mut::<8>() else { continue };
         let event = u64::from_le_bytes(*word);
         let Some(real) = handles.resolve(CUevent_st, event).filter(|&e| e != 0) else {
-            return Err((400, format!("launch attribute {id}: {event:#x} is no event of this session")));
+            return Err((INVALID_HANDLE, format!("launch attribute {id}: {event:#x} is no event of this session")));
         };
         *word = real.to_le_bytes();
     }
@@ -1933,8 +1938,7 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         session.writer.send(h, &messages::encode(&err), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
     };
     let Some(layout) = layout_of(session, l.function) else {
-        // cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
-        return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
+        return fail(INVALID_HANDLE, format!("launch of {:#x}, which is no function of this session", l.function));
     };
     if let Err((status, message)) = resolve_launch(session, &mut l) {
         return fail(status, message);
@@ -2017,9 +2021,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Service::Global { module, name } => {
             let real = lock(&session.handles).resolve(chidori_cuda::handles::kind::CUlib_st, module);
             match real.filter(|&r| r != 0 && lock(&session.libraries).contains(&module)) {
-                None => {
-                    ServiceReply::Error { status: 400, message: format!("{module:#x} is no module of this session") }
-                }
+                None => ServiceReply::Error {
+                    status: INVALID_HANDLE,
+                    message: format!("{module:#x} is no module of this session"),
+                },
                 Some(real) => match session.backend.global(real, &name) {
                     Ok((address, size)) => {
                         lock(&session.memory).insert(address, size, Origin::Global);
@@ -2037,9 +2042,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             let kind =
                 if kernel { chidori_cuda::handles::kind::CUkern_st } else { chidori_cuda::handles::kind::CUfunc_st };
             match lock(&session.handles).resolve(kind, handle).filter(|&r| r != 0) {
-                None => {
-                    ServiceReply::Error { status: 400, message: format!("{handle:#x} is no function of this session") }
-                }
+                None => ServiceReply::Error {
+                    status: INVALID_HANDLE,
+                    message: format!("{handle:#x} is no function of this session"),
+                },
                 Some(real) => match session.backend.function_name(real, kernel) {
                     Ok(name) => ServiceReply::Name(name),
                     Err((status, message)) => ServiceReply::Error { status, message },
@@ -2064,11 +2070,14 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             let known = chidori_cuda::status::TEXT_FUNCTIONS.iter().any(|&(l, f)| l == library && f == function);
             if !known {
                 ServiceReply::Error {
-                    status: 400,
+                    status: INVALID_HANDLE,
                     message: format!("{function} is no error-string function of {library}"),
                 }
             } else if values.len() > messages::MAX_STATUS_TEXTS {
-                ServiceReply::Error { status: 400, message: format!("{} status values asked at once", values.len()) }
+                ServiceReply::Error {
+                    status: INVALID_HANDLE,
+                    message: format!("{} status values asked at once", values.len()),
+                }
             } else {
                 match session.backend.status_texts(&library, &function, &values) {
                     Ok(texts) => ServiceReply::Texts(texts),
@@ -2104,9 +2113,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Service::GraphNode(request) => graph_node(session, frame, request),
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },
-            None => {
-                ServiceReply::Error { status: 400, message: format!("{function:#x} is no function of this session") }
-            }
+            None => ServiceReply::Error {
+                status: INVALID_HANDLE,
+                message: format!("{function:#x} is no function of this session"),
+            },
         },
     };
     let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
@@ -2126,8 +2136,14 @@ fn fitting(reply: ServiceReply) -> chidori_protocol::rkyv::util::AlignedVec {
         frame::MAX_ARCHIVE
     );
     tracing::warn!("{message}");
-    // cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY: the answer did not fit.
-    messages::encode(&ServiceReply::Error { status: 2, message })
+    // The answer did not fit (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY: the same
+    // value in both APIs).
+    let status = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY as i64;
+    const _: () = assert!(
+        chidori_cuda::consts::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+            == chidori_cuda::consts::cudaError::cudaErrorMemoryAllocation
+    );
+    messages::encode(&ServiceReply::Error { status, message })
 }
 
 /// Run a graph-replay loop: the graph and stream must be this session's; the output of
@@ -2138,9 +2154,8 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     let stream = handles.resolve(chidori_cuda::handles::kind::CUstream_st, request.stream);
     drop(handles);
     let (Some(exec), Some(stream)) = (exec, stream) else {
-        // cudaErrorInvalidResourceHandle.
         return ServiceReply::Error {
-            status: 400,
+            status: INVALID_HANDLE,
             message: format!(
                 "graph loop: {:#x} / {:#x} is no graph and stream of this session",
                 request.exec, request.stream
@@ -2197,9 +2212,9 @@ fn live(handles: &Handles, kind: HandleKind, value: u64) -> Option<u64> {
     handles.resolve(kind, value).filter(|&real| real != 0)
 }
 
-/// cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
+/// The answer for a handle value this session does not hold.
 fn foreign(what: &str, value: u64) -> ServiceReply {
-    ServiceReply::Error { status: 400, message: format!("{value:#x} is no {what} of this session") }
+    ServiceReply::Error { status: INVALID_HANDLE, message: format!("{value:#x} is no {what} of this session") }
 }
 
 /// Node arrays of a graph, a node or a capture: every node in the answer becomes a handle

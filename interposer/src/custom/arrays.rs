@@ -37,6 +37,10 @@ fn run(ctx: &Ctx, body: impl FnOnce(&Conn) -> Result<u32, u32>) -> u32 {
     })
 }
 
+/// cudaSuccess, and the driver's CUDA_SUCCESS: these functions serve both APIs.
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+const _: () = assert!(SUCCESS == chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS);
+
 fn invalid(ctx: &Ctx) -> u32 {
     ctx.codes.invalid_value as u32
 }
@@ -72,7 +76,7 @@ pub unsafe fn malloc_3d(ctx: &Ctx, pitched: *mut c_void, extent: cudaExtent) -> 
         let extent_at = &extent as *const cudaExtent as u64;
         // SAFETY: the caller's cudaPitchedPtr; the extent travels by value.
         let s = unsafe { call(conn, ctx.form(Form::Call), &[pitched as u64, extent_at]) };
-        if s == 0 {
+        if s == SUCCESS {
             // SAFETY: written by the reply: ptr, pitch, xsize, ysize.
             let p = unsafe { std::ptr::read_unaligned(pitched as *const PitchedPtr) };
             let len = p.pitch.saturating_mul(extent.height.max(1) as u64).saturating_mul(extent.depth.max(1) as u64);
@@ -204,7 +208,7 @@ fn from_array_2d(
         (args[0], args[1]) = (rows.as_mut_ptr() as u64, width as u64);
         // SAFETY: `rows` holds width * height bytes for the reply.
         let s = unsafe { call(conn, ctx.form(Form::A2h), &args) };
-        if s == 0 {
+        if s == SUCCESS {
             // SAFETY: the destination rows lie in the caller's buffer per its pitch.
             unsafe { scatter(&rows, dst, dpitch, width, height) };
         }
@@ -364,7 +368,7 @@ impl Staging {
                 (false, None) => call(conn, &calls::cudaMalloc__call, &[out, len.max(1)]),
             }
         };
-        if s != 0 {
+        if s != SUCCESS {
             return Err(s);
         }
         Ok(Staging { address, stream, driver })
@@ -384,7 +388,7 @@ impl Staging {
                 (false, None) => call(conn, &calls::cudaFree__call, &[self.address]),
             }
         };
-        if s != 0 {
+        if s != SUCCESS {
             tracing::debug!("freeing a staging buffer answered {s}");
         }
     }
@@ -433,7 +437,7 @@ fn stage_in(conn: &Conn, packed: &[u8], stream: Option<u64>, driver: bool) -> Re
         let s = unsafe {
             copy_driver(conn, forms.h2d, staging.address, packed.as_ptr() as u64, packed.len() as u64, &tail)
         };
-        if s != 0 {
+        if s != SUCCESS {
             staging.free(conn);
             return Err(s);
         }
@@ -444,7 +448,7 @@ fn stage_in(conn: &Conn, packed: &[u8], stream: Option<u64>, driver: bool) -> Re
     let s = unsafe {
         memory::copy(conn, &forms, staging.address, packed.as_ptr() as u64, n, (true, false), &tail, stream.is_some())
     } as u32;
-    if s != 0 {
+    if s != SUCCESS {
         staging.free(conn);
         return Err(s);
     }
@@ -467,7 +471,7 @@ fn stage_out(conn: &Conn, staging: &Staging, len: u64) -> Result<Vec<u8>, u32> {
         let s = unsafe { memory::copy(conn, &forms, dst, staging.address, len, (false, true), &tail, asynchronous) };
         s as u32
     };
-    if s != 0 {
+    if s != SUCCESS {
         return Err(s);
     }
     Ok(packed)
@@ -504,7 +508,7 @@ fn array_element_size(conn: &Conn, array: u64) -> Result<u64, u32> {
     ];
     // SAFETY: locals as out-pointers, an array handle by value.
     let s = unsafe { call(conn, &calls::cudaArrayGetInfo, &args) };
-    if s != 0 {
+    if s != SUCCESS {
         return Err(s);
     }
     let bits = [desc.x, desc.y, desc.z, desc.w].iter().map(|b| (*b).max(0) as u64).sum::<u64>();
@@ -698,7 +702,7 @@ fn copy_3d_runtime(conn: &Conn, form: &'static CallDesc, mut m: Memcpy3DParms, s
             let original = m;
             (m.dst_array, m.dst_pos, m.dst_ptr) = (0, [0; 3], staged(staging.address));
             let s = send(&m);
-            let packed = if s == 0 { stage_out(conn, &staging, packed_len) } else { Err(s) };
+            let packed = if s == SUCCESS { stage_out(conn, &staging, packed_len) } else { Err(s) };
             staging.free(conn);
             match packed {
                 Ok(bytes) => {
@@ -758,7 +762,7 @@ fn batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64, s
                 .ok_or(invalid(ctx))?;
             // SAFETY: host sides are the caller's buffers of `size` bytes.
             let s = unsafe { memory::copy(conn, &forms, dst, src, size, direction, &[stream], true) } as u32;
-            if s != 0 {
+            if s != SUCCESS {
                 if fail != 0 {
                     // SAFETY: the caller's size_t.
                     unsafe { std::ptr::write_unaligned(fail as *mut usize, i) };
@@ -766,11 +770,11 @@ fn batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64, s
                 return Err(s);
             }
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
-/// cudaMemcpy3DOperand: a type (pointer 1, array 2) and, for a pointer, its address, row
+/// cudaMemcpy3DOperand: a type (cudaMemcpy3DOperandType) and, for a pointer, its address, row
 /// length and layer height in elements and a location hint; for an array, the array and
 /// an offset in elements.
 fn operand(op: &[u8]) -> Option<(u32, [u64; 4])> {
@@ -783,13 +787,17 @@ fn operand(op: &[u8]) -> Option<(u32, [u64; 4])> {
 /// cudaMemcpy3DParms. A pointer operand's row length and layer height count elements of
 /// the copy (an array's when one takes part, else bytes); 0 means the extent's.
 fn batch_op(conn: &Conn, op: &[u8]) -> Result<Memcpy3DParms, u32> {
-    let (src_ty, src) = operand(op.get(..40).ok_or(1u32)?).ok_or(1u32)?;
-    let (dst_ty, dst) = operand(op.get(40..80).ok_or(1u32)?).ok_or(1u32)?;
+    use chidori_cuda::consts::cudaMemcpy3DOperandType::{
+        cudaMemcpyOperandTypeArray as ARRAY, cudaMemcpyOperandTypePointer as POINTER,
+    };
+    const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+    let (src_ty, src) = operand(op.get(..40).ok_or(INVALID_VALUE)?).ok_or(INVALID_VALUE)?;
+    let (dst_ty, dst) = operand(op.get(40..80).ok_or(INVALID_VALUE)?).ok_or(INVALID_VALUE)?;
     let word = |at: usize| op.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0);
     let extent = [word(80), word(88), word(96)];
-    let array = if src_ty == 2 {
+    let array = if src_ty == ARRAY {
         src[0]
-    } else if dst_ty == 2 {
+    } else if dst_ty == ARRAY {
         dst[0]
     } else {
         0
@@ -803,14 +811,14 @@ fn batch_op(conn: &Conn, op: &[u8]) -> Result<Memcpy3DParms, u32> {
         PitchedPtr { ptr: v[0], pitch: row, xsize: row, ysize: layer }
     };
     match src_ty {
-        1 => m.src_ptr = pitched(&src),
-        2 => (m.src_array, m.src_pos) = (src[0], [src[1], src[2], src[3]]),
-        _ => return Err(1),
+        POINTER => m.src_ptr = pitched(&src),
+        ARRAY => (m.src_array, m.src_pos) = (src[0], [src[1], src[2], src[3]]),
+        _ => return Err(INVALID_VALUE),
     }
     match dst_ty {
-        1 => m.dst_ptr = pitched(&dst),
-        2 => (m.dst_array, m.dst_pos) = (dst[0], [dst[1], dst[2], dst[3]]),
-        _ => return Err(1),
+        POINTER => m.dst_ptr = pitched(&dst),
+        ARRAY => (m.dst_array, m.dst_pos) = (dst[0], [dst[1], dst[2], dst[3]]),
+        _ => return Err(INVALID_VALUE),
     }
     Ok(m)
 }
@@ -833,7 +841,7 @@ fn batch_ops(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, copy: impl Fn(&Conn
             // SAFETY: the caller's array of numOps 112-byte records.
             let op = unsafe { std::slice::from_raw_parts((ops as usize + i * 112) as *const u8, 112) };
             let s = copy(conn, op);
-            if s != 0 {
+            if s != SUCCESS {
                 if fail != 0 {
                     // SAFETY: the caller's size_t.
                     unsafe { std::ptr::write_unaligned(fail as *mut usize, i) };
@@ -841,7 +849,7 @@ fn batch_ops(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, copy: impl Fn(&Conn
                 return Err(s);
             }
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -1042,7 +1050,7 @@ fn copy_3d_driver(conn: &Conn, mut m: CuMemcpy3D, stream: Option<u64>, send: &dy
             };
             staged(&mut m, false, staging.address);
             let s = send(&m);
-            let packed = if s == 0 { stage_out(conn, &staging, len) } else { Err(s) };
+            let packed = if s == SUCCESS { stage_out(conn, &staging, len) } else { Err(s) };
             staging.free(conn);
             match packed {
                 Ok(bytes) => {
@@ -1168,8 +1176,8 @@ fn cu_batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64
                 // SAFETY: the record lives across the call.
                 unsafe { call(conn, &dcalls::cuMemcpy3DAsync_v2__d2d, &args) }
             };
-            let s = if size == 0 { 0 } else { copy_3d_driver(conn, m, Some(stream), &send) };
-            if s != 0 {
+            let s = if size == 0 { SUCCESS } else { copy_3d_driver(conn, m, Some(stream), &send) };
+            if s != SUCCESS {
                 if fail != 0 {
                     // SAFETY: the caller's size_t.
                     unsafe { std::ptr::write_unaligned(fail as *mut usize, i) };
@@ -1177,7 +1185,7 @@ fn cu_batch(ctx: &Ctx, dsts: u64, srcs: u64, sizes: u64, count: usize, fail: u64
                 return Err(s);
             }
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 

@@ -12,6 +12,15 @@ use chidori_protocol::desc::{CallDesc, Ctx, Form};
 
 use crate::state::CLIENT;
 
+/// CUDA_SUCCESS and CUDA_ERROR_INVALID_VALUE; cudaSuccess and cudaErrorInvalidValue, for the
+/// runtime's calls here, are the same numbers.
+const SUCCESS: u32 = chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
+const _: () = assert!(
+    SUCCESS == chidori_cuda::consts::cudaError::cudaSuccess
+        && INVALID_VALUE == chidori_cuda::consts::cudaError::cudaErrorInvalidValue
+);
+
 /// Bumped by every call that may change which context a thread has current.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
@@ -27,7 +36,7 @@ fn forget() {
 
 /// Forward a call that changes primary contexts, then drop the cache.
 fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: bool) -> u32 {
-    crate::guard::ffi(name, 1, || {
+    crate::guard::ffi(name, INVALID_VALUE, || {
         forget();
         // SAFETY: values only.
         let s = unsafe { crate::runtime::call(desc, args) } as u32;
@@ -47,10 +56,10 @@ pub unsafe fn changing_raw(ctx: &Ctx, args: &[u64]) -> u64 {
 }
 
 pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *mut c_void) -> u32 {
-    crate::guard::ffi("cuDevicePrimaryCtxGetState", 1, || {
+    crate::guard::ffi("cuDevicePrimaryCtxGetState", INVALID_VALUE, || {
         crate::trace::local("cuDevicePrimaryCtxGetState");
         if flags.is_null() || active.is_null() {
-            return 1;
+            return INVALID_VALUE;
         }
         let cached = CLIENT.primary.get(&dev);
         if let Some(f) = cached {
@@ -59,7 +68,7 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
                 std::ptr::write_unaligned(flags as *mut u32, f);
                 std::ptr::write_unaligned(active as *mut i32, 1);
             }
-            return 0;
+            return SUCCESS;
         }
         let args = [dev as u32 as u64, flags as u64, active as u64];
         // SAFETY: the caller's out-pointers, checked non-null.
@@ -67,7 +76,7 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
         // SAFETY: written by the reply.
         let (f, a) =
             unsafe { (std::ptr::read_unaligned(flags as *const u32), std::ptr::read_unaligned(active as *const i32)) };
-        if s == 0 && a == 1 {
+        if s == SUCCESS && a == 1 {
             CLIENT.primary.insert(dev, f);
         }
         s
@@ -89,10 +98,10 @@ pub unsafe fn cudaDeviceReset() -> u32 {
 /// cuCtxGetCurrent: answered from this thread's cache while no context call intervened
 /// and the runtime's current device is the same.
 pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
-    crate::guard::ffi("cuCtxGetCurrent", 1, || {
+    crate::guard::ffi("cuCtxGetCurrent", INVALID_VALUE, || {
         crate::trace::local("cuCtxGetCurrent");
         if pctx.is_null() {
-            return 1;
+            return INVALID_VALUE;
         }
         let generation = GENERATION.load(Ordering::Relaxed);
         let device = crate::state::current_device();
@@ -100,13 +109,13 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
         if g == generation && d == device && ctx != 0 {
             // SAFETY: the caller's CUcontext*, checked non-null.
             unsafe { std::ptr::write_unaligned(pctx as *mut u64, ctx) };
-            return 0;
+            return SUCCESS;
         }
         // SAFETY: as above.
         let s = unsafe { crate::runtime::call(&driver::cuCtxGetCurrent__call, &[pctx as u64]) } as u32;
         // SAFETY: written by the reply.
         let ctx = unsafe { std::ptr::read_unaligned(pctx as *const u64) };
-        if s == 0 && ctx != 0 {
+        if s == SUCCESS && ctx != 0 {
             CURRENT.with(|c| c.set((generation, device, ctx)));
         }
         s
@@ -126,7 +135,7 @@ pub fn current() -> Option<u64> {
     let mut ctx = 0u64;
     // SAFETY: a CUcontext* of this frame.
     let s = unsafe { cuCtxGetCurrent(&mut ctx as *mut u64 as *mut c_void) };
-    (s == 0 && ctx != 0).then_some(ctx)
+    (s == SUCCESS && ctx != 0).then_some(ctx)
 }
 
 pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {

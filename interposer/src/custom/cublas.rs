@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use chidori_cuda::calls::cublas as calls;
 use chidori_cuda::desc::Ctx;
 
+const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE;
 
@@ -14,11 +15,11 @@ use crate::state::CLIENT;
 
 pub unsafe fn cublasCreate_v2(handle: *mut c_void) -> u32 {
     let s = super::handles::create_handle("cublasCreate_v2", &calls::cublasCreate_v2__call, handle, INVALID_VALUE);
-    if s == 0 && !handle.is_null() {
+    if s == SUCCESS && !handle.is_null() {
         // SAFETY: written by the reply.
         let h = unsafe { std::ptr::read_unaligned(handle as *const u64) };
-        // A new handle has CUBLAS_DEFAULT_MATH.
-        CLIENT.math_modes.insert(h, 0);
+        // A new handle has the default math mode.
+        CLIENT.math_modes.insert(h, chidori_cuda::consts::cublasMath_t::CUBLAS_DEFAULT_MATH);
     }
     s
 }
@@ -45,7 +46,7 @@ pub unsafe fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_void) -> u32 {
         if let Some(m) = known {
             // SAFETY: the caller's cublasMath_t, checked non-null.
             unsafe { std::ptr::write_unaligned(mode as *mut u32, m) };
-            return 0;
+            return SUCCESS;
         }
         // SAFETY: as above.
         unsafe { crate::runtime::call(&calls::cublasGetMathMode__call, &[handle as u64, mode as u64]) as u32 }
@@ -97,9 +98,8 @@ pub unsafe fn legacy_free(ctx: &Ctx, device_ptr: *mut c_void) -> u32 {
 // cudaMemcpy2D{,Async}, which read or write only the elements the arguments name.
 
 const MAPPING_ERROR: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_MAPPING_ERROR;
-/// cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost.
-const H2D: u32 = 1;
-const D2H: u32 = 2;
+const H2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyHostToDevice;
+const D2H: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToHost;
 
 /// `rows` elements of `elem` bytes in each of `cols` columns, `src_ld` / `dst_ld` elements
 /// apart.
@@ -119,7 +119,7 @@ fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c
             return INVALID_VALUE;
         }
         if m.rows == 0 || m.cols == 0 {
-            return 0;
+            return SUCCESS;
         }
         let bytes = |n: i64| n.checked_mul(m.elem).and_then(|b| usize::try_from(b).ok());
         let (Some(width), Some(spitch), Some(dpitch), Ok(height)) =
@@ -137,7 +137,7 @@ fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c
                 }
             }
         };
-        if s == 0 { 0 } else { MAPPING_ERROR }
+        if s == chidori_cuda::consts::cudaError::cudaSuccess { SUCCESS } else { MAPPING_ERROR }
     })
 }
 

@@ -33,7 +33,21 @@ const TRANSFORM_SCALE_TYPE: u32 =
     chidori_cuda::consts::cublasLtMatrixTransformDescAttributes_t::CUBLASLT_MATRIX_TRANSFORM_DESC_SCALE_TYPE;
 /// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
 /// scale and amax pointers). A heuristic depends on their alignment, not their value.
-const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
+const DESC_POINTERS: &[u32] = {
+    use chidori_cuda::consts::cublasLtMatmulDescAttributes_t as a;
+    &[
+        a::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        a::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        a::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+        a::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+        a::CUBLASLT_MATMUL_DESC_C_SCALE_POINTER,
+        a::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+        a::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER,
+        a::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER,
+        a::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER,
+        a::CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER,
+    ]
+};
 /// Bytes of a cublasLtMatmulHeuristicResult_t before its reserved words: the algorithm (64),
 /// the workspace size (8), the state (4) and the waves count (4).
 const RESULT_MEANINGFUL: usize = 80;

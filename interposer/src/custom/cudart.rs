@@ -446,10 +446,12 @@ pub unsafe fn cudaHostAlloc(pHost: *mut c_void, size: usize, flags: u32) -> u32 
 }
 
 /// Managed memory is client memory the server mirrors for the GPU (`state::Memory::Managed`).
-/// `flags`: cudaMemAttachGlobal (1) or cudaMemAttachHost (2), as natively.
+/// `flags`: cudaMemAttachGlobal or cudaMemAttachHost, as natively (macros of the runtime's
+/// header, the driver's CU_MEM_ATTACH_GLOBAL and CU_MEM_ATTACH_HOST numbers).
 pub unsafe fn cudaMallocManaged(devPtr: *mut c_void, size: usize, flags: u32) -> u32 {
+    use chidori_cuda::consts::CUmemAttach_flags_enum::{CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST};
     runtime("cudaMallocManaged", || {
-        if devPtr.is_null() || size == 0 || !(flags == 1 || flags == 2) {
+        if devPtr.is_null() || size == 0 || !(flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST) {
             return Err(INVALID_VALUE);
         }
         let p = memory::managed_alloc(size).ok_or(MEMORY_ALLOCATION)?;
@@ -519,18 +521,21 @@ fn pointer_attributes(version: &str, attributes: *mut c_void, ptr: *mut c_void) 
         }
         let map = chidori_cuda::structs::get(version, "cudaPointerAttributes").ok_or(INVALID_VALUE)?;
         let addr = ptr as u64;
-        // cudaMemoryType: 0 unregistered, 1 host, 2 device; device -2 is cudaInvalidDeviceId.
+        // Device -2 is cudaInvalidDeviceId (a macro of the runtime's header, not an enum).
+        use chidori_cuda::consts::cudaMemoryType as t;
         let (kind, device, device_ptr, host_ptr) = match state::find(addr).map(|r| r.memory) {
-            Some(Memory::Device { device }) => (2, device, addr, 0),
-            Some(Memory::Pinned { .. } | Memory::Registered { .. }) => (1, state::current_device(), 0, addr),
-            // cudaMemoryTypeManaged: one address for both.
-            Some(Memory::Managed) => (3, state::current_device(), addr, addr),
-            None => (0, -2, 0, 0),
+            Some(Memory::Device { device }) => (t::cudaMemoryTypeDevice, device, addr, 0),
+            Some(Memory::Pinned { .. } | Memory::Registered { .. }) => {
+                (t::cudaMemoryTypeHost, state::current_device(), 0, addr)
+            }
+            // Managed memory: one address for both.
+            Some(Memory::Managed) => (t::cudaMemoryTypeManaged, state::current_device(), addr, addr),
+            None => (t::cudaMemoryTypeUnregistered, -2, 0, 0),
         };
         // SAFETY: the caller's struct of this version's layout.
         unsafe {
             state::write_record(map, attributes as *mut u8, |f| match f.name {
-                "type" => Some(PropValue::Int(kind)),
+                "type" => Some(PropValue::Int(i64::from(kind))),
                 "device" => Some(PropValue::Int(i64::from(device))),
                 "devicePointer" => Some(PropValue::Int(device_ptr as i64)),
                 "hostPointer" => Some(PropValue::Int(host_ptr as i64)),

@@ -30,11 +30,15 @@ use crate::ahead::learned::Space;
 use crate::ahead::rnn::{DIM_MAX, Question, TensorNd, Weights};
 use crate::state::CLIENT;
 
-/// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
-const BAD_PARAM_V8: u32 = 3;
-const BAD_PARAM_V9: u32 = 2000;
-const NOT_SUPPORTED_V8: u32 = 9;
-const NOT_SUPPORTED_V9: u32 = 3000;
+/// CUDNN_STATUS_BAD_PARAM and _NOT_SUPPORTED of cuDNN 8 and of cuDNN 9, which renumbered
+/// its statuses: cuDNN 8's are those of CUDA 11.8's headers (`consts::v11_8`, the version of
+/// [`V8`]'s forms), cuDNN 9's those of the newest headers (the top level of `consts`; 12.6,
+/// the version of [`V9`]'s forms, has the same). [`forms`] tells the versions apart by them.
+const BAD_PARAM_V8: u32 = chidori_cuda::consts::v11_8::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM;
+const BAD_PARAM_V9: u32 = chidori_cuda::consts::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM;
+const NOT_SUPPORTED_V8: u32 = chidori_cuda::consts::v11_8::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED;
+const NOT_SUPPORTED_V9: u32 = chidori_cuda::consts::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED;
+const _: () = assert!(BAD_PARAM_V8 != BAD_PARAM_V9 && NOT_SUPPORTED_V8 != NOT_SUPPORTED_V9);
 const TYPE_HANDLE: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_HANDLE;
 const VARIANT_PACK_DATA_POINTERS: u32 =
     chidori_cuda::consts::cudnnBackendAttributeName_t::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS;
@@ -1373,6 +1377,18 @@ fn concat(a: [u64; 5], b: [u64; 5]) -> [u64; 10] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_codes_are_those_of_each_forms_cuda_version() {
+        let value = |version: &str, name: &str| {
+            let table = chidori_cuda::status::table(version, "cudnn").expect("a cuDNN status table");
+            table.iter().find(|s| s.name.trim_end_matches('\0') == name).map(|s| s.value)
+        };
+        assert_eq!(value("11.8", "CUDNN_STATUS_BAD_PARAM"), Some(i64::from(BAD_PARAM_V8)));
+        assert_eq!(value("11.8", "CUDNN_STATUS_NOT_SUPPORTED"), Some(i64::from(NOT_SUPPORTED_V8)));
+        assert_eq!(value("12.6", "CUDNN_STATUS_BAD_PARAM"), Some(i64::from(BAD_PARAM_V9)));
+        assert_eq!(value("12.6", "CUDNN_STATUS_NOT_SUPPORTED"), Some(i64::from(NOT_SUPPORTED_V9)));
+    }
 
     #[test]
     fn host_scalars_are_read_and_unreadable_memory_is_not() {

@@ -166,8 +166,12 @@ pub unsafe fn cuDeviceComputeCapability(major: *mut c_void, minor: *mut c_void, 
     driver("cuDeviceComputeCapability", || {
         let conn = connection()?;
         let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
-        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
-        let (a, b) = (d.attributes.get(&75).copied().unwrap_or(0), d.attributes.get(&76).copied().unwrap_or(0));
+        use chidori_cuda::consts::CUdevice_attribute_enum as attr;
+        let value = |a: u32| d.attributes.get(&(a as i32)).copied().unwrap_or(0);
+        let (a, b) = (
+            value(attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            value(attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        );
         // SAFETY: the caller's ints.
         unsafe {
             put(major, a)?;
@@ -209,10 +213,11 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
 }
 
 /// Managed memory: client memory the server mirrors for the GPU (see `cudaMallocManaged`).
-/// `flags`: CU_MEM_ATTACH_GLOBAL (1) or CU_MEM_ATTACH_HOST (2).
+/// `flags`: CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST.
 pub unsafe fn cuMemAllocManaged(dptr: *mut c_void, bytesize: usize, flags: u32) -> u32 {
+    use chidori_cuda::consts::CUmemAttach_flags_enum::{CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST};
     driver("cuMemAllocManaged", || {
-        if dptr.is_null() || bytesize == 0 || !(flags == 1 || flags == 2) {
+        if dptr.is_null() || bytesize == 0 || !(flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST) {
             return Err(INVALID_VALUE);
         }
         let p = memory::managed_alloc(bytesize).ok_or(OUT_OF_MEMORY)?;
@@ -297,22 +302,22 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
             Memory::Managed => Some(state::current_device()),
             _ => None,
         };
+        use chidori_cuda::consts::CUmemorytype_enum::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+        use chidori_cuda::consts::CUpointer_attribute_enum as a;
         // SAFETY (all arms): `data` is the caller's storage of the attribute's type.
         unsafe {
             match attribute {
-                // MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, DEVICE 2.
-                2 => put(data, if device.is_some() { 2u32 } else { 1u32 }),
-                // DEVICE_POINTER / HOST_POINTER (both for managed memory).
-                3 => put(data, if device.is_some() { ptr } else { 0 }),
-                4 => put(data, if device.is_some() && !managed { 0 } else { ptr }),
-                // IS_MANAGED, MAPPED.
-                8 => put(data, u32::from(managed)),
-                13 => put(data, u32::from(device.is_some())),
-                // DEVICE_ORDINAL.
-                9 => put(data, device.unwrap_or(state::current_device())),
-                // RANGE_START_ADDR, RANGE_SIZE.
-                11 => put(data, range.base),
-                12 => put(data, range.len as usize),
+                a::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => {
+                    put(data, if device.is_some() { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST })
+                }
+                // Both pointers for managed memory.
+                a::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => put(data, if device.is_some() { ptr } else { 0 }),
+                a::CU_POINTER_ATTRIBUTE_HOST_POINTER => put(data, if device.is_some() && !managed { 0 } else { ptr }),
+                a::CU_POINTER_ATTRIBUTE_IS_MANAGED => put(data, u32::from(managed)),
+                a::CU_POINTER_ATTRIBUTE_MAPPED => put(data, u32::from(device.is_some())),
+                a::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => put(data, device.unwrap_or(state::current_device())),
+                a::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => put(data, range.base),
+                a::CU_POINTER_ATTRIBUTE_RANGE_SIZE => put(data, range.len as usize),
                 _ => Err(INVALID_VALUE),
             }
         }
@@ -968,12 +973,20 @@ pub unsafe fn mem_get_address_range(ctx: &Ctx, pbase: *mut c_void, psize: *mut c
 
 /// Bytes of a pointer attribute's value (CUpointer_attribute).
 fn pointer_attribute_size(attribute: u32) -> usize {
+    use chidori_cuda::consts::CUpointer_attribute_enum as a;
     match attribute {
-        // P2P tokens.
-        5 => 16,
-        // Context, device and host pointers, buffer id, range start and size, allowed handle
-        // types, memory pool, mapping size and base, memory block id.
-        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
+        a::CU_POINTER_ATTRIBUTE_P2P_TOKENS => 16,
+        a::CU_POINTER_ATTRIBUTE_CONTEXT
+        | a::CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+        | a::CU_POINTER_ATTRIBUTE_HOST_POINTER
+        | a::CU_POINTER_ATTRIBUTE_BUFFER_ID
+        | a::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+        | a::CU_POINTER_ATTRIBUTE_RANGE_SIZE
+        | a::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
+        | a::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
+        | a::CU_POINTER_ATTRIBUTE_MAPPING_SIZE
+        | a::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR
+        | a::CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID => 8,
         _ => 4,
     }
 }

@@ -108,10 +108,11 @@ mod tests {
 const SUCCESS: u32 = chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
 const NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND;
-/// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM / cudaEnablePerThreadDefaultStream.
-const PER_THREAD: u64 = 2;
-/// CU_GET_PROC_ADDRESS_LEGACY_STREAM / cudaEnableLegacyStream.
-const LEGACY: u64 = 1;
+/// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM and _LEGACY_STREAM (the runtime's
+/// cudaEnablePerThreadDefaultStream and cudaEnableLegacyStream are macros of the same values).
+const PER_THREAD: u64 =
+    chidori_cuda::consts::CUdriverProcAddress_flags_enum::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM as u64;
+const LEGACY: u64 = chidori_cuda::consts::CUdriverProcAddress_flags_enum::CU_GET_PROC_ADDRESS_LEGACY_STREAM as u64;
 
 /// # Safety
 /// Pointers as `cuGetProcAddress_v2` documents; `status` may be null.

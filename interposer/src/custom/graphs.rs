@@ -29,6 +29,9 @@ use crate::modules;
 use crate::registry;
 use crate::state::{self, Memory};
 
+/// cudaSuccess, and the driver's CUDA_SUCCESS: these functions serve both APIs.
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+const _: () = assert!(SUCCESS == chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS);
 /// What a call answers when the server cannot be reached (cudaErrorNoDevice,
 /// CUDA_ERROR_NO_DEVICE) or answered a service with another reply (cudaErrorInvalidValue,
 /// CUDA_ERROR_INVALID_VALUE): the same values in both APIs.
@@ -286,7 +289,7 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
                     let mut f = 0u64;
                     // SAFETY: a local out-value and the program's kernel handle.
                     let s = unsafe { call(conn, &dcalls::cuKernelGetFunction, &[&mut f as *mut u64 as u64, kern]) };
-                    if s != 0 {
+                    if s != SUCCESS {
                         return Err(s);
                     }
                     f
@@ -330,7 +333,7 @@ fn kernel_node(ctx: &Ctx, target: Target, func: KernelFunc, p: *const c_void) ->
         if later {
             return Ok(add_edges(conn, ctx, target, node));
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -364,7 +367,7 @@ fn kernel_get(ctx: &Ctx, node: u64, out: *mut c_void, driver: Option<bool>) -> u
             }
         }
         let _ = &args.packed;
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -456,7 +459,7 @@ fn host_node(ctx: &Ctx, target: Target, f: u64, user: u64) -> u32 {
         if later {
             return Ok(add_edges(conn, ctx, target, node));
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -497,7 +500,7 @@ fn host_get(ctx: &Ctx, node: u64, out: *mut c_void) -> u32 {
             put(out, f);
             put((out as *mut u8).add(8).cast(), user);
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -559,7 +562,7 @@ fn mem_alloc_node(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
         if later {
             return Ok(add_edges(conn, ctx, target, node));
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -577,7 +580,7 @@ fn mem_alloc_get(ctx: &Ctx, node: u64, out: *mut c_void) -> u32 {
             std::ptr::copy_nonoverlapping(record.as_ptr(), out as *mut u8, 120);
             put((out as *mut u8).add(112).cast(), address);
         }
-        Ok(0)
+        Ok(SUCCESS)
     })
 }
 
@@ -649,7 +652,7 @@ fn send_copy_node(
     // SAFETY: the record lives across the call; the caller's arrays and out-pointer.
     let s = unsafe { call(conn, desc, &args) };
     if let Target::Add { out, .. } = target
-        && s == 0
+        && s == SUCCESS
         && later
     {
         // SAFETY: the caller's out-pointer, just written.
@@ -866,7 +869,7 @@ fn plain_node(ctx: &Ctx, conn: &Conn, target: Target, kind: u32, p: *const c_voi
     };
     // SAFETY: the descriptor's parameters: the caller's out-pointer and records, handles.
     let s = unsafe { call(conn, desc, &args) };
-    if s == 0
+    if s == SUCCESS
         && later
         && let Target::Add { out, .. } = target
     {
@@ -905,7 +908,7 @@ fn conditional_node(ctx: &Ctx, conn: &Conn, target: Target, p: *const c_void) ->
     if later {
         return Ok(add_edges(conn, ctx, target, node));
     }
-    Ok(0)
+    Ok(SUCCESS)
 }
 
 fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
@@ -1007,7 +1010,7 @@ fn fill(ctx: &Ctx, listed: &Listed, arrays: [*mut c_void; 3], count: *mut c_void
     if arrays.iter().all(|a| a.is_null()) {
         // SAFETY: the caller's size_t.
         unsafe { put(count, total) };
-        return Ok(0);
+        return Ok(SUCCESS);
     }
     // SAFETY: the caller's size_t, then its arrays of that many elements.
     let capacity: usize = unsafe { get(count, 0) };

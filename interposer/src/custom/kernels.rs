@@ -918,7 +918,7 @@ pub unsafe fn func_set_shared_mem_config(ctx: &Ctx, func: *mut c_void, config: u
     runtime(ctx.name, || {
         kernel_of_any(func)?;
         // cudaSharedMemBankSizeDefault, FourByte, EightByte.
-        if config > 2 {
+        if config > chidori_cuda::consts::cudaSharedMemConfig::cudaSharedMemBankSizeEightByte {
             return Err(INVALID_VALUE);
         }
         Ok(SUCCESS)

@@ -103,7 +103,7 @@ pub unsafe fn create(ctx: &Ctx, n: u32, keys: *mut c_void, values: *mut c_void, 
         crate::state::CLIENT.link_states.lock().get_or_insert_with(HashMap::new).insert(handle, state);
         // SAFETY: the caller's CUlinkState*.
         unsafe { std::ptr::write_unaligned(out as *mut u64, handle) };
-        Ok(0)
+        Ok(cu::CUDA_SUCCESS)
     })
 }
 
@@ -136,7 +136,7 @@ pub unsafe fn add_data(
         let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, size) }.to_vec();
         let name = name_of(name);
         with_state(state as u64, |s| s.inputs.push((kind, name, bytes))).ok_or(cu::CUDA_ERROR_INVALID_HANDLE)?;
-        Ok(0)
+        Ok(cu::CUDA_SUCCESS)
     })
 }
 
@@ -157,7 +157,7 @@ pub unsafe fn add_file(
             cu::CUDA_ERROR_FILE_NOT_FOUND
         })?;
         with_state(state as u64, |s| s.inputs.push((kind, path, bytes))).ok_or(cu::CUDA_ERROR_INVALID_HANDLE)?;
-        Ok(0)
+        Ok(cu::CUDA_SUCCESS)
     })
 }
 
@@ -214,7 +214,7 @@ pub unsafe fn complete(ctx: &Ctx, state: *mut c_void, image_out: *mut c_void, si
                 *(slot as *mut u64) = u64::from(result.wall_ms.to_bits());
             }
         }
-        if result.status != 0 {
+        if result.status != i64::from(cu::CUDA_SUCCESS) {
             return Err(result.status as u32);
         }
         let (at, len) = with_state(state as u64, |s| {
@@ -231,7 +231,7 @@ pub unsafe fn complete(ctx: &Ctx, state: *mut c_void, image_out: *mut c_void, si
                 std::ptr::write_unaligned(size_out as *mut usize, len);
             }
         }
-        Ok(0)
+        Ok(cu::CUDA_SUCCESS)
     })
 }
 
@@ -239,7 +239,7 @@ pub unsafe fn complete(ctx: &Ctx, state: *mut c_void, image_out: *mut c_void, si
 pub unsafe fn destroy(ctx: &Ctx, state: *mut c_void) -> u32 {
     run(ctx, || {
         let removed = crate::state::CLIENT.link_states.lock().get_or_insert_with(HashMap::new).remove(&(state as u64));
-        if removed.is_some() { Ok(0) } else { Err(cu::CUDA_ERROR_INVALID_HANDLE) }
+        if removed.is_some() { Ok(cu::CUDA_SUCCESS) } else { Err(cu::CUDA_ERROR_INVALID_HANDLE) }
     })
 }
 
@@ -264,7 +264,7 @@ pub unsafe fn graph_dot_print(ctx: &Ctx, graph: *mut c_void, path: *mut c_void, 
         let path = name_of(path);
         // cudaErrorOperatingSystem / CUDA_ERROR_OPERATING_SYSTEM where the file cannot be written.
         std::fs::write(&path, text).map_err(|_| 304u32)?;
-        Ok(0)
+        Ok(cu::CUDA_SUCCESS)
     });
     if ctx.library == "cudart" {
         crate::state::set_last_error(status);

@@ -113,13 +113,14 @@ pub unsafe fn add_data(
 
 /// The input type a file's extension names, for NVJITLINK_INPUT_ANY.
 fn type_of_file(path: &str) -> u32 {
+    use chidori_cuda::consts::nvJitLinkInputType as t;
     match path.rsplit_once('.').map(|(_, ext)| ext) {
-        Some("cubin") => 1,
-        Some("ptx") => 2,
-        Some("ltoir") => 3,
-        Some("fatbin") => 4,
-        Some("o") => 5,
-        Some("a") => 6,
+        Some("cubin") => t::NVJITLINK_INPUT_CUBIN,
+        Some("ptx") => t::NVJITLINK_INPUT_PTX,
+        Some("ltoir") => t::NVJITLINK_INPUT_LTOIR,
+        Some("fatbin") => t::NVJITLINK_INPUT_FATBIN,
+        Some("o") => t::NVJITLINK_INPUT_OBJECT,
+        Some("a") => t::NVJITLINK_INPUT_LIBRARY,
         _ => INPUT_ANY,
     }
 }

@@ -69,8 +69,9 @@ pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) 
     status
 }
 
-/// cudaEventInterprocess and CU_EVENT_INTERPROCESS.
-const INTERPROCESS: u32 = 4;
+/// CU_EVENT_INTERPROCESS (cudaEventInterprocess, a macro of the runtime's header, is the
+/// same value).
+const INTERPROCESS: u32 = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_INTERPROCESS;
 
 /// Create an object through `desc` with `args` (its out-pointer first, the rest the same
 /// for every object of its kind): from `pool` where it holds one made ahead for the

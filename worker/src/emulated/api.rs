@@ -10,13 +10,16 @@ use chidori_protocol::messages::{GraphList, GraphNode, NodeParams, NodeTarget};
 
 use super::graphs::{self, Op, Region, kind};
 use super::{
-    ALIGN, CAPTURE_UNSUPPORTED, Emulated, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS, put_u32, put_u64,
+    ALIGN, CAPTURE_UNSUPPORTED, Emulated, ILLEGAL_STATE, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS,
+    put_u32, put_u64,
 };
 use crate::backend::{HostFn, NodeList, NodeMade};
 
-const INVALID_DEVICE: u64 = chidori_cuda::consts::cudaError::cudaErrorInvalidDevice as u64;
-const PEER_ACCESS_ALREADY_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaErrorPeerAccessAlreadyEnabled as u64;
-const PEER_ACCESS_NOT_ENABLED: u64 = chidori_cuda::consts::cudaError::cudaErrorPeerAccessNotEnabled as u64;
+use chidori_cuda::consts::{cudaError, cudaMemPoolAttr, cudaStreamCaptureStatus};
+
+const INVALID_DEVICE: u64 = cudaError::cudaErrorInvalidDevice as u64;
+const PEER_ACCESS_ALREADY_ENABLED: u64 = cudaError::cudaErrorPeerAccessAlreadyEnabled as u64;
+const PEER_ACCESS_NOT_ENABLED: u64 = cudaError::cudaErrorPeerAccessNotEnabled as u64;
 
 impl Emulated {
     /// cudaUserObjectRetain/Release and cudaGraphRetain/ReleaseUserObject (and the
@@ -41,8 +44,10 @@ impl Emulated {
                 self.release_user_object(object, count)
             }
             (true, true) => {
-                // cudaGraphUserObjectMove: the caller's references become the graph's.
-                let moved = a.get(3).is_some_and(|f| f & 1 != 0);
+                // cudaGraphUserObjectMove (the driver's number: the runtime's enum is not among
+                // the generated constants): the caller's references become the graph's.
+                let flag = u64::from(chidori_cuda::consts::CUuserObjectRetain_flags_enum::CU_GRAPH_USER_OBJECT_MOVE);
+                let moved = a.get(3).is_some_and(|f| f & flag != 0);
                 if !moved && let Some((references, _)) = s.user_objects.get_mut(&object) {
                     *references = references.saturating_add(count);
                 }
@@ -130,11 +135,19 @@ pub struct Pool {
     high: u64,
 }
 
-/// cudaMemPoolAttr / CUmemPool_attribute: reserved and used memory, current and high.
-const RESERVED_CURRENT: u32 = 5;
-const RESERVED_HIGH: u32 = 6;
-const USED_CURRENT: u32 = 7;
-const USED_HIGH: u32 = 8;
+/// cudaMemPoolAttr / CUmemPool_attribute (the same numbers): reserved and used memory,
+/// current and high.
+const RESERVED_CURRENT: u32 = cudaMemPoolAttr::cudaMemPoolAttrReservedMemCurrent;
+const RESERVED_HIGH: u32 = cudaMemPoolAttr::cudaMemPoolAttrReservedMemHigh;
+const USED_CURRENT: u32 = cudaMemPoolAttr::cudaMemPoolAttrUsedMemCurrent;
+const USED_HIGH: u32 = cudaMemPoolAttr::cudaMemPoolAttrUsedMemHigh;
+const _: () = {
+    use chidori_cuda::consts::CUmemPool_attribute_enum as driver;
+    assert!(RESERVED_CURRENT == driver::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    assert!(RESERVED_HIGH == driver::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+    assert!(USED_CURRENT == driver::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    assert!(USED_HIGH == driver::CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+};
 
 /// Records that may be NULL wherever they appear: a texture's resource view.
 fn optional_record(record: Option<&str>) -> bool {
@@ -184,9 +197,10 @@ unsafe fn nodes(p: u64, n: u64) -> Vec<u64> {
 
 /// Bytes per element of a driver array format (CUarray_format) and channel count.
 fn format_bytes(format: u32, channels: u32) -> u64 {
+    use chidori_cuda::consts::CUarray_format_enum as f;
     let per = match format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
+        f::CU_AD_FORMAT_UNSIGNED_INT8 | f::CU_AD_FORMAT_SIGNED_INT8 => 1,
+        f::CU_AD_FORMAT_UNSIGNED_INT16 | f::CU_AD_FORMAT_SIGNED_INT16 | f::CU_AD_FORMAT_HALF => 2,
         _ => 4,
     };
     per * u64::from(channels.max(1))
@@ -276,7 +290,7 @@ impl Emulated {
             let word = |at: usize| if at == usize::MAX { 0 } else { rd::<u64>(p, at) };
             let region = |o: [usize; 8]| -> Option<Region> {
                 let (x, y, z, ty) = (word(o[0]), word(o[1]), word(o[2]), rd::<u32>(p, o[3]));
-                if ty == 3 {
+                if ty == chidori_cuda::consts::CUmemorytype_enum::CU_MEMORYTYPE_ARRAY {
                     let array = word(o[5]);
                     let info = self.array(array)?;
                     return Some(Region {
@@ -655,10 +669,12 @@ impl Emulated {
                             let n = buf_len(desc, i, a);
                             kept.extend(if a[i] == 0 { vec![0; n] } else { bytes(a[i], n) });
                         }
-                        // A resource descriptor's array must be live (the session mapped it).
+                        // A resource descriptor's array must be live (the session mapped it);
+                        // cudaResourceTypeArray and CU_RESOURCE_TYPE_ARRAY are the same number.
                         let res_type: u32 = rd(a[1], 0);
                         let array: u64 = rd(a[1], 8);
-                        if res_type == 0 && !self.state().arrays.contains_key(&array) {
+                        let of_array = res_type == chidori_cuda::consts::cudaResourceType::cudaResourceTypeArray;
+                        if of_array && !self.state().arrays.contains_key(&array) {
                             return Some(INVALID_HANDLE);
                         }
                         let o = self.object();
@@ -772,9 +788,9 @@ impl Emulated {
                         if self.state().pools.contains_key(&a[0]) { SUCCESS } else { INVALID_HANDLE }
                     }
                     ("cudart", "cudaMemPoolGetAccess") | ("driver", "cuMemPoolGetAccess") => {
-                        // cudaMemAccessFlagsProtReadWrite: the pool's device reads and writes it.
+                        // The pool's device reads and writes it.
                         if self.state().pools.contains_key(&a[1]) {
-                            put_u32(a[0], 3);
+                            put_u32(a[0], chidori_cuda::consts::cudaMemAccessFlags::cudaMemAccessFlagsProtReadWrite);
                             SUCCESS
                         } else {
                             INVALID_HANDLE
@@ -1084,7 +1100,8 @@ impl Emulated {
                     let [transa, transb, m, n, k] = [a[1], a[2], a[3], a[4], a[5]];
                     // A CPU multiply: small problems only (a hostile size is refused, not run).
                     let work = m.checked_mul(n).and_then(|mn| mn.checked_mul(k.max(1)));
-                    if transa != 0 || transb != 0 || work.is_none_or(|w| w > 1 << 26) {
+                    let plain = u64::from(chidori_cuda::consts::cublasOperation_t::CUBLAS_OP_N);
+                    if transa != plain || transb != plain || work.is_none_or(|w| w > 1 << 26) {
                         return Some(NOT_SUPPORTED_XT);
                     }
                     let (lda, ldb, ldc) = (a[8] as usize, a[10] as usize, a[13] as usize);
@@ -1276,8 +1293,8 @@ impl Emulated {
                 if a[1] == 0 || a[2] != u64::from(SM) {
                     return Some(INVALID_VALUE);
                 }
-                // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
-                let sms = device.attributes.iter().find(|(k, _)| *k == 16).map_or(0, |(_, v)| *v as u32);
+                let count = chidori_cuda::consts::CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+                let sms = device.attributes.iter().find(|(k, _)| *k as u32 == count).map_or(0, |(_, v)| *v as u32);
                 write(a[1], sms);
                 SUCCESS
             }
@@ -1395,11 +1412,17 @@ impl Emulated {
                     SUCCESS
                 }
                 "ncclGroupStart" | "ncclGroupEnd" => SUCCESS,
-                // A pre-multiplied sum: the next operation number of the communicator (its
-                // scalar was checked: the session's device memory, or a host value sent).
-                "ncclRedOpCreatePreMulSum" if comm_ok(a[4]) && bytes_of(a[2], 1).is_some() && a[3] <= 1 => {
+                // A pre-multiplied sum: the next operation number of the communicator after the
+                // built-in ones (its scalar was checked: the session's device memory, or a host
+                // value sent).
+                "ncclRedOpCreatePreMulSum"
+                    if comm_ok(a[4])
+                        && bytes_of(a[2], 1).is_some()
+                        && a[3] <= u64::from(chidori_cuda::consts::ncclScalarResidence_t::ncclScalarHostImmediate) =>
+                {
                     let mut s = self.state();
-                    let op = (5..).find(|op| !s.nccl_ops.contains(&(a[4], *op))).unwrap_or(5);
+                    let first = u64::from(chidori_cuda::consts::ncclRedOp_t::ncclNumOps);
+                    let op = (first..).find(|op| !s.nccl_ops.contains(&(a[4], *op))).unwrap_or(first);
                     s.nccl_ops.insert((a[4], op));
                     put_u32(a[0], op as u32);
                     SUCCESS
@@ -1549,15 +1572,22 @@ impl Emulated {
                     self.graph_status(r, a[0])
                 }
                 "GraphInstantiateWithParams" => {
+                    use chidori_cuda::consts::cudaGraphInstantiateResult as result;
                     let r = self.state().graphs.instantiate(a[1]);
-                    // cudaGraphInstantiateResult at 24: success 0, error 1.
-                    put_u32(a[2] + 24, u32::from(r.is_err()));
+                    // cudaGraphInstantiateResult at 24.
+                    let outcome = if r.is_err() {
+                        result::cudaGraphInstantiateError
+                    } else {
+                        result::cudaGraphInstantiateSuccess
+                    };
+                    put_u32(a[2] + 24, outcome);
                     self.graph_status(r, a[0])
                 }
                 "GraphExecUpdate" | "GraphExecUpdate_v2" => {
+                    const UPDATED: u32 = chidori_cuda::consts::cudaGraphExecUpdateResult::cudaGraphExecUpdateSuccess;
                     let r = self.state().graphs.update(a[0], a[1]);
                     let (result, node) = match r {
-                        Ok(()) => (0, 0),
+                        Ok(()) => (UPDATED, 0),
                         Err((result, node)) => (result, node),
                     };
                     if n == 3 {
@@ -1576,7 +1606,7 @@ impl Emulated {
                             put_u32(a[3], result);
                         }
                     }
-                    if result == 0 { SUCCESS } else { graphs::UPDATE_FAILURE }
+                    if result == UPDATED { SUCCESS } else { graphs::UPDATE_FAILURE }
                 }
                 "GraphLaunch" => {
                     let ops = self.state().graphs.ops(a[0]);
@@ -1621,20 +1651,24 @@ impl Emulated {
                         put_u64(a[1], g);
                         SUCCESS
                     }
-                    // cudaErrorIllegalState: the stream was not capturing.
-                    None => 401,
+                    // The stream was not capturing.
+                    None => ILLEGAL_STATE,
                 },
                 "StreamIsCapturing" => {
                     let active = self.state().graphs.capturing(a[0]).is_some();
-                    put_u32(a[1], u32::from(active));
+                    use cudaStreamCaptureStatus::{cudaStreamCaptureStatusActive, cudaStreamCaptureStatusNone};
+                    put_u32(a[1], if active { cudaStreamCaptureStatusActive } else { cudaStreamCaptureStatusNone });
                     SUCCESS
                 }
                 "StreamUpdateCaptureDependencies" | "StreamUpdateCaptureDependencies_v2" => {
                     // 13.0: (stream, deps, data, count, flags); 12.x: (stream, deps, count, flags).
                     let (count, flags) = if n == 5 { (a[3], a[4]) } else { (a[2], a[3]) };
                     let deps = nodes(a[1], count);
-                    // cudaStreamAddCaptureDependencies 0, cudaStreamSetCaptureDependencies 1.
-                    self.state().graphs.set_frontier(a[0], &deps, flags == 0).err().unwrap_or(SUCCESS)
+                    // cudaStreamAddCaptureDependencies, or cudaStreamSetCaptureDependencies (the
+                    // driver's numbers: the runtime's enum is not among the generated constants).
+                    use chidori_cuda::consts::CUstreamUpdateCaptureDependencies_flags_enum as update;
+                    let add = flags == u64::from(update::CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
+                    self.state().graphs.set_frontier(a[0], &deps, add).err().unwrap_or(SUCCESS)
                 }
                 _ => return None,
             }
@@ -1654,12 +1688,12 @@ impl Emulated {
             GraphList::Dependencies { node } => out.nodes = g.dependencies(node).ok_or_else(missing)?,
             GraphList::Dependents { node } => out.nodes = g.dependents(node).ok_or_else(missing)?,
             GraphList::Capture { stream } => match g.capturing(stream) {
-                // cudaStreamCaptureStatusActive; the id is the graph's.
+                // The id is the graph's.
                 Some((graph, frontier)) => {
                     out.nodes = frontier;
-                    out.capture = Some((1, graph, graph));
+                    out.capture = Some((cudaStreamCaptureStatus::cudaStreamCaptureStatusActive, graph, graph));
                 }
-                None => out.capture = Some((0, 0, 0)),
+                None => out.capture = Some((cudaStreamCaptureStatus::cudaStreamCaptureStatusNone, 0, 0)),
             },
         }
         Ok(out)

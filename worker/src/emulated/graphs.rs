@@ -5,29 +5,41 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use chidori_cuda::consts::{cudaError, cudaGraphExecUpdateResult};
+
+use super::{INVALID_VALUE, SUCCESS};
 use crate::backend::HostFn;
 
-/// cudaGraphNodeType / CUgraphNodeType values.
+/// cudaGraphNodeType values (CUgraphNodeType's are the same numbers).
 pub mod kind {
-    pub const MEMCPY: u32 = 1;
-    pub const MEMSET: u32 = 2;
-    pub const HOST: u32 = 3;
-    pub const GRAPH: u32 = 4;
-    pub const EMPTY: u32 = 5;
-    pub const WAIT_EVENT: u32 = 6;
-    pub const EVENT_RECORD: u32 = 7;
-    pub const MEM_ALLOC: u32 = 10;
-    pub const MEM_FREE: u32 = 11;
+    use chidori_cuda::consts::cudaGraphNodeType as t;
+    pub const MEMCPY: u32 = t::cudaGraphNodeTypeMemcpy;
+    pub const MEMSET: u32 = t::cudaGraphNodeTypeMemset;
+    pub const HOST: u32 = t::cudaGraphNodeTypeHost;
+    pub const GRAPH: u32 = t::cudaGraphNodeTypeGraph;
+    pub const EMPTY: u32 = t::cudaGraphNodeTypeEmpty;
+    pub const WAIT_EVENT: u32 = t::cudaGraphNodeTypeWaitEvent;
+    pub const EVENT_RECORD: u32 = t::cudaGraphNodeTypeEventRecord;
+    pub const MEM_ALLOC: u32 = t::cudaGraphNodeTypeMemAlloc;
+    pub const MEM_FREE: u32 = t::cudaGraphNodeTypeMemFree;
+    const _: () = {
+        use chidori_cuda::consts::CUgraphNodeType_enum as driver;
+        assert!(MEMCPY == driver::CU_GRAPH_NODE_TYPE_MEMCPY && MEMSET == driver::CU_GRAPH_NODE_TYPE_MEMSET);
+        assert!(HOST == driver::CU_GRAPH_NODE_TYPE_HOST && GRAPH == driver::CU_GRAPH_NODE_TYPE_GRAPH);
+        assert!(EMPTY == driver::CU_GRAPH_NODE_TYPE_EMPTY && WAIT_EVENT == driver::CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+        assert!(EVENT_RECORD == driver::CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+        assert!(MEM_ALLOC == driver::CU_GRAPH_NODE_TYPE_MEM_ALLOC && MEM_FREE == driver::CU_GRAPH_NODE_TYPE_MEM_FREE);
+    };
 }
 
-/// cudaErrorInvalidValue and cudaErrorGraphExecUpdateFailure (the driver's codes are the
-/// same numbers).
-pub const INVALID_VALUE: u64 = 1;
-pub const UPDATE_FAILURE: u64 = 910;
+/// cudaErrorGraphExecUpdateFailure (the driver's code is the same number).
+pub const UPDATE_FAILURE: u64 = cudaError::cudaErrorGraphExecUpdateFailure as u64;
+const _: () =
+    assert!(UPDATE_FAILURE == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE as u64);
 
 /// cudaGraphExecUpdateResult: a different topology, or a node of another type.
-pub const UPDATE_TOPOLOGY_CHANGED: u32 = 2;
-pub const UPDATE_NODE_TYPE_CHANGED: u32 = 3;
+pub const UPDATE_TOPOLOGY_CHANGED: u32 = cudaGraphExecUpdateResult::cudaGraphExecUpdateErrorTopologyChanged;
+pub const UPDATE_NODE_TYPE_CHANGED: u32 = cudaGraphExecUpdateResult::cudaGraphExecUpdateErrorNodeTypeChanged;
 
 /// Pitched memory: the address of the first byte, the bytes per row and per slice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,7 +404,7 @@ impl Graphs {
                 if let Some(c) = self.capturing.get_mut(&stream) {
                     c.1 = vec![node];
                 }
-                0
+                SUCCESS
             }
             Err(e) => e,
         })
