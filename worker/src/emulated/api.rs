@@ -862,6 +862,8 @@ impl Emulated {
     /// # Safety
     /// As [`Emulated::invoke_more`].
     unsafe fn invoke_cublaslt(&self, desc: &'static CallDesc, name: &str, a: &[u64]) -> Option<u64> {
+        // cuBLAS numbers its statuses its own way (1 is NOT_INITIALIZED there).
+        const LT_INVALID_VALUE: u64 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE as u64;
         // SAFETY (all arms): out-parameters are the session's buffers, sized by the descriptor.
         let status = unsafe {
             match name {
@@ -898,25 +900,25 @@ impl Emulated {
                     let (Some(alpha), Some(a0), Some(beta), Some(b0)) =
                         (float_at(a[2]), float_at(a[3]), float_at(a[5]), float_at(a[6]))
                     else {
-                        return Some(INVALID_VALUE);
+                        return Some(LT_INVALID_VALUE);
                     };
                     match state.find(a[8], 4) {
                         Some(c) => {
                             c[..4].copy_from_slice(&(alpha * a0 + beta * b0).to_le_bytes());
                             SUCCESS
                         }
-                        None => INVALID_VALUE,
+                        None => LT_INVALID_VALUE,
                     }
                 }
                 "cublasLtMatmulAlgoGetHeuristic" => {
                     let elem = match desc.params.get(8) {
                         Some(Wire::Buf { elem, .. }) => *elem as usize,
-                        _ => return Some(INVALID_VALUE),
+                        _ => return Some(LT_INVALID_VALUE),
                     };
                     let requested = a[7] as i32;
                     // A NULL results array reaches the backend as NULL (a getter's count query).
                     if requested <= 0 || a[8] == 0 || a[9] == 0 {
-                        return Some(INVALID_VALUE);
+                        return Some(LT_INVALID_VALUE);
                     }
                     let salt: u64 = std::env::var(chidori_protocol::env::EMULATED_SALT)
                         .ok()
