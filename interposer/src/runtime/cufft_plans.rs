@@ -91,7 +91,8 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared) -> Option<u64> {
 }
 
 /// What each plan says: `Some(fingerprint)` of the Sets since its create, `None` once it
-/// was made or passed somewhere the client does not follow. A plan absent is as created.
+/// was made or passed somewhere the client does not follow. A plan absent is not followed
+/// (made by a one-call `cufftPlan…`, or before the map was last emptied).
 fn with_plans<T>(f: impl FnOnce(&mut HashMap<u64, Option<u64>>) -> T) -> T {
     let mut guard = CLIENT.cufft_prints.lock();
     let plans = guard.get_or_insert_with(HashMap::new);
@@ -103,8 +104,11 @@ fn with_plans<T>(f: impl FnOnce(&mut HashMap<u64, Option<u64>>) -> T) -> T {
 
 /// A plan was created (by the server or ahead of the program): as created.
 pub fn created(plan: u64) {
-    with_plans(|p| p.remove(&plan));
+    with_plans(|p| p.insert(plan, Some(CREATED)));
 }
+
+/// The fingerprint of a plan as created.
+const CREATED: u64 = 1;
 
 /// Before a cuFFT call is sent: answer a plan made as before, and follow what is set on
 /// each plan.
@@ -119,25 +123,15 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         Role::Sets => {
             let call = content(desc, args, prepared);
             with_plans(|p| {
-                let next = match (p.get(&plan).copied(), call) {
-                    (None, Some(c)) => Some(combine(1, c)),
-                    (Some(Some(before)), Some(c)) => Some(combine(before, c)),
-                    _ => None,
-                };
-                p.insert(plan, next);
+                if let Some(print) = p.get_mut(&plan) {
+                    *print = print.zip(call).map(|(before, c)| combine(before, c));
+                }
             });
             Action::Send
         }
         Role::Make => {
-            let print = with_plans(|p| {
-                let print = match p.get(&plan) {
-                    None => Some(1),
-                    Some(known) => *known,
-                };
-                // Made (or refused) now: followed no further.
-                p.insert(plan, None);
-                print
-            });
+            // Made (or refused) now: followed no further.
+            let print = with_plans(|p| p.get_mut(&plan).and_then(Option::take));
             let outputs_only_bufs =
                 desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
             let Some(key) =
