@@ -120,35 +120,11 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         if let Ok(conn) = crate::conn::get()
             && let Some(answer) =
                 crate::learned::with(&conn, |l| l.get(Space::CudnnSize, &stored(desc, key)).and_then(decode)).flatten()
-            && fits(&answer, prepared)
+            // SAFETY: the caller's arguments, as the descriptor says.
+            && let Some(status) = unsafe { give_checked(&conn, desc, args, prepared, answer.clone(), "other sizes") }
         {
-            let mut scratch: Vec<Box<[u8]>> = Vec::new();
-            let mut check_args = args.to_vec();
-            for o in &prepared.outs {
-                let mut b = vec![0u8; o.len].into_boxed_slice();
-                if let Some(a) = check_args.get_mut(o.param) {
-                    *a = b.as_mut_ptr() as u64;
-                }
-                scratch.push(b);
-            }
-            // SAFETY: the check's outputs are `scratch`'s buffers, which the checking thread
-            // keeps until the reply has landed.
-            if let Some(slot) = unsafe { crate::runtime::send_checked(&conn, desc, &check_args) } {
-                give(&answer, prepared);
-                CLIENT.ahead.cudnn_sizes.learn(key, answer.clone());
-                let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
-                crate::learned::check(conn, name, slot, scratch, move |outcome, scratch| {
-                    let got: Vec<(usize, Vec<u8>)> =
-                        params.iter().copied().zip(scratch.iter().map(|b| b.to_vec())).collect();
-                    match outcome {
-                        Ok(s) if *s != answer.0 => Some(format!("status {s}, not {}", answer.0)),
-                        _ if got != answer.1 => Some("other sizes".to_owned()),
-                        _ => None,
-                    }
-                });
-                crate::trace::local(name);
-                return Action::Answered(answer.0);
-            }
+            CLIENT.ahead.cudnn_sizes.learn(key, answer);
+            return Action::Answered(status);
         }
         return Action::Learn(key);
     }
@@ -242,6 +218,51 @@ pub(crate) fn outputs(prepared: &Prepared) -> Vec<(usize, Vec<u8>)> {
         .collect()
 }
 
+/// A question answered from what was learned, the call still made: it goes without
+/// waiting, its outputs into buffers of the client's own, compared with `answer` when its
+/// reply comes (`differs` names how, in the error that ends the session otherwise); the
+/// caller's outputs get `answer`'s. Its status, or None where the answer does not fit the
+/// call or the call could not be sent.
+///
+/// # Safety
+/// `args` are the caller's, as `desc` takes them; `prepared` is their preparation.
+pub(crate) unsafe fn give_checked(
+    conn: &std::sync::Arc<crate::conn::Conn>,
+    desc: &'static CallDesc,
+    args: &[u64],
+    prepared: &Prepared,
+    answer: Answer,
+    differs: &'static str,
+) -> Option<u64> {
+    if !fits(&answer, prepared) {
+        return None;
+    }
+    let mut scratch: Vec<Box<[u8]>> = Vec::new();
+    let mut check_args = args.to_vec();
+    for o in &prepared.outs {
+        let mut b = vec![0u8; o.len].into_boxed_slice();
+        if let Some(a) = check_args.get_mut(o.param) {
+            *a = b.as_mut_ptr() as u64;
+        }
+        scratch.push(b);
+    }
+    // SAFETY: the caller's arguments but its outputs, which are `scratch`'s buffers; the
+    // checking thread keeps them until the reply has landed.
+    let slot = unsafe { super::send_checked(conn, desc, &check_args) }?;
+    give(&answer, prepared);
+    let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
+    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, scratch| {
+        let got: Vec<(usize, Vec<u8>)> = params.iter().copied().zip(scratch.iter().map(|b| b.to_vec())).collect();
+        match outcome {
+            Ok(s) if *s != answer.0 => Some(format!("status {s}, not {}", answer.0)),
+            _ if got != answer.1 => Some(differs.to_owned()),
+            _ => None,
+        }
+    });
+    crate::trace::local(desc.name);
+    Some(answer.0)
+}
+
 /// Whether `answer` has the outputs this call asks for (the same parameters and lengths).
 fn fits(answer: &Answer, prepared: &Prepared) -> bool {
     answer.1.len() == prepared.outs.len()
@@ -263,8 +284,9 @@ pub(crate) fn give(answer: &Answer, prepared: &Prepared) -> bool {
 }
 
 /// The key of a question in the store of learned answers: this release and the call's name
-/// with its in-process key (a hash only this release computes alike).
-fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
+/// with its in-process key (a hash only this release computes alike). cuFFT's made plans
+/// are kept under such keys too.
+pub(crate) fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
     format!("{}|{}|{key:016x}", env!("CARGO_PKG_VERSION"), desc.name).into_bytes()
 }
 

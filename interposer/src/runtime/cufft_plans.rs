@@ -20,7 +20,7 @@ use std::hash::{Hash, Hasher};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use super::cudnn_sizes::{Action, Answer, give, outputs};
+use super::cudnn_sizes::{Action, give_checked, outputs};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -29,10 +29,13 @@ pub(crate) const ANSWERS_MAX: usize = 4096;
 /// Plans followed (the oldest go first).
 const PLANS_MAX: usize = 1 << 16;
 
-/// What a call does to the plan it names first.
-#[derive(Debug, PartialEq, Eq)]
-enum Role {
-    /// Names no plan first (creates, the one-call plans, estimates, versions).
+/// What a call does to the plan it names first (found once per descriptor:
+/// `crate::runtime::facts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Names no plan first (creates, the one-call plans, estimates, versions), or is no
+    /// cuFFT call.
+    #[default]
     None,
     /// Makes the plan: a question about how a plan set so is made.
     Make,
@@ -45,7 +48,7 @@ enum Role {
     Sets,
 }
 
-fn role(name: &str) -> Role {
+pub(crate) fn role(name: &str) -> Role {
     const NO_PLAN: &[&str] = &["cufftCreate", "cufftPlan", "cufftEstimate", "cufftGetVersion", "cufftGetProperty"];
     const KEEPS: &[&str] = &[
         "cufftSetStream",
@@ -114,7 +117,7 @@ const CREATED: u64 = 1;
 /// each plan.
 pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared) -> Action {
     let plan = args.first().copied().unwrap_or(0) as u32 as u64;
-    match role(desc.name) {
+    match super::facts(desc).cufft {
         Role::None | Role::Keeps => Action::Send,
         Role::Destroys => {
             with_plans(|p| p.remove(&plan));
@@ -141,15 +144,17 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             };
             let Ok(conn) = crate::conn::get() else { return Action::Send };
             let known = CLIENT.ahead.cufft_plans.get(&key).or_else(|| {
-                let kept =
-                    crate::learned::with(&conn, |l| l.get(Space::CufftPlan, &stored(desc, key)).map(<[u8]>::to_vec));
+                let kept = crate::learned::with(&conn, |l| {
+                    l.get(Space::CufftPlan, &super::cudnn_sizes::stored(desc, key)).map(<[u8]>::to_vec)
+                });
                 let answer = super::cudnn_sizes::decode(&kept.flatten()?)?;
                 CLIENT.ahead.cufft_plans.learn(key, answer.clone());
                 Some(answer)
             });
             match known {
                 // SAFETY: the caller's arguments, as the descriptor says.
-                Some(answer) => match unsafe { answer_known(&conn, desc, args, prepared, answer) } {
+                Some(answer) => match unsafe { give_checked(&conn, desc, args, prepared, answer, "another work size") }
+                {
                     Some(status) => Action::Answered(status),
                     None => Action::Learn(key),
                 },
@@ -165,50 +170,6 @@ fn combine(before: u64, call: u64) -> u64 {
     h.finish()
 }
 
-/// A plan made as before: the call goes without waiting, its outputs into buffers of the
-/// client's own, compared when its answer comes; the caller gets the answer known. None
-/// where the answer does not fit the call or the call could not be sent.
-///
-/// # Safety
-/// `args` are the caller's, as `desc` takes them; `prepared` is their preparation.
-unsafe fn answer_known(
-    conn: &std::sync::Arc<crate::conn::Conn>,
-    desc: &'static CallDesc,
-    args: &[u64],
-    prepared: &Prepared,
-    answer: Answer,
-) -> Option<u64> {
-    if !answer.1.iter().all(|(p, b)| prepared.outs.iter().any(|o| o.param == *p && o.len == b.len()))
-        || answer.1.len() != prepared.outs.len()
-    {
-        return None;
-    }
-    let mut scratch: Vec<Box<[u8]>> = Vec::new();
-    let mut check_args = args.to_vec();
-    for o in &prepared.outs {
-        let mut b = vec![0u8; o.len].into_boxed_slice();
-        if let Some(a) = check_args.get_mut(o.param) {
-            *a = b.as_mut_ptr() as u64;
-        }
-        scratch.push(b);
-    }
-    // SAFETY: the caller's arguments but its outputs, which are `scratch`'s buffers; the
-    // checking thread keeps them until the reply has landed.
-    let slot = unsafe { super::send_checked(conn, desc, &check_args) }?;
-    give(&answer, prepared);
-    let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
-    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, scratch| {
-        let got: Vec<(usize, Vec<u8>)> = params.iter().copied().zip(scratch.iter().map(|b| b.to_vec())).collect();
-        match outcome {
-            Ok(s) if *s != answer.0 => Some(format!("status {s}, not {}", answer.0)),
-            _ if got != answer.1 => Some("another work size".to_owned()),
-            _ => None,
-        }
-    });
-    crate::trace::local(desc.name);
-    Some(answer.0)
-}
-
 /// After the server made a plan: keep a success (for later sessions too).
 pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
     if status != desc.codes.success as u64 {
@@ -217,16 +178,10 @@ pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared)
     let answer = (status, outputs(prepared));
     if let Ok(conn) = crate::conn::get() {
         crate::learned::with(&conn, |l| {
-            l.learn(Space::CufftPlan, &stored(desc, key), &super::cudnn_sizes::encode(&answer))
+            l.learn(Space::CufftPlan, &super::cudnn_sizes::stored(desc, key), &super::cudnn_sizes::encode(&answer))
         });
     }
     CLIENT.ahead.cufft_plans.learn(key, answer);
-}
-
-/// The key in the store of learned answers: this release, the call's name and its
-/// in-process key (a hash only this release computes alike).
-fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
-    format!("{}|{}|{key:016x}", env!("CARGO_PKG_VERSION"), desc.name).into_bytes()
 }
 
 #[cfg(test)]

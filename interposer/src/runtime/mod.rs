@@ -278,6 +278,8 @@ struct Facts {
     graph_launch: bool,
     /// Its answers may be kept for the process (specs' `constant`, inputs all values).
     constant: bool,
+    /// What a cuFFT call does to the plan it names ([`cufft_plans::Role`]).
+    cufft: cufft_plans::Role,
 }
 
 impl Facts {
@@ -296,6 +298,7 @@ impl Facts {
         Facts {
             graph_launch: d.name.starts_with("cudaGraphLaunch") || d.name.starts_with("cuGraphLaunch"),
             constant: d.waits() && by_value && chidori_cuda::checks::constant(name),
+            cufft: if d.library == "cufft" { cufft_plans::role(d.name) } else { cufft_plans::Role::None },
         }
     }
 }
