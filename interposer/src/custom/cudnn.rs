@@ -1108,29 +1108,13 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         }
         // The descriptors it fills (mDesc, bDesc), each asked for all its dimensions.
         let targets: Vec<u64> = [args[6], args[8]].into_iter().filter(|&d| d != 0).collect();
-        let mut types = [0u32; 2];
-        let mut counts = [0i32; 2];
-        let mut dims = [[0i32; DIM_MAX]; 2];
-        let mut strides = [[0i32; DIM_MAX]; 2];
-        let questions: Vec<[u64; 6]> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                [
-                    t,
-                    DIM_MAX as u64,
-                    &mut types[i] as *mut u32 as u64,
-                    &mut counts[i] as *mut i32 as u64,
-                    dims[i].as_mut_ptr() as u64,
-                    strides[i].as_mut_ptr() as u64,
-                ]
-            })
-            .collect();
+        let mut shapes = Shapes::default();
+        let questions: Vec<[u64; 6]> = targets.iter().enumerate().map(|(i, &t)| shapes.ask(i, t)).collect();
         let mut calls: Vec<(&'static CallDesc, &[u64])> = vec![(desc, &args[..])];
         calls.extend(questions.iter().map(|q| (nd, &q[..])));
         let before = conn.sent_so_far();
         // SAFETY: the caller's arguments (its outputs are void** or null); the questions'
-        // outputs are the arrays above, alive until call_all returns with every reply.
+        // outputs are `shapes`'s arrays, alive until call_with_riders returns with every reply.
         let Some((status, statuses)) = (unsafe { crate::runtime::call_with_riders(&conn, &calls, desc.name) }) else {
             return unavailable;
         };
@@ -1148,14 +1132,7 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
             CLIENT.ahead.rnn_weight_params.learn_at(key, (m, b), sent);
             let mut filled = [None, None];
             for (i, &t) in targets.iter().enumerate() {
-                let n = counts[i];
-                if statuses[i + 1] == 0 && (0..=DIM_MAX as i32).contains(&n) {
-                    let n = n as usize;
-                    let nd = TensorNd {
-                        data_type: types[i],
-                        dims: dims[i][..n].to_vec(),
-                        strides: strides[i][..n].to_vec(),
-                    };
+                if let Some(nd) = shapes.shape(i).filter(|_| statuses[i + 1] == 0) {
                     CLIENT.ahead.rnn_filled_tensors.learn_at(t, nd.clone(), sent);
                     filled[usize::from(t != args[6])] = Some(nd);
                 }
@@ -1192,14 +1169,46 @@ fn question(args: &[u64; 10]) -> Option<Question> {
     Some(Question { rnn, layer: args[2] as u32 as i32, space_size: args[3], lin: args[5] as u32 as i32, passed })
 }
 
-/// Where the server writes what the checked call and its questions answer.
+/// Where `cudnnGetTensorNdDescriptor` writes what it says of up to two descriptors, each
+/// asked for all its dimensions.
 #[derive(Default)]
-struct Checked {
-    addrs: [u64; 2],
+struct Shapes {
     types: [u32; 2],
     counts: [i32; 2],
     dims: [[i32; DIM_MAX]; 2],
     strides: [[i32; DIM_MAX]; 2],
+}
+
+impl Shapes {
+    /// The arguments of the question about `descriptor`, answered into place `i` (0 or 1):
+    /// pointers into `self`, which must stay where it is until the reply has landed.
+    fn ask(&mut self, i: usize, descriptor: u64) -> [u64; 6] {
+        [
+            descriptor,
+            DIM_MAX as u64,
+            &mut self.types[i] as *mut u32 as u64,
+            &mut self.counts[i] as *mut i32 as u64,
+            self.dims[i].as_mut_ptr() as u64,
+            self.strides[i].as_mut_ptr() as u64,
+        ]
+    }
+
+    /// What the answer in place `i` said (None: a count no descriptor has).
+    fn shape(&self, i: usize) -> Option<TensorNd> {
+        let n = usize::try_from(self.counts[i]).ok().filter(|&n| n <= DIM_MAX)?;
+        Some(TensorNd {
+            data_type: self.types[i],
+            dims: self.dims[i][..n].to_vec(),
+            strides: self.strides[i][..n].to_vec(),
+        })
+    }
+}
+
+/// Where the server writes what the checked call and its questions answer.
+#[derive(Default)]
+struct Checked {
+    addrs: [u64; 2],
+    shapes: Shapes,
 }
 
 /// `cudnnGetRNNWeightParams` answered from what was learned about descriptors set alike
@@ -1239,14 +1248,7 @@ fn answer_known(
     let mut slots = vec![main];
     let targets: Vec<(usize, u64)> = [args[6], args[8]].into_iter().enumerate().filter(|&(_, t)| t != 0).collect();
     for &(i, t) in &targets {
-        let ask = [
-            t,
-            DIM_MAX as u64,
-            &mut checked.types[i] as *mut u32 as u64,
-            &mut checked.counts[i] as *mut i32 as u64,
-            checked.dims[i].as_mut_ptr() as u64,
-            checked.strides[i].as_mut_ptr() as u64,
-        ];
+        let ask = checked.shapes.ask(i, t);
         // SAFETY: the question's outputs are `checked`'s arrays, kept as above.
         let Some(slot) = (unsafe { crate::runtime::send_checked(conn, nd, &ask) }) else {
             // The connection failed after the call went: its buffers stay until the call's
@@ -1286,14 +1288,8 @@ fn answer_known(
             return Some("other addresses".to_owned());
         }
         for &(i, _) in &targets {
-            let n = c.counts[i];
-            let shape = (0..=DIM_MAX as i32).contains(&n).then(|| TensorNd {
-                data_type: c.types[i],
-                dims: c.dims[i][..n as usize].to_vec(),
-                strides: c.strides[i][..n as usize].to_vec(),
-            });
             let want = if i == 0 { &weights.matrix_nd } else { &weights.bias_nd };
-            if shape.as_ref() != want.as_ref() {
+            if c.shapes.shape(i).as_ref() != want.as_ref() {
                 return Some("another shape".to_owned());
             }
         }
