@@ -370,6 +370,12 @@ enum HandleSet {
     Context,
 }
 
+/// `CHIDORI_EMULATED_SALT`: another salt, another library. What tests of answers kept from
+/// an earlier session change to have the server answer otherwise (0 where unset).
+fn salt() -> u64 {
+    std::env::var(chidori_protocol::env::EMULATED_SALT).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 /// The kernel names of the `.text.<name>` section names in an image, each once, in order.
 fn kernel_section_names(image: &[u8]) -> Vec<String> {
     const PREFIX: &[u8] = b".text.";
@@ -845,8 +851,7 @@ impl Backend for Emulated {
                         CUDNN_BAD_PARAM
                     }
                 }
-                // The legacy API's descriptors: created and destroyed; an RNN's weight space
-                // holds, per pseudo-layer, 8 matrices of 4 KiB and then 8 biases of 256 bytes.
+                // The legacy API's descriptors: created and destroyed.
                 ("cudnn", name)
                     if name.starts_with("cudnnCreate") && name.ends_with("Descriptor") && desc.params.len() == 1 =>
                 {
@@ -906,8 +911,7 @@ impl Backend for Emulated {
                         Some(made @ false) => *made = true,
                         _ => return Ok(u64::from(cufftResult_t::CUFFT_INVALID_PLAN)),
                     }
-                    let salt =
-                        std::env::var(chidori_protocol::env::EMULATED_SALT).map_or(0, |v| u64::from(!v.is_empty()));
+                    let salt = salt();
                     let elements = n.iter().fold(batch as u64, |acc, &d| acc.saturating_mul(d as u64));
                     put_u64(a[12], elements.saturating_mul(16) + 8 * salt);
                     SUCCESS
@@ -943,8 +947,7 @@ impl Backend for Emulated {
                     let mut s = self.state();
                     let h = s.rnn_hidden.get(&a[1]).copied().unwrap_or(32);
                     let (matrix, bias) = (4 * h * h, 8 * h);
-                    let salt =
-                        std::env::var(chidori_protocol::env::EMULATED_SALT).map_or(0, |v| u64::from(!v.is_empty()));
+                    let salt = salt();
                     let base = a[4] + layer as u64 * 8 * (matrix + bias);
                     let (hi, h2) = (h as i32, 2 * h as i32);
                     const FLOAT: u32 = chidori_cuda::consts::cudnnDataType_t::CUDNN_DATA_FLOAT;
@@ -1154,14 +1157,9 @@ impl Backend for Emulated {
                         };
                         if !descriptors && a[5] != 0 && requested > 0 {
                             let per = bytes / requested as u64;
-                            // Another salt, another library: what a test of answers kept
-                            // from an earlier session changes.
-                            let salt: u8 = std::env::var(chidori_protocol::env::EMULATED_SALT)
-                                .ok()
-                                .and_then(|v| v.parse().ok())
-                                .unwrap_or(0);
+                            // Another salt, another library (`salt`).
                             // SAFETY: the worker's buffer of `bytes` >= n * per bytes.
-                            std::ptr::write_bytes(a[5] as *mut u8, 0x11 ^ salt, (n as u64 * per) as usize);
+                            std::ptr::write_bytes(a[5] as *mut u8, 0x11 ^ salt() as u8, (n as u64 * per) as usize);
                         }
                         SUCCESS
                     }

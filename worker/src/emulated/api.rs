@@ -920,10 +920,7 @@ impl Emulated {
                     if requested <= 0 || a[8] == 0 || a[9] == 0 {
                         return Some(LT_INVALID_VALUE);
                     }
-                    let salt: u64 = std::env::var(chidori_protocol::env::EMULATED_SALT)
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0);
+                    let salt = super::salt();
                     let n = requested.min(2);
                     let results = std::slice::from_raw_parts_mut(a[8] as *mut u8, elem * requested as usize);
                     for i in 0..n as usize {
