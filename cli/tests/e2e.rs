@@ -23,6 +23,14 @@ fn server() -> EmulatedServer {
     EmulatedServer::start(&chidori(), &profile()).expect("starting an emulated server")
 }
 
+/// A server of the same GPU and versions whose libraries answer otherwise
+/// (`CHIDORI_EMULATED_SALT`): what a test of answers learned in an earlier session runs
+/// against to see a different answer end the session.
+fn salted_server() -> EmulatedServer {
+    EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
+        .expect("starting an emulated server")
+}
+
 /// Compile a C program against the CUDA 13.0 runtime headers and the 13.0 shim.
 fn program(name: &str, source: &str) -> PathBuf {
     program_with(name, source, &[])
@@ -1494,8 +1502,7 @@ fn cudnn_finalizes_learned_answer_later_builds_of_the_same_graph() {
     assert!(!stderr.contains("answered differently"), "{stderr}");
 
     // A server whose library answers otherwise (same GPU, same versions).
-    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
-        .expect("starting an emulated server");
+    let other = salted_server();
     let (_, _, stderr) = run(&other);
     assert!(stderr.contains("cudnnBackendFinalize: the server answered differently"), "{stderr}");
     let (_, trips, stderr) = run(&other);
@@ -1765,8 +1772,7 @@ fn rnn_weights_of_descriptors_set_alike_are_answered_by_the_client() {
     drop(server);
 
     // A server whose library places the biases otherwise (same GPU, same versions).
-    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
-        .expect("starting an emulated server");
+    let other = salted_server();
     let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
     assert!(
         stderr.contains("cudnnGetRNNWeightParams: the server answered differently (other addresses)"),
@@ -1835,8 +1841,7 @@ fn cufft_plans_made_as_before_are_answered_by_the_client() {
     drop(server);
 
     // A server whose library needs another work size (same GPU, same versions).
-    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
-        .expect("starting an emulated server");
+    let other = salted_server();
     let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
     assert!(
         stderr.contains("cufftXtMakePlanMany: the server answered differently (another work size)"),
@@ -4172,8 +4177,7 @@ fn heuristics_learned_in_an_earlier_session_are_answered_without_waiting() {
     drop(server);
 
     // A server whose library answers differently (same GPU, same versions).
-    let other = EmulatedServer::start_env(&chidori(), Some(&profile()), &[], &[("CHIDORI_EMULATED_SALT", "5")])
-        .expect("starting an emulated server");
+    let other = salted_server();
     let (_, _, stderr) = run(&other);
     assert!(
         stderr.contains("cublasLtMatmulAlgoGetHeuristic: the server answered differently"),
