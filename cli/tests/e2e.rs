@@ -3281,6 +3281,63 @@ int main(void) {
   for (int i = 0; i < 32; ++i) EXPECT(bytes[i] == in[i] && bytes[32 + i] == in2[i]);
   CHECK(cuGraphDestroy(g));
 
+  /* A batch memory operation node writes two words when its graph runs; the node keeps its
+     own copy of the operations, which GetParams shows; an instance's node set anew; a word
+     not of the session refused; the same node through cuGraphAddNode after it. */
+  CUstreamBatchMemOpParams ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[0].writeValue.address = d2; ops[0].writeValue.value = 0xdeadbeefu;
+  ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  ops[1].writeValue.address = d2 + 8; ops[1].writeValue.value64 = 0x0123456789abcdefull;
+  CUDA_BATCH_MEM_OP_NODE_PARAMS bp, bgot;
+  memset(&bp, 0, sizeof bp);
+  bp.ctx = ctx; bp.count = 2; bp.paramArray = ops;
+  CUgraph gb;
+  CUgraphNode bn, bn2;
+  CHECK(cuGraphCreate(&gb, 0));
+  CHECK(cuGraphAddBatchMemOpNode(&bn, gb, NULL, 0, &bp));
+  ops[0].writeValue.value = 7;
+  CHECK(cuGraphBatchMemOpNodeGetParams(bn, &bgot));
+  EXPECT(bgot.ctx == ctx && bgot.count == 2 && bgot.paramArray != ops);
+  EXPECT(bgot.paramArray[0].writeValue.value == 0xdeadbeefu);
+  EXPECT(bgot.paramArray[1].writeValue.value64 == 0x0123456789abcdefull);
+  CUgraphExec xb;
+  CHECK(cuGraphInstantiate(&xb, gb, 0));
+  CHECK(cuGraphLaunch(xb, s));
+  CHECK(cuStreamSynchronize(s));
+  unsigned int w32 = 0;
+  unsigned long long w64 = 0;
+  CHECK(cuMemcpyDtoH(&w32, d2, 4));
+  CHECK(cuMemcpyDtoH(&w64, d2 + 8, 8));
+  EXPECT(w32 == 0xdeadbeefu && w64 == 0x0123456789abcdefull);
+  CHECK(cuGraphExecBatchMemOpNodeSetParams(xb, bn, &bp));
+  CHECK(cuGraphLaunch(xb, s));
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuMemcpyDtoH(&w32, d2, 4));
+  EXPECT(w32 == 7);
+  CHECK(cuGraphBatchMemOpNodeGetParams(bn, &bgot));
+  EXPECT(bgot.paramArray[0].writeValue.value == 0xdeadbeefu);
+  ops[0].writeValue.address = 0x1000;
+  EXPECT(cuGraphBatchMemOpNodeSetParams(bn, &bp) == CUDA_ERROR_INVALID_VALUE);
+  ops[0].writeValue.address = d2 + 16; ops[0].writeValue.value = 99;
+  CUgraphNodeParams np;
+  memset(&np, 0, sizeof np);
+  np.type = CU_GRAPH_NODE_TYPE_BATCH_MEM_OP;
+  np.memOp.ctx = bp.ctx; np.memOp.count = bp.count; np.memOp.paramArray = bp.paramArray;
+  CHECK(cuGraphAddNode(&bn2, gb, &bn, NULL, 1, &np));
+  CUgraphNodeType bt;
+  CHECK(cuGraphNodeGetType(bn2, &bt));
+  EXPECT(bt == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+  CHECK(cuGraphExecDestroy(xb));
+  CHECK(cuGraphInstantiate(&xb, gb, 0));
+  CHECK(cuGraphLaunch(xb, s));
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuMemcpyDtoH(&w32, d2 + 16, 4));
+  EXPECT(w32 == 99);
+  CHECK(cuGraphExecDestroy(xb));
+  CHECK(cuGraphDestroy(gb));
+
   /* The linker's state lives on the client; the emulated server has no linker to finish. */
   CUlinkState link;
   char info[256], error[256];

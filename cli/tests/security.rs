@@ -544,6 +544,24 @@ fn hostile_services_crash_no_worker() {
             true,
         ),
         (
+            Service::GraphNode(GraphNode {
+                target: NodeTarget::Add { graph: junk, dependencies: vec![], edge_data: vec![junk] },
+                params: NodeParams::BatchMemOp { ctx: junk, count: u32::MAX, flags: u32::MAX },
+                api: Api::Driver,
+            }),
+            vec![0xff; 48],
+            true,
+        ),
+        (
+            Service::GraphNode(GraphNode {
+                target: NodeTarget::ExecSet { exec: junk, node: junk },
+                params: NodeParams::BatchMemOp { ctx: 0, count: 1, flags: 0 },
+                api: Api::Runtime,
+            }),
+            vec![2; 48],
+            true,
+        ),
+        (
             Service::GraphLoop(GraphLoop {
                 exec: junk,
                 stream: junk,

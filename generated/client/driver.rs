@@ -1904,6 +1904,117 @@ pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress_v2(
         )
     }
 }
+///`cuGraphAddBatchMemOpNode` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu118(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddBatchMemOpNode",
+                version: "12.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuGraphAddBatchMemOpNode` for CUDA 12.6, 12.8, 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu126(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddBatchMemOpNode",
+                version: "13.0",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuGraphAddBatchMemOpNode` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu131(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddBatchMemOpNode",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddChildGraphNode(
@@ -2370,6 +2481,159 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
         }) as u32
     }
 }
+///`cuGraphBatchMemOpNodeGetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu118(
+    hNode: *mut c_void,
+    nodeParams_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphBatchMemOpNodeGetParams",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::batch_mem_op_node_get_params(&CTX, hNode, nodeParams_out)
+    }
+}
+///`cuGraphBatchMemOpNodeGetParams` for CUDA 12.6, 12.8, 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu126(
+    hNode: *mut c_void,
+    nodeParams_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphBatchMemOpNodeGetParams",
+            version: "13.0",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::batch_mem_op_node_get_params(&CTX, hNode, nodeParams_out)
+    }
+}
+///`cuGraphBatchMemOpNodeGetParams` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu131(
+    hNode: *mut c_void,
+    nodeParams_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphBatchMemOpNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::batch_mem_op_node_get_params(&CTX, hNode, nodeParams_out)
+    }
+}
+///`cuGraphBatchMemOpNodeSetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu118(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphBatchMemOpNodeSetParams",
+                version: "12.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cuGraphBatchMemOpNodeSetParams` for CUDA 12.6, 12.8, 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu126(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphBatchMemOpNodeSetParams",
+                version: "13.0",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cuGraphBatchMemOpNodeSetParams` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu131(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphBatchMemOpNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphChildGraphNodeGetGraph(
@@ -2525,6 +2789,105 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphEventWaitNodeSetEvent(
             &chidori_cuda::calls::driver::cuGraphEventWaitNodeSetEvent,
             &[(hNode) as usize as u64, (event) as usize as u64],
         ) as u32
+    }
+}
+///`cuGraphExecBatchMemOpNodeSetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu118(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecBatchMemOpNodeSetParams",
+                version: "12.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuGraphExecBatchMemOpNodeSetParams` for CUDA 12.6, 12.8, 13.0 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu126(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecBatchMemOpNodeSetParams",
+                version: "13.0",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuGraphExecBatchMemOpNodeSetParams` for CUDA 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu131(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecBatchMemOpNodeSetParams",
+                version: "13.1",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::batch_mem_op_node_raw(
+                &CTX,
+                &[
+                    (hGraphExec) as usize as u64,
+                    (hNode) as usize as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphExecChildGraphNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

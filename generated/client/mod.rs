@@ -393,6 +393,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGetProcAddress_v2" => {
             Some(driver::__chidori_driver_cuGetProcAddress_v2 as *const c_void)
         }
+        "cuGraphAddBatchMemOpNode" => {
+            Some(
+                driver::__chidori_driver_cuGraphAddBatchMemOpNode__cu131 as *const c_void,
+            )
+        }
         "cuGraphAddChildGraphNode" => {
             Some(driver::__chidori_driver_cuGraphAddChildGraphNode as *const c_void)
         }
@@ -438,6 +443,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphAddNode_v2" => {
             Some(driver::__chidori_driver_cuGraphAddNode_v2 as *const c_void)
         }
+        "cuGraphBatchMemOpNodeGetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphBatchMemOpNodeGetParams__cu131
+                    as *const c_void,
+            )
+        }
+        "cuGraphBatchMemOpNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphBatchMemOpNodeSetParams__cu131
+                    as *const c_void,
+            )
+        }
         "cuGraphChildGraphNodeGetGraph" => {
             Some(driver::__chidori_driver_cuGraphChildGraphNodeGetGraph as *const c_void)
         }
@@ -472,6 +489,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphEventWaitNodeSetEvent" => {
             Some(driver::__chidori_driver_cuGraphEventWaitNodeSetEvent as *const c_void)
+        }
+        "cuGraphExecBatchMemOpNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu131
+                    as *const c_void,
+            )
         }
         "cuGraphExecChildGraphNodeSetParams" => {
             Some(

@@ -416,6 +416,10 @@ pub enum NodeParams {
     /// Allocate `bytesize` bytes from a pool of these properties; the address comes back in
     /// `Node::address`. `access`: (location type, location id, flags) per access descriptor.
     MemAlloc { alloc_type: u32, location: (u32, i32), max_size: u64, access: Vec<(u32, i32, u32)>, bytesize: u64 },
+    /// Run `count` stream memory operations (waits on, writes of and reductions into words of
+    /// device memory, flushes, barriers) in `ctx` (0: the current context): the bulk section
+    /// holds the `CUstreamBatchMemOpParams`, 48 bytes each, as the program laid them out.
+    BatchMemOp { ctx: u64, count: u32, flags: u32 },
 }
 
 /// A graph-replay loop that runs on the server without a round trip per step: launch `exec`

@@ -305,11 +305,22 @@ impl Emulated {
                     f(0, true);
                     SUCCESS
                 }
+                Op::Words(words) => self.write_words(words),
                 Op::Nothing | Op::Child(_) => SUCCESS,
             };
             if status != SUCCESS {
                 return status;
             }
+        }
+        SUCCESS
+    }
+
+    /// Words of device memory set: (address, value, bytes).
+    fn write_words(&self, words: &[(u64, u64, u8)]) -> u64 {
+        let mut s = self.state();
+        for &(at, value, len) in words {
+            let Some(bytes) = s.find(at, u64::from(len)) else { return INVALID_VALUE };
+            bytes.copy_from_slice(&value.to_le_bytes()[..usize::from(len)]);
         }
         SUCCESS
     }
@@ -1285,11 +1296,11 @@ impl Backend for Emulated {
     unsafe fn graph_node(
         &self,
         request: &GraphNode,
-        _params: &mut [u8],
+        params: &mut [u8],
         _layout: &[(u32, u32)],
         host: Option<HostFn>,
     ) -> Result<NodeMade, (i64, String)> {
-        self.node(request, host)
+        self.node(request, params, host)
     }
 
     /// A module whose kernels are the `.text.<name>` sections its uncompressed cubins name

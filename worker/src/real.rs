@@ -1014,6 +1014,36 @@ impl Backend for Real {
                 rc(unsafe { f(&mut made.node, graph, deps.as_ptr(), deps.len(), &mut p) }, "cuGraphAddMemAllocNode")?;
                 made.address = p.dptr;
             }
+            NodeParams::BatchMemOp { ctx, count, flags } => {
+                if !edges.is_empty() {
+                    return Err((NOT_SUPPORTED_RT, "a batch memory operation node is made without edge data".into()));
+                }
+                let ctx = if *ctx == 0 { self.current_context()? } else { *ctx };
+                // The operations (checked and renamed by the session) are `params`; the
+                // driver copies them into the node.
+                let p = BatchMemOpNodeParams { ctx, count: *count, ops: params.as_mut_ptr().cast(), flags: *flags };
+                let raw = (&p as *const BatchMemOpNodeParams).cast::<c_void>();
+                match &request.target {
+                    NodeTarget::Add { .. } => {
+                        let f: NodeFn = self.driver_fn("cuGraphAddBatchMemOpNode")?;
+                        // SAFETY: handles of the session, operations naming its memory.
+                        rc(
+                            unsafe { f(&mut made.node, graph, deps.as_ptr(), deps.len(), raw) },
+                            "cuGraphAddBatchMemOpNode",
+                        )?;
+                    }
+                    NodeTarget::Set { node } => {
+                        let f: SetFn = self.driver_fn("cuGraphBatchMemOpNodeSetParams")?;
+                        // SAFETY: as above.
+                        rc(unsafe { f(*node, raw) }, "cuGraphBatchMemOpNodeSetParams")?;
+                    }
+                    NodeTarget::ExecSet { exec, node } => {
+                        let f: ExecSetFn = self.driver_fn("cuGraphExecBatchMemOpNodeSetParams")?;
+                        // SAFETY: as above.
+                        rc(unsafe { f(*exec, *node, raw) }, "cuGraphExecBatchMemOpNodeSetParams")?;
+                    }
+                }
+            }
         }
         Ok(made)
     }
@@ -1118,6 +1148,15 @@ struct MemAllocNodeParams {
     dptr: u64,
 }
 
+/// CUDA_BATCH_MEM_OP_NODE_PARAMS (v1 and v2 alike).
+#[repr(C)]
+struct BatchMemOpNodeParams {
+    ctx: u64,
+    count: u32,
+    ops: *mut c_void,
+    flags: u32,
+}
+
 /// CUgraphNodeParams: the type at 0, the type's parameters at 16, 256 bytes in all.
 #[repr(C, align(8))]
 struct NodeParamsUnion {
@@ -1134,6 +1173,8 @@ const _: () = {
     assert!(size_of::<MemAllocNodeParams>() == 120);
     assert!(std::mem::offset_of!(MemAllocNodeParams, access_descs) == 88);
     assert!(size_of::<NodeParamsUnion>() == 256);
+    assert!(size_of::<BatchMemOpNodeParams>() == 32);
+    assert!(std::mem::offset_of!(BatchMemOpNodeParams, flags) == 24);
 };
 
 const NODE_KERNEL: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_KERNEL;

@@ -2254,9 +2254,9 @@ fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
 
 /// Make or change a node whose parameters the worker lays out: a kernel's packed
 /// parameters, a host function of the client, a conditional node's body graphs, a memory
-/// allocation's pool and access descriptors.
+/// allocation's pool and access descriptors, a batch of stream memory operations.
 fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> ServiceReply {
-    use chidori_cuda::handles::kind::{CUfunc_st, CUgraph_st, CUgraphExec_st, CUgraphNode_st, CUkern_st};
+    use chidori_cuda::handles::kind::{CUctx_st, CUfunc_st, CUgraph_st, CUgraphExec_st, CUgraphNode_st, CUkern_st};
     let handles = lock(&session.handles);
     match &mut request.target {
         NodeTarget::Add { graph, dependencies, edge_data } => {
@@ -2302,6 +2302,16 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
             layout = l;
         }
         NodeParams::Host { id } => host = Some(host_closure(session, *id)),
+        NodeParams::BatchMemOp { ctx, count, .. } => {
+            if *ctx != 0 {
+                let Some(real) = live(&lock(&session.handles), CUctx_st, *ctx) else { return foreign("context", *ctx) };
+                *ctx = real;
+            }
+            match batch_mem_ops(session, *count, &frame.bulk) {
+                Ok(ops) => params = ops,
+                Err(message) => return ServiceReply::Error { status: INVALID_VALUE, message },
+            }
+        }
         NodeParams::Conditional { .. } | NodeParams::MemAlloc { .. } => {}
     }
     // SAFETY: a kernel node's function is this session's (layout_of), `layout` its layout
@@ -2322,6 +2332,26 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
         }
         Err((status, message)) => ServiceReply::Error { status, message },
     }
+}
+
+/// The `count` stream memory operations of a graph node (`bytes`, 48 each), every word they
+/// name checked to be the session's memory and named where the session has it.
+fn batch_mem_ops(session: &Session, count: u32, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    const RECORD: &str = "CUstreamBatchMemOpParams_union";
+    let version = session.backend.layout_version("driver").ok_or("the server has no driver to lay out records")?;
+    let size = structs::get(&version, RECORD).map_or(0, |m| m.size as usize);
+    if size == 0 || bytes.len() != size.saturating_mul(count as usize) {
+        return Err(format!("{count} memory operations in {} bytes", bytes.len()));
+    }
+    let mut ops = bytes.to_vec();
+    crate::records::rename_spans(RECORD, &version, &mut ops, |span| {
+        let (addr, len) = (span.start, span.len);
+        let at = device_at(session, addr, len).ok_or_else(|| {
+            format!("{addr:#x} ({len} bytes) in a memory operation is not device memory of this session")
+        })?;
+        Ok((at != addr).then_some(at))
+    })?;
+    Ok(ops)
 }
 
 /// Data pointers from `hostvalues` records: device addresses as they are, host scalars as

@@ -357,6 +357,64 @@ int main() {
   CU_CHECK(cuMemcpyDtoH(&replays, d_counter, sizeof replays));
   printf("after linked     %llu\n", replays);
 
+  // Batch memory operation nodes: one writes a flag and a counter, the next waits on the
+  // flag, a kernel node bumps the counter; the instance's first node set to another value.
+  CUdeviceptr d_words;
+  CU_CHECK(cuMemAlloc(&d_words, 16));
+  CU_CHECK(cuMemsetD8(d_words, 0, 16));
+  CUstreamBatchMemOpParams writes[2], waits[1];
+  memset(writes, 0, sizeof writes);
+  memset(waits, 0, sizeof waits);
+  writes[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  writes[0].writeValue.address = d_words;
+  writes[0].writeValue.value = 1;
+  writes[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  writes[1].writeValue.address = d_words + 8;
+  writes[1].writeValue.value64 = 40;
+  waits[0].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  waits[0].waitValue.address = d_words;
+  waits[0].waitValue.value = 1;
+  waits[0].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  CUDA_BATCH_MEM_OP_NODE_PARAMS wp{}, vp{}, back{};
+  wp.ctx = vp.ctx = ctx;
+  wp.count = 2;
+  wp.paramArray = writes;
+  vp.count = 1;
+  vp.paramArray = waits;
+  CUgraph ops_graph;
+  CUgraphNode write_node, wait_node, counter_node;
+  CU_CHECK(cuGraphCreate(&ops_graph, 0));
+  CU_CHECK(cuGraphAddBatchMemOpNode(&write_node, ops_graph, nullptr, 0, &wp));
+  CU_CHECK(cuGraphAddBatchMemOpNode(&wait_node, ops_graph, &write_node, 1, &vp));
+  CUdeviceptr d_op_counter = d_words + 8;
+  void* counter_args[] = {&d_op_counter};
+  CUDA_KERNEL_NODE_PARAMS cp2 = bp;
+  cp2.kernelParams = counter_args;
+  CU_CHECK(cuGraphAddKernelNode(&counter_node, ops_graph, &wait_node, 1, &cp2));
+  CU_CHECK(cuGraphBatchMemOpNodeGetParams(write_node, &back));
+  EXPECT(back.count == 2 && back.paramArray[1].writeValue.value64 == 40);
+  CUgraphNodeType op_type;
+  CU_CHECK(cuGraphNodeGetType(wait_node, &op_type));
+  EXPECT(op_type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+  CUgraphExec ops_exec;
+  CU_CHECK(cuGraphInstantiate(&ops_exec, ops_graph, 0));
+  CU_CHECK(cuGraphLaunch(ops_exec, stream));
+  CU_CHECK(cuGraphLaunch(ops_exec, stream));
+  CU_CHECK(cuStreamSynchronize(stream));
+  unsigned long long words[2] = {0, 0};
+  CU_CHECK(cuMemcpyDtoH(words, d_words, sizeof words));
+  EXPECT(words[1] == 41);
+  writes[1].writeValue.value64 = 100;
+  CU_CHECK(cuGraphExecBatchMemOpNodeSetParams(ops_exec, write_node, &wp));
+  CU_CHECK(cuGraphLaunch(ops_exec, stream));
+  CU_CHECK(cuStreamSynchronize(stream));
+  CU_CHECK(cuMemcpyDtoH(words, d_words, sizeof words));
+  EXPECT(words[1] == 101);
+  line("memory ops", words[0] ^ (words[1] << 32));
+  CU_CHECK(cuGraphExecDestroy(ops_exec));
+  CU_CHECK(cuGraphDestroy(ops_graph));
+  CU_CHECK(cuMemFree(d_words));
+
   // A tiled tensor map over a 64 x 32 float tensor: 1 stride for rank 2.
   CUtensorMap map;
   cuuint64_t dims[2] = {64, 32};

@@ -70,6 +70,14 @@ pub enum NodeRecord {
     Conditional {
         bodies: Arc<[u64]>,
     },
+    /// A batch of stream memory operations: the context as the program named it, a copy of
+    /// its operations (the array GetParams points the program at, as the driver points at
+    /// the node's own), the flags.
+    BatchMemOp {
+        ctx: u64,
+        ops: Arc<[u8]>,
+        flags: u32,
+    },
 }
 
 /// Packed kernel arguments and a pointer per parameter into them.
@@ -599,6 +607,115 @@ pub unsafe fn mem_alloc_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut 
     mem_alloc_get(ctx, node as u64, out)
 }
 
+// ---- Batch memory operation nodes ----
+
+/// A `CUstreamBatchMemOpParams`: a union of 48 bytes, its operation in the first word.
+const MEM_OP_BYTES: usize = 48;
+/// The most operations one node carries here (the driver documents no limit; this bounds
+/// one request: 3 MiB of operations).
+const MEM_OPS_MAX: usize = 1 << 16;
+
+/// The word of memory a stream memory operation waits on, writes or reduces into: its
+/// address and width (None: a flush or a barrier, which name none, or an operation this
+/// client does not know, which the worker refuses). A wait's and a write's address is at 8
+/// (their width in the operation), an atomic reduction's at 16 after its data type at 12.
+fn mem_op_word(op: &[u8]) -> Option<(u64, u64)> {
+    use chidori_cuda::consts::CUstreamAtomicReductionDataType_enum::CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_32 as U32;
+    use chidori_cuda::consts::CUstreamBatchMemOpType_enum as t;
+    let word = |at: usize, len: usize| -> Option<u64> {
+        let mut w = [0u8; 8];
+        w[..len].copy_from_slice(op.get(at..at + len)?);
+        Some(u64::from_le_bytes(w))
+    };
+    let operation = word(0, 4)? as u32;
+    let (at, len) = match operation {
+        t::CU_STREAM_MEM_OP_WAIT_VALUE_32 | t::CU_STREAM_MEM_OP_WRITE_VALUE_32 => (8, 4),
+        t::CU_STREAM_MEM_OP_WAIT_VALUE_64 | t::CU_STREAM_MEM_OP_WRITE_VALUE_64 => (8, 8),
+        t::CU_STREAM_MEM_OP_ATOMIC_REDUCTION => (16, if word(12, 4)? as u32 == U32 { 4 } else { 8 }),
+        _ => return None,
+    };
+    Some((word(at, 8)?, len))
+}
+
+/// CUDA_BATCH_MEM_OP_NODE_PARAMS (v1 and v2 alike, 32 bytes): the context@0, the count@8,
+/// the operations@16, the flags@24. A word in the program's pinned, registered or managed
+/// memory becomes memory the server mirrors, as a memcpy node's side does; device memory
+/// and anything else go as named (the worker refuses memory not the session's).
+fn batch_mem_op_node(ctx: &Ctx, target: Target, p: *const c_void) -> u32 {
+    run(ctx, |conn| {
+        if p.is_null() {
+            return Err(invalid(ctx));
+        }
+        // SAFETY: the caller's record, then its array of `count` operations.
+        let (op_ctx, ops, flags) = unsafe {
+            let (count, array) = (get::<u32>(p, 8) as usize, get::<*const c_void>(p, 16));
+            if count > MEM_OPS_MAX || (count > 0 && array.is_null()) {
+                return Err(invalid(ctx));
+            }
+            (get::<u64>(p, 0), slice::<u8>(array, count * MEM_OP_BYTES).to_vec(), get::<u32>(p, 24))
+        };
+        for (addr, len) in ops.chunks_exact(MEM_OP_BYTES).filter_map(mem_op_word) {
+            let on_client = state::find(addr).is_some_and(|r| !matches!(r.memory, Memory::Device { .. }));
+            if on_client && let Err(why) = crate::mirror::for_server(conn, addr, len, crate::mirror::GRAPHS) {
+                let what = format!(
+                    "a batch memory operation node on the program's memory: the graph replays on the server, which needs that memory mirrored: {why}"
+                );
+                return Err(not_supported(ctx, &what));
+            }
+        }
+        let (deps, later) = target.plain_deps()?;
+        let count = (ops.len() / MEM_OP_BYTES) as u32;
+        let params = NodeParams::BatchMemOp { ctx: op_ctx, count, flags };
+        let request = GraphNode { target: target.node_target(deps), params, api: api(ctx) };
+        let out = if let Target::Add { out, .. } = target { out } else { std::ptr::null_mut() };
+        let (made, _, _) = graph_node(conn, request, &ops, out)?;
+        let node = match target {
+            Target::Add { .. } => made,
+            Target::Set { node } | Target::ExecSet { node, .. } => node,
+        };
+        if !matches!(target, Target::ExecSet { .. }) {
+            records().insert(node, NodeRecord::BatchMemOp { ctx: op_ctx, ops: ops.into(), flags });
+        }
+        if later {
+            return Ok(add_edges(conn, ctx, target, node));
+        }
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn batch_mem_op_node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let (target, rest) = match target(ctx, args) {
+        Ok(t) => t,
+        Err(e) => return u64::from(e),
+    };
+    u64::from(batch_mem_op_node(ctx, target, rest.first().copied().unwrap_or(0) as *const c_void))
+}
+
+/// cuGraphBatchMemOpNodeGetParams: what the program set, the operations in the client's
+/// copy (valid until the node's parameters change, as the driver's array is).
+pub unsafe fn batch_mem_op_node_get_params(ctx: &Ctx, node: *mut c_void, out: *mut c_void) -> u32 {
+    run(ctx, |_| {
+        if out.is_null() {
+            return Err(invalid(ctx));
+        }
+        let Some(NodeRecord::BatchMemOp { ctx: op_ctx, ops, flags }) = records().get(&(node as u64)) else {
+            return Err(not_supported(
+                ctx,
+                "the parameters of a batch memory operation node this process did not make",
+            ));
+        };
+        let out = out as *mut u8;
+        // SAFETY: the caller's 32-byte record; the array stays in the node's record.
+        unsafe {
+            put(out.cast(), op_ctx);
+            put(out.add(8).cast(), (ops.len() / MEM_OP_BYTES) as u32);
+            put(out.add(16).cast(), ops.as_ptr());
+            put(out.add(24).cast(), flags);
+        }
+        Ok(SUCCESS)
+    })
+}
+
 // ---- Memcpy nodes: a side in the program's memory is its mirror on the server ----
 
 const D2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToDevice;
@@ -773,9 +890,9 @@ pub unsafe fn memcpy_node_raw(ctx: &Ctx, args: &[u64]) -> u64 {
 /// cudaGraphNodeType / CUgraphNodeType (the same values).
 mod ty {
     pub use chidori_cuda::consts::CUgraphNodeType_enum::{
-        CU_GRAPH_NODE_TYPE_CONDITIONAL as CONDITIONAL, CU_GRAPH_NODE_TYPE_EMPTY as EMPTY,
-        CU_GRAPH_NODE_TYPE_EVENT_RECORD as EVENT_RECORD, CU_GRAPH_NODE_TYPE_GRAPH as GRAPH,
-        CU_GRAPH_NODE_TYPE_HOST as HOST, CU_GRAPH_NODE_TYPE_KERNEL as KERNEL,
+        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP as BATCH_MEM_OP, CU_GRAPH_NODE_TYPE_CONDITIONAL as CONDITIONAL,
+        CU_GRAPH_NODE_TYPE_EMPTY as EMPTY, CU_GRAPH_NODE_TYPE_EVENT_RECORD as EVENT_RECORD,
+        CU_GRAPH_NODE_TYPE_GRAPH as GRAPH, CU_GRAPH_NODE_TYPE_HOST as HOST, CU_GRAPH_NODE_TYPE_KERNEL as KERNEL,
         CU_GRAPH_NODE_TYPE_MEM_ALLOC as MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE as MEM_FREE,
         CU_GRAPH_NODE_TYPE_MEMCPY as MEMCPY, CU_GRAPH_NODE_TYPE_MEMSET as MEMSET,
         CU_GRAPH_NODE_TYPE_WAIT_EVENT as WAIT_EVENT,
@@ -954,6 +1071,7 @@ fn node_params(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
             cu_memcpy_node(ctx, target, copy, copy_ctx)
         }
         ty::CONDITIONAL => run(ctx, |conn| conditional_node(ctx, conn, target, p)),
+        ty::BATCH_MEM_OP if !runtime => batch_mem_op_node(ctx, target, member),
         other => run(ctx, |conn| plain_node(ctx, conn, target, other, p)),
     }
 }

@@ -1717,7 +1717,13 @@ impl Emulated {
         Ok(out)
     }
 
-    pub(super) fn node(&self, request: &GraphNode, host: Option<HostFn>) -> Result<NodeMade, (i64, String)> {
+    /// `params`: a batch memory operation node's operations, as the session checked them.
+    pub(super) fn node(
+        &self,
+        request: &GraphNode,
+        params: &[u8],
+        host: Option<HostFn>,
+    ) -> Result<NodeMade, (i64, String)> {
         let unsupported = |what: &str| (NOT_SUPPORTED, format!("the emulated backend has no {what}"));
         let (k, op, address) = match &request.params {
             NodeParams::Kernel { .. } => return Err(unsupported("kernels")),
@@ -1735,6 +1741,7 @@ impl Emulated {
                 let at = self.alloc(*bytesize).map_err(|e| (e as i64, "out of memory".to_owned()))?;
                 (kind::MEM_ALLOC, Op::Nothing, at)
             }
+            NodeParams::BatchMemOp { .. } => (kind::BATCH_MEM_OP, Op::Words(written_words(params)), 0),
         };
         let mut s = self.state();
         let status = |e: u64| (e as i64, format!("graph node: status {e}"));
@@ -1753,6 +1760,20 @@ impl Emulated {
         };
         Ok(NodeMade { node, graphs: Vec::new(), address })
     }
+}
+
+/// The words that stream memory operations (48 bytes each) write: a write's address at 8 and
+/// value at 16, 4 or 8 bytes by its operation.
+fn written_words(ops: &[u8]) -> Vec<(u64, u64, u8)> {
+    use chidori_cuda::consts::CUstreamBatchMemOpType_enum as t;
+    let word = |op: &[u8], at: usize| u64::from_le_bytes(op[at..at + 8].try_into().unwrap_or([0; 8]));
+    ops.chunks_exact(48)
+        .filter_map(|op| match word(op, 0) as u32 {
+            t::CU_STREAM_MEM_OP_WRITE_VALUE_32 => Some((word(op, 8), word(op, 16) & 0xffff_ffff, 4)),
+            t::CU_STREAM_MEM_OP_WRITE_VALUE_64 => Some((word(op, 8), word(op, 16), 8)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A memset node's record (dst@0, pitch@8, value@16, element size@20, width@24, height@32)

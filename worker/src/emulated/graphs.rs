@@ -22,6 +22,8 @@ pub mod kind {
     pub const EVENT_RECORD: u32 = t::cudaGraphNodeTypeEventRecord;
     pub const MEM_ALLOC: u32 = t::cudaGraphNodeTypeMemAlloc;
     pub const MEM_FREE: u32 = t::cudaGraphNodeTypeMemFree;
+    /// The driver's only (the runtime has no batch memory operation nodes).
+    pub const BATCH_MEM_OP: u32 = chidori_cuda::consts::CUgraphNodeType_enum::CU_GRAPH_NODE_TYPE_BATCH_MEM_OP;
     const _: () = {
         use chidori_cuda::consts::CUgraphNodeType_enum as driver;
         assert!(MEMCPY == driver::CU_GRAPH_NODE_TYPE_MEMCPY && MEMSET == driver::CU_GRAPH_NODE_TYPE_MEMSET);
@@ -76,6 +78,9 @@ pub enum Op {
     },
     /// The client's host function (the session's trampoline), on every replay.
     Host(Arc<HostFn>),
+    /// Words written by stream memory operations: (address, value, bytes: 4 or 8). Waits,
+    /// flushes, barriers and reductions are nothing the emulation does.
+    Words(Vec<(u64, u64, u8)>),
     /// Empty, event and memory-free nodes: nothing the emulation does.
     Nothing,
     /// An embedded graph (a clone made when the node was).
@@ -90,6 +95,7 @@ impl std::fmt::Debug for Op {
             Op::Region { dst, src, .. } => write!(f, "Region({:#x} <- {:#x})", dst.addr, src.addr),
             Op::Host(_) => write!(f, "Host"),
             Op::Nothing => write!(f, "Nothing"),
+            Op::Words(words) => write!(f, "Words({})", words.len()),
             Op::Child(g) => write!(f, "Child({g:#x})"),
         }
     }
