@@ -369,39 +369,64 @@ fn capture_status_is_answered_locally_while_nothing_captures() {
     assert_eq!(trace_row(&stderr, "cudaStreamIsCapturing"), ["101", "0"], "calls and round trips: {stderr}");
 }
 
-/// torch fills a stream pool with 32 creates of one priority in a row: the client makes
-/// streams ahead from the second create, and every stream it gives out is a distinct, live
-/// stream of the server's.
+/// torch fills a stream pool with 32 creates of one priority in a row: the client names
+/// each stream and sends its create without waiting; every stream is a distinct, live
+/// stream of the server's, one made on a thread serves another's calls, and creates CUDA
+/// refuses are asked.
 const STREAM_POOL: &str = r#"
+#include <pthread.h>
 #include <stdio.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+static void *use(void *arg) {
+  cudaStream_t s = *(cudaStream_t *)arg;
+  static char d[16];
+  char *p;
+  if (cudaMalloc((void **)&p, 16) != cudaSuccess) return (void *)1;
+  if (cudaMemsetAsync(p, 7, 16, s) != cudaSuccess) return (void *)2;
+  if (cudaMemcpyAsync(d, p, 16, cudaMemcpyDeviceToHost, s) != cudaSuccess) return (void *)3;
+  if (cudaStreamSynchronize(s) != cudaSuccess || d[15] != 7) return (void *)4;
+  return NULL;
+}
 int main(void) {
-  cudaStream_t s[32];
+  cudaStream_t s[32], t, u, v;
   for (int i = 0; i < 32; ++i)
     if (cudaStreamCreateWithPriority(&s[i], cudaStreamNonBlocking, -1) != cudaSuccess || !s[i]) return 2;
   for (int i = 0; i < 32; ++i)
     for (int j = 0; j < i; ++j)
       if (s[i] == s[j]) return 3;
+  if (cudaStreamCreate(&t) != cudaSuccess || cudaStreamCreateWithFlags(&u, cudaStreamDefault) != cudaSuccess) return 7;
+  CUstream w;
+  if (cuStreamCreate(&w, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 8;
+  pthread_t th;
+  void *res = (void *)9;
+  if (pthread_create(&th, NULL, use, &s[31]) != 0 || pthread_join(th, &res) != 0 || res != NULL) return 10;
   for (int i = 0; i < 32; ++i)
     if (cudaStreamDestroy(s[i]) != cudaSuccess) return 4;
+  if (cudaStreamDestroy(t) != cudaSuccess || cudaStreamDestroy(u) != cudaSuccess) return 13;
+  if (cuStreamDestroy(w) != CUDA_SUCCESS) return 14;
   /* Every destroy above reached a live stream: the next waiting call reports none failing. */
   if (cudaDeviceSynchronize() != cudaSuccess) return 5;
   if (cudaStreamCreateWithPriority(NULL, 0, 0) == cudaSuccess) return 6;
+  if (cudaStreamCreateWithFlags(&v, 0x10) != cudaErrorInvalidValue) return 15;
   printf("OK\n");
   return 0;
 }
 "#;
 
 #[test]
-fn stream_pools_are_filled_ahead_of_the_program() {
+fn streams_are_named_by_the_client() {
     let server = server();
-    let exe = program("stream-pool", STREAM_POOL);
+    let exe = program_with("stream-pool", STREAM_POOL, &["-l:libcuda.so.1", "-lpthread"]);
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // 32 streams in 7 round trips (1, 2, 4, 8, 8, 8, 8 created: 7 left on the server), and
-    // the create with a null pointer, which the server refuses.
-    assert_eq!(trace_row(&stderr, "cudaStreamCreateWithPriority"), ["33", "8"], "calls and round trips: {stderr}");
-    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+    // 32 streams without waiting, and the create with a null pointer, which the server
+    // refuses; as many of the other creates, and the one with flags CUDA refuses, asked.
+    assert_eq!(trace_row(&stderr, "cudaStreamCreateWithPriority"), ["33", "1"], "calls and round trips: {stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamCreate"), ["1", "0"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamCreateWithFlags"), ["2", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuStreamCreate"), ["1", "0"], "{stderr}");
+    assert!(!stderr.contains("ERROR"), "{stderr}");
 }
 
 /// The GPU is handed pointers into pinned host memory, as MAGMA's batched solvers and
@@ -2991,9 +3016,9 @@ fn queries_of_events_known_complete_are_answered_by_the_client() {
     assert_eq!(trace_row(&stderr, "cuEventDestroy_v2"), ["1", "0"], "{stderr}");
 }
 
-/// Events as torch makes them, one per Python event object: from the second create of one
-/// kind in a row a few more are made in the same round trip, and the next creates of that
-/// kind take them; each works as an event made when asked. Interprocess events are asked.
+/// Events as torch makes them, one per Python event object: the client names each and sends
+/// its create without waiting; each works as an event made when asked. Interprocess events
+/// are asked.
 const EVENTS_AHEAD: &str = r#"
 #include <cuda_runtime_api.h>
 #include <cuda.h>
@@ -3031,7 +3056,7 @@ int main(void) {
 "#;
 
 #[test]
-fn events_are_made_ahead_as_streams_are() {
+fn events_are_named_by_the_client() {
     let server = server();
     let exe = program_with("events-ahead", &format!("{CHECKS}{EVENTS_AHEAD}"), &["-l:libcuda.so.1"]);
     let (stdout, stderr) = run_traced(&server, &exe);
@@ -3044,11 +3069,10 @@ fn events_are_made_ahead_as_streams_are() {
         let r = trace_row(&stderr, name);
         (r[0].parse().unwrap(), r[1].parse().unwrap())
     };
-    // 12 of one kind: asked at the 1st, 2nd (making 1 more), 4th (3 more) and 8th (7
-    // more); the 3 interprocess ones each.
-    assert_eq!(row("cudaEventCreateWithFlags"), (15, 4 + 3), "{stderr}");
-    // 4 of another kind: the 1st, 2nd and 4th.
-    assert_eq!(row("cuEventCreate"), (4, 3), "{stderr}");
+    // Named by the client, without waiting; the 3 interprocess ones asked.
+    assert_eq!(row("cudaEventCreateWithFlags"), (15, 3), "{stderr}");
+    assert_eq!(row("cuEventCreate"), (4, 0), "{stderr}");
+    assert_eq!(row("cudaEventCreate"), (1, 0), "{stderr}");
     // The session's events (12, 3 interprocess, the pending one) without waiting; the
     // made-up and the destroyed one asked.
     assert_eq!(row("cudaEventDestroy"), (18, 2), "{stderr}");

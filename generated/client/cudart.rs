@@ -1014,7 +1014,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreate(event: *mut c_void) ->
                 name: "cudaEventCreate",
                 version: "13.1",
                 library: "cudart",
-                forms: &[&chidori_cuda::calls::cudart::cudaEventCreate__call],
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaEventCreate__async,
+                    &chidori_cuda::calls::cudart::cudaEventCreate__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,
@@ -1039,7 +1042,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
                 name: "cudaEventCreateWithFlags",
                 version: "13.1",
                 library: "cudart",
-                forms: &[&chidori_cuda::calls::cudart::cudaEventCreateWithFlags__call],
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaEventCreateWithFlags__async,
+                    &chidori_cuda::calls::cudart::cudaEventCreateWithFlags__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,
@@ -9118,27 +9124,60 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCopyAttributes_ptsz(
         ) as u32
     }
 }
-///`cudaStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreate(pStream: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamCreate,
-            &[(pStream) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaStreamCreate",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaStreamCreate__async,
+                    &chidori_cuda::calls::cudart::cudaStreamCreate__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::stream_create_raw(&CTX, &[(pStream) as usize as u64])
+        }) as u32
     }
 }
-///`cudaStreamCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithFlags(
     pStream: *mut c_void,
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamCreateWithFlags,
-            &[(pStream) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaStreamCreateWithFlags",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaStreamCreateWithFlags__async,
+                    &chidori_cuda::calls::cudart::cudaStreamCreateWithFlags__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::stream_create_raw(
+                &CTX,
+                &[(pStream) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -9149,7 +9188,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
     priority: i32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamCreateWithPriority(pStream, flags, priority)
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaStreamCreateWithPriority",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaStreamCreateWithPriority__async,
+                    &chidori_cuda::calls::cudart::cudaStreamCreateWithPriority__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::stream_create_raw(
+                &CTX,
+                &[(pStream) as usize as u64, (flags) as u64, (priority) as i64 as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

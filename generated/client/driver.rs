@@ -1352,7 +1352,10 @@ pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
                 name: "cuEventCreate",
                 version: "13.1",
                 library: "driver",
-                forms: &[&chidori_cuda::calls::driver::cuEventCreate__call],
+                forms: &[
+                    &chidori_cuda::calls::driver::cuEventCreate__async,
+                    &chidori_cuda::calls::driver::cuEventCreate__call,
+                ],
                 codes: chidori_cuda::desc::Codes {
                     success: 0i64,
                     not_supported: 801i64,
@@ -10378,20 +10381,38 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCopyAttributes_ptsz(
         ) as u32
     }
 }
-///`cuStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCreate(
     phStream: *mut c_void,
     Flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamCreate,
-            &[(phStream) as usize as u64, (Flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuStreamCreate",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuStreamCreate__async,
+                    &chidori_cuda::calls::driver::cuStreamCreate__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::stream_create_raw(
+                &CTX,
+                &[(phStream) as usize as u64, (Flags) as u64],
+            )
+        }) as u32
     }
 }
-///`cuStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCreateWithPriority(
     phStream: *mut c_void,
@@ -10399,10 +10420,28 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCreateWithPriority(
     priority: i32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamCreateWithPriority,
-            &[(phStream) as usize as u64, (flags) as u64, (priority) as i64 as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuStreamCreateWithPriority",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuStreamCreateWithPriority__async,
+                    &chidori_cuda::calls::driver::cuStreamCreateWithPriority__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::streams::stream_create_raw(
+                &CTX,
+                &[(phStream) as usize as u64, (flags) as u64, (priority) as i64 as u64],
+            )
+        }) as u32
     }
 }
 ///`cuStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

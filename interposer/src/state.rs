@@ -119,12 +119,6 @@ pub struct Ahead {
     pub kernel_attributes_set: AtomicBool,
     /// Occupancy: (function, block size, dynamic shared memory, flags) → active blocks per SM.
     pub occupancy: Answers<crate::custom::kernels::OccupancyKey, i32>,
-    /// Streams made ahead, by (context, flags, priority), not yet given out; misses are
-    /// counted by (device, flags, priority).
-    pub streams: Pool<(u64, u32, i32), (i32, u32, i32)>,
-    /// Events made ahead, by (context, flags); misses by (device, flags)
-    /// (`crate::custom::streams`).
-    pub event_pool: Pool<(u64, u32), (i32, u32)>,
     /// The scope last found idle, and the copies in since (`crate::custom::sync`).
     pub idle: Idle,
     /// Events known complete (`crate::custom::sync`).
@@ -187,8 +181,6 @@ pub static CLIENT: Client = Client {
         function_attributes: Answers::new(1 << 16),
         kernel_attributes_set: AtomicBool::new(false),
         occupancy: Answers::new(1 << 16),
-        streams: Pool::new(),
-        event_pool: Pool::new(),
         idle: Idle::new(),
         events: crate::ahead::events::Events::new(),
         constants: Answers::new(4096),

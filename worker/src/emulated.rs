@@ -721,7 +721,9 @@ impl Backend for Emulated {
                 ) => SUCCESS,
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
-                    if a[0] == 0 {
+                    // Default or non-blocking, as CUDA takes them.
+                    let flags = if desc.name == "cudaStreamCreate" { 0 } else { a[1] };
+                    if a[0] == 0 || flags & !1 != 0 {
                         return Ok(INVALID_VALUE);
                     }
                     put_u64(a[0], self.new_handle(HandleSet::Stream));
@@ -746,6 +748,11 @@ impl Backend for Emulated {
                     }
                 }
                 ("cudart", "cudaEventCreate" | "cudaEventCreateWithFlags") | ("driver", "cuEventCreate") => {
+                    // Blocking synchronization, no timing, interprocess, as CUDA takes them.
+                    let flags = if desc.name == "cudaEventCreate" { 0 } else { a[1] };
+                    if a[0] == 0 || flags & !7 != 0 {
+                        return Ok(INVALID_VALUE);
+                    }
                     put_u64(a[0], self.new_handle(HandleSet::Event));
                     SUCCESS
                 }

@@ -231,7 +231,7 @@ fn device_addresses_must_be_the_sessions_own() {
 #[test]
 fn handles_reach_the_client_as_session_ids() {
     let harness = fuzz::emulated_harness();
-    let create = newest("cudaStreamCreate", None);
+    let create = newest("cudaStreamCreate", Some(Form::Call));
     assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
     let reply = harness.last_reply().unwrap();
     let stream = u64::from_le_bytes(reply.bulk[..8].try_into().unwrap());
@@ -248,6 +248,16 @@ fn handles_reach_the_client_as_session_ids() {
     let destroy = newest("cudaStreamDestroy", None);
     assert_eq!(ret_of(&harness, destroy, vec![stream], vec![0], &[]), 0);
     assert_eq!(ret_of(&harness, sync, vec![stream], vec![0], &[]), sync.codes.invalid_handle, "stale");
+    // A create sent without waiting carries the client's name for the stream; a second
+    // create of the same name, or one of a worker id's form, names nothing new.
+    let named = newest("cudaStreamCreate", Some(Form::Async));
+    let name = chidori_protocol::desc::CLIENT_NAME_TAG | 77;
+    harness.run(&frame_of(named, vec![name], vec![8], &[])).unwrap();
+    assert_eq!(ret_of(&harness, sync, vec![name], vec![0], &[]), 0, "the client's name maps to its stream");
+    let _ = harness.run(&frame_of(named, vec![name], vec![8], &[]));
+    let _ = harness.run(&frame_of(named, vec![stream | 1], vec![8], &[]));
+    assert_eq!(ret_of(&harness, sync, vec![stream | 1], vec![0], &[]), sync.codes.invalid_handle);
+    assert_eq!(ret_of(&harness, destroy, vec![name], vec![0], &[]), 0);
     assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
     let again = u64::from_le_bytes(harness.last_reply().unwrap().bulk[..8].try_into().unwrap());
     assert_ne!(again, stream, "an id is never given twice");

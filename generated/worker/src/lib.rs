@@ -80102,7 +80102,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
     let _ = a;
     Some(
         match wire {
-            93u32 => {
+            95u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80121,7 +80121,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            123u32 => {
+            125u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80140,7 +80140,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            126u32 => {
+            128u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -80161,7 +80161,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            158u32 => {
+            160u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80180,7 +80180,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            194u32 => {
+            196u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80193,25 +80193,6 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                         a[1usize] as usize,
                         a[2usize] as u32,
                         a[3usize] as i32,
-                    )) as u64
-                }
-            }
-            212u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -80234,7 +80215,26 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            337u32 => {
+            216u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    usize,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            342u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80251,7 +80251,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            339u32 => {
+            344u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80268,7 +80268,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            369u32 => {
+            374u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80287,7 +80287,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            371u32 => {
+            376u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80306,7 +80306,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            2486u32 => {
+            2494u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80330,18 +80330,18 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
 /// numbers take the same arguments.
 pub fn signature(wire: u32) -> u8 {
     match wire {
-        93u32 => 1u8,
-        123u32 => 1u8,
-        126u32 => 1u8,
-        158u32 => 1u8,
-        194u32 => 1u8,
-        212u32 => 1u8,
+        95u32 => 1u8,
+        125u32 => 1u8,
+        128u32 => 1u8,
+        160u32 => 1u8,
+        196u32 => 1u8,
         214u32 => 1u8,
-        337u32 => 1u8,
-        339u32 => 1u8,
-        369u32 => 1u8,
-        371u32 => 1u8,
-        2486u32 => 1u8,
+        216u32 => 1u8,
+        342u32 => 1u8,
+        344u32 => 1u8,
+        374u32 => 1u8,
+        376u32 => 1u8,
+        2494u32 => 1u8,
         _ => 0,
     }
 }

@@ -18,9 +18,6 @@ use crate::custom::memory::{self, CopyForms};
 use crate::registry;
 use crate::state::{self, Memory};
 
-/// Streams made ahead of the program (custom/streams.rs).
-pub use crate::custom::streams::cudaStreamCreateWithPriority;
-
 const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
 const MEMORY_ALLOCATION: u32 = chidori_cuda::consts::cudaError::cudaErrorMemoryAllocation;

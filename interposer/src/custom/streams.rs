@@ -1,67 +1,78 @@
-//! Streams created ahead of the program. torch fills its stream pools lazily, the first
+//! Streams and events named by the client. torch fills its stream pools lazily, the first
 //! time a program asks for a side stream: 32 `cudaStreamCreateWithPriority` per priority
-//! level, 128 round trips in a row, 9 s at 70 ms. A stream the program has not asked for
-//! yet is as good as one made when it asks (new, empty, of the flags and priority it was
-//! made with, in the context current at the time), so from the second create of one kind
-//! in a row the client asks the server for a few more in the same round trip (2, 4, then 8
-//! at most) and answers the next creates of that kind from them. Kinds are keyed by the
-//! calling thread's current context as well, and nothing is created ahead while a capture
-//! is active. Streams made ahead and never asked for stay on the server until the session
-//! ends (at most 7 per kind: torch's 32 per level leave 7); a context reset or destroy
-//! drops them, as it destroys them. The schedule and the pool are `crate::ahead::Pool`.
-//! Events are made ahead the same way (torch makes one per Python event object), by flags;
-//! interprocess events are not.
+//! level, 128 round trips in a row, 9 s at 70 ms; and it makes one event per Python event
+//! object. A create whose flags are valid names the new handle itself (a tagged counter,
+//! `runtime::next_handle_name`) and goes without waiting: the worker maps the name to the
+//! stream or event it made, and a create that fails there (out of resources) surfaces at
+//! the next call that waits, as a launch's error does. Creates with flags CUDA refuses,
+//! interprocess events, and creates while a capture is active (whose status the program
+//! may steer by) wait for the server's answer. Frames run in the order the client sent
+//! them, across its threads, so a stream named on one thread is there for a launch of
+//! another.
+//!
+//! cuFFT's plans, which are `int`s too narrow for a name, are still made ahead in batches
+//! ([`create_ahead`]): from the second create in a row a few more in the same round trip.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
-
-use std::ffi::c_void;
 
 use std::hash::Hash;
 
-use chidori_cuda::calls::cudart;
-use chidori_protocol::desc::CallDesc;
+use chidori_protocol::desc::{CallDesc, Ctx, Form};
 
 use crate::ahead::Pool;
 use crate::state::CLIENT;
 
-/// A context was reset or destroyed: its streams are gone, and so are those made ahead
-/// (and its events, whose handles the server may give out again).
+/// A context was reset or destroyed: its cuFFT plans made ahead are gone (and its events,
+/// which the client follows no further).
 pub fn forget() {
-    CLIENT.ahead.streams.clear();
-    CLIENT.ahead.event_pool.clear();
     CLIENT.ahead.cufft_pool.clear();
     CLIENT.ahead.events.context_ended();
 }
 
-pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
-    let desc = &cudart::cudaStreamCreateWithPriority__call;
-    let args = [pStream as u64, u64::from(flags), priority as i64 as u64];
-    let device = crate::state::current_device();
-    // SAFETY: the caller's arguments, as cudaStreamCreateWithPriority takes them.
-    unsafe {
-        create_ahead(desc, &args, &CLIENT.ahead.streams, |ctx| (ctx, flags, priority), (device, flags, priority), 8)
-    }
+/// Stream creation flags CUDA takes: default and non-blocking (the runtime's and the
+/// driver's values are the same).
+const STREAM_FLAGS: u32 = chidori_cuda::consts::CUstream_flags_enum::CU_STREAM_NON_BLOCKING;
+
+/// Event creation flags a named create takes: blocking synchronization and no timing
+/// (interprocess events wait: another process may hold one).
+const EVENT_FLAGS: u32 = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC
+    | chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING;
+
+/// Send a create (`args`: its out-pointer first, then its flags where it takes them) named
+/// by the client without waiting where `named` allows, else waiting for the server's handle.
+///
+/// # Safety
+/// `args` are the caller's, as the function of `ctx` takes them.
+unsafe fn create_named(ctx: &Ctx, args: &[u64], named: bool) -> u64 {
+    let out = args.first().copied().unwrap_or(0);
+    let form = if named && out != 0 && !crate::custom::capture::any_active() { Form::Async } else { Form::Call };
+    // SAFETY: the caller's arguments; a named create's out-pointer (non-null) gets the name
+    // before the call is sent.
+    unsafe { crate::runtime::call(ctx.form(form), args) }
+}
+
+/// cudaStreamCreate, cudaStreamCreateWithFlags, cudaStreamCreateWithPriority, cuStreamCreate
+/// and cuStreamCreateWithPriority (`raw_args`: the out-pointer, then the flags and priority
+/// where the call takes them).
+///
+/// # Safety
+/// The caller's arguments, as the call takes them.
+pub unsafe fn stream_create_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let flags = args.get(1).copied().unwrap_or(0);
+    // SAFETY: the caller's arguments.
+    unsafe { create_named(ctx, args, flags & !u64::from(STREAM_FLAGS) == 0) }
 }
 
 /// cudaEventCreate, cudaEventCreateWithFlags and cuEventCreate (`raw_args`: the out-pointer,
-/// then the flags where the call takes them). torch makes one event per Python event object
-/// (`torch.cuda.Event`, its record); a fresh event is as good as one made when asked, so
-/// events are made ahead as streams are. Interprocess events are not (another process may
-/// hold one).
+/// then the flags where the call takes them).
 ///
 /// # Safety
 /// The caller's out-pointer, as the call takes it.
-pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) -> u64 {
-    let desc = ctx.form(chidori_protocol::desc::Form::Call);
-    let flags = args.get(1).copied().unwrap_or(0) as u32;
+pub unsafe fn event_create_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let flags = args.get(1).copied().unwrap_or(0);
     let out = args.first().copied().unwrap_or(0);
-    let status = if flags & INTERPROCESS != 0 {
-        // SAFETY: the caller's arguments.
-        unsafe { crate::runtime::call(desc, args) }
-    } else {
-        let device = crate::state::current_device();
-        // SAFETY: the caller's arguments.
-        u64::from(unsafe { create_ahead(desc, args, &CLIENT.ahead.event_pool, |ctx| (ctx, flags), (device, flags), 8) })
-    };
+    // SAFETY: the caller's arguments.
+    let status = unsafe { create_named(ctx, args, flags & !u64::from(EVENT_FLAGS) == 0) };
+    let desc = ctx.form(Form::Call);
     if status == crate::runtime::success(desc) && out != 0 {
         // SAFETY: the caller's out-pointer, written by the create that succeeded.
         CLIENT.ahead.events.created(unsafe { std::ptr::read_unaligned(out as *const u64) });
@@ -69,17 +80,14 @@ pub unsafe fn event_create_raw(ctx: &chidori_protocol::desc::Ctx, args: &[u64]) 
     status
 }
 
-/// CU_EVENT_INTERPROCESS (cudaEventInterprocess, a macro of the runtime's header, is the
-/// same value).
-const INTERPROCESS: u32 = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_INTERPROCESS;
-
 /// Create an object through `desc` with `args` (its out-pointer first, the rest the same
 /// for every object of its kind): from `pool` where it holds one made ahead for the
 /// current context (`key` of the context), else asked, and from the second miss of `miss`
 /// in a row with a few more made in the same round trip (2, 4, then 8 at most) for the
 /// next creates of that kind. Nothing is made ahead while a capture is active or where the
 /// context is not known. The object is a handle of `bytes` bytes (8: a pointer; 4: an int,
-/// cuFFT's plans).
+/// cuFFT's plans). Objects made ahead and never asked for stay on the server until the
+/// session ends (at most 7 per kind); a context reset or destroy drops them ([`forget`]).
 ///
 /// # Safety
 /// `args` are the caller's, as `desc` takes them.
