@@ -1706,8 +1706,8 @@ fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
 }
 
 /// torch makes a new RNN descriptor for each forward and backward and asks every matrix and
-/// bias of every layer with its shape: each pass here does the same, twice with a hidden
-/// size of 32, then once with 64.
+/// bias of every layer with its shape (the backward after computing the weights' gradients):
+/// each pass here does the same, twice with a hidden size of 32, then once with 64.
 const CUDNN_RNN_PASSES: &str = r#"
 #include <stdio.h>
 typedef void *h_t;
@@ -1725,6 +1725,10 @@ int cudnnDestroyTensorDescriptor(h_t d);
 int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
                             h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
 int cudnnGetTensorNdDescriptor(h_t d, int requested, int *dataType, int *nbDims, int *dims, int *strides);
+int cudnnRNNBackwardWeights_v8(h_t handle, h_t rnn, int addGrad, const int *seqLengths, h_t xDesc, const void *x,
+                               h_t hDesc, const void *hx, h_t yDesc, const void *y, unsigned long weightSpaceSize,
+                               void *dweightSpace, unsigned long workSpaceSize, void *workSpace,
+                               unsigned long reserveSpaceSize, void *reserveSpace);
 int cudaMalloc(void **p, unsigned long size);
 #define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return -1; } } while (0)
 static long pass(h_t handle, h_t dropout, int hidden, char *space, unsigned long size) {
@@ -1732,6 +1736,8 @@ static long pass(h_t handle, h_t dropout, int hidden, char *space, unsigned long
   long sum = 0;
   C(cudnnCreateRNNDescriptor(&rnn));
   C(cudnnSetRNNDescriptor_v8(rnn, 0, 2, 3, 0, 0, 0, 0, 0, 16, hidden, hidden, 2, dropout, 0));
+  /* As torch's backward: the gradients first, which only read the RNN descriptor. */
+  C(cudnnRNNBackwardWeights_v8(handle, rnn, 0, 0, 0, 0, 0, 0, 0, 0, size, space, 0, 0, 0, 0));
   C(cudnnCreateTensorDescriptor(&mat));
   C(cudnnCreateTensorDescriptor(&bias));
   for (int layer = 0; layer < 2; layer++)

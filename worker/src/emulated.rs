@@ -1137,6 +1137,11 @@ impl Backend for Emulated {
                     }
                     _ => CUDNN_BAD_PARAM,
                 },
+                // RNN computations of a handle of the session: nothing is computed (as a
+                // graph's execution, below).
+                ("cudnn", "cudnnRNNForward" | "cudnnRNNBackwardData_v8" | "cudnnRNNBackwardWeights_v8") => {
+                    if self.state().cudnn_handles.contains(&a[0]) { SUCCESS } else { CUDNN_BAD_PARAM }
+                }
                 ("cudnn", "cudnnBackendExecute") => {
                     let s = self.state();
                     use chidori_cuda::consts::cudnnBackendDescriptorType_t as d;

@@ -151,24 +151,125 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         }
         return Action::Send;
     }
-    // Anything else may change the descriptors it passes.
+    // Anything else may change the descriptors it passes ([`changes`]).
     forget_passed(desc, args);
     Action::Send
 }
 
+/// Which legacy descriptors a cuDNN call may change, of those it passes (a Set of its first
+/// descriptor and a size query are followed by [`before`] itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Changes {
+    /// None: a question, or a computation (it writes device memory, never a descriptor).
+    Nothing,
+    /// All but the first: a `cudnnGet…` that fills the descriptors it is given after the
+    /// one it asks about (an RNN's matrix and bias shapes, attention weights, folded
+    /// convolution descriptors).
+    AllButFirst,
+    /// Any of them: a Set, a derivation or build, or a function not known here.
+    All,
+}
+
+/// The legacy API's computations (their `_v8`/`_v9` forms too): they read the descriptors
+/// they pass and write device memory only.
+const READ_ONLY: &[&str] = &[
+    "cudnnActivationBackward",
+    "cudnnActivationForward",
+    "cudnnAddTensor",
+    "cudnnBatchNormalizationBackward",
+    "cudnnBatchNormalizationBackwardEx",
+    "cudnnBatchNormalizationForwardInference",
+    "cudnnBatchNormalizationForwardTraining",
+    "cudnnBatchNormalizationForwardTrainingEx",
+    "cudnnCTCLoss",
+    "cudnnConvolutionBackwardBias",
+    "cudnnConvolutionBackwardData",
+    "cudnnConvolutionBackwardFilter",
+    "cudnnConvolutionBiasActivationForward",
+    "cudnnConvolutionForward",
+    "cudnnDivisiveNormalizationBackward",
+    "cudnnDivisiveNormalizationForward",
+    "cudnnDropoutBackward",
+    "cudnnDropoutForward",
+    "cudnnDropoutGetReserveSpaceSize",
+    "cudnnFindConvolutionBackwardDataAlgorithm",
+    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnFindConvolutionBackwardFilterAlgorithm",
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+    "cudnnFindConvolutionForwardAlgorithm",
+    "cudnnFindConvolutionForwardAlgorithmEx",
+    "cudnnFindRNNBackwardDataAlgorithmEx",
+    "cudnnFindRNNBackwardWeightsAlgorithmEx",
+    "cudnnFindRNNForwardInferenceAlgorithmEx",
+    "cudnnFindRNNForwardTrainingAlgorithmEx",
+    "cudnnIm2Col",
+    "cudnnLRNCrossChannelBackward",
+    "cudnnLRNCrossChannelForward",
+    "cudnnMultiHeadAttnBackwardData",
+    "cudnnMultiHeadAttnBackwardWeights",
+    "cudnnMultiHeadAttnForward",
+    "cudnnNormalizationBackward",
+    "cudnnNormalizationForwardInference",
+    "cudnnNormalizationForwardTraining",
+    "cudnnOpTensor",
+    "cudnnPoolingBackward",
+    "cudnnPoolingForward",
+    "cudnnRNNBackwardData",
+    "cudnnRNNBackwardDataEx",
+    "cudnnRNNBackwardWeights",
+    "cudnnRNNBackwardWeightsEx",
+    "cudnnRNNForward",
+    "cudnnRNNForwardInference",
+    "cudnnRNNForwardInferenceEx",
+    "cudnnRNNForwardTraining",
+    "cudnnRNNForwardTrainingEx",
+    "cudnnRNNGetClip",
+    "cudnnReduceTensor",
+    "cudnnReorderFilterAndBias",
+    "cudnnScaleTensor",
+    "cudnnSetTensor",
+    "cudnnSoftmaxBackward",
+    "cudnnSoftmaxForward",
+    "cudnnSpatialTfGridGeneratorBackward",
+    "cudnnSpatialTfGridGeneratorForward",
+    "cudnnSpatialTfSamplerBackward",
+    "cudnnSpatialTfSamplerForward",
+    "cudnnTransformFilter",
+    "cudnnTransformTensor",
+    "cudnnTransformTensorEx",
+];
+
+fn changes(name: &str) -> Changes {
+    let base = chidori_protocol::desc::strip_suffixes(name, &["_v8", "_v9"]);
+    match base {
+        "cudnnGetRNNWeightParams"
+        | "cudnnGetRNNLinLayerMatrixParams"
+        | "cudnnGetRNNLinLayerBiasParams"
+        | "cudnnGetMultiHeadAttnWeights"
+        | "cudnnGetFoldedConvBackwardDataDescriptors" => Changes::AllButFirst,
+        _ if base.starts_with("cudnnGet") => Changes::Nothing,
+        _ if READ_ONLY.contains(&base) => Changes::Nothing,
+        _ => Changes::All,
+    }
+}
+
 /// A cuDNN call sent by a path that does not ask [`before`] (several calls in one round
-/// trip): the descriptors it passes may change, so their fingerprints go. A `cudnnGet…`
-/// function reads the first descriptor it passes (the one it asks about) and changes at
-/// most the others (`cudnnGetRNNWeightParams` fills the two it is given for a matrix and a
-/// bias; the RNN descriptor stays as set).
+/// trip), or one [`before`] does not follow: the descriptors it may change ([`changes`])
+/// lose their fingerprints. torch's RNN backward asks for the weights' places after
+/// `cudnnRNNBackwardWeights_v8`, which only reads the RNN descriptor: it keeps its
+/// fingerprint, so the question is answered as the forward's was.
 pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
-    let reads_first = desc.name.starts_with("cudnnGet");
+    let skip = match changes(desc.name) {
+        Changes::Nothing => return,
+        Changes::AllButFirst => 1,
+        Changes::All => 0,
+    };
     let mut passed = desc
         .params
         .iter()
         .zip(args)
         .filter(|(wire, a)| matches!(wire, Wire::Handle { kind: k, .. } if legacy(*k)) && **a != 0)
-        .skip(usize::from(reads_first))
+        .skip(skip)
         .peekable();
     // Most cuDNN calls (the graph API's) pass none: no lock for them.
     if passed.peek().is_none() {
@@ -315,12 +416,37 @@ pub(crate) fn decode(v: &[u8]) -> Option<Answer> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn computations_keep_their_descriptors_and_fills_change_theirs() {
+        assert_eq!(changes("cudnnRNNBackwardWeights_v8"), Changes::Nothing);
+        assert_eq!(changes("cudnnConvolutionForward"), Changes::Nothing);
+        assert_eq!(changes("cudnnGetConvolutionForwardAlgorithm_v7"), Changes::Nothing);
+        assert_eq!(changes("cudnnGetRNNWeightParams"), Changes::AllButFirst);
+        assert_eq!(changes("cudnnSetTensor4dDescriptor"), Changes::All);
+        assert_eq!(changes("cudnnRestoreDropoutDescriptor"), Changes::All);
+        assert_eq!(changes("cudnnBuildRNNDynamic"), Changes::All);
+        assert_eq!(changes("cudnnRNNSetClip_v9"), Changes::All);
+        assert_eq!(changes("cudnnDeriveBNTensorDescriptor"), Changes::All);
+        // Every name is a function of some cuDNN release (a misspelt one would leave its
+        // descriptors forgotten, not wrongly kept, but would say what is not so).
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../generated/ir");
+        let ir: String = ["11.8", "13.0"]
+            .iter()
+            .map(|v| std::fs::read_to_string(root.join(v).join("cudnn.jsonl")).unwrap())
+            .collect();
+        for name in READ_ONLY {
+            let known = ["", "_v8", "_v9"].iter().any(|s| ir.contains(&format!("\"name\":\"{name}{s}\"")));
+            assert!(known, "{name} is no cuDNN function");
+        }
+    }
     #[test]
     fn answers_are_kept_as_bytes_and_read_back() {
         let answer = (0u64, vec![(1usize, vec![96u8, 0, 0, 0, 0, 0, 0, 0]), (3, vec![])]);
-        assert_eq!(super::decode(&super::encode(&answer)), Some(answer.clone()));
-        let bytes = super::encode(&answer);
-        assert_eq!(super::decode(&bytes[..bytes.len() - 9]), None, "cut short");
+        assert_eq!(decode(&encode(&answer)), Some(answer.clone()));
+        let bytes = encode(&answer);
+        assert_eq!(decode(&bytes[..bytes.len() - 9]), None, "cut short");
     }
 
     #[test]
@@ -334,12 +460,12 @@ mod tests {
             "cudnnDropoutGetStatesSize",
             "cudnnGetCTCLossWorkspaceSize_v8",
         ] {
-            assert!(super::is_query(q), "{q}");
+            assert!(is_query(q), "{q}");
         }
         for q in
             ["cudnnGetTensorNdDescriptor", "cudnnGetRNNWeightParams", "cudnnGetVersion", "cudnnSetTensorNdDescriptor"]
         {
-            assert!(!super::is_query(q), "{q}");
+            assert!(!is_query(q), "{q}");
         }
     }
 }
