@@ -964,7 +964,63 @@ fn undocumented_status_texts_are_the_servers_librarys() {
         ],
         "{stderr}"
     );
-    assert_eq!(trace_row(&stderr, "cusparseCreateMatDescr"), ["1", "1"], "{stderr}");
+    // Named by the client: no round trip (the texts are asked once connected).
+    assert_eq!(trace_row(&stderr, "cusparseCreateMatDescr"), ["1", "0"], "{stderr}");
+}
+
+/// torch makes two or three cuSPARSE descriptors for every sparse product: the client names
+/// them and their creates go without waiting; each is a distinct handle the library knows;
+/// a create the library refuses surfaces at the next cuSPARSE call that waits.
+const CUSPARSE_DESCRIPTORS: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cusparseCreate(h_t *h);
+int cusparseDestroy(h_t h);
+int cusparseCreateDnVec(h_t *d, long size, void *values, int type);
+int cusparseCreateDnMat(h_t *d, long rows, long cols, long ld, void *values, int type, int order);
+int cusparseCreateCsr(h_t *d, long rows, long cols, long nnz, void *offsets, void *columns, void *values,
+                      int offsetType, int columnType, int base, int valueType);
+int cusparseDestroyDnVec(h_t d);
+int cusparseDestroyDnMat(h_t d);
+int cusparseDestroySpMat(h_t d);
+int cudaMalloc(void **p, unsigned long size);
+#define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
+int main(void) {
+  h_t h, h2, v[4], m[8], s[4], bad;
+  void *buf;
+  C(cusparseCreate(&h));
+  C(cudaMalloc(&buf, 4096));
+  for (int i = 0; i < 4; ++i) C(cusparseCreateDnVec(&v[i], 16, buf, 0));
+  for (int i = 0; i < 8; ++i) C(cusparseCreateDnMat(&m[i], 4, 8, 4, buf, 0, 1));
+  for (int i = 0; i < 4; ++i) C(cusparseCreateCsr(&s[i], 4, 4, 6, buf, buf, buf, 2, 2, 0, 0));
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < i; ++j)
+      if (m[i] == m[j] || (i < 4 && (v[i] == v[j] || s[i] == s[j]))) return 3;
+  for (int i = 0; i < 4; ++i) C(cusparseDestroyDnVec(v[i]));
+  for (int i = 0; i < 8; ++i) C(cusparseDestroyDnMat(m[i]));
+  for (int i = 0; i < 4; ++i) C(cusparseDestroySpMat(s[i]));
+  /* Every destroy reached a descriptor the library knows: the next waiting call is clean. */
+  C(cusparseCreate(&h2));
+  /* A leading dimension shorter than a column: refused by the library, said at the next wait. */
+  C(cusparseCreateDnMat(&bad, 4, 8, 2, buf, 0, 1));
+  printf("%d\n", cusparseCreate(&h2));
+  return 0;
+}
+"#;
+
+#[test]
+fn cusparse_descriptors_are_named_by_the_client() {
+    let server = server();
+    let exe = program_with("cusparse-descriptors", CUSPARSE_DESCRIPTORS, &["-l:libcusparse.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    // CUSPARSE_STATUS_INVALID_VALUE, from the refused create.
+    assert_eq!(stdout.trim(), "3", "{stderr}");
+    for (f, n) in [("cusparseCreateDnVec", "4"), ("cusparseCreateDnMat", "9"), ("cusparseCreateCsr", "4")] {
+        assert_eq!(trace_row(&stderr, f), [n, "0"], "{f}: {stderr}");
+    }
+    for (f, n) in [("cusparseDestroyDnVec", "4"), ("cusparseDestroyDnMat", "8"), ("cusparseDestroySpMat", "4")] {
+        assert_eq!(trace_row(&stderr, f), [n, "0"], "{f}: {stderr}");
+    }
 }
 
 /// cuSPARSELt's handle, descriptors and plans are 1 KiB records the program holds and the

@@ -3354,7 +3354,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCopyMatDescr(
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreate(handle: *mut c_void) -> u32 {
     unsafe { crate::custom::cusparse::cusparseCreate(handle) }
 }
-///`cusparseCreateBlockedEll` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBlockedEll` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBlockedEll(
     spMatDescr: *mut c_void,
@@ -3386,7 +3386,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBlockedEll(
         ) as u32
     }
 }
-///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsr(
     spMatDescr: *mut c_void,
@@ -3486,7 +3486,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateColorInfo(
         ) as u32
     }
 }
-///`cusparseCreateConstBlockedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstBlockedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBlockedEll(
     spMatDescr: *mut c_void,
@@ -3518,7 +3518,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBlockedEll(
         ) as u32
     }
 }
-///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
     spMatDescr: *mut c_void,
@@ -3558,7 +3558,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
         ) as u32
     }
 }
-///`cusparseCreateConstCoo` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstCoo` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
     spMatDescr: *mut c_void,
@@ -3590,7 +3590,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
         ) as u32
     }
 }
-///`cusparseCreateConstCsc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstCsc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsc(
     spMatDescr: *mut c_void,
@@ -3624,7 +3624,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsc(
         ) as u32
     }
 }
-///`cusparseCreateConstCsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstCsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsr(
     spMatDescr: *mut c_void,
@@ -3658,7 +3658,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsr(
         ) as u32
     }
 }
-///`cusparseCreateConstDnMat` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstDnMat` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnMat(
     dnMatDescr: *mut c_void,
@@ -3684,7 +3684,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnMat(
         ) as u32
     }
 }
-///`cusparseCreateConstDnVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstDnVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
     dnVecDescr: *mut c_void,
@@ -3704,7 +3704,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
         ) as u32
     }
 }
-///`cusparseCreateConstSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSlicedEll(
     spMatDescr: *mut c_void,
@@ -3742,7 +3742,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSlicedEll(
         ) as u32
     }
 }
-///`cusparseCreateConstSpVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateConstSpVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSpVec(
     spVecDescr: *mut c_void,
@@ -3770,7 +3770,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSpVec(
         ) as u32
     }
 }
-///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCoo(
     spMatDescr: *mut c_void,
@@ -3802,7 +3802,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCoo(
         ) as u32
     }
 }
-///`cusparseCreateCooAoS` for CUDA 11.8 (sync).
+///`cusparseCreateCooAoS` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCooAoS(
     spMatDescr: *mut c_void,
@@ -3832,7 +3832,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCooAoS(
         ) as u32
     }
 }
-///`cusparseCreateCsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsc(
     spMatDescr: *mut c_void,
@@ -3866,7 +3866,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsc(
         ) as u32
     }
 }
-///`cusparseCreateCsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsr(
     spMatDescr: *mut c_void,
@@ -3972,7 +3972,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsru2csrInfo(
         ) as u32
     }
 }
-///`cusparseCreateDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnMat(
     dnMatDescr: *mut c_void,
@@ -3998,7 +3998,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnMat(
         ) as u32
     }
 }
-///`cusparseCreateDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnVec(
     dnVecDescr: *mut c_void,
@@ -4032,7 +4032,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateIdentityPermutation(
         ) as u32
     }
 }
-///`cusparseCreateMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateMatDescr(
     descrA: *mut c_void,
@@ -4056,7 +4056,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreatePruneInfo(
         ) as u32
     }
 }
-///`cusparseCreateSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSlicedEll(
     spMatDescr: *mut c_void,
@@ -4094,7 +4094,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSlicedEll(
         ) as u32
     }
 }
-///`cusparseCreateSpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateSpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSpVec(
     spVecDescr: *mut c_void,
@@ -11524,7 +11524,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_copy(
         ) as u32
     }
 }
-///`cusparseSpGEMM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_createDescr(
     descr: *mut c_void,
@@ -12252,7 +12252,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpSM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_createDescr(
     descr: *mut c_void,
@@ -12392,7 +12392,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpSV_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSV_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_createDescr(
     descr: *mut c_void,

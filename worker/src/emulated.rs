@@ -45,6 +45,7 @@ const CUDNN_TYPE_HANDLE: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_HANDLE as
 const CUDNN_TYPE_BACKEND_DESCRIPTOR: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR as u64;
 /// CUSOLVER_STATUS_INVALID_VALUE: what the emulated cuSOLVER refuses.
 const CUSOLVER_INVALID_VALUE: u64 = chidori_cuda::consts::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE as u64;
+const CUSPARSE_INVALID_VALUE: u64 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_INVALID_VALUE as u64;
 const _: () = {
     use chidori_cuda::consts::cudaError_enum as driver;
     assert!(SUCCESS == driver::CUDA_SUCCESS as u64);
@@ -1032,12 +1033,36 @@ impl Backend for Emulated {
                     }
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpCreate") | ("cusparse", "cusparseCreateMatDescr") => {
+                ("cusolver", "cusolverSpCreate") | ("cusparse", "cusparseCreateMatDescr" | "cusparseCreate") => {
                     let h = self.state().handle();
                     put_u64(a[0], h);
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpDestroy") | ("cusparse", "cusparseDestroyMatDescr") => SUCCESS,
+                ("cusolver", "cusolverSpDestroy") | ("cusparse", "cusparseDestroyMatDescr" | "cusparseDestroy") => {
+                    SUCCESS
+                }
+                // The generic API's descriptors: sizes checked as cuSPARSE checks them (a
+                // dense vector's size; a dense matrix's rows, columns and leading dimension by
+                // its order; a CSR matrix's rows, columns and entries).
+                ("cusparse", "cusparseCreateDnVec" | "cusparseCreateDnMat" | "cusparseCreateCsr") => {
+                    let signed = |i: usize| a[i] as i64;
+                    let valid = match desc.name {
+                        "cusparseCreateDnVec" => signed(1) >= 0,
+                        "cusparseCreateDnMat" => {
+                            let column_major = a[6] as u32 == chidori_cuda::consts::cusparseOrder_t::CUSPARSE_ORDER_COL;
+                            let least = if column_major { signed(1) } else { signed(2) };
+                            signed(1) >= 0 && signed(2) >= 0 && signed(3) >= least.max(1)
+                        }
+                        _ => signed(1) >= 0 && signed(2) >= 0 && signed(3) >= 0,
+                    };
+                    if !valid {
+                        return Ok(CUSPARSE_INVALID_VALUE);
+                    }
+                    let h = self.state().handle();
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cusparse", "cusparseDestroyDnVec" | "cusparseDestroyDnMat" | "cusparseDestroySpMat") => SUCCESS,
                 // The workspace B = P*A*Q^T needs: its pattern and a map, as int32s.
                 ("cusolver", "cusolverSpXcsrperm_bufferSizeHost") => {
                     let (m, nnz) = (a[1] as i32, a[3] as i32);
