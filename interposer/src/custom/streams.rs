@@ -5,8 +5,9 @@
 //! `runtime::next_handle_name`) and goes without waiting: the worker maps the name to the
 //! stream or event it made, and a create that fails there (out of resources) surfaces at
 //! the next call that waits, as a launch's error does. Creates with flags CUDA refuses,
-//! interprocess events, and creates while a capture is active (whose status the program
-//! may steer by) wait for the server's answer. Frames run in the order the client sent
+//! interprocess events, the driver's creates on a thread without a current context, and
+//! creates while a capture is active (whose status the program may steer
+//! by) wait for the server's answer. Frames run in the order the client sent
 //! them, across its threads, so a stream named on one thread is there for a launch of
 //! another.
 //!
@@ -44,7 +45,11 @@ const EVENT_FLAGS: u32 = chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_BLOC
 /// `args` are the caller's, as the function of `ctx` takes them.
 unsafe fn create_named(ctx: &Ctx, args: &[u64], named: bool) -> u64 {
     let out = args.first().copied().unwrap_or(0);
-    let form = if named && out != 0 && !crate::custom::capture::any_active() { Form::Async } else { Form::Call };
+    // The driver's creates need a current context (the runtime makes its primary one): asked
+    // once per change of context (then cached); without one the server refuses the create.
+    let context = ctx.library != "driver" || crate::custom::context::current().is_some();
+    let form =
+        if named && context && out != 0 && !crate::custom::capture::any_active() { Form::Async } else { Form::Call };
     // SAFETY: the caller's arguments; a named create's out-pointer (non-null) gets the name
     // before the call is sent.
     unsafe { crate::runtime::call(ctx.form(form), args) }
