@@ -1260,6 +1260,47 @@ fn low_level_sparse_cholesky_on_the_host_keeps_its_arrays_across_calls() {
     assert_eq!(stdout.trim(), "workspace 4800 factor 0 pivot 0 -1 solve 0 close 1", "{stderr}");
 }
 
+/// torch's Cholesky, LU and QR go through cuSOLVER's 64-bit API without a host workspace:
+/// the factorization then sends back nothing but its status and goes without waiting; with
+/// a host workspace it waits for the bytes the library leaves there; a refused one surfaces
+/// at the next cuSOLVER call that waits.
+const CUSOLVER_X_POTRF: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cusolverDnCreate(h_t *h);
+int cusolverDnCreateParams(h_t *p);
+int cusolverDnXpotrf(h_t h, h_t params, int uplo, long n, int typeA, void *A, long lda, int computeType,
+                     void *bufferOnDevice, unsigned long bytesOnDevice, void *bufferOnHost, unsigned long bytesOnHost,
+                     int *info);
+int cudaMalloc(void **p, unsigned long size);
+int main(void) {
+  h_t h, params, h2;
+  void *a, *work;
+  int *info;
+  char host[64];
+  if (cusolverDnCreate(&h) || cusolverDnCreateParams(&params)) return 2;
+  if (cudaMalloc(&a, 4096) || cudaMalloc(&work, 4096) || cudaMalloc((void **)&info, 4)) return 3;
+  for (int i = 0; i < 4; ++i)
+    if (cusolverDnXpotrf(h, params, 0, 16, 0, a, 16, 0, work, 4096, NULL, 0, info)) return 4;
+  if (cusolverDnXpotrf(h, params, 0, 16, 0, a, 16, 0, work, 4096, host, sizeof host, info)) return 5;
+  /* A leading dimension shorter than the order: refused, said at the next wait. */
+  if (cusolverDnXpotrf(h, params, 0, 16, 0, a, 8, 0, work, 4096, NULL, 0, info)) return 6;
+  printf("%d\n", cusolverDnCreate(&h2));
+  return 0;
+}
+"#;
+
+#[test]
+fn cusolver_factorizations_without_a_host_workspace_do_not_wait() {
+    let server = server();
+    let exe = program_with("cusolver-xpotrf", CUSOLVER_X_POTRF, &["-l:libcusolver.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    // CUSOLVER_STATUS_INVALID_VALUE, from the refused factorization.
+    assert_eq!(stdout.trim(), "3", "{stderr}");
+    // Six factorizations: the one with a host workspace waited.
+    assert_eq!(trace_row(&stderr, "cusolverDnXpotrf"), ["6", "1"], "{stderr}");
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);

@@ -8629,7 +8629,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgeev` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgeev` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
     handle: *mut c_void,
@@ -8656,33 +8656,51 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXgeev,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (jobvl) as u64,
-                (jobvr) as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeW) as u64,
-                (W) as usize as u64,
-                (dataTypeVL) as u64,
-                (VL) as usize as u64,
-                (ldvl) as i64 as u64,
-                (dataTypeVR) as u64,
-                (VR) as usize as u64,
-                (ldvr) as i64 as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXgeev",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXgeev__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXgeev__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (jobvl) as u64,
+                    (jobvr) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeW) as u64,
+                    (W) as usize as u64,
+                    (dataTypeVL) as u64,
+                    (VL) as usize as u64,
+                    (ldvl) as i64 as u64,
+                    (dataTypeVR) as u64,
+                    (VR) as usize as u64,
+                    (ldvr) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXgeev_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
@@ -8735,7 +8753,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
     handle: *mut c_void,
@@ -8755,26 +8773,44 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXgeqrf,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (m) as i64 as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeTau) as u64,
-                (tau) as usize as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXgeqrf",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXgeqrf__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXgeqrf__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeTau) as u64,
+                    (tau) as usize as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -8813,7 +8849,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
     handle: *mut c_void,
@@ -8841,34 +8877,52 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXgesvd,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (jobu) as i64 as u64,
-                (jobvt) as i64 as u64,
-                (m) as i64 as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeS) as u64,
-                (S) as usize as u64,
-                (dataTypeU) as u64,
-                (U) as usize as u64,
-                (ldu) as i64 as u64,
-                (dataTypeVT) as u64,
-                (VT) as usize as u64,
-                (ldvt) as i64 as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXgesvd",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXgesvd__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXgesvd__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (jobu) as i64 as u64,
+                    (jobvt) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeS) as u64,
+                    (S) as usize as u64,
+                    (dataTypeU) as u64,
+                    (U) as usize as u64,
+                    (ldu) as i64 as u64,
+                    (dataTypeVT) as u64,
+                    (VT) as usize as u64,
+                    (ldvt) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9110,7 +9164,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgesvdr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
     handle: *mut c_void,
@@ -9141,37 +9195,55 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
     d_info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXgesvdr,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (jobu) as i64 as u64,
-                (jobv) as i64 as u64,
-                (m) as i64 as u64,
-                (n) as i64 as u64,
-                (k) as i64 as u64,
-                (p) as i64 as u64,
-                (niters) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeSrand) as u64,
-                (Srand) as usize as u64,
-                (dataTypeUrand) as u64,
-                (Urand) as usize as u64,
-                (ldUrand) as i64 as u64,
-                (dataTypeVrand) as u64,
-                (Vrand) as usize as u64,
-                (ldVrand) as i64 as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (d_info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXgesvdr",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXgesvdr__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXgesvdr__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (jobu) as i64 as u64,
+                    (jobv) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (p) as i64 as u64,
+                    (niters) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeSrand) as u64,
+                    (Srand) as usize as u64,
+                    (dataTypeUrand) as u64,
+                    (Urand) as usize as u64,
+                    (ldUrand) as i64 as u64,
+                    (dataTypeVrand) as u64,
+                    (Vrand) as usize as u64,
+                    (ldVrand) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (d_info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXgesvdr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9232,7 +9304,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
     handle: *mut c_void,
@@ -9251,25 +9323,43 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXgetrf,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (m) as i64 as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (ipiv) as usize as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXgetrf",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXgetrf__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXgetrf__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (ipiv) as usize as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9342,7 +9432,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrs(
         ) as u32
     }
 }
-///`cusolverDnXlarft` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXlarft` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
     handle: *mut c_void,
@@ -9366,30 +9456,48 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
     workspaceInBytesOnHost: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXlarft,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (direct) as u64,
-                (storev) as u64,
-                (n) as i64 as u64,
-                (k) as i64 as u64,
-                (dataTypeV) as u64,
-                (V) as usize as u64,
-                (ldv) as i64 as u64,
-                (dataTypeTau) as u64,
-                (tau) as usize as u64,
-                (dataTypeT) as u64,
-                (T) as usize as u64,
-                (ldt) as i64 as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXlarft",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXlarft__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXlarft__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (direct) as u64,
+                    (storev) as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (dataTypeV) as u64,
+                    (V) as usize as u64,
+                    (ldv) as i64 as u64,
+                    (dataTypeTau) as u64,
+                    (tau) as usize as u64,
+                    (dataTypeT) as u64,
+                    (T) as usize as u64,
+                    (ldt) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXlarft_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9438,7 +9546,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
     handle: *mut c_void,
@@ -9456,24 +9564,42 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXpotrf,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (uplo) as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXpotrf",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXpotrf__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXpotrf__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (uplo) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9544,7 +9670,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrs(
         ) as u32
     }
 }
-///`cusolverDnXsyevBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
     handle: *mut c_void,
@@ -9566,28 +9692,46 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
     batchSize: i64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (jobz) as u64,
-                (uplo) as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeW) as u64,
-                (W) as usize as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-                (batchSize) as i64 as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXsyevBatched",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (jobz) as u64,
+                    (uplo) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeW) as u64,
+                    (W) as usize as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                    (batchSize) as i64 as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXsyevBatched_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9630,7 +9774,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
     handle: *mut c_void,
@@ -9651,27 +9795,45 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXsyevd,
-            &[
-                (handle) as usize as u64,
-                (params) as usize as u64,
-                (jobz) as u64,
-                (uplo) as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (dataTypeW) as u64,
-                (W) as usize as u64,
-                (computeType) as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXsyevd",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXsyevd__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXsyevd__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (jobz) as u64,
+                    (uplo) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeW) as u64,
+                    (W) as usize as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9893,7 +10055,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetTolerance(
         ) as u32
     }
 }
-///`cusolverDnXsytrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsytrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
     handle: *mut c_void,
@@ -9914,27 +10076,45 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
     info: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXsytrs,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (n) as i64 as u64,
-                (nrhs) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (ipiv) as usize as u64,
-                (dataTypeB) as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (info) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXsytrs",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXsytrs__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXsytrs__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (n) as i64 as u64,
+                    (nrhs) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (ipiv) as usize as u64,
+                    (dataTypeB) as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXsytrs_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9975,7 +10155,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXtrtri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXtrtri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
     handle: *mut c_void,
@@ -9992,23 +10172,41 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
     devInfo: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusolver::cusolverDnXtrtri,
-            &[
-                (handle) as usize as u64,
-                (uplo) as u64,
-                (diag) as u64,
-                (n) as i64 as u64,
-                (dataTypeA) as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (bufferOnDevice) as usize as u64,
-                (workspaceInBytesOnDevice) as u64,
-                (bufferOnHost) as usize as u64,
-                (workspaceInBytesOnHost) as u64,
-                (devInfo) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXtrtri",
+                version: "13.1",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXtrtri__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXtrtri__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (uplo) as u64,
+                    (diag) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (devInfo) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cusolverDnXtrtri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

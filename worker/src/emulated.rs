@@ -1033,13 +1033,19 @@ impl Backend for Emulated {
                     }
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpCreate") | ("cusparse", "cusparseCreateMatDescr" | "cusparseCreate") => {
+                ("cusolver", "cusolverSpCreate" | "cusolverDnCreate" | "cusolverDnCreateParams")
+                | ("cusparse", "cusparseCreateMatDescr" | "cusparseCreate") => {
                     let h = self.state().handle();
                     put_u64(a[0], h);
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpDestroy") | ("cusparse", "cusparseDestroyMatDescr" | "cusparseDestroy") => {
-                    SUCCESS
+                ("cusolver", "cusolverSpDestroy" | "cusolverDnDestroy" | "cusolverDnDestroyParams")
+                | ("cusparse", "cusparseDestroyMatDescr" | "cusparseDestroy") => SUCCESS,
+                // A Cholesky factorization's arguments checked as cuSOLVER checks them (the
+                // order, the leading dimension); nothing is computed.
+                ("cusolver", "cusolverDnXpotrf") => {
+                    let (n, lda) = (a[3] as i64, a[6] as i64);
+                    if n < 0 || lda < n.max(1) { CUSOLVER_INVALID_VALUE } else { SUCCESS }
                 }
                 // The generic API's descriptors: sizes checked as cuSPARSE checks them (a
                 // dense vector's size; a dense matrix's rows, columns and leading dimension by

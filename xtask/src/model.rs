@@ -896,7 +896,10 @@ fn build_variant(
                 decl.name
             );
         }
-        let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true, &fspec.sizes)
+        // The function's parameter specs (its own and its rules'), the form's over them.
+        let mut params = fspec.params.clone();
+        params.extend(w.params.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let d = classify_call(lib, env, decl, ret_is_status, w.class, &params, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
         let d = null_asks_count(fspec, d);
         if let Disposition::Unsupported { reason } = d {

@@ -1,10 +1,11 @@
-//! Hand-written cuSOLVER functions: a host workspace that only a size query can size.
+//! Hand-written cuSOLVER functions: a host workspace that only a size query can size, and
+//! the 64-bit API's factorizations sent without waiting where they have no host workspace.
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 use std::ffi::c_void;
 
 use chidori_cuda::calls::cusolver as calls;
-use chidori_cuda::desc::Ctx;
+use chidori_cuda::desc::{Ctx, Dir, Form, Wire};
 
 use crate::state::CLIENT;
 
@@ -162,7 +163,7 @@ fn sp_host_arrays(name: &str, args: &[u64], info: &dyn Fn(u64) -> SpInfo) -> Opt
 pub unsafe fn sp_host(ctx: &Ctx, args: &[u64]) -> u64 {
     let invalid = ctx.codes.invalid_value as u64;
     crate::guard::ffi(ctx.name, invalid, || {
-        let desc = ctx.form(chidori_protocol::desc::Form::Call);
+        let desc = ctx.form(Form::Call);
         let Some((info_at, arrays)) = sp_host_arrays(ctx.name, args, &sp_info) else {
             // SAFETY: the program's arguments, as the function defines them.
             return unsafe { crate::runtime::call(desc, args) };
@@ -195,7 +196,7 @@ pub unsafe fn sp_host_destroy(ctx: &Ctx, args: &[u64]) -> u64 {
     crate::guard::ffi(ctx.name, invalid, || {
         let info = args.first().copied().unwrap_or(0);
         // SAFETY: a handle value.
-        let status = unsafe { crate::runtime::call(ctx.form(chidori_protocol::desc::Form::Call), args) };
+        let status = unsafe { crate::runtime::call(ctx.form(Form::Call), args) };
         if info != 0 {
             CLIENT.sp_infos.remove(&info);
             crate::mirror::release(info);
@@ -228,6 +229,23 @@ fn record_sp_info(name: &str, args: &[u64], info: u64) {
         "csrluNnz" => set_sp_info(info, |i| (i.nnz_l, i.nnz_u) = (read_int(1), read_int(2))),
         _ => {}
     }
+}
+
+/// The 64-bit API's factorizations (`cusolverDnXpotrf`, `…Xgetrf`, `…Xgeqrf`, …) whose only
+/// host output is `bufferOnHost`, of `workspaceInBytesOnHost` bytes (`raw_args`). torch
+/// passes no host workspace: then nothing comes back but the status, and the call goes
+/// without waiting, as the library's other factorizations do (a failure surfaces at the
+/// next cuSOLVER call that waits); with one, it waits for the bytes the library leaves.
+pub unsafe fn host_workspace_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let call = ctx.form(Form::Call);
+    let host_bytes = call.params.iter().find_map(|w| match w {
+        Wire::Buf { dir: Dir::InOut, len: Some(len), .. } => Some(len.eval(args)),
+        _ => None,
+    });
+    let form = if host_bytes == Some(Some(0)) { Form::Async } else { Form::Call };
+    // SAFETY: the caller's arguments, as the function of `ctx` takes them (the async form
+    // passes the library no host workspace, of 0 bytes).
+    unsafe { crate::runtime::call(ctx.form(form), args) }
 }
 
 #[cfg(test)]
