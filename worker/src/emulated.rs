@@ -45,6 +45,7 @@ const CUDNN_TYPE_HANDLE: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_HANDLE as
 const CUDNN_TYPE_BACKEND_DESCRIPTOR: u64 = cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR as u64;
 /// CUSOLVER_STATUS_INVALID_VALUE: what the emulated cuSOLVER refuses.
 const CUSOLVER_INVALID_VALUE: u64 = chidori_cuda::consts::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE as u64;
+/// CUSPARSE_STATUS_INVALID_VALUE: what the emulated cuSPARSE refuses.
 const CUSPARSE_INVALID_VALUE: u64 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_INVALID_VALUE as u64;
 const _: () = {
     use chidori_cuda::consts::cudaError_enum as driver;

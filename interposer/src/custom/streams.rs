@@ -6,10 +6,9 @@
 //! stream or event it made, and a create that fails there (out of resources) surfaces at
 //! the next call that waits, as a launch's error does. Creates with flags CUDA refuses,
 //! interprocess events, the driver's creates on a thread without a current context, and
-//! creates while a capture is active (whose status the program may steer
-//! by) wait for the server's answer. Frames run in the order the client sent
-//! them, across its threads, so a stream named on one thread is there for a launch of
-//! another.
+//! creates while a capture is active (whose status the program may steer by) wait for the
+//! server's answer. Frames run in the order the client sent them, across its threads, so a
+//! stream named on one thread is there for a launch of another.
 //!
 //! cuFFT's plans, which are `int`s too narrow for a name, are still made ahead in batches
 //! ([`create_ahead`]): from the second create in a row a few more in the same round trip.
