@@ -1,25 +1,88 @@
 //! cuFFT plans created ahead of the program. torch creates a plan (`cufftCreate`, one round
 //! trip) for each new transform shape before making it; a plan not yet made is as good as
-//! one created when asked, so plans are created ahead as streams are
-//! (`crate::custom::streams`): from the second create in a row a few more in the same round
-//! trip. What was set on each plan is followed from its create (`crate::runtime::cufft_plans`).
+//! one created when asked, so from the second create in a row a few more are created in the
+//! same round trip (a plan is an `int`, too narrow for a name the client gives, as streams
+//! and events have). What was set on each plan is followed from its create
+//! (`crate::runtime::cufft_plans`).
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
 
-use chidori_protocol::desc::{Ctx, Form};
+use chidori_protocol::desc::{CallDesc, Ctx, Form};
 
 use crate::state::CLIENT;
 
 pub unsafe fn create(ctx: &Ctx, handle: *mut c_void) -> u32 {
     let desc = ctx.form(Form::Call);
-    let device = crate::state::current_device();
     let args = [handle as u64];
     // SAFETY: the caller's out-pointer of one cufftHandle (an int).
-    let status = unsafe { super::streams::create_ahead(desc, &args, &CLIENT.ahead.cufft_pool, |c| c, device, 4) };
+    let status = unsafe { create_ahead(desc, &args) };
     if status as u64 == crate::runtime::success(desc) && !handle.is_null() {
         // SAFETY: the caller's out-pointer, written by the create that succeeded.
         crate::runtime::cufft_plans::created(u64::from(unsafe { std::ptr::read_unaligned(handle as *const u32) }));
     }
     status
+}
+
+/// Create a plan through `desc` with `args` (the out-pointer): from the pool where it holds
+/// one made ahead for the current context, else asked, and from the second miss on the
+/// current device in a row with a few more made in the same round trip (2, 4, then 8 at
+/// most) for the next creates. Nothing is made ahead while a capture is active or where the
+/// context is not known. Plans made ahead and never asked for stay on the server until the
+/// session ends (at most 7); a context reset or destroy drops them
+/// (`crate::custom::streams::forget`).
+///
+/// # Safety
+/// `args` are the caller's, as `desc` takes them.
+unsafe fn create_ahead(desc: &'static CallDesc, args: &[u64]) -> u32 {
+    let pool = &CLIENT.ahead.cufft_pool;
+    let unavailable = crate::runtime::unavailable(desc) as u32;
+    crate::guard::ffi(desc.name, unavailable, || {
+        let out = args.first().copied().unwrap_or(0);
+        if out == 0 || crate::custom::capture::any_active() {
+            // SAFETY: the caller's arguments (a null out-pointer is the server's to refuse).
+            return unsafe { crate::runtime::call(desc, args) } as u32;
+        }
+        let context = crate::custom::context::cached_current();
+        if let Some(ctx) = context
+            && let Some(made) = pool.take(&ctx)
+        {
+            crate::trace::local(desc.name);
+            // SAFETY: the caller's out-pointer, checked non-null, of one cufftHandle (an int).
+            unsafe { std::ptr::write_unaligned(out as *mut u32, made as u32) };
+            return desc.codes.success as u32;
+        }
+        let wanted = pool.missed(crate::state::current_device());
+        // Ahead only where the context is known: the objects go to creates in the same one.
+        let n = match context.or_else(|| (wanted > 1).then(crate::custom::context::current).flatten()) {
+            Some(_) => wanted,
+            None => 1,
+        };
+        if n == 1 {
+            // SAFETY: as above.
+            return unsafe { crate::runtime::call(desc, args) } as u32;
+        }
+        let Ok(conn) = crate::conn::get() else { return unavailable };
+        let mut extra = vec![0u64; n - 1];
+        let mut lists = vec![args.to_vec()];
+        lists.extend(extra.iter_mut().map(|slot| {
+            let mut a = args.to_vec();
+            a[0] = slot as *mut u64 as u64;
+            a
+        }));
+        let calls: Vec<_> = lists.iter().map(|a| (desc, &a[..])).collect();
+        // SAFETY: each call's out-pointer is the caller's or a slot of `extra`, alive until
+        // every reply has landed.
+        let Some((status, statuses)) = (unsafe { crate::runtime::call_with_riders(&conn, &calls, desc.name) }) else {
+            return unavailable;
+        };
+        crate::runtime::note_status(desc, status);
+        if status == crate::runtime::success(desc)
+            && let Some(ctx) = crate::custom::context::cached_current()
+        {
+            let made = statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h);
+            pool.add(ctx, made);
+        }
+        status as u32
+    })
 }

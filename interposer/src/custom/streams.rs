@@ -10,15 +10,12 @@
 //! server's answer. Frames run in the order the client sent them, across its threads, so a
 //! stream named on one thread is there for a launch of another.
 //!
-//! cuFFT's plans, which are `int`s too narrow for a name, are still made ahead in batches
-//! ([`create_ahead`]): from the second create in a row a few more in the same round trip.
+//! cuFFT's plans, which are `int`s too narrow for a name, are made ahead in batches instead
+//! (`crate::custom::cufft`).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::hash::Hash;
+use chidori_protocol::desc::{Ctx, Form};
 
-use chidori_protocol::desc::{CallDesc, Ctx, Form};
-
-use crate::ahead::Pool;
 use crate::state::CLIENT;
 
 /// A context was reset or destroyed: its cuFFT plans made ahead are gone (and its events,
@@ -82,79 +79,4 @@ pub unsafe fn event_create_raw(ctx: &Ctx, args: &[u64]) -> u64 {
         CLIENT.ahead.events.created(unsafe { std::ptr::read_unaligned(out as *const u64) });
     }
     status
-}
-
-/// Create an object through `desc` with `args` (its out-pointer first, the rest the same
-/// for every object of its kind): from `pool` where it holds one made ahead for the
-/// current context (`key` of the context), else asked, and from the second miss of `miss`
-/// in a row with a few more made in the same round trip (2, 4, then 8 at most) for the
-/// next creates of that kind. Nothing is made ahead while a capture is active or where the
-/// context is not known. The object is a handle of `bytes` bytes (8: a pointer; 4: an int,
-/// cuFFT's plans). Objects made ahead and never asked for stay on the server until the
-/// session ends (at most 7 per kind); a context reset or destroy drops them ([`forget`]).
-///
-/// # Safety
-/// `args` are the caller's, as `desc` takes them.
-pub(crate) unsafe fn create_ahead<K: Eq + Hash + Clone, M: Eq + Hash>(
-    desc: &'static CallDesc,
-    args: &[u64],
-    pool: &Pool<K, M>,
-    key: impl Fn(u64) -> K,
-    miss: M,
-    bytes: usize,
-) -> u32 {
-    let unavailable = crate::runtime::unavailable(desc) as u32;
-    crate::guard::ffi(desc.name, unavailable, || {
-        let out = args.first().copied().unwrap_or(0);
-        if out == 0 || crate::custom::capture::any_active() {
-            // SAFETY: the caller's arguments (a null out-pointer is the server's to refuse).
-            return unsafe { crate::runtime::call(desc, args) } as u32;
-        }
-        let context = crate::custom::context::cached_current();
-        if let Some(ctx) = context
-            && let Some(made) = pool.take(&key(ctx))
-        {
-            crate::trace::local(desc.name);
-            // SAFETY: the caller's out-pointer, checked non-null, of a handle of `bytes` bytes.
-            unsafe {
-                match bytes {
-                    4 => std::ptr::write_unaligned(out as *mut u32, made as u32),
-                    _ => std::ptr::write_unaligned(out as *mut u64, made),
-                }
-            }
-            return desc.codes.success as u32;
-        }
-        let wanted = pool.missed(miss);
-        // Ahead only where the context is known: the objects go to creates in the same one.
-        let n = match context.or_else(|| (wanted > 1).then(crate::custom::context::current).flatten()) {
-            Some(_) => wanted,
-            None => 1,
-        };
-        if n == 1 {
-            // SAFETY: as above.
-            return unsafe { crate::runtime::call(desc, args) } as u32;
-        }
-        let Ok(conn) = crate::conn::get() else { return unavailable };
-        let mut extra = vec![0u64; n - 1];
-        let mut lists = vec![args.to_vec()];
-        lists.extend(extra.iter_mut().map(|slot| {
-            let mut a = args.to_vec();
-            a[0] = slot as *mut u64 as u64;
-            a
-        }));
-        let calls: Vec<_> = lists.iter().map(|a| (desc, &a[..])).collect();
-        // SAFETY: each call's out-pointer is the caller's or a slot of `extra`, alive until
-        // every reply has landed.
-        let Some((status, statuses)) = (unsafe { crate::runtime::call_with_riders(&conn, &calls, desc.name) }) else {
-            return unavailable;
-        };
-        crate::runtime::note_status(desc, status);
-        if status == crate::runtime::success(desc)
-            && let Some(ctx) = crate::custom::context::cached_current()
-        {
-            let made = statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h);
-            pool.add(key(ctx), made);
-        }
-        status as u32
-    })
 }
