@@ -158,9 +158,10 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
 
 /// Which legacy descriptors a cuDNN call may change, of those it passes (a Set of its first
 /// descriptor and a size query are followed by [`before`] itself).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Changes {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Changes {
     /// None: a question, or a computation (it writes device memory, never a descriptor).
+    #[default]
     Nothing,
     /// All but the first: a `cudnnGet…` that fills the descriptors it is given after the
     /// one it asks about (an RNN's matrix and bias shapes, attention weights, folded
@@ -239,7 +240,7 @@ const READ_ONLY: &[&str] = &[
     "cudnnTransformTensorEx",
 ];
 
-fn changes(name: &str) -> Changes {
+pub(crate) fn changes(name: &str) -> Changes {
     let base = chidori_protocol::desc::strip_suffixes(name, &["_v8", "_v9"]);
     match base {
         "cudnnGetRNNWeightParams"
@@ -255,11 +256,12 @@ fn changes(name: &str) -> Changes {
 
 /// A cuDNN call sent by a path that does not ask [`before`] (several calls in one round
 /// trip), or one [`before`] does not follow: the descriptors it may change ([`changes`])
-/// lose their fingerprints. torch's RNN backward asks for the weights' places after
+/// lose their fingerprints (what a call may change is found once per descriptor: every cuDNN
+/// call passes here). torch's RNN backward asks for the weights' places after
 /// `cudnnRNNBackwardWeights_v8`, which only reads the RNN descriptor: it keeps its
 /// fingerprint, so the question is answered as the forward's was.
 pub fn forget_passed(desc: &CallDesc, args: &[u64]) {
-    let skip = match changes(desc.name) {
+    let skip = match super::cudnn_changes(desc) {
         Changes::Nothing => return,
         Changes::AllButFirst => 1,
         Changes::All => 0,

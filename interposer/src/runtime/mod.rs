@@ -280,6 +280,8 @@ struct Facts {
     constant: bool,
     /// What a cuFFT call does to the plan it names ([`cufft_plans::Role`]).
     cufft: cufft_plans::Role,
+    /// Which legacy cuDNN descriptors a cuDNN call may change ([`cudnn_sizes::Changes`]).
+    cudnn: cudnn_sizes::Changes,
 }
 
 impl Facts {
@@ -299,8 +301,14 @@ impl Facts {
             graph_launch: d.name.starts_with("cudaGraphLaunch") || d.name.starts_with("cuGraphLaunch"),
             constant: d.waits() && by_value && chidori_cuda::checks::constant(name),
             cufft: if d.library == "cufft" { cufft_plans::role(d.name) } else { cufft_plans::Role::None },
+            cudnn: if d.library == "cudnn" { cudnn_sizes::changes(d.name) } else { cudnn_sizes::Changes::Nothing },
         }
     }
+}
+
+/// Which legacy descriptors the cuDNN call `desc` may change, found once per descriptor.
+pub(crate) fn cudnn_changes(desc: &CallDesc) -> cudnn_sizes::Changes {
+    facts(desc).cudnn
 }
 
 fn facts(desc: &CallDesc) -> Facts {
