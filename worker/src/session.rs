@@ -985,6 +985,18 @@ fn device_at(session: &Session, addr: u64, len: u64) -> Option<u64> {
     lock(&session.mirrors).translate(addr, len)
 }
 
+/// Check every span of device memory the records in `bytes` name (records of type `record`
+/// back to back, in the layout of CUDA `version`) to be the session's, and name each where
+/// the session has it ([`device_at`]). Err: the first span that is not, or a malformed record.
+fn name_where_the_session_has(session: &Session, record: &str, version: &str, bytes: &mut [u8]) -> Result<(), String> {
+    crate::records::rename_spans(record, version, bytes, |span| {
+        let (addr, len) = (span.start, span.len);
+        let at = device_at(session, addr, len)
+            .ok_or_else(|| format!("{addr:#x} ({len} bytes) in {record} is not device memory of this session"))?;
+        Ok((at != addr).then_some(at))
+    })
+}
+
 /// Answer a call whose arguments the decoder refused: the library's status, or the end of
 /// the session for a frame that breaks the protocol.
 fn refuse(session: &Session, header: &Header, desc: &CallDesc, e: DecodeError) -> Result<(), Fatal> {
@@ -1295,13 +1307,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         let Some(version) = session.backend.layout_version(desc.library) else { continue };
         // Every record of an array (each in the server's layout); memory the session has
         // elsewhere (a stand-in) is named there.
-        let checked = crate::records::rename_spans(record, &version, b.bytes_mut(), |span| {
-            let (addr, len) = (span.start, span.len);
-            let at = device_at(session, addr, len)
-                .ok_or_else(|| format!("{addr:#x} ({len} bytes) in {record} is not device memory of this session"))?;
-            Ok((at != addr).then_some(at))
-        });
-        if let Err(why) = checked {
+        if let Err(why) = name_where_the_session_has(session, record, &version, b.bytes_mut()) {
             return invalid(format!("argument {i}: {why}"));
         }
     }
@@ -2344,13 +2350,7 @@ fn batch_mem_ops(session: &Session, count: u32, bytes: &[u8]) -> Result<Vec<u8>,
         return Err(format!("{count} memory operations in {} bytes", bytes.len()));
     }
     let mut ops = bytes.to_vec();
-    crate::records::rename_spans(RECORD, &version, &mut ops, |span| {
-        let (addr, len) = (span.start, span.len);
-        let at = device_at(session, addr, len).ok_or_else(|| {
-            format!("{addr:#x} ({len} bytes) in a memory operation is not device memory of this session")
-        })?;
-        Ok((at != addr).then_some(at))
-    })?;
+    name_where_the_session_has(session, RECORD, &version, &mut ops)?;
     Ok(ops)
 }
 
