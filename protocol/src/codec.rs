@@ -235,6 +235,11 @@ pub trait Tables {
     fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64>;
     /// Whether the client may name a new handle of `kind` `value`.
     fn name_free(&mut self, kind: HandleKind, value: u64) -> bool;
+    /// Whether parameter `param` may be NULL although its kind never is a NULL handle
+    /// elsewhere (a function that does not use the handle). None by default.
+    fn null_ok(&mut self, _param: usize) -> bool {
+        false
+    }
     /// Check the device address `addr` of parameter `param`: a `Device` parameter (`bytes`
     /// None: its extent is the session's to work out from the arguments) or a scalar in
     /// device pointer mode of `bytes`. Ok: the address the library is given (the session's
@@ -436,8 +441,11 @@ pub fn decode<'f>(
                 Arg::Device(tables.device(i, a, None).map_err(|why| DecodeError::Device { param: i, why })?)
             }
             Wire::Handle { kind, destroy } | Wire::RecordHandle { kind, destroy } => {
-                let real =
-                    tables.resolve(kind, a).ok_or(DecodeError::Handle { param: i, kind, value: a, element: None })?;
+                let real = match a {
+                    0 if tables.null_ok(i) => Some(0),
+                    _ => tables.resolve(kind, a),
+                }
+                .ok_or(DecodeError::Handle { param: i, kind, value: a, element: None })?;
                 Arg::Handle { kind, value: a, real, destroy }
             }
             Wire::NewRecordHandle { kind, bytes, named } => {

@@ -16,6 +16,8 @@ pub struct CallChecks {
     pub effect: Effect,
     /// Handle parameters never NULL.
     pub required: Vec<u8>,
+    /// Handle parameters that may be NULL although their kind never is (`null_ok`).
+    pub null_ok: Vec<u8>,
     /// Restricted parameters: (index, allowed values).
     pub params: Vec<(u8, &'static [u64])>,
     /// Device parameters' extents: (parameter, count parameter, bytes per unit).
@@ -48,6 +50,7 @@ impl CallChecks {
         CallChecks {
             effect: memory::effect(name),
             required: chidori_cuda::checks::required(name).collect(),
+            null_ok: chidori_cuda::checks::null_ok(name).collect(),
             params: chidori_cuda::checks::params(name).collect(),
             extents: chidori_cuda::checks::extents(name).collect(),
             extents_2d: chidori_cuda::checks::extents_2d(name).collect(),

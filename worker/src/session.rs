@@ -930,6 +930,10 @@ impl codec::Tables for SessionTables<'_> {
         lock(&self.session.handles).name_free(kind, value)
     }
 
+    fn null_ok(&mut self, param: usize) -> bool {
+        self.checks.null_ok.iter().any(|&p| usize::from(p) == param)
+    }
+
     fn device(&mut self, param: usize, addr: u64, bytes: Option<u64>) -> Result<u64, String> {
         let arg = |j: usize| self.args.get(j).copied().unwrap_or(0);
         let extent = match bytes {

@@ -348,6 +348,13 @@ fn null_contexts_are_refused_before_the_library() {
         assert_eq!(status(false), desc.codes.invalid_value, "{name} with NULL");
         assert_ne!(status(true), desc.codes.invalid_value, "{name} with its record");
     }
+    // A function that does not use its context takes NULL for it (`null_ok`: JAX asks
+    // cuBLAS's version with NULL, and falls back to the CPU if refused).
+    let version = newest("cublasGetVersion_v2", None);
+    harness.run(&frame_of(version, vec![0, 0], vec![0, 4], &[])).unwrap();
+    let (status, why) = answer(&harness);
+    assert_ne!(status, version.codes.invalid_handle, "cublasGetVersion_v2(NULL): {why}");
+    assert!(why.contains("not emulated"), "cublasGetVersion_v2(NULL) reaches the library: {why}");
     // A handle parameter the spec says is never NULL (`required`), of a kind that may be.
     let derive = newest("cudnnDeriveBNTensorDescriptor", None);
     assert_eq!(ret_of(&harness, derive, vec![0, 0, 1], vec![0; 3], &[]), derive.codes.invalid_value);

@@ -462,20 +462,26 @@ impl<'a> Emitter<'a> {
         }
         // Handle parameters never NULL: (function, parameter index).
         let mut required = BTreeSet::new();
+        // Handle parameters that may be NULL whatever their kind: (function, parameter index).
+        let mut null_ok = BTreeSet::new();
         for lib in &self.model.libraries {
             for (name, f) in &lib.functions {
                 let Some(spec) = crate::model::function_spec(&lib.lib, &lib.spec, name) else {
                     continue;
                 };
-                for param in &spec.required {
-                    for v in &f.variants {
-                        let Some(i) = v.decl.params.iter().position(|p| &p.name == param) else {
-                            bail!(
-                                "specs/{}.toml: {name}: required names parameter {param}, which it does not have",
-                                lib.lib.name
-                            );
-                        };
-                        required.insert((name.clone(), i as u8));
+                for (key, params, table) in
+                    [("required", &spec.required, &mut required), ("null_ok", &spec.null_ok, &mut null_ok)]
+                {
+                    for param in params {
+                        for v in &f.variants {
+                            let Some(i) = v.decl.params.iter().position(|p| &p.name == param) else {
+                                bail!(
+                                    "specs/{}.toml: {name}: {key} names parameter {param}, which it does not have",
+                                    lib.lib.name
+                                );
+                            };
+                            table.insert((name.clone(), i as u8));
+                        }
                     }
                 }
             }
@@ -619,9 +625,11 @@ impl<'a> Emitter<'a> {
             quote!((#name, #form, #i, #j))
         });
         let records = records.into_values();
-        let required = required.into_iter().map(|(name, i)| {
-            let name = lit_str(&name);
-            quote!((#name, #i))
+        let [required, null_ok] = [required, null_ok].map(|table| {
+            table.into_iter().map(|(name, i)| {
+                let name = lit_str(&name);
+                quote!((#name, #i))
+            })
         });
         let params = params.into_iter().map(|((name, i), values)| {
             let name = lit_str(&name);
@@ -660,6 +668,13 @@ impl<'a> Emitter<'a> {
                 /// The parameters of `function` that are never NULL.
                 pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
                     of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
+                }
+                /// (function, parameter index) of handle parameters that may be NULL although
+                /// their kind never is (`null_ok` in the specs), sorted.
+                pub static NULL_OK: &[(&str, u8)] = &[#(#null_ok),*];
+                /// The handle parameters of `function` that may be NULL whatever their kind.
+                pub fn null_ok(function: &str) -> impl Iterator<Item = u8> + '_ {
+                    of(NULL_OK, function, |e| e.0).iter().map(|(_, i)| *i)
                 }
                 /// (function, device parameter, the parameter counting its units, bytes per
                 /// unit), sorted: the bytes the device argument spans (specs' `extent`).

@@ -65,6 +65,7 @@
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
 //! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
+//! null_ok = ["handle"]             # a handle parameter that may be NULL (its kind may not)
 //! extent = { dst = "count", devPtr = "N * 4", dst2 = "dpitch, width, height" }
 //!                                  # the bytes a device parameter spans (checked whole)
 //! addresses = { dptrs = "sizes", workArea = "" }  # host arrays of device addresses (sizes)
@@ -306,6 +307,11 @@ pub struct FnSpec {
     /// invalid-value code.
     #[serde(default)]
     pub required: Vec<String>,
+    /// Handle parameters that may be NULL although their kind is `never_null` (the
+    /// function does not use the handle: cublasGetVersion_v2, which JAX asks with NULL):
+    /// NULL reaches the library.
+    #[serde(default)]
+    pub null_ok: Vec<String>,
     /// Device parameter → the bytes it spans, all of which the worker checks are the
     /// session's memory: `"count"` or `"N * 4"` (a parameter, times a unit), or
     /// `"pitch, width, height"` (a pitched range: `(height − 1) × pitch + width` bytes).

@@ -2808,6 +2808,13 @@ pub static REQUIRED: &[(&str, u8)] = &[
 pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
     of(REQUIRED, function, |e| e.0).iter().map(|(_, i)| *i)
 }
+/// (function, parameter index) of handle parameters that may be NULL although
+/// their kind never is (`null_ok` in the specs), sorted.
+pub static NULL_OK: &[(&str, u8)] = &[("cublasGetVersion_v2", 0u8)];
+/// The handle parameters of `function` that may be NULL whatever their kind.
+pub fn null_ok(function: &str) -> impl Iterator<Item = u8> + '_ {
+    of(NULL_OK, function, |e| e.0).iter().map(|(_, i)| *i)
+}
 /// (function, device parameter, the parameter counting its units, bytes per
 /// unit), sorted: the bytes the device argument spans (specs' `extent`).
 pub static EXTENTS: &[(&str, u8, u8, u64)] = &[
