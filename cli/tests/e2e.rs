@@ -1301,6 +1301,89 @@ fn cusolver_factorizations_without_a_host_workspace_do_not_wait() {
     assert_eq!(trace_row(&stderr, "cusolverDnXpotrf"), ["6", "1"], "{stderr}");
 }
 
+/// torch asks cuSOLVER's workspace size before every factorization: here three shapes of
+/// LU, each asked twice, and a question the library refuses; Cholesky's with no parameter
+/// set, with one as created, with one whose algorithm was set, each again, and with a new
+/// set as created.
+const CUSOLVER_SIZES: &str = r#"
+#include <stdio.h>
+#include <stdint.h>
+#include <stddef.h>
+typedef void *cusolverDnHandle_t;
+typedef void *cusolverDnParams_t;
+int cusolverDnCreate(cusolverDnHandle_t *h);
+int cusolverDnDestroy(cusolverDnHandle_t h);
+int cusolverDnCreateParams(cusolverDnParams_t *p);
+int cusolverDnDestroyParams(cusolverDnParams_t p);
+int cusolverDnSetAdvOptions(cusolverDnParams_t p, int function, int algo);
+int cusolverDnSgetrf_bufferSize(cusolverDnHandle_t h, int m, int n, float *A, int lda, int *lwork);
+int cusolverDnXpotrf_bufferSize(cusolverDnHandle_t h, cusolverDnParams_t p, int uplo, int64_t n, int typeA,
+                                const void *A, int64_t lda, int computeType, size_t *device, size_t *host);
+static long potrf(cusolverDnHandle_t h, cusolverDnParams_t p) {
+  size_t device = 0, host = 1;
+  int s = cusolverDnXpotrf_bufferSize(h, p, 0, 64, 0, 0, 64, 0, &device, &host);
+  return s ? -s : (long)(device + host);
+}
+int main(void) {
+  cusolverDnHandle_t h;
+  cusolverDnParams_t created, set, fresh;
+  if (cusolverDnCreate(&h) || cusolverDnCreateParams(&created) || cusolverDnCreateParams(&set)) return 10;
+  int sizes[6] = {32, 64, 32, 64, 128, 32};
+  for (int i = 0; i < 6; i++) {
+    int lwork = 0;
+    if (cusolverDnSgetrf_bufferSize(h, sizes[i], sizes[i], 0, sizes[i], &lwork)) return 11;
+    printf("%d ", lwork);
+  }
+  int lwork = 0;
+  printf("refused:%d ", cusolverDnSgetrf_bufferSize(h, 8, 8, 0, 4, &lwork));
+  if (cusolverDnSetAdvOptions(set, 0, 1)) return 12;
+  printf("%ld %ld %ld ", potrf(h, 0), potrf(h, created), potrf(h, set));
+  printf("%ld %ld ", potrf(h, created), potrf(h, set));
+  if (cusolverDnDestroyParams(set) || cusolverDnCreateParams(&fresh)) return 13;
+  printf("%ld\n", potrf(h, fresh));
+  return cusolverDnDestroyParams(created) || cusolverDnDestroyParams(fresh) || cusolverDnDestroy(h);
+}
+"#;
+
+/// Issue 19: a cuSOLVER workspace question asked before (the same problem, its parameter
+/// set set the same way) is answered by the client, in the same process and, checked, in
+/// a later one; a refused question is asked each time; a server whose library answers
+/// otherwise ends the session naming the call.
+#[test]
+fn cusolver_workspace_sizes_asked_before_are_answered_by_the_client() {
+    let server = server();
+    let exe = program_with("cusolver-sizes", CUSOLVER_SIZES, &["-l:libcusolver.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(
+        stdout.trim(),
+        "2048 4096 2048 4096 8192 2048 refused:3 16384 16384 20480 16384 20480 16384",
+        "{stderr}"
+    );
+    let row = |stderr: &str, f: &str| trace_row(stderr, f);
+    // Three shapes and the refused question asked; no parameter set, one as created and
+    // one set (a new set as created is the question asked of the first).
+    assert_eq!(row(&stderr, "cusolverDnSgetrf_bufferSize"), ["7", "4"], "{stderr}");
+    assert_eq!(row(&stderr, "cusolverDnXpotrf_bufferSize"), ["6", "3"], "{stderr}");
+
+    let cache = chidori_tests::scratch("cusolver-sizes-cache");
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first, stdout, "{stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, stdout, "{stderr}");
+    assert_eq!(row(&stderr, "cusolverDnSgetrf_bufferSize"), ["7", "1"], "only the refused one: {stderr}");
+    assert_eq!(row(&stderr, "cusolverDnXpotrf_bufferSize"), ["6", "0"], "{stderr}");
+    assert!(!stderr.contains("answered differently") && !stderr.contains("WARN"), "{stderr}");
+    drop(server);
+
+    // A server whose library needs other workspaces (same GPU, same versions).
+    let other = salted_server();
+    let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
+    assert!(
+        stderr.contains("the server answered differently (another workspace size)"),
+        "a different answer ends the session, naming the call: {stderr}"
+    );
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);

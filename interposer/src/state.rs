@@ -85,6 +85,8 @@ pub struct Client {
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
     /// What was set on each cuFFT plan since its create (`crate::runtime::cufft_plans`).
     pub cufft_prints: Table<u64, Option<u64>>,
+    /// What was set on each cuSOLVER context and parameter object (`crate::runtime::solver_sizes`).
+    pub solver_prints: Mutex<Option<crate::runtime::solver_sizes::Objects>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
     /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
@@ -140,6 +142,9 @@ pub struct Ahead {
     /// cuFFT plans made before: the status and work sizes, by the call and what was set on
     /// the plan (`crate::runtime::cufft_plans`).
     pub cufft_plans: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    /// cuSOLVER workspace sizes answered before, by the call and what was set on the
+    /// objects it passes (`crate::runtime::solver_sizes`).
+    pub solver_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
     /// cuFFT plans made ahead of the program's creates, by context (`crate::custom::cufft`).
     pub cufft_pool: Pool<u64, i32>,
     /// `cudnnGetRNNWeightParams` answers by what the RNN descriptor says (`crate::ahead::rnn`).
@@ -170,6 +175,7 @@ pub static CLIENT: Client = Client {
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
     cufft_prints: Table::new(),
+    solver_prints: Mutex::new(None),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
     sparselt_prints: Mutex::new(None),
@@ -189,6 +195,7 @@ pub static CLIENT: Client = Client {
         rnn_filled_tensors: Answers::new(2),
         rnn_weights: Answers::new(4096),
         cufft_plans: Answers::new(crate::runtime::cufft_plans::ANSWERS_MAX),
+        solver_sizes: Answers::new(crate::runtime::solver_sizes::ANSWERS_MAX),
         cufft_pool: Pool::new(),
     },
 };

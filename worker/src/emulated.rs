@@ -118,6 +118,8 @@ struct State {
     /// cuFFT plans created (handles from 1 on), and whether each was made.
     cufft_plans: HashMap<u64, bool>,
     cufft_created: u64,
+    /// The algorithm set on each cuSOLVER parameter set (cusolverDnSetAdvOptions).
+    solver_algo: HashMap<u64, u64>,
     /// The variables of each loaded library's images (name, initial bytes), and those
     /// asked for, by (library, name): their memory is an allocation.
     variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
@@ -1038,6 +1040,30 @@ impl Backend for Emulated {
                 | ("cusparse", "cusparseCreateMatDescr" | "cusparseCreate") => {
                     let h = self.state().handle();
                     put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cusolver", "cusolverDnSetAdvOptions") => {
+                    self.state().solver_algo.insert(a[0], a[2]);
+                    SUCCESS
+                }
+                // Workspace sizes that depend on the problem and on how the parameter set was
+                // set (the algorithm, in the device bytes); another salt, another library.
+                ("cusolver", "cusolverDnSgetrf_bufferSize") => {
+                    let (m, n, lda) = (a[1] as i32, a[2] as i32, a[4] as i32);
+                    if m < 0 || n < 0 || lda < m.max(1) {
+                        return Ok(CUSOLVER_INVALID_VALUE);
+                    }
+                    put_u32(a[5], (n as u32).saturating_mul(64).saturating_add(salt() as u32));
+                    SUCCESS
+                }
+                ("cusolver", "cusolverDnXpotrf_bufferSize") => {
+                    let (n, lda) = (a[3] as i64, a[6] as i64);
+                    if n < 0 || lda < n.max(1) {
+                        return Ok(CUSOLVER_INVALID_VALUE);
+                    }
+                    let algo = self.state().solver_algo.get(&a[1]).copied().unwrap_or(0);
+                    put_u64(a[8], (n as u64).saturating_mul(256).saturating_add(algo * 4096 + 8 * salt()));
+                    put_u64(a[9], 0);
                     SUCCESS
                 }
                 ("cusolver", "cusolverSpDestroy" | "cusolverDnDestroy" | "cusolverDnDestroyParams")

@@ -47,6 +47,9 @@ pub enum Space {
     /// A cuFFT plan made: the status and work sizes, by the call and what was set on the
     /// plan (`crate::runtime::cufft_plans`).
     CufftPlan = 8,
+    /// A cuSOLVER workspace size: the status and the sizes, by the call and what was set on
+    /// the objects it passes (`crate::runtime::solver_sizes`).
+    SolverSize = 9,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

@@ -8,6 +8,7 @@
 
 pub(crate) mod cudnn_sizes;
 pub(crate) mod cufft_plans;
+pub(crate) mod solver_sizes;
 pub(crate) mod sparselt_sizes;
 
 use std::borrow::Cow;
@@ -464,11 +465,12 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         return ret;
     }
     // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSELt's
-    // records) are answered here.
+    // records, cuFFT's plans, cuSOLVER's workspaces) are answered here.
     let action = match desc.library {
         "cudnn" => cudnn_sizes::before(desc, args, &prepared),
         "cusparselt" => sparselt_sizes::before(desc, &prepared),
         "cufft" => cufft_plans::before(desc, args, &prepared),
+        "cusolver" => solver_sizes::before(desc, args, &prepared),
         _ => cudnn_sizes::Action::Send,
     };
     let learn = match action {
@@ -520,6 +522,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         match desc.library {
             "cudnn" => cudnn_sizes::learn(key, ret, desc, &prepared),
             "cufft" => cufft_plans::learn(key, ret, desc, &prepared),
+            "cusolver" => solver_sizes::learn(key, ret, desc, &prepared),
             _ => sparselt_sizes::learn(key, ret, desc, &prepared),
         }
     }

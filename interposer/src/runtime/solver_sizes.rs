@@ -1,0 +1,169 @@
+//! cuSOLVER's dense workspace queries answered by the client when the same question was
+//! answered before (issue 19: torch asks `cusolverDn…_bufferSize` before every
+//! factorization, one round trip each at 70 ms: 8 of the torch suite's linalg case).
+//!
+//! A workspace size depends on the problem (the call's values), the library and the GPU,
+//! and on the objects the call passes: the library's context (its deterministic mode), a
+//! `cusolverDnParams` (its algorithm options) or a Jacobi solver's `syevjInfo`/`gesvdjInfo`
+//! (tolerance, sweeps, sorting). The client follows each such object from its create: a
+//! fingerprint of every `Set` call made on it, in order (but a context's stream). A query
+//! whose objects all have fingerprints is keyed by the call, its values (device addresses
+//! by value) and those fingerprints, not the objects' names; the server's successful
+//! answer is kept, and the same question in this process is answered by the client. Kept
+//! for later sessions on the same server identity too (`crate::learned`): given at once
+//! there, and checked against the server's answer to the same call. Like cuDNN's sizes,
+//! a question does not say which GPU a context was made on.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use chidori_cuda::handles::kind;
+use chidori_protocol::desc::{CallDesc, Dir, Wire};
+
+use super::Prepared;
+use super::cudnn_sizes::{Action, decode, encode, give, give_checked, outputs, stored};
+use crate::ahead::learned::Space;
+use crate::state::CLIENT;
+
+/// Answers kept (distinct questions: a few per matrix shape).
+pub(crate) const ANSWERS_MAX: usize = 4096;
+/// Objects followed: past this, no question about a set object is answered (a name given
+/// out again after the map was emptied would look as created).
+const OBJECTS_MAX: usize = 1 << 16;
+/// The fingerprint of an object as created: nothing set yet.
+const CREATED: u64 = 1;
+
+/// Objects a workspace size may depend on.
+fn followed(k: u16) -> bool {
+    k == kind::cusolverDnContext || k == kind::cusolverDnParams || k == kind::syevjInfo || k == kind::gesvdjInfo
+}
+
+/// A dense workspace query (`cusolverDn…_bufferSize`).
+fn is_query(desc: &CallDesc) -> bool {
+    desc.name.starts_with("cusolverDn") && desc.name.ends_with("_bufferSize") && desc.waits()
+}
+
+/// What each followed object says: `Some(fingerprint)` of the Sets made on it since its
+/// create, `None` once a Set the client cannot fingerprint was made on it. An object absent
+/// is as created (its destroy removes it). `overflowed`: past [`OBJECTS_MAX`] objects no
+/// object that was set is known.
+pub struct Objects {
+    says: HashMap<u64, Option<u64>>,
+    overflowed: bool,
+}
+
+fn with_objects<T>(f: impl FnOnce(&mut Objects) -> T) -> T {
+    let mut guard = CLIENT.solver_prints.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = guard.get_or_insert_with(|| Objects { says: HashMap::new(), overflowed: false });
+    f(objects)
+}
+
+/// The fingerprint of a call's content: its wire id, every value and device address, the
+/// lengths and bytes of its inputs, the fingerprints of the objects it passes (skipping
+/// `skip`); the library's context left out. None where it passes anything else, or an
+/// object the client lost track of.
+fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects, skip: Option<usize>) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    desc.wire.hash(&mut h);
+    for (i, wire) in desc.params.iter().enumerate() {
+        if Some(i) == skip {
+            continue;
+        }
+        let a = args.get(i).copied().unwrap_or(0);
+        match *wire {
+            Wire::Val { .. } | Wire::Device => a.hash(&mut h),
+            // NULL: the library's defaults.
+            Wire::Handle { kind: k, .. } if followed(k) && a == 0 => 0u64.hash(&mut h),
+            Wire::Handle { kind: k, .. } if followed(k) => match objects.says.get(&a) {
+                None if !objects.overflowed => CREATED.hash(&mut h),
+                Some(Some(print)) => print.hash(&mut h),
+                _ => return None,
+            },
+            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
+            _ => return None,
+        }
+    }
+    for b in &prepared.bulk {
+        b.as_ref().hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// The first followed object a call passes, non-NULL: (parameter, value).
+fn first_object(desc: &CallDesc, args: &[u64]) -> Option<(usize, u64)> {
+    desc.params.iter().enumerate().find_map(|(i, w)| match *w {
+        Wire::Handle { kind: k, .. } if followed(k) => args.get(i).copied().filter(|&a| a != 0).map(|a| (i, a)),
+        _ => None,
+    })
+}
+
+/// Before a cuSOLVER call is sent: answer a workspace query known, and follow what is set
+/// on each parameter object.
+pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared) -> Action {
+    if is_query(desc) {
+        let outputs_only_bufs = desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
+        let Some(key) = with_objects(|o| content(desc, args, prepared, o, None)).filter(|_| outputs_only_bufs) else {
+            return Action::Send;
+        };
+        if let Some(answer) = CLIENT.ahead.solver_sizes.get(&key) {
+            return match give(&answer, prepared) {
+                true => {
+                    crate::trace::local(desc.name);
+                    Action::Answered(answer.0)
+                }
+                false => Action::Learn(key),
+            };
+        }
+        // Answered in an earlier session on this server: given now, checked when the
+        // server's answer to the same call comes.
+        if let Ok(conn) = crate::conn::get()
+            && let Some(answer) =
+                crate::learned::with(&conn, |l| l.get(Space::SolverSize, &stored(desc, key)).and_then(decode)).flatten()
+            // SAFETY: the caller's arguments, as the descriptor says.
+            && let Some(status) = unsafe { give_checked(&conn, desc, args, prepared, answer.clone(), "another workspace size") }
+        {
+            CLIENT.ahead.solver_sizes.learn(key, answer);
+            return Action::Answered(status);
+        }
+        return Action::Learn(key);
+    }
+    let Some((at, object)) = first_object(desc, args) else { return Action::Send };
+    let name = desc.name;
+    if name.contains("Destroy") {
+        // Its name may be given out again, as created.
+        with_objects(|o| o.says.remove(&object));
+    } else if name.contains("Set") && name != "cusolverDnSetStream" {
+        with_objects(|o| {
+            if o.says.len() >= OBJECTS_MAX && !o.says.contains_key(&object) {
+                o.overflowed = true;
+                o.says.clear();
+            }
+            let before = match o.says.get(&object) {
+                None if !o.overflowed => Some(CREATED),
+                Some(known) => *known,
+                None => None,
+            };
+            let call = content(desc, args, prepared, o, Some(at));
+            let next = before.zip(call).map(|(before, call)| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (before, call).hash(&mut h);
+                h.finish()
+            });
+            o.says.insert(object, next);
+        });
+    }
+    // Computations and getters leave what was set as it was.
+    Action::Send
+}
+
+/// After the server answered a workspace query: keep a success (for later sessions too).
+pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
+    if status != desc.codes.success as u64 {
+        return;
+    }
+    let answer = (status, outputs(prepared));
+    if let Ok(conn) = crate::conn::get() {
+        crate::learned::with(&conn, |l| l.learn(Space::SolverSize, &stored(desc, key), &encode(&answer)));
+    }
+    CLIENT.ahead.solver_sizes.learn(key, answer);
+}
