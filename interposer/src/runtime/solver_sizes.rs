@@ -8,7 +8,7 @@
 //! (tolerance, sweeps, sorting). The client follows each such object from its create: a
 //! fingerprint of every `Set` call made on it, in order (but a context's stream). A query
 //! whose objects all have fingerprints is keyed by the call, its values (device addresses
-//! by value) and those fingerprints, not the objects' names; the server's successful
+//! by their alignment) and those fingerprints, not the objects' names; the server's successful
 //! answer is kept, and the same question in this process is answered by the client. Kept
 //! for later sessions on the same server identity too (`crate::learned`): given at once
 //! there, and checked against the server's answer to the same call. Like cuDNN's sizes,
@@ -71,7 +71,11 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects
         }
         let a = args.get(i).copied().unwrap_or(0);
         match *wire {
-            Wire::Val { .. } | Wire::Device => a.hash(&mut h),
+            Wire::Val { .. } => a.hash(&mut h),
+            // A device address by its alignment only (as cuBLASLt's heuristics are kept): a
+            // size query reads no matrix (callers pass NULL), and a tensor's address differs
+            // from process to process.
+            Wire::Device => alignment(a).hash(&mut h),
             // NULL: the library's defaults.
             Wire::Handle { kind: k, .. } if followed(k) && a == 0 => 0u64.hash(&mut h),
             Wire::Handle { kind: k, .. } if followed(k) => match objects.says.get(&a) {
@@ -87,6 +91,11 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects
         b.as_ref().hash(&mut h);
     }
     Some(h.finish())
+}
+
+/// How a device address is aligned, up to 256 bytes; NULL apart.
+fn alignment(address: u64) -> u32 {
+    if address == 0 { u32::MAX } else { address.trailing_zeros().min(8) }
 }
 
 /// The first followed object a call passes, non-NULL: (parameter, value).
