@@ -1364,6 +1364,8 @@ fn cusolver_workspace_sizes_asked_before_are_answered_by_the_client() {
     // one set (a new set as created is the question asked of the first).
     assert_eq!(row(&stderr, "cusolverDnSgetrf_bufferSize"), ["7", "4"], "{stderr}");
     assert_eq!(row(&stderr, "cusolverDnXpotrf_bufferSize"), ["6", "3"], "{stderr}");
+    // Parameter sets are named by the client: made without waiting.
+    assert_eq!(row(&stderr, "cusolverDnCreateParams"), ["3", "0"], "{stderr}");
 
     let cache = chidori_tests::scratch("cusolver-sizes-cache");
     let (first, stderr) = run_learning(&server, &exe, &cache, &[]);

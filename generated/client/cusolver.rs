@@ -2008,7 +2008,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreate(
         ) as u32
     }
 }
-///`cusolverDnCreateGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCreateGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateGesvdjInfo(
     info: *mut c_void,
@@ -2020,7 +2020,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateGesvdjInfo(
         ) as u32
     }
 }
-///`cusolverDnCreateParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCreateParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateParams(
     params: *mut c_void,
@@ -2032,7 +2032,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateParams(
         ) as u32
     }
 }
-///`cusolverDnCreateSyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCreateSyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateSyevjInfo(
     info: *mut c_void,

@@ -1036,7 +1036,14 @@ impl Backend for Emulated {
                     }
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpCreate" | "cusolverDnCreate" | "cusolverDnCreateParams")
+                (
+                    "cusolver",
+                    "cusolverSpCreate"
+                    | "cusolverDnCreate"
+                    | "cusolverDnCreateParams"
+                    | "cusolverDnCreateSyevjInfo"
+                    | "cusolverDnCreateGesvdjInfo",
+                )
                 | ("cusparse", "cusparseCreateMatDescr" | "cusparseCreate") => {
                     let h = self.state().handle();
                     put_u64(a[0], h);
@@ -1066,7 +1073,14 @@ impl Backend for Emulated {
                     put_u64(a[9], 0);
                     SUCCESS
                 }
-                ("cusolver", "cusolverSpDestroy" | "cusolverDnDestroy" | "cusolverDnDestroyParams")
+                (
+                    "cusolver",
+                    "cusolverSpDestroy"
+                    | "cusolverDnDestroy"
+                    | "cusolverDnDestroyParams"
+                    | "cusolverDnDestroySyevjInfo"
+                    | "cusolverDnDestroyGesvdjInfo",
+                )
                 | ("cusparse", "cusparseDestroyMatDescr" | "cusparseDestroy") => SUCCESS,
                 // A Cholesky factorization's arguments checked as cuSOLVER checks them (the
                 // order, the leading dimension); nothing is computed.
