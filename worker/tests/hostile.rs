@@ -355,6 +355,13 @@ fn null_contexts_are_refused_before_the_library() {
     let (status, why) = answer(&harness);
     assert_ne!(status, version.codes.invalid_handle, "cublasGetVersion_v2(NULL): {why}");
     assert!(why.contains("not emulated"), "cublasGetVersion_v2(NULL) reaches the library: {why}");
+    // NCCL's destroy and abort do nothing with NULL (cleanup code calls them regardless).
+    for name in ["ncclCommDestroy", "ncclCommAbort"] {
+        let desc = newest(name, None);
+        harness.run(&frame_of(desc, vec![0], vec![0], &[])).unwrap();
+        let (status, why) = answer(&harness);
+        assert_eq!((status, why.as_str()), (desc.codes.success, ""), "{name}(NULL)");
+    }
     // A handle parameter the spec says is never NULL (`required`), of a kind that may be.
     let derive = newest("cudnnDeriveBNTensorDescriptor", None);
     assert_eq!(ret_of(&harness, derive, vec![0, 0, 1], vec![0; 3], &[]), derive.codes.invalid_value);

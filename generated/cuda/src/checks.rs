@@ -2810,7 +2810,11 @@ pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
 }
 /// (function, parameter index) of handle parameters that may be NULL although
 /// their kind never is (`null_ok` in the specs), sorted.
-pub static NULL_OK: &[(&str, u8)] = &[("cublasGetVersion_v2", 0u8)];
+pub static NULL_OK: &[(&str, u8)] = &[
+    ("cublasGetVersion_v2", 0u8),
+    ("ncclCommAbort", 0u8),
+    ("ncclCommDestroy", 0u8),
+];
 /// The handle parameters of `function` that may be NULL whatever their kind.
 pub fn null_ok(function: &str) -> impl Iterator<Item = u8> + '_ {
     of(NULL_OK, function, |e| e.0).iter().map(|(_, i)| *i)

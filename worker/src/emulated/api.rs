@@ -1386,7 +1386,8 @@ impl Emulated {
                     SUCCESS
                 }
                 "ncclCommDestroy" | "ncclCommAbort" => {
-                    if self.state().nccl_comms.remove(&a[0]) {
+                    // NULL: nothing to do, as NCCL says.
+                    if a[0] == 0 || self.state().nccl_comms.remove(&a[0]) {
                         SUCCESS
                     } else {
                         u64::from(r::ncclInvalidArgument)
