@@ -1386,6 +1386,44 @@ fn cusolver_workspace_sizes_asked_before_are_answered_by_the_client() {
     );
 }
 
+/// torch resets a captured graph by destroying its instance and its graph: here graphs
+/// made by a create, a capture and a clone, their instances, and a graph and an instance
+/// destroyed a second time, a made-up handle and NULL.
+const GRAPH_DESTROYS: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s;
+  cudaGraph_t made, captured, cloned;
+  cudaGraphExec_t x1, x2, x3;
+  if (cudaStreamCreate(&s) || cudaGraphCreate(&made, 0)) return 10;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) || cudaStreamEndCapture(s, &captured)) return 11;
+  if (cudaGraphClone(&cloned, captured)) return 12;
+  if (cudaGraphInstantiate(&x1, made, 0) || cudaGraphInstantiate(&x2, captured, 0) ||
+      cudaGraphInstantiateWithFlags(&x3, cloned, 0)) return 13;
+  int a = cudaGraphExecDestroy(x1), b = cudaGraphExecDestroy(x2), c = cudaGraphExecDestroy(x3);
+  int d = cudaGraphDestroy(made), e = cudaGraphDestroy(captured), f = cudaGraphDestroy(cloned);
+  printf("%d%d%d%d%d%d ", a, b, c, d, e, f);
+  printf("again:%d,%d ", cudaGraphExecDestroy(x2) != 0, cudaGraphDestroy(made) != 0);
+  printf("made-up:%d null:%d\n", cudaGraphDestroy((cudaGraph_t)0x1234) != 0, cudaGraphExecDestroy(0) != 0);
+  return 0;
+}
+"#;
+
+/// Issue 19: graphs and instances the server handed out are destroyed without waiting
+/// (they cannot be refused); any other handle waits for the server's refusal.
+#[test]
+fn graphs_handed_out_are_destroyed_without_waiting() {
+    let server = server();
+    let exe = program("graph-destroys", GRAPH_DESTROYS);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "000000 again:1,1 made-up:1 null:1", "{stderr}");
+    // The three instances and three graphs went without waiting; the second destroys, the
+    // made-up handle and NULL waited.
+    assert_eq!(trace_row(&stderr, "cudaGraphExecDestroy"), ["5", "2"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaGraphDestroy"), ["5", "2"], "{stderr}");
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);

@@ -2893,14 +2893,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
         crate::custom::link::graph_dot_print(&CTX, graph, path, flags)
     }
 }
-///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroy(graph: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphDestroy,
-            &[(graph) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphDestroy",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphDestroy__async,
+                    &chidori_cuda::calls::cudart::cudaGraphDestroy__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::destroy_raw(&CTX, &[(graph) as usize as u64])
+        }) as u32
     }
 }
 ///`cudaGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2985,16 +3000,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecChildGraphNodeSetParams(
         ) as u32
     }
 }
-///`cudaGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecDestroy(
     graphExec: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphExecDestroy,
-            &[(graphExec) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphExecDestroy",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphExecDestroy__async,
+                    &chidori_cuda::calls::cudart::cudaGraphExecDestroy__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::destroy_raw(&CTX, &[(graphExec) as usize as u64])
+        }) as u32
     }
 }
 ///`cudaGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -2722,14 +2722,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
         crate::custom::link::graph_dot_print(&CTX, hGraph, path, flags)
     }
 }
-///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphDestroy(hGraph: *mut c_void) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphDestroy,
-            &[(hGraph) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphDestroy",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuGraphDestroy__async,
+                    &chidori_cuda::calls::driver::cuGraphDestroy__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::destroy_raw(&CTX, &[(hGraph) as usize as u64])
+        }) as u32
     }
 }
 ///`cuGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2911,16 +2926,31 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecChildGraphNodeSetParams(
         ) as u32
     }
 }
-///`cuGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecDestroy(
     hGraphExec: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphExecDestroy,
-            &[(hGraphExec) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphExecDestroy",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuGraphExecDestroy__async,
+                    &chidori_cuda::calls::driver::cuGraphExecDestroy__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::destroy_raw(&CTX, &[(hGraphExec) as usize as u64])
+        }) as u32
     }
 }
 ///`cuGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -85,6 +85,9 @@ pub struct Client {
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
     /// What was set on each cuFFT plan since its create (`crate::runtime::cufft_plans`).
     pub cufft_prints: Table<u64, Option<u64>>,
+    /// Graphs and instances the server handed out and the program has not destroyed:
+    /// (kind, handle) (`crate::ahead::graphs`).
+    pub graph_lives: Table<(u16, u64), ()>,
     /// What was set on each cuSOLVER context and parameter object (`crate::runtime::solver_sizes`).
     pub solver_prints: Mutex<Option<crate::runtime::solver_sizes::Objects>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
@@ -175,6 +178,7 @@ pub static CLIENT: Client = Client {
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
     cufft_prints: Table::new(),
+    graph_lives: Table::new(),
     solver_prints: Mutex::new(None),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),

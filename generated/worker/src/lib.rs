@@ -80121,7 +80121,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            125u32 => {
+            127u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80140,7 +80140,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            128u32 => {
+            130u32 => {
                 if a.len() != 5usize {
                     return None;
                 }
@@ -80161,7 +80161,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            160u32 => {
+            162u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80180,7 +80180,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            196u32 => {
+            198u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80193,25 +80193,6 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                         a[1usize] as usize,
                         a[2usize] as u32,
                         a[3usize] as i32,
-                    )) as u64
-                }
-            }
-            214u32 => {
-                if a.len() != 4usize {
-                    return None;
-                }
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    usize,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -80234,20 +80215,22 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            342u32 => {
-                if a.len() != 3usize {
+            218u32 => {
+                if a.len() != 4usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    *mut c_void,
+                    usize,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -80268,22 +80251,20 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            374u32 => {
-                if a.len() != 4usize {
+            346u32 => {
+                if a.len() != 3usize {
                     return None;
                 }
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
-                    usize,
-                    u32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize,
-                        a[3usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -80306,7 +80287,26 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            2494u32 => {
+            378u32 => {
+                if a.len() != 4usize {
+                    return None;
+                }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            2498u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80331,17 +80331,17 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
 pub fn signature(wire: u32) -> u8 {
     match wire {
         95u32 => 1u8,
-        125u32 => 1u8,
-        128u32 => 1u8,
-        160u32 => 1u8,
-        196u32 => 1u8,
-        214u32 => 1u8,
+        127u32 => 1u8,
+        130u32 => 1u8,
+        162u32 => 1u8,
+        198u32 => 1u8,
         216u32 => 1u8,
-        342u32 => 1u8,
+        218u32 => 1u8,
         344u32 => 1u8,
-        374u32 => 1u8,
+        346u32 => 1u8,
         376u32 => 1u8,
-        2494u32 => 1u8,
+        378u32 => 1u8,
+        2498u32 => 1u8,
         _ => 0,
     }
 }

@@ -18,10 +18,13 @@
 //!   stream they were recorded on): their queries return at once.
 //! * [`rnn`]: where an RNN's matrices and biases lie in its weight space, by what its
 //!   descriptor says.
+//! * [`graphs`]: graphs and instances the server handed out and the program has not
+//!   destroyed: their destroys go without waiting.
 
 pub mod capture;
 pub mod cudnn;
 pub mod events;
+pub mod graphs;
 pub mod idle;
 pub mod learned;
 pub mod rnn;

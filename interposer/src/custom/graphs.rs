@@ -21,7 +21,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
-use chidori_cuda::desc::{CallDesc, Ctx, Form};
+use chidori_cuda::desc::{CallDesc, Ctx, Form, Wire};
 use chidori_protocol::messages::{Api, GraphList, GraphNode, NodeParams, NodeTarget, Service, ServiceReply};
 
 use crate::conn::{self, Conn};
@@ -98,6 +98,26 @@ impl KernelArgs {
         let pointers = layout.iter().map(|(offset, _)| base.wrapping_add(*offset as usize).cast::<c_void>()).collect();
         Arc::new(KernelArgs { packed, pointers })
     }
+}
+
+/// cudaGraphDestroy, cudaGraphExecDestroy and the driver's: a graph or instance the server
+/// handed out and the program has not destroyed cannot be refused, so its destroy goes
+/// without waiting (torch destroys both when a captured graph is reset: a round trip each
+/// at 70 ms). Any other handle (a made-up one, one destroyed already, NULL) waits for the
+/// server's answer.
+pub unsafe fn destroy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let call = ctx.form(Form::Call);
+    crate::guard::ffi(ctx.name, crate::runtime::unavailable(call), || {
+        let handle = args.first().copied().unwrap_or(0);
+        let kind = match call.params.first() {
+            Some(Wire::Handle { kind, .. }) => *kind,
+            _ => return crate::runtime::unavailable(call),
+        };
+        let live = handle != 0 && crate::ahead::graphs::destroyed(kind, handle);
+        let desc = if live { ctx.form(Form::Async) } else { call };
+        // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
+        unsafe { crate::runtime::call(desc, args) }
+    })
 }
 
 fn records() -> &'static state::Table<u64, NodeRecord> {

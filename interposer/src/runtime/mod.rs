@@ -283,6 +283,9 @@ struct Facts {
     cufft: cufft_plans::Role,
     /// Which legacy cuDNN descriptors a cuDNN call may change ([`cudnn_sizes::Changes`]).
     cudnn: cudnn_sizes::Changes,
+    /// It hands out new graphs or instances (a create, an end of capture, a clone, an
+    /// instantiate; not a getter's graph, which the program does not own).
+    hands_out_graphs: bool,
 }
 
 impl Facts {
@@ -303,6 +306,10 @@ impl Facts {
             constant: d.waits() && by_value && chidori_cuda::checks::constant(name),
             cufft: if d.library == "cufft" { cufft_plans::role(d.name) } else { cufft_plans::Role::None },
             cudnn: if d.library == "cudnn" { cudnn_sizes::changes(d.name) } else { cudnn_sizes::Changes::Nothing },
+            hands_out_graphs: !d.name.contains("Get")
+                && d.params
+                    .iter()
+                    .any(|w| matches!(w, Wire::OutHandle { kind, .. } if crate::ahead::graphs::is_graph_kind(*kind))),
         }
     }
 }
@@ -536,6 +543,9 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     crate::trace::record(desc, sent_bytes, slot.received() as usize, start);
     // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
     tracing::trace!(target: "chidori::waits", "{} -> {ret}", desc.name);
+    if ret == desc.codes.success as u64 && facts(desc).hands_out_graphs {
+        crate::ahead::graphs::handed_out(desc, args);
+    }
     // A deferred failure of an earlier asynchronous call surfaces here.
     if desc.ret == Ret::Status
         && ret == desc.codes.success as u64
@@ -1002,5 +1012,36 @@ mod tests {
         assert_eq!(name("12.6", "cudnn", 3000).to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
         assert_eq!(name("12.1", "cudnn", 9).to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
         assert_eq!(name("13.0", "cudart", 123_456).to_str().unwrap(), "unrecognized error code");
+    }
+}
+
+#[cfg(test)]
+mod graph_lives_tests {
+    /// The calls whose graphs and instances the client follows to their destroy: those
+    /// that make them, never a getter's (a child graph, a node's graph).
+    #[test]
+    fn only_calls_that_make_graphs_hand_them_out() {
+        let mut names: Vec<&str> = chidori_cuda::calls::VARIANTS
+            .iter()
+            .filter(|d| super::Facts::of(d).hands_out_graphs)
+            .map(|d| d.name)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let makers = ["cudaGraphCreate", "cuGraphCreate", "cudaStreamEndCapture", "cuStreamEndCapture"];
+        let makers =
+            [&makers[..], &["cudaGraphClone", "cuGraphClone", "cudaGraphInstantiate", "cuGraphInstantiate"]].concat();
+        for name in &names {
+            assert!(makers.iter().any(|m| name.starts_with(m)), "{name} hands out graphs");
+        }
+        for must in [
+            "cudaGraphCreate",
+            "cudaStreamEndCapture",
+            "cudaGraphClone",
+            "cudaGraphInstantiate",
+            "cuGraphInstantiateWithFlags",
+        ] {
+            assert!(names.contains(&must), "{must} is not followed: {names:?}");
+        }
     }
 }
