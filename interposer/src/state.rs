@@ -85,9 +85,6 @@ pub struct Client {
     pub cudnn_fingerprints: Table<u64, Option<u64>>,
     /// What was set on each cuFFT plan since its create (`crate::runtime::cufft_plans`).
     pub cufft_prints: Table<u64, Option<u64>>,
-    /// Graphs and instances the server handed out and the program has not destroyed:
-    /// (kind, handle) (`crate::ahead::graphs`).
-    pub graph_lives: Table<(u16, u64), ()>,
     /// What was set on each cuSOLVER context and parameter object (`crate::runtime::solver_sizes`).
     pub solver_prints: Mutex<Option<crate::runtime::solver_sizes::Objects>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
@@ -128,6 +125,8 @@ pub struct Ahead {
     pub idle: Idle,
     /// Events known complete (`crate::custom::sync`).
     pub events: crate::ahead::events::Events,
+    /// Graphs and instances the server handed out and the program has not destroyed.
+    pub graphs: crate::ahead::graphs::Lives,
     /// Answers of calls that do not change while the process runs (specs' `constant`:
     /// versions, properties), by (descriptor, the values passed): the return value and the
     /// outputs' bytes (`crate::runtime`).
@@ -178,7 +177,6 @@ pub static CLIENT: Client = Client {
     cublaslt_records: Table::new(),
     cudnn_fingerprints: Table::new(),
     cufft_prints: Table::new(),
-    graph_lives: Table::new(),
     solver_prints: Mutex::new(None),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
@@ -193,6 +191,7 @@ pub static CLIENT: Client = Client {
         occupancy: Answers::new(1 << 16),
         idle: Idle::new(),
         events: crate::ahead::events::Events::new(),
+        graphs: crate::ahead::graphs::Lives::new(),
         constants: Answers::new(4096),
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),

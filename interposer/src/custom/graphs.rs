@@ -113,7 +113,7 @@ pub unsafe fn destroy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
             Some(Wire::Handle { kind, .. }) => *kind,
             _ => return crate::runtime::unavailable(call),
         };
-        let live = handle != 0 && crate::ahead::graphs::destroyed(kind, handle);
+        let live = handle != 0 && state::CLIENT.ahead.graphs.destroyed(kind, handle);
         let desc = if live { ctx.form(Form::Async) } else { call };
         // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
         unsafe { crate::runtime::call(desc, args) }

@@ -544,7 +544,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
     tracing::trace!(target: "chidori::waits", "{} -> {ret}", desc.name);
     if ret == desc.codes.success as u64 && facts(desc).hands_out_graphs {
-        crate::ahead::graphs::handed_out(desc, args);
+        crate::state::CLIENT.ahead.graphs.handed_out(desc, args);
     }
     // A deferred failure of an earlier asynchronous call surfaces here.
     if desc.ret == Ret::Status
