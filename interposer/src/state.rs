@@ -109,9 +109,9 @@ pub struct Ahead {
     /// cuBLASLt heuristics by problem (`crate::custom::cublaslt`).
     pub heuristics: Answers<Vec<u8>, crate::custom::cublaslt::Answer>,
     /// cuDNN's legacy size queries by content (`crate::runtime::cudnn_sizes`).
-    pub cudnn_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    pub cudnn_sizes: Answers<u64, crate::runtime::kept::Answer>,
     /// cuSPARSELt's workspace and compressed sizes, by question (`runtime::sparselt_sizes`).
-    pub sparselt_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    pub sparselt_sizes: Answers<u64, crate::runtime::kept::Answer>,
     /// Function attributes fetched: (function handle, CUfunction_attribute) → value. They
     /// change only through cu/cudaFuncSetAttribute, which record the value they set.
     pub function_attributes: Answers<(u64, u32), i32>,
@@ -143,10 +143,10 @@ pub struct Ahead {
     pub rnn_filled_tensors: Answers<u64, crate::ahead::rnn::TensorNd>,
     /// cuFFT plans made before: the status and work sizes, by the call and what was set on
     /// the plan (`crate::runtime::cufft_plans`).
-    pub cufft_plans: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    pub cufft_plans: Answers<u64, crate::runtime::kept::Answer>,
     /// cuSOLVER workspace sizes answered before, by the call and what was set on the
     /// objects it passes (`crate::runtime::solver_sizes`).
-    pub solver_sizes: Answers<u64, crate::runtime::cudnn_sizes::Answer>,
+    pub solver_sizes: Answers<u64, crate::runtime::kept::Answer>,
     /// cuFFT plans made ahead of the program's creates, by context (`crate::custom::cufft`).
     pub cufft_pool: Pool<u64, i32>,
     /// `cudnnGetRNNWeightParams` answers by what the RNN descriptor says (`crate::ahead::rnn`).

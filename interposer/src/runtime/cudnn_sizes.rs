@@ -23,29 +23,18 @@ use chidori_cuda::handles::{KINDS, kind};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
+use super::kept::Action;
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
 /// Answers kept (distinct questions; torch asks a few per layer shape).
 pub(crate) const ANSWERS_MAX: usize = 4096;
 
-/// The outputs of a size query: (parameter, bytes) each, and the status.
-pub(crate) type Answer = (u64, Vec<(usize, Vec<u8>)>);
-
 /// What each legacy descriptor says: `Some(fingerprint)` of the Sets made on it since it was
 /// created, `None` once a call may have changed it in a way the client does not know (then
 /// until its destroy). A descriptor absent here is as created.
 fn fingerprints() -> MutexGuard<'static, Option<HashMap<u64, Option<u64>>>> {
     CLIENT.cudnn_fingerprints.lock()
-}
-
-/// What the hook decided for a call about to be sent.
-pub enum Action {
-    /// Answered here: the status to return (the outputs are written).
-    Answered(u64),
-    /// A size query to ask the server: learn its answer under this key.
-    Learn(u64),
-    Send,
 }
 
 fn legacy(kind: u16) -> bool {
@@ -106,27 +95,15 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
     if is_query(name) && desc.waits() {
         let outputs_only_bufs = desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
         let Some(key) = content(desc, args, prepared, None).filter(|_| outputs_only_bufs) else { return Action::Send };
-        if let Some(answer) = CLIENT.ahead.cudnn_sizes.get(&key) {
-            return match give(&answer, prepared) {
-                true => {
-                    crate::trace::local(name);
-                    Action::Answered(answer.0)
-                }
-                false => Action::Learn(key),
-            };
-        }
-        // Answered in an earlier session on this server: given now, checked when the
-        // server's answer to the same call comes.
-        if let Ok(conn) = crate::conn::get()
-            && let Some(answer) =
-                crate::learned::with(&conn, |l| l.get(Space::CudnnSize, &stored(desc, key)).and_then(decode)).flatten()
-            // SAFETY: the caller's arguments, as the descriptor says.
-            && let Some(status) = unsafe { give_checked(&conn, desc, args, prepared, answer.clone(), "other sizes") }
-        {
-            CLIENT.ahead.cudnn_sizes.learn(key, answer);
-            return Action::Answered(status);
-        }
-        return Action::Learn(key);
+        return super::kept::answer(
+            desc,
+            args,
+            prepared,
+            key,
+            &CLIENT.ahead.cudnn_sizes,
+            Space::CudnnSize,
+            "other sizes",
+        );
     }
     let handle = args.first().copied().unwrap_or(0);
     if first_legacy && name.starts_with("cudnnSet") && handle != 0 {
@@ -299,121 +276,7 @@ pub fn fingerprint(handle: u64) -> Option<u64> {
 
 /// After the server answered a size query: keep a success (for later sessions too).
 pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
-    if status != desc.codes.success as u64 {
-        return;
-    }
-    let answer = (status, outputs(prepared));
-    if let Ok(conn) = crate::conn::get() {
-        crate::learned::with(&conn, |l| l.learn(Space::CudnnSize, &stored(desc, key), &encode(&answer)));
-    }
-    CLIENT.ahead.cudnn_sizes.learn(key, answer);
-}
-
-/// The outputs the server's reply just wrote, (parameter, bytes) each.
-pub(crate) fn outputs(prepared: &Prepared) -> Vec<(usize, Vec<u8>)> {
-    prepared
-        .outs
-        .iter()
-        .map(|o| {
-            // SAFETY: the caller's output of `len` bytes, just written by the reply.
-            (o.param, unsafe { std::slice::from_raw_parts(o.ptr as *const u8, o.len) }.to_vec())
-        })
-        .collect()
-}
-
-/// A question answered from what was learned, the call still made: it goes without
-/// waiting, its outputs into buffers of the client's own, compared with `answer` when its
-/// reply comes (`differs` names how, in the error that ends the session otherwise); the
-/// caller's outputs get `answer`'s. Its status, or None where the answer does not fit the
-/// call or the call could not be sent.
-///
-/// # Safety
-/// `args` are the caller's, as `desc` takes them; `prepared` is their preparation.
-pub(crate) unsafe fn give_checked(
-    conn: &std::sync::Arc<crate::conn::Conn>,
-    desc: &'static CallDesc,
-    args: &[u64],
-    prepared: &Prepared,
-    answer: Answer,
-    differs: &'static str,
-) -> Option<u64> {
-    if !fits(&answer, prepared) {
-        return None;
-    }
-    let mut scratch: Vec<Box<[u8]>> = Vec::new();
-    let mut check_args = args.to_vec();
-    for o in &prepared.outs {
-        let mut b = vec![0u8; o.len].into_boxed_slice();
-        if let Some(a) = check_args.get_mut(o.param) {
-            *a = b.as_mut_ptr() as u64;
-        }
-        scratch.push(b);
-    }
-    // SAFETY: the caller's arguments but its outputs, which are `scratch`'s buffers; the
-    // checking thread keeps them until the reply has landed.
-    let slot = unsafe { super::send_checked(conn, desc, &check_args) }?;
-    give(&answer, prepared);
-    let params: Vec<usize> = prepared.outs.iter().map(|o| o.param).collect();
-    crate::learned::check(conn.clone(), desc.name, slot, scratch, move |outcome, scratch| {
-        let got: Vec<(usize, Vec<u8>)> = params.iter().copied().zip(scratch.iter().map(|b| b.to_vec())).collect();
-        match outcome {
-            Ok(s) if *s != answer.0 => Some(format!("status {s}, not {}", answer.0)),
-            _ if got != answer.1 => Some(differs.to_owned()),
-            _ => None,
-        }
-    });
-    crate::trace::local(desc.name);
-    Some(answer.0)
-}
-
-/// Whether `answer` has the outputs this call asks for (the same parameters and lengths).
-fn fits(answer: &Answer, prepared: &Prepared) -> bool {
-    answer.1.len() == prepared.outs.len()
-        && answer.1.iter().all(|(p, b)| prepared.outs.iter().any(|o| o.param == *p && o.len == b.len()))
-}
-
-/// Write `answer`'s outputs to the caller; false where they do not fit this call.
-pub(crate) fn give(answer: &Answer, prepared: &Prepared) -> bool {
-    if !fits(answer, prepared) {
-        return false;
-    }
-    for (param, bytes) in &answer.1 {
-        if let Some(target) = prepared.outs.iter().find(|o| o.param == *param) {
-            // SAFETY: the caller's output of `len` bytes (checked equal), as for the server's answer.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.ptr as *mut u8, bytes.len()) };
-        }
-    }
-    true
-}
-
-/// The key of a question in the store of learned answers: this release and the call's name
-/// with its in-process key (a hash only this release computes alike). cuFFT's made plans
-/// are kept under such keys too.
-pub(crate) fn stored(desc: &CallDesc, key: u64) -> Vec<u8> {
-    format!("{}|{}|{key:016x}", env!("CARGO_PKG_VERSION"), desc.name).into_bytes()
-}
-
-pub(crate) fn encode((status, outs): &Answer) -> Vec<u8> {
-    let mut v = status.to_le_bytes().to_vec();
-    for (param, bytes) in outs {
-        v.extend_from_slice(&(*param as u32).to_le_bytes());
-        v.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        v.extend_from_slice(bytes);
-    }
-    v
-}
-
-pub(crate) fn decode(v: &[u8]) -> Option<Answer> {
-    let status = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
-    let mut outs = Vec::new();
-    let mut at = 8;
-    while at < v.len() {
-        let param = u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?) as usize;
-        let len = u32::from_le_bytes(v.get(at + 4..at + 8)?.try_into().ok()?) as usize;
-        outs.push((param, v.get(at + 8..at + 8 + len)?.to_vec()));
-        at += 8 + len;
-    }
-    Some((status, outs))
+    super::kept::learn(key, status, desc, prepared, &CLIENT.ahead.cudnn_sizes, Space::CudnnSize);
 }
 
 #[cfg(test)]
@@ -443,14 +306,6 @@ mod tests {
             assert!(known, "{name} is no cuDNN function");
         }
     }
-    #[test]
-    fn answers_are_kept_as_bytes_and_read_back() {
-        let answer = (0u64, vec![(1usize, vec![96u8, 0, 0, 0, 0, 0, 0, 0]), (3, vec![])]);
-        assert_eq!(decode(&encode(&answer)), Some(answer.clone()));
-        let bytes = encode(&answer);
-        assert_eq!(decode(&bytes[..bytes.len() - 9]), None, "cut short");
-    }
-
     #[test]
     fn size_queries_are_told_by_their_names() {
         for q in [

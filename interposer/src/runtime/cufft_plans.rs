@@ -20,7 +20,7 @@ use std::hash::{Hash, Hasher};
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use super::cudnn_sizes::{Action, give_checked, outputs};
+use super::kept::{Action, decode, give_checked, stored};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -144,10 +144,9 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             };
             let Ok(conn) = crate::conn::get() else { return Action::Send };
             let known = CLIENT.ahead.cufft_plans.get(&key).or_else(|| {
-                let kept = crate::learned::with(&conn, |l| {
-                    l.get(Space::CufftPlan, &super::cudnn_sizes::stored(desc, key)).map(<[u8]>::to_vec)
-                });
-                let answer = super::cudnn_sizes::decode(&kept.flatten()?)?;
+                let kept =
+                    crate::learned::with(&conn, |l| l.get(Space::CufftPlan, &stored(desc, key)).map(<[u8]>::to_vec));
+                let answer = decode(&kept.flatten()?)?;
                 CLIENT.ahead.cufft_plans.learn(key, answer.clone());
                 Some(answer)
             });
@@ -172,16 +171,7 @@ fn combine(before: u64, call: u64) -> u64 {
 
 /// After the server made a plan: keep a success (for later sessions too).
 pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
-    if status != desc.codes.success as u64 {
-        return;
-    }
-    let answer = (status, outputs(prepared));
-    if let Ok(conn) = crate::conn::get() {
-        crate::learned::with(&conn, |l| {
-            l.learn(Space::CufftPlan, &super::cudnn_sizes::stored(desc, key), &super::cudnn_sizes::encode(&answer))
-        });
-    }
-    CLIENT.ahead.cufft_plans.learn(key, answer);
+    super::kept::learn(key, status, desc, prepared, &CLIENT.ahead.cufft_plans, Space::CufftPlan);
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 pub(crate) mod cudnn_sizes;
 pub(crate) mod cufft_plans;
+pub(crate) mod kept;
 pub(crate) mod solver_sizes;
 pub(crate) mod sparselt_sizes;
 
@@ -478,12 +479,12 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         "cusparselt" => sparselt_sizes::before(desc, &prepared),
         "cufft" => cufft_plans::before(desc, args, &prepared),
         "cusolver" => solver_sizes::before(desc, args, &prepared),
-        _ => cudnn_sizes::Action::Send,
+        _ => kept::Action::Send,
     };
     let learn = match action {
-        cudnn_sizes::Action::Answered(ret) => return ret,
-        cudnn_sizes::Action::Learn(key) => Some(key),
-        cudnn_sizes::Action::Send => None,
+        kept::Action::Answered(ret) => return ret,
+        kept::Action::Learn(key) => Some(key),
+        kept::Action::Send => None,
     };
     let seq = conn.next_seq();
     let waits = desc.waits();

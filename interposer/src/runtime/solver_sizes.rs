@@ -21,7 +21,7 @@ use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use super::cudnn_sizes::{Action, decode, encode, give, give_checked, outputs, stored};
+use super::kept::Action;
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -114,27 +114,15 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         let Some(key) = with_objects(|o| content(desc, args, prepared, o, None)).filter(|_| outputs_only_bufs) else {
             return Action::Send;
         };
-        if let Some(answer) = CLIENT.ahead.solver_sizes.get(&key) {
-            return match give(&answer, prepared) {
-                true => {
-                    crate::trace::local(desc.name);
-                    Action::Answered(answer.0)
-                }
-                false => Action::Learn(key),
-            };
-        }
-        // Answered in an earlier session on this server: given now, checked when the
-        // server's answer to the same call comes.
-        if let Ok(conn) = crate::conn::get()
-            && let Some(answer) =
-                crate::learned::with(&conn, |l| l.get(Space::SolverSize, &stored(desc, key)).and_then(decode)).flatten()
-            // SAFETY: the caller's arguments, as the descriptor says.
-            && let Some(status) = unsafe { give_checked(&conn, desc, args, prepared, answer.clone(), "another workspace size") }
-        {
-            CLIENT.ahead.solver_sizes.learn(key, answer);
-            return Action::Answered(status);
-        }
-        return Action::Learn(key);
+        return super::kept::answer(
+            desc,
+            args,
+            prepared,
+            key,
+            &CLIENT.ahead.solver_sizes,
+            Space::SolverSize,
+            "another workspace size",
+        );
     }
     let Some((at, object)) = first_object(desc, args) else { return Action::Send };
     let name = desc.name;
@@ -167,12 +155,5 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
 
 /// After the server answered a workspace query: keep a success (for later sessions too).
 pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
-    if status != desc.codes.success as u64 {
-        return;
-    }
-    let answer = (status, outputs(prepared));
-    if let Ok(conn) = crate::conn::get() {
-        crate::learned::with(&conn, |l| l.learn(Space::SolverSize, &stored(desc, key), &encode(&answer)));
-    }
-    CLIENT.ahead.solver_sizes.learn(key, answer);
+    super::kept::learn(key, status, desc, prepared, &CLIENT.ahead.solver_sizes, Space::SolverSize);
 }

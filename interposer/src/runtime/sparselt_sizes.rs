@@ -27,7 +27,7 @@ use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
-use super::cudnn_sizes::{Action, Answer, give, outputs};
+use super::kept::{Action, Answer, give, outputs};
 use crate::state::CLIENT;
 
 /// Answers kept (distinct questions: a few per sparse layer shape).
