@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""JAX on the GPU: the platform it chose, then jit, grad, a convolution and FFTs.
+"""JAX on the GPU: the platform it chose, then jit, grad, a convolution, FFTs and linear algebra.
 
 Prints one line per result with values rounded to 4 significant digits (XLA picks its
 algorithms by timing them, so the last bits may differ from run to run); run natively and
 through `chidori run`, the two outputs must be equal. A silent fall back to the CPU shows in
-the first line.
+the first line. The linear algebra (cuSOLVER through XLA's custom calls) shows only what
+does not depend on a sign the library may choose: eigenvalues, singular values, a Cholesky
+factor, the absolute diagonal of QR's R, a solve.
 """
 
 import jax
@@ -36,6 +38,12 @@ def main() -> None:
     show("fft", jnp.fft.fft(a))
     show("rfft2", jnp.fft.rfft2(a))
     show("irfft", jnp.fft.irfft(jnp.fft.rfft(a)))
+    spd = a @ a.T + 256.0 * jnp.eye(256, dtype=jnp.float32)
+    show("cholesky", jnp.linalg.cholesky(spd))
+    show("eigvalsh", jnp.linalg.eigvalsh(spd))
+    show("svdvals", jnp.linalg.svd(a, compute_uv=False))
+    show("qr |diag R|", jnp.abs(jnp.diag(jnp.linalg.qr(a)[1])))
+    show("solve", jnp.linalg.solve(spd, b))
 
 
 if __name__ == "__main__":
