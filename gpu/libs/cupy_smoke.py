@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""CuPy on the GPU: an elementwise kernel, a raw kernel, cuBLAS, cuFFT, cuRAND and cuSOLVER.
+"""CuPy on the GPU: an elementwise kernel, a raw kernel, cuBLAS, cuFFT, cuRAND, cuSOLVER and
+cuSPARSE.
 
 Prints one line per result with values rounded to 4 significant digits; run natively and
-through `chidori run`, the two outputs must be equal.
+through `chidori run`, the two outputs must be equal. Decompositions show only what no sign
+the library may choose changes (eigenvalues, singular values).
 """
 
 import cupy as cp
+import cupyx.scipy.sparse as sparse
 
 
 def show(label: str, value: "cp.ndarray") -> None:
@@ -38,7 +41,16 @@ def main() -> None:
     show("irfft2", cp.fft.irfft2(cp.fft.rfft2(a)))
     cp.random.seed(7)
     show("curand", cp.random.rand(1000, dtype=cp.float32))
-    show("solve", cp.linalg.solve(a @ a.T + 128 * cp.eye(128, dtype=cp.float32), cp.ones(128, dtype=cp.float32)))
+    spd = a @ a.T + 128 * cp.eye(128, dtype=cp.float32)
+    show("solve", cp.linalg.solve(spd, cp.ones(128, dtype=cp.float32)))
+    show("eigvalsh", cp.linalg.eigvalsh(spd))
+    show("svdvals", cp.linalg.svd(a, compute_uv=False))
+    show("cholesky", cp.linalg.cholesky(spd))
+    # A sparse matrix (every seventh entry of a) times a vector and a matrix: cuSPARSE's
+    # generic SpMV and SpMM.
+    m = sparse.csr_matrix(cp.where(cp.arange(a.size).reshape(a.shape) % 7 == 0, a, 0))
+    show("spmv", m @ cp.ones(128, dtype=cp.float32))
+    show("spmm", m @ a)
 
 
 if __name__ == "__main__":
