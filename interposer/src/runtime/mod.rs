@@ -284,6 +284,8 @@ struct Facts {
     cufft: cufft_plans::Role,
     /// Which legacy cuDNN descriptors a cuDNN call may change ([`cudnn_sizes::Changes`]).
     cudnn: cudnn_sizes::Changes,
+    /// What a cuSOLVER call is to the workspace sizes followed ([`solver_sizes::Role`]).
+    solver: solver_sizes::Role,
     /// It hands out new graphs or instances (a create, an end of capture, a clone, an
     /// instantiate; not a getter's graph, which the program does not own).
     hands_out_graphs: bool,
@@ -307,6 +309,7 @@ impl Facts {
             constant: d.waits() && by_value && chidori_cuda::checks::constant(name),
             cufft: if d.library == "cufft" { cufft_plans::role(d.name) } else { cufft_plans::Role::None },
             cudnn: if d.library == "cudnn" { cudnn_sizes::changes(d.name) } else { cudnn_sizes::Changes::Nothing },
+            solver: if d.library == "cusolver" { solver_sizes::role(d) } else { solver_sizes::Role::Keeps },
             hands_out_graphs: !d.name.contains("Get")
                 && d.params
                     .iter()
@@ -1014,10 +1017,7 @@ mod tests {
         assert_eq!(name("12.1", "cudnn", 9).to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
         assert_eq!(name("13.0", "cudart", 123_456).to_str().unwrap(), "unrecognized error code");
     }
-}
 
-#[cfg(test)]
-mod graph_lives_tests {
     /// The calls whose graphs and instances the client follows to their destroy: those
     /// that make them, never a getter's (a child graph, a node's graph).
     #[test]
@@ -1029,9 +1029,16 @@ mod graph_lives_tests {
             .collect();
         names.sort_unstable();
         names.dedup();
-        let makers = ["cudaGraphCreate", "cuGraphCreate", "cudaStreamEndCapture", "cuStreamEndCapture"];
-        let makers =
-            [&makers[..], &["cudaGraphClone", "cuGraphClone", "cudaGraphInstantiate", "cuGraphInstantiate"]].concat();
+        let makers = [
+            "cudaGraphCreate",
+            "cuGraphCreate",
+            "cudaStreamEndCapture",
+            "cuStreamEndCapture",
+            "cudaGraphClone",
+            "cuGraphClone",
+            "cudaGraphInstantiate",
+            "cuGraphInstantiate",
+        ];
         for name in &names {
             assert!(makers.iter().any(|m| name.starts_with(m)), "{name} hands out graphs");
         }

@@ -38,9 +38,34 @@ fn followed(k: u16) -> bool {
     k == kind::cusolverDnContext || k == kind::cusolverDnParams || k == kind::syevjInfo || k == kind::gesvdjInfo
 }
 
-/// A dense workspace query (`cusolverDn…_bufferSize`).
-fn is_query(desc: &CallDesc) -> bool {
-    desc.name.starts_with("cusolverDn") && desc.name.ends_with("_bufferSize") && desc.waits()
+/// What a cuSOLVER call is to the sizes followed here (found once per descriptor:
+/// `crate::runtime::facts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Changes nothing a size depends on (a computation, a getter, a stream set), or is no
+    /// cuSOLVER call.
+    #[default]
+    Keeps,
+    /// A dense workspace query (`cusolverDn…_bufferSize`) whose outputs are plain buffers.
+    Query,
+    /// Ends the first object it passes.
+    Destroys,
+    /// Sets something on the first object it passes: added to its fingerprint.
+    Sets,
+}
+
+pub(crate) fn role(desc: &CallDesc) -> Role {
+    let name = desc.name;
+    let outputs_only_bufs = desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
+    if name.starts_with("cusolverDn") && name.ends_with("_bufferSize") && desc.waits() && outputs_only_bufs {
+        Role::Query
+    } else if name.contains("Destroy") {
+        Role::Destroys
+    } else if name.contains("Set") && name != "cusolverDnSetStream" {
+        Role::Sets
+    } else {
+        Role::Keeps
+    }
 }
 
 /// What each followed object says: `Some(fingerprint)` of the Sets made on it since its
@@ -109,11 +134,9 @@ fn first_object(desc: &CallDesc, args: &[u64]) -> Option<(usize, u64)> {
 /// Before a cuSOLVER call is sent: answer a workspace query known, and follow what is set
 /// on each parameter object.
 pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared) -> Action {
-    if is_query(desc) {
-        let outputs_only_bufs = desc.params.iter().all(|w| !matches!(w, Wire::OutHandle { .. } | Wire::Scalar { .. }));
-        let Some(key) = with_objects(|o| content(desc, args, prepared, o, None)).filter(|_| outputs_only_bufs) else {
-            return Action::Send;
-        };
+    let role = super::facts(desc).solver;
+    if role == Role::Query {
+        let Some(key) = with_objects(|o| content(desc, args, prepared, o, None)) else { return Action::Send };
         return super::kept::answer(
             desc,
             args,
@@ -124,36 +147,59 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             "another workspace size",
         );
     }
-    let Some((at, object)) = first_object(desc, args) else { return Action::Send };
-    let name = desc.name;
-    if name.contains("Destroy") {
-        // Its name may be given out again, as created.
-        with_objects(|o| o.says.remove(&object));
-    } else if name.contains("Set") && name != "cusolverDnSetStream" {
-        with_objects(|o| {
-            if o.says.len() >= OBJECTS_MAX && !o.says.contains_key(&object) {
-                o.overflowed = true;
-                o.says.clear();
-            }
-            let before = match o.says.get(&object) {
-                None if !o.overflowed => Some(CREATED),
-                Some(known) => *known,
-                None => None,
-            };
-            let call = content(desc, args, prepared, o, Some(at));
-            let next = before.zip(call).map(|(before, call)| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                (before, call).hash(&mut h);
-                h.finish()
-            });
-            o.says.insert(object, next);
-        });
+    if role == Role::Keeps {
+        return Action::Send;
     }
-    // Computations and getters leave what was set as it was.
+    let Some((at, object)) = first_object(desc, args) else { return Action::Send };
+    with_objects(|o| {
+        if role == Role::Destroys {
+            // Its name may be given out again, as created.
+            o.says.remove(&object);
+            return;
+        }
+        if o.says.len() >= OBJECTS_MAX && !o.says.contains_key(&object) {
+            o.overflowed = true;
+            o.says.clear();
+        }
+        let before = match o.says.get(&object) {
+            None if !o.overflowed => Some(CREATED),
+            Some(known) => *known,
+            None => None,
+        };
+        let call = content(desc, args, prepared, o, Some(at));
+        let next = before.zip(call).map(|(before, call)| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (before, call).hash(&mut h);
+            h.finish()
+        });
+        o.says.insert(object, next);
+    });
     Action::Send
 }
 
 /// After the server answered a workspace query: keep a success (for later sessions too).
 pub(crate) fn learn(key: u64, status: u64, desc: &CallDesc, prepared: &Prepared) {
     super::kept::learn(key, status, desc, prepared, &CLIENT.ahead.solver_sizes, Space::SolverSize);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Role, role};
+
+    #[test]
+    fn calls_are_told_by_what_they_do_to_sizes() {
+        use chidori_cuda::calls::cusolver as c;
+        for (desc, want) in [
+            (&c::cusolverDnSgetrf_bufferSize, Role::Query),
+            (&c::cusolverDnXpotrf_bufferSize, Role::Query),
+            (&c::cusolverDnDestroyParams, Role::Destroys),
+            (&c::cusolverDnDestroySyevjInfo, Role::Destroys),
+            (&c::cusolverDnSetAdvOptions, Role::Sets),
+            (&c::cusolverDnXsyevjSetTolerance, Role::Sets),
+            (&c::cusolverDnSetStream, Role::Keeps),
+            (&c::cusolverDnSgetrf, Role::Keeps),
+        ] {
+            assert_eq!(role(desc), want, "{}", desc.name);
+        }
+    }
 }
