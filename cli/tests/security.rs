@@ -578,6 +578,11 @@ fn hostile_services_crash_no_worker() {
             true,
         ),
         (Service::NcclLastError { comm: junk }, vec![], true),
+        (Service::MemoryWindow { device: -1 }, vec![], true),
+        (Service::MemoryWindow { device: i32::MAX }, vec![], true),
+        (Service::MemoryWindow { device: 0 }, vec![], true),
+        (Service::WindowUnmap { address: junk }, vec![], true),
+        (Service::WindowUnmap { address: 0 }, vec![], true),
         (Service::NcclLastError { comm: 0 }, vec![], true),
         (
             Service::StatusTexts { library: "cudart".into(), function: "cudaMalloc".into(), values: vec![1] },
@@ -610,6 +615,36 @@ fn hostile_services_crash_no_worker() {
     let upload = Service::UploadModule { hash: [7; 32] };
     s.write_all(&frame::to_vec(h, &messages::encode(&upload), &[&[0xff; 4096]]).unwrap()).unwrap();
     assert!(goodbye_reason(&mut s).contains("does not match its hash"));
+    // So does an allocation placed where no correct client places one: outside its window,
+    // or over one placed before.
+    // 0: outside the window; 1: placed and freed (the session goes on); 2: placed twice.
+    for n in 0..3 {
+        let mut s = session(&server.address);
+        let window = Service::MemoryWindow { device: 0 };
+        s.write_all(&frame::to_vec(Header::new(Kind::Service, 0, 1, 1), &messages::encode(&window), &[]).unwrap())
+            .unwrap();
+        let f = read_frame(&mut s).expect("the window");
+        let Ok(ServiceReply::Window { base, granularity, .. }) = messages::decode(&f, "window") else {
+            panic!("no window: {f:?}")
+        };
+        let (address, size) = if n == 0 { (junk, 2 << 20) } else { (base, granularity) };
+        let maps = if n == 2 { 2 } else { 1 };
+        for seq in 0..maps {
+            let map = Service::WindowMap { device: 0, address, size };
+            let h = Header::new(Kind::Service, 0, 1, 2 + seq);
+            s.write_all(&frame::to_vec(h, &messages::encode(&map), &[]).unwrap()).unwrap();
+        }
+        if n == 1 {
+            let unmap = Service::WindowUnmap { address };
+            s.write_all(&frame::to_vec(Header::new(Kind::Service, 0, 1, 3), &messages::encode(&unmap), &[]).unwrap())
+                .unwrap();
+            let f = read_frame(&mut s).expect("the free's answer");
+            assert!(matches!(messages::decode(&f, "free"), Ok(ServiceReply::Value(0))), "{f:?}");
+            continue;
+        }
+        let reason = goodbye_reason(&mut s);
+        assert!(reason.contains("the client placed an allocation the server cannot make"), "{reason}");
+    }
 
     let nccl_junk = requests
         .iter()

@@ -134,3 +134,13 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
 pub fn server_file_name(server: &str) -> String {
     server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
 }
+
+/// Device allocations placed by the client (interposer, `docs/ahead.md`): `1` on, `0` off;
+/// unset, on where the connection's measured round trip is 2 ms or more. On, a `cudaMalloc`
+/// of whole granules (2 MiB multiples: every block torch's allocator asks for) on a
+/// server with one GPU returns an address in a window of address space the server reserved
+/// for the session, without waiting; the server backs it with new memory in order with the
+/// program's calls. Only while what the session allocated that way stays below the device
+/// memory that was free when the window was made, less a margin; a failure there ends the
+/// session, saying so.
+pub const WINDOW_ALLOC: &str = "CHIDORI_WINDOW_ALLOC";

@@ -319,6 +319,21 @@ pub enum Service {
     /// tables have only names where a header documents no status. Answered by `Texts`, one
     /// per value; at most [`MAX_STATUS_TEXTS`] values.
     StatusTexts { library: String, function: String, values: Vec<i64> },
+    /// Reserve address space on `device` where the client places allocations itself (see
+    /// [`Service::WindowMap`]); answered by `Window`, or `Error` where the server cannot
+    /// (its driver has no virtual memory management, or the session's window is spent). A
+    /// second request for the same device answers the same window.
+    MemoryWindow { device: i32 },
+    /// Back `[address, address + size)` of the session's window on `device` with new device
+    /// memory, readable and writable from that device: an allocation the client answered
+    /// without waiting. `address` and `size` are multiples of the window's granularity, the
+    /// range lies in the window and overlaps no other. Not answered: a failure (the GPU out
+    /// of memory) ends the session, whose program already holds the address.
+    WindowMap { device: i32, address: u64, size: u64 },
+    /// Free the window allocation at `address` as cudaFree does: after the device's work
+    /// queued before it; answered by `Value(0)`, or `Error` with the synchronization's
+    /// status (the allocation then stays).
+    WindowUnmap { address: u64 },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its
@@ -564,6 +579,14 @@ pub enum ServiceReply {
     JitLinked(JitLinkResult),
     /// One number the library answered (a cluster count or size).
     Value(i64),
+    /// A `MemoryWindow`: the reserved range, the granularity of its allocations (each a
+    /// multiple, at a multiple), and the device memory free when it was made.
+    Window {
+        base: u64,
+        size: u64,
+        granularity: u64,
+        free: u64,
+    },
     /// A tool's run on the server: its exit status, standard output and standard error.
     Tool {
         code: i32,

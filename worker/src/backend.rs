@@ -127,6 +127,24 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (launch, potential);
         Err((NOT_SUPPORTED, format!("the {} backend has no functions to ask about clusters", self.name())))
     }
+    /// Reserve `size` bytes of address space on `device` for allocations placed by the client
+    /// (`Service::MemoryWindow`). Err: (driver status, message).
+    fn window_reserve(&self, device: i32, size: u64) -> Result<Window, (i64, String)> {
+        let _ = (device, size);
+        Err((NOT_SUPPORTED, format!("the {} backend places no allocations for the client", self.name())))
+    }
+    /// Back `[address, address + size)` of a window on `device` with new device memory,
+    /// readable and writable from that device. Err: (driver status, message).
+    fn window_map(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+        let _ = (device, address, size);
+        Err((NOT_SUPPORTED, format!("the {} backend places no allocations for the client", self.name())))
+    }
+    /// Free what [`Backend::window_map`] made, after `device`'s work queued so far (cudaFree's
+    /// synchronization). Err: (driver status, message): the memory then stays.
+    fn window_unmap(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+        let _ = (device, address, size);
+        Err((NOT_SUPPORTED, format!("the {} backend places no allocations for the client", self.name())))
+    }
     /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,
     /// message).
     fn function_name(&self, handle: u64, kernel: bool) -> Result<String, (i64, String)>;
@@ -161,6 +179,15 @@ pub trait Backend: Send + Sync + 'static {
     /// own handles). `progress(steps, bytes)` receives the output of completed steps, in
     /// order, as the loop goes. Returns what `ServiceReply::Looped` reports.
     fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd;
+}
+
+/// Address space reserved for the client's allocations: see `ServiceReply::Window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub base: u64,
+    pub size: u64,
+    pub granularity: u64,
+    pub free: u64,
 }
 
 /// The answer to a [`GraphList`]: see `ServiceReply::Nodes`.

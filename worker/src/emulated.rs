@@ -69,6 +69,11 @@ thread_local! {
 /// Where synthetic device addresses start: far from where Linux maps host memory.
 const DEVICE_BASE: u64 = 0x7e00_0000_0000;
 const ALIGN: u64 = 512;
+/// Allocation windows (`Backend::window_reserve`): one per device, below the synthetic
+/// allocations, in granules of 2 MiB as on the GPUs Chidori serves.
+const WINDOW_BASE: u64 = 0x7c00_0000_0000;
+const WINDOW_STRIDE: u64 = 1 << 40;
+const WINDOW_GRANULARITY: u64 = 2 << 20;
 
 pub struct Emulated {
     profile: Profile,
@@ -1292,6 +1297,38 @@ impl Backend for Emulated {
             }
         };
         Ok(status)
+    }
+
+    fn window_reserve(&self, device: i32, size: u64) -> Result<crate::backend::Window, (i64, String)> {
+        let slot = u64::try_from(device).ok().filter(|&d| d < 4);
+        let Some(slot) = slot else {
+            return Err((INVALID_VALUE as i64, format!("no device {device}")));
+        };
+        let size = size.div_ceil(WINDOW_GRANULARITY) * WINDOW_GRANULARITY;
+        let base = WINDOW_BASE + slot * WINDOW_STRIDE;
+        let free = self.total_mem().saturating_sub(self.state().used);
+        Ok(crate::backend::Window { base, size: size.min(WINDOW_STRIDE), granularity: WINDOW_GRANULARITY, free })
+    }
+
+    fn window_map(&self, _device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+        let mut s = self.state();
+        if s.used.saturating_add(size) > self.total_mem() {
+            return Err((OUT_OF_MEMORY as i64, format!("{size} bytes more than the device has")));
+        }
+        let len = usize::try_from(size).map_err(|_| (OUT_OF_MEMORY as i64, "too large".to_owned()))?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len).map_err(|_| (OUT_OF_MEMORY as i64, format!("{size} bytes of host memory")))?;
+        buf.resize(len, 0);
+        s.used += size;
+        s.allocations.insert(address, buf);
+        Ok(())
+    }
+
+    fn window_unmap(&self, _device: i32, address: u64, _size: u64) -> Result<(), (i64, String)> {
+        match self.free(address) {
+            SUCCESS => Ok(()),
+            status => Err((status as i64, format!("no allocation at {address:#x}"))),
+        }
     }
 
     fn function_name(&self, _handle: u64, _kernel: bool) -> Result<String, (i64, String)> {

@@ -46,3 +46,4 @@ pub mod supervisor;
 pub mod tables;
 pub mod user_objects;
 pub mod visible;
+pub mod windows;

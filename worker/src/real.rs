@@ -17,6 +17,8 @@ use chidori_protocol::messages::{
 use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
 use crate::loader::{self, Library};
 
+mod vmm;
+
 pub struct Real {
     dirs: Vec<PathBuf>,
     driver: Library,
@@ -635,6 +637,20 @@ impl Backend for Real {
         i64::from(unsafe {
             (self.module_api.launch_kernel_ex)(&config, launch.function, pointers.as_mut_ptr(), std::ptr::null_mut())
         })
+    }
+
+    fn window_reserve(&self, device: i32, size: u64) -> Result<crate::backend::Window, (i64, String)> {
+        vmm::reserve(&self.driver, device, size)
+    }
+
+    fn window_map(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+        // The worker's own bookkeeping, no part of a capture the program may be making (the
+        // client places an allocation ahead only where the program's thread may allocate).
+        self.module_api.relaxed(|| vmm::map(&self.driver, device, address, size))
+    }
+
+    fn window_unmap(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+        vmm::unmap(&self.driver, device, address, size)
     }
 
     fn cluster_occupancy(&self, launch: &Launch, potential: bool) -> Result<i32, (i64, String)> {

@@ -102,6 +102,8 @@ struct Session {
     mirrors: Mutex<Mirrors>,
     /// The session's device memory: every device address a call passes must lie in it.
     memory: Mutex<Memory>,
+    /// Allocation windows where the client places device memory itself (`crate::windows`).
+    windows: Mutex<crate::windows::Windows>,
     /// Large inputs sent by content (None: the client sends every byte).
     content: Option<Content>,
     /// Functions whose failure without a waiting client was logged at warn (once each: a
@@ -301,6 +303,7 @@ pub fn run(
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
+        windows: Mutex::default(),
         content: content.map(|(_, c)| c),
         warned: Mutex::new(std::collections::HashSet::new()),
         lanes: lanes.map(|(_, lanes)| lanes),
@@ -1782,6 +1785,7 @@ impl Harness {
             timing: None,
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),
+            windows: Mutex::default(),
             content: None,
             warned: Mutex::new(std::collections::HashSet::new()),
             lanes: None,
@@ -1997,6 +2001,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
             };
         }
+        Service::WindowMap { device, address, size } => return window_map(session, device, address, size),
         Service::MirrorDrop { base } => {
             lock(&session.mirrors).remove(&*session.backend, base);
             return Ok(());
@@ -2095,6 +2100,8 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
             }
         }
+        Service::MemoryWindow { device } => memory_window(session, device),
+        Service::WindowUnmap { address } => window_unmap(session, address),
         Service::GraphList(query) => graph_list(session, query),
         Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
         Service::NvidiaSmi { args } => {
@@ -2131,6 +2138,81 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     };
     let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
     session.writer.send(h, &fitting(reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// The session's allocation window on `device`, made at the first request: twice the
+/// device's memory of address space. `free` is what the device had free then, within what
+/// the session's quota leaves.
+fn memory_window(session: &Session, device: i32) -> ServiceReply {
+    let mut windows = lock(&session.windows);
+    let window = match windows.window(device) {
+        Some(w) => w,
+        None => {
+            let devices = session.backend.devices();
+            let Some(total) = usize::try_from(device).ok().and_then(|d| devices.get(d)).map(|d| d.total_mem) else {
+                return ServiceReply::Error {
+                    status: INVALID_VALUE,
+                    message: format!("device {device} is not one of this session's {}", devices.len()),
+                };
+            };
+            match session.backend.window_reserve(device, total.saturating_mul(2)) {
+                Ok(w) => {
+                    windows.add_window(device, w);
+                    w
+                }
+                Err((status, message)) => return ServiceReply::Error { status, message },
+            }
+        }
+    };
+    let memory = lock(&session.memory);
+    let free = memory.quota.map_or(window.free, |q| window.free.min(q.saturating_sub(memory.used)));
+    ServiceReply::Window { base: window.base, size: window.size, granularity: window.granularity, free }
+}
+
+/// Back an allocation the client placed in a window (and already answered): a request no
+/// correct client makes, or memory the GPU no longer has, ends the session, saying which.
+fn window_map(session: &Session, device: i32, address: u64, size: u64) -> Result<(), Fatal> {
+    let mut windows = lock(&session.windows);
+    if let Some(why) = windows.refusal(device, address, size) {
+        return Err(Fatal(format!("the client placed an allocation the server cannot make: {why}")));
+    }
+    let mut memory = lock(&session.memory);
+    if !memory.fits(size) {
+        return Err(Fatal(format!(
+            "an allocation of {size} bytes the client placed ahead exceeds the session's memory quota ({} bytes in use)",
+            memory.used
+        )));
+    }
+    if let Err((status, message)) = session.backend.window_map(device, address, size) {
+        return Err(Fatal(format!(
+            "the GPU could not make {size} bytes of device memory that the program was told it had \
+             (an allocation placed without waiting: {message}, status {status}); was its memory taken by \
+             another process since the session began? With {}=0 every allocation waits for the GPU's answer",
+            chidori_protocol::env::WINDOW_ALLOC
+        )));
+    }
+    windows.mapped(device, address, size);
+    memory.insert(address, size, Origin::Allocated);
+    Ok(())
+}
+
+/// Free a window allocation as cudaFree does.
+fn window_unmap(session: &Session, address: u64) -> ServiceReply {
+    let mut windows = lock(&session.windows);
+    let Some((size, device)) = windows.allocation(address) else {
+        return ServiceReply::Error {
+            status: INVALID_VALUE,
+            message: format!("{address:#x} is no allocation the client placed in this session"),
+        };
+    };
+    match session.backend.window_unmap(device, address, size) {
+        Ok(()) => {
+            windows.unmapped(address);
+            lock(&session.memory).remove(address);
+            ServiceReply::Value(0)
+        }
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
 }
 
 /// A service reply encoded, or, where it is more than a frame holds (a huge graph's node
