@@ -90,11 +90,12 @@ fn run_learning(server: &EmulatedServer, exe: &Path, cache: &Path, envs: &[(&str
 
 /// A function's calls and round trips in the trace table of `stderr`.
 fn trace_row(stderr: &str, function: &str) -> Vec<String> {
-    let line = stderr
+    // A row's name may hold a space ("(module load)"); two or more end it.
+    let rest = stderr
         .lines()
-        .find(|l| l.split_whitespace().next() == Some(function))
+        .find_map(|l| l.strip_prefix(function).filter(|r| r.starts_with("  ")))
         .unwrap_or_else(|| panic!("no {function} row: {stderr}"));
-    line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
+    rest.split_whitespace().take(2).map(str::to_owned).collect()
 }
 
 /// Children of `pid` (the session workers of a supervisor).
@@ -1422,6 +1423,65 @@ fn graphs_handed_out_are_destroyed_without_waiting() {
     // made-up handle and NULL waited.
     assert_eq!(trace_row(&stderr, "cudaGraphExecDestroy"), ["5", "2"], "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaGraphDestroy"), ["5", "2"], "{stderr}");
+}
+
+const PLACED_ALLOCATIONS: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <cuda_runtime_api.h>
+#define MIB (1u << 20)
+int main(void) {
+  void *a = 0, *b = 0, *c = 0, *again = 0, *huge = 0;
+  /* Whole granules (2 MiB multiples), an odd size, and more than the GPU has. */
+  if (cudaMalloc(&a, 4 * MIB) || cudaMalloc(&b, 2 * MIB) || cudaMalloc(&c, 1000)) return 10;
+  int oom = cudaMalloc(&huge, (size_t)512 << 30);
+  unsigned char *host = malloc(4 * MIB), *back = malloc(2 * MIB);
+  for (unsigned i = 0; i < 4 * MIB; i++) host[i] = (unsigned char)(i * 7 + 3);
+  if (cudaMemcpy(a, host, 4 * MIB, cudaMemcpyHostToDevice)) return 11;
+  if (cudaMemcpy(b, (char *)a + 2 * MIB, 2 * MIB, cudaMemcpyDeviceToDevice)) return 12;
+  if (cudaMemcpy(back, b, 2 * MIB, cudaMemcpyDeviceToHost)) return 13;
+  int same = memcmp(back, host + 2 * MIB, 2 * MIB) == 0;
+  struct cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, (char *)b + 100)) return 14;
+  int inside = cudaFree((char *)a + 4096);
+  cudaGetLastError();
+  int freed = cudaFree(a);
+  int twice = cudaFree(a);
+  cudaGetLastError();
+  if (cudaMalloc(&again, 2 * MIB)) return 15;
+  printf("oom:%d same:%d type:%d base:%d inside:%d freed:%d reused:%d twice:%d\n", oom, same, (int)attr.type,
+         attr.devicePointer == (char *)b + 100, inside, freed, again == a, twice);
+  if (cudaFree(b) || cudaFree(c) || cudaFree(again)) return 16;
+  return 0;
+}
+"#;
+
+/// Issue 19: a `cudaMalloc` of whole granules is placed by the client in the window the
+/// server reserved, without waiting; what it holds is ordinary device memory (copies,
+/// pointer attributes, frees, reuse), and what does not fit waits for the GPU's answer.
+#[test]
+fn allocations_of_whole_granules_are_placed_without_waiting() {
+    let server = server();
+    let exe = program("placed-allocations", PLACED_ALLOCATIONS);
+    let cache = chidori_tests::scratch("placed-allocations-cache");
+    let expected = "oom:2 same:1 type:2 base:1 inside:1 freed:0 reused:1 twice:1";
+    let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
+    assert_eq!(stdout.trim(), expected, "{stderr}");
+    // Five allocations: the odd size and the one larger than the device's free memory
+    // waited, and the window's question (once); the three frees of placed memory (one a
+    // refused inner address, answered by the client) and the two others waited as before.
+    let trips = |stderr: &str, f: &str| trace_row(stderr, f)[1].clone();
+    assert_eq!(trips(&stderr, "cudaMalloc"), "2", "{stderr}");
+    assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "(placed free)"), ["3", "3"], "{stderr}");
+    assert_eq!(trips(&stderr, "cudaFree"), "2", "{stderr}");
+    let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "0")]);
+    // The emulated GPU's own allocator never hands an address out again.
+    assert_eq!(stdout.trim(), expected.replace("reused:1", "reused:0"), "{stderr}");
+    assert_eq!(trips(&stderr, "cudaMalloc"), "5", "{stderr}");
+    assert!(!stderr.contains("(allocation window)"), "{stderr}");
+    assert_eq!(trips(&stderr, "cudaFree"), "6", "{stderr}");
 }
 
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.

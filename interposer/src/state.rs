@@ -127,6 +127,8 @@ pub struct Ahead {
     pub events: crate::ahead::events::Events,
     /// Graphs and instances the server handed out and the program has not destroyed.
     pub graphs: crate::ahead::graphs::Lives,
+    /// Device allocations placed by the client, by device (`crate::custom::placed`).
+    pub windows: crate::ahead::windows::Windows,
     /// Answers of calls that do not change while the process runs (specs' `constant`:
     /// versions, properties), by (descriptor, the values passed): the return value and the
     /// outputs' bytes (`crate::runtime`).
@@ -192,6 +194,7 @@ pub static CLIENT: Client = Client {
         idle: Idle::new(),
         events: crate::ahead::events::Events::new(),
         graphs: crate::ahead::graphs::Lives::new(),
+        windows: crate::ahead::windows::Windows::new(),
         constants: Answers::new(4096),
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),

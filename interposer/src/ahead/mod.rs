@@ -20,6 +20,8 @@
 //!   descriptor says.
 //! * [`graphs`]: graphs and instances the server handed out and the program has not
 //!   destroyed: their destroys go without waiting.
+//! * [`windows`]: device allocations the client places itself in address space the server
+//!   reserved: a `cudaMalloc` answered without waiting.
 
 pub mod capture;
 pub mod cudnn;
@@ -28,6 +30,7 @@ pub mod graphs;
 pub mod idle;
 pub mod learned;
 pub mod rnn;
+pub mod windows;
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;

@@ -133,6 +133,12 @@ thread_local! {
 /// The highest capture mode (cudaStreamCaptureModeRelaxed; the driver's values are the same).
 const MODE_MAX: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
 
+/// Whether the calling thread's capture mode is known to be relaxed (it exchanged one in):
+/// its allocations are legal while another stream captures.
+pub fn thread_relaxed() -> bool {
+    MODE.with(|m| m.get() == Some(MODE_MAX))
+}
+
 /// cudaThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode: swap the calling
 /// thread's capture mode. torch's allocator swaps in RELAXED around every cudaMalloc while
 /// a graph captures and restores what it got back: two round trips per allocation. A

@@ -356,6 +356,9 @@ fn record_alloc(status: u32, dev_ptr: *mut c_void, len: u64) {
 pub unsafe fn cudaMalloc(devPtr: *mut c_void, size: usize) -> u32 {
     runtime("cudaMalloc", || {
         let conn = connection()?;
+        if let Some(s) = crate::custom::placed::malloc(&conn, devPtr, size as u64) {
+            return Ok(s);
+        }
         // SAFETY: devPtr is the caller's void**, size a value.
         let s =
             unsafe { crate::runtime::call_on(&conn, &calls::cudaMalloc__call, &[devPtr as u64, size as u64]) } as u32;
@@ -403,6 +406,9 @@ fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
         let conn = connection()?;
         if memory::is_managed_base(args[0]) {
             return Ok(memory::managed_free(&conn, &calls::cudaDeviceSynchronize__call, args[0]));
+        }
+        if let Some(s) = crate::custom::placed::free(&conn, args[0]) {
+            return Ok(s);
         }
         // SAFETY: a device address and possibly a stream handle, by value.
         let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;

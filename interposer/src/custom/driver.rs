@@ -203,6 +203,9 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
         if memory::is_managed_base(dptr) {
             return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize__call, dptr));
         }
+        if let Some(s) = crate::custom::placed::free(&conn, dptr) {
+            return Ok(s);
+        }
         // SAFETY: a device address by value.
         let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
         if s == SUCCESS {

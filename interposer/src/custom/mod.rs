@@ -28,5 +28,6 @@ pub mod nccl;
 pub mod nvjitlink;
 pub mod nvml;
 pub mod nvrtc;
+pub mod placed;
 pub mod streams;
 pub mod sync;

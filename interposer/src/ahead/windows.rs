@@ -1,0 +1,218 @@
+//! Device allocations the client places itself: each device's window (address space the
+//! server reserved for the session), which parts of it hold allocations, and how much more
+//! may be placed without asking the GPU. Pure data: `crate::custom::placed` asks for the
+//! window, answers `cudaMalloc` from here and sends the server what to back.
+//!
+//! What may be placed: whole granules, while what was placed and not freed stays within
+//! the device memory free when the window was made, less a margin (what the server's
+//! libraries and other programs may still take). Beyond that an allocation waits for the
+//! GPU's own answer (out of memory is then the GPU's to say, as torch's allocator needs to
+//! hear to free its cache and try again).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+/// What the client knows of a device's window.
+enum Device {
+    /// Asked, and refused (a server whose driver cannot): allocations wait.
+    Refused,
+    Open(Window),
+}
+
+/// One device's window.
+struct Window {
+    granularity: u64,
+    /// Bytes that may be placed and not freed at once.
+    budget: u64,
+    /// Bytes placed and not freed.
+    placed: u64,
+    /// Unused parts of the window: start → length.
+    holes: BTreeMap<u64, u64>,
+    /// Allocations: base → length.
+    allocations: BTreeMap<u64, u64>,
+}
+
+/// The margin kept from the free memory: 1/32 of it, at least 512 MiB.
+fn margin(free: u64) -> u64 {
+    (free / 32).max(512 << 20)
+}
+
+impl Window {
+    fn place(&mut self, size: u64) -> Option<u64> {
+        if size == 0 || !size.is_multiple_of(self.granularity) || self.placed.saturating_add(size) > self.budget {
+            return None;
+        }
+        let (&start, &len) = self.holes.iter().find(|&(_, &len)| len >= size)?;
+        self.holes.remove(&start);
+        if len > size {
+            self.holes.insert(start + size, len - size);
+        }
+        self.allocations.insert(start, size);
+        self.placed += size;
+        Some(start)
+    }
+
+    fn release(&mut self, base: u64) -> Option<u64> {
+        let size = self.allocations.remove(&base)?;
+        self.placed -= size;
+        let (mut start, mut len) = (base, size);
+        if let Some((&before, &before_len)) = self.holes.range(..base).next_back()
+            && before + before_len == base
+        {
+            self.holes.remove(&before);
+            start = before;
+            len += before_len;
+        }
+        if let Some(after_len) = self.holes.remove(&(base + size)) {
+            len += after_len;
+        }
+        self.holes.insert(start, len);
+        Some(size)
+    }
+
+    /// The allocation holding `address`: (its base, its length).
+    fn holding(&self, address: u64) -> Option<(u64, u64)> {
+        let (&base, &len) = self.allocations.range(..=address).next_back()?;
+        (address < base + len).then_some((base, len))
+    }
+}
+
+/// What a free names, for [`Windows::owner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    /// The base of an allocation placed by the client.
+    Base,
+    /// An address inside one, not its base (cudaFree refuses it).
+    Inside,
+}
+
+/// The windows of one process, by device.
+#[derive(Default)]
+pub struct Windows {
+    devices: Mutex<Option<HashMap<i32, Device>>>,
+}
+
+impl Windows {
+    pub const fn new() -> Self {
+        Windows { devices: Mutex::new(None) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<HashMap<i32, Device>>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `device`'s window was asked for already (opened or refused).
+    pub fn asked(&self, device: i32) -> bool {
+        self.lock().as_ref().is_some_and(|d| d.contains_key(&device))
+    }
+
+    /// The server reserved `[base, base + size)` on `device`, in granules of `granularity`,
+    /// with `free` bytes of device memory free then.
+    pub fn opened(&self, device: i32, base: u64, size: u64, granularity: u64, free: u64) {
+        let granularity = granularity.max(1);
+        // Only whole granules of the window are used.
+        let first = base.div_ceil(granularity).saturating_mul(granularity);
+        let len = (base.saturating_add(size).saturating_sub(first) / granularity).saturating_mul(granularity);
+        let holes = if len > 0 { BTreeMap::from([(first, len)]) } else { BTreeMap::new() };
+        let budget = free.saturating_sub(margin(free));
+        let window = Window { granularity, budget, placed: 0, holes, allocations: BTreeMap::new() };
+        self.lock().get_or_insert_with(HashMap::new).insert(device, Device::Open(window));
+    }
+
+    /// The server has no window for `device`: its allocations wait.
+    pub fn refused(&self, device: i32) {
+        self.lock().get_or_insert_with(HashMap::new).insert(device, Device::Refused);
+    }
+
+    /// Place `size` bytes on `device`: the address, or None where the allocation must wait
+    /// (no window, not whole granules, beyond the budget, no hole large enough).
+    pub fn place(&self, device: i32, size: u64) -> Option<u64> {
+        match self.lock().as_mut()?.get_mut(&device)? {
+            Device::Open(w) => w.place(size),
+            Device::Refused => None,
+        }
+    }
+
+    /// Whether `address` lies in an allocation placed by the client, and where.
+    pub fn owner(&self, address: u64) -> Option<Owned> {
+        let devices = self.lock();
+        devices.as_ref()?.values().find_map(|d| match d {
+            Device::Open(w) => {
+                w.holding(address).map(|(base, _)| if base == address { Owned::Base } else { Owned::Inside })
+            }
+            Device::Refused => None,
+        })
+    }
+
+    /// The allocation at `base` was freed: its part of the window may be placed again.
+    pub fn release(&self, base: u64) {
+        if let Some(devices) = self.lock().as_mut() {
+            for d in devices.values_mut() {
+                if let Device::Open(w) = d
+                    && w.release(base).is_some()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 2 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn allocations_are_placed_first_fit_and_freed_parts_joined() {
+        let w = Windows::new();
+        assert_eq!(w.place(0, G), None, "no window yet");
+        assert!(!w.asked(0));
+        w.opened(0, 100 * G, 10 * G, G, 64 * GIB);
+        assert!(w.asked(0));
+        let a = w.place(0, 2 * G).unwrap();
+        let b = w.place(0, 3 * G).unwrap();
+        let c = w.place(0, G).unwrap();
+        assert_eq!((a, b, c), (100 * G, 102 * G, 105 * G));
+        assert_eq!(w.place(0, 5 * G), None, "4 granules are left");
+        assert_eq!(w.place(0, G + 4096), None, "not whole granules");
+        assert_eq!(w.owner(b), Some(Owned::Base));
+        assert_eq!(w.owner(b + 4096), Some(Owned::Inside));
+        assert_eq!(w.owner(99 * G), None);
+        w.release(a);
+        w.release(b);
+        assert_eq!(w.owner(b), None);
+        // a and b's parts joined into one hole of 5 granules, placed first.
+        assert_eq!(w.place(0, 5 * G), Some(100 * G));
+        w.release(c);
+        w.release(100 * G);
+        assert_eq!(w.place(0, 10 * G), Some(100 * G), "everything joined again");
+    }
+
+    #[test]
+    fn what_is_placed_stays_within_the_free_memory_less_a_margin() {
+        let w = Windows::new();
+        // 4 GiB free: a margin of 512 MiB, 3.5 GiB may be placed.
+        w.opened(0, 0, 64 * GIB, G, 4 * GIB);
+        assert!(w.place(0, 3 * GIB).is_some());
+        assert_eq!(w.place(0, GIB), None);
+        let last = w.place(0, GIB / 2).unwrap();
+        assert_eq!(w.place(0, G), None);
+        w.release(last);
+        assert!(w.place(0, G).is_some());
+    }
+
+    #[test]
+    fn a_refused_device_places_nothing_and_an_unaligned_window_only_whole_granules() {
+        let w = Windows::new();
+        w.refused(1);
+        assert!(w.asked(1));
+        assert_eq!(w.place(1, G), None);
+        w.opened(0, G / 2, 3 * G, G, 64 * GIB);
+        assert_eq!(w.place(0, G), Some(G));
+        assert_eq!(w.place(0, G), Some(2 * G));
+        assert_eq!(w.place(0, G), None, "the half granules at both ends are not used");
+    }
+}

@@ -1,0 +1,117 @@
+//! `cudaMalloc` answered without a round trip: the client places a device allocation in a
+//! window of address space the server reserved for the session (`crate::ahead::windows`)
+//! and tells the server to back it, in order with the program's calls
+//! (`Service::WindowMap`). What the program holds is ordinary device memory of its device;
+//! the server makes it with the driver's virtual memory management instead of cudaMalloc.
+//!
+//! Where: a session whose round trip is a WAN's ([`chidori_protocol::env::WINDOW_ALLOC`]),
+//! on a server with one GPU (memory so made is accessible from its own device only), for
+//! whole granules (every block torch's allocator asks for), while no stream captures in a
+//! mode that makes allocating illegal. Everything else waits for the GPU's answer as before.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use chidori_protocol::frame::{Header, Kind};
+use chidori_protocol::messages::{self, Service, ServiceReply};
+
+use crate::ahead::windows::{Owned, Windows};
+use crate::conn::Conn;
+use crate::state::{self, Memory};
+
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+/// cudaErrorInvalidValue and CUDA_ERROR_INVALID_VALUE are the same number.
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+const _: () = assert!(INVALID_VALUE == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE);
+/// The granule every server GPU's driver asks of such memory (the window says its own; an
+/// allocation of another size waits without asking for a window).
+const GRANULE: u64 = 2 << 20;
+
+fn windows() -> &'static Windows {
+    &state::CLIENT.ahead.windows
+}
+
+/// Whether this process places allocations: decided once, at its first allocation of whole
+/// granules.
+fn on(conn: &Conn) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let wanted = match std::env::var(chidori_protocol::env::WINDOW_ALLOC).as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => conn.is_wan_waiting(std::time::Duration::from_secs(1)),
+        };
+        wanted && conn.welcome.devices.len() == 1
+    })
+}
+
+/// cudaMalloc of `size` bytes into `dev_ptr`, placed by the client: Some(status) where it
+/// was (or where `dev_ptr` is NULL), None where the allocation must go to the server.
+pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
+    if size == 0 || !size.is_multiple_of(GRANULE) || !on(conn) {
+        return None;
+    }
+    if super::capture::any_active() && !super::capture::thread_relaxed() {
+        return None;
+    }
+    if dev_ptr.is_null() {
+        return Some(INVALID_VALUE);
+    }
+    let device = state::current_device();
+    if !windows().asked(device) {
+        let start = std::time::Instant::now();
+        let reply = conn.service(&Service::MemoryWindow { device }, &[]);
+        crate::trace::bytes("(allocation window)", 1, 0, 0, start.elapsed());
+        match reply {
+            Ok(ServiceReply::Window { base, size, granularity, free }) => {
+                tracing::debug!(
+                    "device {device}: allocations placed by the client in {size} bytes at {base:#x} ({free} bytes free)"
+                );
+                windows().opened(device, base, size, granularity, free)
+            }
+            Ok(ServiceReply::Error { message, .. }) => {
+                tracing::info!("device {device}'s allocations wait for the server: {message}");
+                windows().refused(device);
+            }
+            // A broken connection: the allocation's own call says so.
+            _ => return None,
+        }
+    }
+    let address = windows().place(device, size)?;
+    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
+    if conn.post(header, &messages::encode(&Service::WindowMap { device, address, size }), &[]).is_err() {
+        windows().release(address);
+        return None;
+    }
+    // SAFETY: the caller's void*, checked non-null.
+    unsafe { std::ptr::write_unaligned(dev_ptr as *mut u64, address) };
+    state::add(address, size, Memory::Device { device });
+    Some(SUCCESS)
+}
+
+/// A free of `address` (cudaFree, cudaFreeAsync, cuMemFree): Some(status) where the
+/// address lies in an allocation the client placed, None otherwise. The server frees it as
+/// cudaFree does (after the work queued before), which the program waits for.
+pub fn free(conn: &Conn, address: u64) -> Option<u32> {
+    match windows().owner(address)? {
+        Owned::Inside => Some(INVALID_VALUE),
+        Owned::Base => match traced_unmap(conn, address) {
+            Ok(ServiceReply::Value(_)) => {
+                windows().release(address);
+                state::remove(address);
+                Some(SUCCESS)
+            }
+            Ok(ServiceReply::Error { status, .. }) => Some(u32::try_from(status).unwrap_or(INVALID_VALUE)),
+            // The connection's failure: the free's own path reports it.
+            _ => None,
+        },
+    }
+}
+
+/// The server's free of a placed allocation, a round trip of its own in the trace.
+fn traced_unmap(conn: &Conn, address: u64) -> Result<ServiceReply, String> {
+    let start = std::time::Instant::now();
+    let reply = conn.service(&Service::WindowUnmap { address }, &[]);
+    crate::trace::bytes("(placed free)", 1, 0, 0, start.elapsed());
+    reply
+}
