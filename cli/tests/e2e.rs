@@ -1453,6 +1453,11 @@ int main(void) {
   printf("oom:%d same:%d type:%d base:%d inside:%d freed:%d reused:%d twice:%d\n", oom, same, (int)attr.type,
          attr.devicePointer == (char *)b + 100, inside, freed, again == a, twice);
   if (cudaFree(b) || cudaFree(c) || cudaFree(again)) return 16;
+  /* A reset frees everything allocated on the device: the window's front is placed again. */
+  void *x = 0, *y = 0, *z = 0;
+  if (cudaMalloc(&x, 2 * MIB) || cudaMalloc(&y, 4 * MIB) || cudaDeviceReset()) return 17;
+  if (cudaMalloc(&z, 6 * MIB) || cudaMemset(z, 1, 6 * MIB)) return 18;
+  printf("reset:%d\n", z == a);
   return 0;
 }
 "#;
@@ -1465,12 +1470,13 @@ fn allocations_of_whole_granules_are_placed_without_waiting() {
     let server = server();
     let exe = program("placed-allocations", PLACED_ALLOCATIONS);
     let cache = chidori_tests::scratch("placed-allocations-cache");
-    let expected = "oom:2 same:1 type:2 base:1 inside:1 freed:0 reused:1 twice:1";
+    let expected = "oom:2 same:1 type:2 base:1 inside:1 freed:0 reused:1 twice:1\nreset:1";
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
     assert_eq!(stdout.trim(), expected, "{stderr}");
-    // Five allocations: the odd size and the one larger than the device's free memory
+    // Eight allocations: the odd size and the one larger than the device's free memory
     // waited, and the window's question (once); the three frees of placed memory (one a
-    // refused inner address, answered by the client) and the two others waited as before.
+    // refused inner address, answered by the client) and the two others waited as before;
+    // the reset's frees went with it.
     let trips = |stderr: &str, f: &str| trace_row(stderr, f)[1].clone();
     assert_eq!(trips(&stderr, "cudaMalloc"), "2", "{stderr}");
     assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
@@ -1478,8 +1484,8 @@ fn allocations_of_whole_granules_are_placed_without_waiting() {
     assert_eq!(trips(&stderr, "cudaFree"), "2", "{stderr}");
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "0")]);
     // The emulated GPU's own allocator never hands an address out again.
-    assert_eq!(stdout.trim(), expected.replace("reused:1", "reused:0"), "{stderr}");
-    assert_eq!(trips(&stderr, "cudaMalloc"), "5", "{stderr}");
+    assert_eq!(stdout.trim(), expected.replace(":1 twice", ":0 twice").replace("reset:1", "reset:0"), "{stderr}");
+    assert_eq!(trips(&stderr, "cudaMalloc"), "8", "{stderr}");
     assert!(!stderr.contains("(allocation window)"), "{stderr}");
     assert_eq!(trips(&stderr, "cudaFree"), "6", "{stderr}");
 }

@@ -583,6 +583,8 @@ fn hostile_services_crash_no_worker() {
         (Service::MemoryWindow { device: 0 }, vec![], true),
         (Service::WindowUnmap { address: junk }, vec![], true),
         (Service::WindowUnmap { address: 0 }, vec![], true),
+        (Service::WindowReset { device: -1 }, vec![], false),
+        (Service::WindowReset { device: 0 }, vec![], false),
         (Service::NcclLastError { comm: 0 }, vec![], true),
         (
             Service::StatusTexts { library: "cudart".into(), function: "cudaMalloc".into(), values: vec![1] },

@@ -334,6 +334,10 @@ pub enum Service {
     /// queued before it; answered by `Value(0)`, or `Error` with the synchronization's
     /// status (the allocation then stays).
     WindowUnmap { address: u64 },
+    /// `device`'s primary context was reset (cudaDeviceReset, cuDevicePrimaryCtxReset),
+    /// which frees what the program allocated on it: the session's window allocations there
+    /// go too (the window stays). Not answered.
+    WindowReset { device: i32 },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its

@@ -140,9 +140,11 @@ pub trait Backend: Send + Sync + 'static {
         Err((NOT_SUPPORTED, format!("the {} backend places no allocations for the client", self.name())))
     }
     /// Free what [`Backend::window_map`] made, after `device`'s work queued so far (cudaFree's
-    /// synchronization). Err: (driver status, message): the memory then stays.
-    fn window_unmap(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
-        let _ = (device, address, size);
+    /// synchronization), or at once where the device's primary context was just reset
+    /// (`reset`: there is no work, and the context the worker knew is gone). Err: (driver
+    /// status, message): the memory then stays.
+    fn window_unmap(&self, device: i32, address: u64, size: u64, reset: bool) -> Result<(), (i64, String)> {
+        let _ = (device, address, size, reset);
         Err((NOT_SUPPORTED, format!("the {} backend places no allocations for the client", self.name())))
     }
     /// The name of a function (`kernel`: a CUkernel) of this session. Err: (driver status,

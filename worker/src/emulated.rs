@@ -1324,7 +1324,7 @@ impl Backend for Emulated {
         Ok(())
     }
 
-    fn window_unmap(&self, _device: i32, address: u64, _size: u64) -> Result<(), (i64, String)> {
+    fn window_unmap(&self, _device: i32, address: u64, _size: u64, _reset: bool) -> Result<(), (i64, String)> {
         match self.free(address) {
             SUCCESS => Ok(()),
             status => Err((status as i64, format!("no allocation at {address:#x}"))),

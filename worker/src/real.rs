@@ -649,8 +649,8 @@ impl Backend for Real {
         self.module_api.relaxed(|| vmm::map(&self.driver, device, address, size))
     }
 
-    fn window_unmap(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
-        vmm::unmap(&self.driver, device, address, size)
+    fn window_unmap(&self, device: i32, address: u64, size: u64, reset: bool) -> Result<(), (i64, String)> {
+        vmm::unmap(&self.driver, device, address, size, reset)
     }
 
     fn cluster_occupancy(&self, launch: &Launch, potential: bool) -> Result<i32, (i64, String)> {

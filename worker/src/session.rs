@@ -2002,6 +2002,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             };
         }
         Service::WindowMap { device, address, size } => return window_map(session, device, address, size),
+        Service::WindowReset { device } => {
+            window_reset(session, device);
+            return Ok(());
+        }
         Service::MirrorDrop { base } => {
             lock(&session.mirrors).remove(&*session.backend, base);
             return Ok(());
@@ -2196,6 +2200,23 @@ fn window_map(session: &Session, device: i32, address: u64, size: u64) -> Result
     Ok(())
 }
 
+/// `device`'s primary context was reset: its window allocations go, as the program's others
+/// did. One the driver will not unmap stays counted (it is said in the log).
+fn window_reset(session: &Session, device: i32) {
+    let mut windows = lock(&session.windows);
+    for (address, size) in windows.on_device(device) {
+        match session.backend.window_unmap(device, address, size, true) {
+            Ok(()) => {
+                windows.unmapped(address);
+                lock(&session.memory).remove(address);
+            }
+            Err((status, message)) => {
+                tracing::warn!("after device {device}'s reset, {size} bytes at {address:#x} stay: {message} ({status})")
+            }
+        }
+    }
+}
+
 /// Free a window allocation as cudaFree does.
 fn window_unmap(session: &Session, address: u64) -> ServiceReply {
     let mut windows = lock(&session.windows);
@@ -2205,7 +2226,7 @@ fn window_unmap(session: &Session, address: u64) -> ServiceReply {
             message: format!("{address:#x} is no allocation the client placed in this session"),
         };
     };
-    match session.backend.window_unmap(device, address, size) {
+    match session.backend.window_unmap(device, address, size, false) {
         Ok(()) => {
             windows.unmapped(address);
             lock(&session.memory).remove(address);

@@ -62,6 +62,11 @@ impl Windows {
     pub fn unmapped(&mut self, address: u64) {
         self.maps.remove(&address);
     }
+
+    /// The allocations on `device`: (base, size).
+    pub fn on_device(&self, device: i32) -> Vec<(u64, u64)> {
+        self.maps.iter().filter(|&(_, &(_, d))| d == device).map(|(&base, &(size, _))| (base, size)).collect()
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +103,8 @@ mod tests {
         w.mapped(0, 104 * MIB2, MIB2);
         assert!(w.refusal(0, 103 * MIB2, 3 * MIB2).is_some());
         assert_eq!(w.allocation(104 * MIB2), Some((MIB2, 0)));
+        assert_eq!(w.on_device(0), [(100 * MIB2, 2 * MIB2), (104 * MIB2, MIB2)]);
+        assert!(w.on_device(1).is_empty());
         w.unmapped(104 * MIB2);
         assert_eq!(w.refusal(0, 103 * MIB2, 3 * MIB2), None);
         assert_eq!(w.allocation(104 * MIB2), None);

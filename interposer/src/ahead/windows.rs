@@ -21,6 +21,8 @@ enum Device {
 
 /// One device's window.
 struct Window {
+    /// The whole granules of the window: (start, length).
+    span: (u64, u64),
     granularity: u64,
     /// Bytes that may be placed and not freed at once.
     budget: u64,
@@ -115,7 +117,7 @@ impl Windows {
         let len = (base.saturating_add(size).saturating_sub(first) / granularity).saturating_mul(granularity);
         let holes = if len > 0 { BTreeMap::from([(first, len)]) } else { BTreeMap::new() };
         let budget = free.saturating_sub(margin(free));
-        let window = Window { granularity, budget, placed: 0, holes, allocations: BTreeMap::new() };
+        let window = Window { span: (first, len), granularity, budget, placed: 0, holes, allocations: BTreeMap::new() };
         self.lock().get_or_insert_with(HashMap::new).insert(device, Device::Open(window));
     }
 
@@ -142,6 +144,17 @@ impl Windows {
             }
             Device::Refused => None,
         })
+    }
+
+    /// `device`'s primary context was reset, which frees every allocation on it: the bases
+    /// of those placed here (the server must free them too).
+    pub fn reset(&self, device: i32) -> Vec<u64> {
+        let mut devices = self.lock();
+        let Some(Device::Open(w)) = devices.as_mut().and_then(|d| d.get_mut(&device)) else { return Vec::new() };
+        let bases = std::mem::take(&mut w.allocations).into_keys().collect();
+        w.placed = 0;
+        w.holes = if w.span.1 > 0 { BTreeMap::from([w.span]) } else { BTreeMap::new() };
+        bases
     }
 
     /// The allocation at `base` was freed: its part of the window may be placed again.
@@ -189,6 +202,12 @@ mod tests {
         w.release(c);
         w.release(100 * G);
         assert_eq!(w.place(0, 10 * G), Some(100 * G), "everything joined again");
+        // A reset frees everything; another reset finds nothing to free.
+        assert_eq!(w.reset(0), [100 * G]);
+        assert!(w.reset(0).is_empty());
+        assert!(w.reset(3).is_empty());
+        assert_eq!(w.owner(100 * G), None);
+        assert_eq!(w.place(0, 4 * G), Some(100 * G));
     }
 
     #[test]

@@ -87,12 +87,20 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
 pub unsafe fn primary_reset(ctx: &Ctx, dev: i32) -> u32 {
     crate::custom::streams::forget();
     crate::custom::export::context_ends(None, Some(dev));
-    changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64], false)
+    let s = changing(ctx.name, ctx.form(Form::Call), &[dev as u32 as u64], false);
+    if s == SUCCESS {
+        crate::custom::placed::device_reset(dev);
+    }
+    s
 }
 
 pub unsafe fn cudaDeviceReset() -> u32 {
     crate::custom::streams::forget();
-    changing("cudaDeviceReset", &cudart::cudaDeviceReset__call, &[], true)
+    let s = changing("cudaDeviceReset", &cudart::cudaDeviceReset__call, &[], true);
+    if s == SUCCESS {
+        crate::custom::placed::device_reset(crate::state::current_device());
+    }
+    s
 }
 
 /// cuCtxGetCurrent: answered from this thread's cache while no context call intervened

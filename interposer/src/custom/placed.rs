@@ -115,3 +115,21 @@ fn traced_unmap(conn: &Conn, address: u64) -> Result<ServiceReply, String> {
     crate::trace::bytes("(placed free)", 1, 0, 0, start.elapsed());
     reply
 }
+
+/// `device`'s primary context was reset (the call succeeded), which frees what the program
+/// allocated on it: the server frees the allocations placed there too, in order with what
+/// follows.
+pub fn device_reset(device: i32) {
+    let bases = windows().reset(device);
+    if bases.is_empty() {
+        return;
+    }
+    for base in bases {
+        state::remove(base);
+    }
+    if let Ok(conn) = crate::conn::get() {
+        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
+        // A broken connection ends the session anyway.
+        let _ = conn.post(header, &messages::encode(&Service::WindowReset { device }), &[]);
+    }
+}

@@ -169,13 +169,21 @@ pub fn map(driver: &Library, device: i32, address: u64, size: u64) -> Result<(),
 }
 
 /// Synchronize `device` (cudaFree's wait for the work queued before it), then unmap the
-/// allocation at `address`, which frees its memory.
-pub fn unmap(driver: &Library, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
+/// allocation at `address`, which frees its memory. After a reset of the device's primary
+/// context (`reset`) there is nothing to wait for, and the context retained before is
+/// retained again at the next use.
+pub fn unmap(driver: &Library, device: i32, address: u64, size: u64, reset: bool) -> Result<(), (i64, String)> {
     let synchronize: unsafe extern "C" fn() -> Status = function(driver, "cuCtxSynchronize")?;
     let unmap: unsafe extern "C" fn(u64, usize) -> Status = function(driver, "cuMemUnmap")?;
     let len = usize::try_from(size).map_err(|_| (INVALID_VALUE, format!("an allocation of {size} bytes")))?;
-    // SAFETY: no arguments; the device's primary context is current.
-    in_primary(driver, device, || check(unsafe { synchronize() }, "cuCtxSynchronize"))?;
+    if reset {
+        if let Some(known) = PRIMARY.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            known.remove(&device);
+        }
+    } else {
+        // SAFETY: no arguments; the device's primary context is current.
+        in_primary(driver, device, || check(unsafe { synchronize() }, "cuCtxSynchronize"))?;
+    }
     // SAFETY: a mapping map() made (checked by the session), unmapped once.
     check(unsafe { unmap(address, len) }, "cuMemUnmap")
 }
