@@ -619,17 +619,22 @@ fn hostile_services_crash_no_worker() {
     assert!(goodbye_reason(&mut s).contains("does not match its hash"));
     // So does an allocation placed where no correct client places one: outside its window,
     // or over one placed before.
-    // 0: outside the window; 1: placed and freed (the session goes on); 2: placed twice.
-    for n in 0..3 {
+    // 0: outside the window; 1: placed and freed (the session goes on); 2: placed twice;
+    // 3: more than the device has (the GPU cannot make it: the program was told it had it).
+    for n in 0..4 {
         let mut s = session(&server.address);
         let window = Service::MemoryWindow { device: 0 };
         s.write_all(&frame::to_vec(Header::new(Kind::Service, 0, 1, 1), &messages::encode(&window), &[]).unwrap())
             .unwrap();
         let f = read_frame(&mut s).expect("the window");
-        let Ok(ServiceReply::Window { base, granularity, .. }) = messages::decode(&f, "window") else {
+        let Ok(ServiceReply::Window { base, size: window, granularity, .. }) = messages::decode(&f, "window") else {
             panic!("no window: {f:?}")
         };
-        let (address, size) = if n == 0 { (junk, 2 << 20) } else { (base, granularity) };
+        let (address, size) = match n {
+            0 => (junk, 2 << 20),
+            3 => (base, window),
+            _ => (base, granularity),
+        };
         let maps = if n == 2 { 2 } else { 1 };
         for seq in 0..maps {
             let map = Service::WindowMap { device: 0, address, size };
@@ -645,7 +650,9 @@ fn hostile_services_crash_no_worker() {
             continue;
         }
         let reason = goodbye_reason(&mut s);
-        assert!(reason.contains("the client placed an allocation the server cannot make"), "{reason}");
+        let why =
+            if n == 3 { "the GPU could not make" } else { "the client placed an allocation the server cannot make" };
+        assert!(reason.contains(why), "{reason}");
     }
 
     let nccl_junk = requests
