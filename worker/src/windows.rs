@@ -109,4 +109,39 @@ mod tests {
         assert_eq!(w.refusal(0, 103 * MIB2, 3 * MIB2), None);
         assert_eq!(w.allocation(104 * MIB2), None);
     }
+
+    proptest::proptest! {
+        /// Whatever a client asks (granule-sized or not, inside the window or around it),
+        /// a part is made exactly when it is whole granules inside the window and apart
+        /// from every part made and not freed.
+        #[test]
+        fn parts_are_made_exactly_when_they_fit(
+            ops in proptest::collection::vec((0u64..16, 0u64..5, 0u64..4, proptest::bool::ANY), 1..80)
+        ) {
+            let mut w = windows();
+            let mut made: Vec<(u64, u64)> = Vec::new();
+            for (granule, len, skew, unmap) in ops {
+                // Granules 96..112 around the window's 100..110; a skew of 1 is no granule.
+                let address = (96 + granule) * MIB2 + if skew == 1 { 4096 } else { 0 };
+                let size = len * MIB2;
+                if unmap {
+                    let known = w.allocation(address);
+                    proptest::prop_assert_eq!(known.is_some(), made.iter().any(|&(a, _)| a == address));
+                    w.unmapped(address);
+                    made.retain(|&(a, _)| a != address);
+                    continue;
+                }
+                let fits = size > 0
+                    && skew != 1
+                    && address >= 100 * MIB2
+                    && address + size <= 110 * MIB2
+                    && made.iter().all(|&(a, l)| address + size <= a || a + l <= address);
+                proptest::prop_assert_eq!(w.refusal(0, address, size).is_none(), fits);
+                if fits {
+                    w.mapped(0, address, size);
+                    made.push((address, size));
+                }
+            }
+        }
+    }
 }

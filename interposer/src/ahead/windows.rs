@@ -223,6 +223,59 @@ mod tests {
         assert!(w.place(0, G).is_some());
     }
 
+    proptest::proptest! {
+        /// Any sequence of allocations and frees: what is placed lies in the window, apart,
+        /// within the budget, and the holes and allocations cover the window exactly; an
+        /// allocation is refused only where no hole fits or the budget would be passed.
+        #[test]
+        fn placements_tile_the_window_within_the_budget(
+            ops in proptest::collection::vec((0u64..6, 0usize..8, proptest::bool::ANY), 1..120)
+        ) {
+            let w = Windows::new();
+            // 32 granules of window; 512 MiB and 20 granules free: a budget of 20 granules
+            // (the margin is 512 MiB).
+            w.opened(0, 64 * G, 32 * G, G, (512 << 20) + 20 * G);
+            let budget = 20 * G;
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (granules, pick, free) in ops {
+                if free && !live.is_empty() {
+                    let (base, _) = live.remove(pick % live.len());
+                    proptest::prop_assert_eq!(w.owner(base), Some(Owned::Base));
+                    w.release(base);
+                    proptest::prop_assert_eq!(w.owner(base), None);
+                    continue;
+                }
+                let size = granules * G;
+                let placed: u64 = live.iter().map(|&(_, l)| l).sum();
+                match w.place(0, size) {
+                    Some(base) => {
+                        proptest::prop_assert!(size > 0 && placed + size <= budget);
+                        proptest::prop_assert!(base >= 64 * G && base + size <= 96 * G);
+                        proptest::prop_assert!(live.iter().all(|&(a, l)| base + size <= a || a + l <= base));
+                        live.push((base, size));
+                    }
+                    None => {
+                        // Refused: nothing asked, past the budget, or no run of free granules.
+                        let mut used = [false; 32];
+                        for &(a, l) in &live {
+                            for g in (a - 64 * G) / G..(a + l - 64 * G) / G {
+                                used[g as usize] = true;
+                            }
+                        }
+                        let longest = used.split(|&u| u).map(<[bool]>::len).max().unwrap_or(0) as u64;
+                        proptest::prop_assert!(size == 0 || placed + size > budget || longest < granules);
+                    }
+                }
+            }
+            let devices = w.lock();
+            let Some(Device::Open(window)) = devices.as_ref().and_then(|d| d.get(&0)) else { panic!("no window") };
+            let holes: u64 = window.holes.values().sum();
+            let placed: u64 = window.allocations.values().sum();
+            proptest::prop_assert_eq!(holes + placed, 32 * G);
+            proptest::prop_assert_eq!(placed, window.placed);
+        }
+    }
+
     #[test]
     fn a_refused_device_places_nothing_and_an_unaligned_window_only_whole_granules() {
         let w = Windows::new();
