@@ -2487,7 +2487,20 @@ fn module_reply(m: &Loaded) -> ServiceReply {
 }
 
 fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
-    match session.backend.load_module(image) {
+    let started = std::time::Instant::now();
+    let loaded = session.backend.load_module(image);
+    // In the time table (`chidori::calls=debug`): module loads (every kernel of the image is
+    // looked up, which loads it into the context) and the kernels they held.
+    if let Some(timing) = &session.timing {
+        let mut t = lock(timing);
+        let e = t.entry("(module load)").or_default();
+        e.0 += 1;
+        e.1 += started.elapsed();
+        if let Ok((_, _, kernels)) = &loaded {
+            t.entry("(kernels of loaded modules)").or_default().0 += kernels.len() as u64;
+        }
+    }
+    match loaded {
         Ok((library, module, mut kernels)) => {
             // The client knows the module, its library and its kernels by the session's names.
             use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
