@@ -1457,37 +1457,47 @@ int main(void) {
   void *x = 0, *y = 0, *z = 0;
   if (cudaMalloc(&x, 2 * MIB) || cudaMalloc(&y, 4 * MIB) || cudaDeviceReset()) return 17;
   if (cudaMalloc(&z, 6 * MIB) || cudaMemset(z, 1, 6 * MIB)) return 18;
-  printf("reset:%d\n", z == a);
-  return 0;
+  printf("reset:%d ", z == a);
+  /* 5,000,000 bytes: placed in three granules; what the program holds is its 5,000,000. */
+  void *odd = 0;
+  unsigned char *big = malloc(5000000), *big_back = malloc(5000000);
+  for (unsigned i = 0; i < 5000000; i++) big[i] = (unsigned char)(i * 13 + 1);
+  if (cudaMalloc(&odd, 5000000) || cudaMemcpy(odd, big, 5000000, cudaMemcpyHostToDevice)) return 19;
+  if (cudaMemcpy(big_back, odd, 5000000, cudaMemcpyDeviceToHost)) return 20;
+  struct cudaPointerAttributes odd_attr;
+  if (cudaPointerGetAttributes(&odd_attr, (char *)odd + 4999999)) return 21;
+  printf("odd:%d\n", memcmp(big, big_back, 5000000) == 0 && odd_attr.type == cudaMemoryTypeDevice);
+  return cudaFree(odd) ? 22 : 0;
 }
 "#;
 
-/// Issue 19: a `cudaMalloc` of whole granules is placed by the client in the window the
-/// server reserved, without waiting; what it holds is ordinary device memory (copies,
-/// pointer attributes, frees, reuse), and what does not fit waits for the GPU's answer.
+/// Issue 19: a `cudaMalloc` of whole granules, or of 4 MiB or more rounded up to them, is
+/// placed by the client in the window the server reserved, without waiting; what it holds
+/// is ordinary device memory (copies, pointer attributes, frees, reuse, resets), and what
+/// does not fit waits for the GPU's answer.
 #[test]
-fn allocations_of_whole_granules_are_placed_without_waiting() {
+fn large_allocations_are_placed_without_waiting() {
     let server = server();
     let exe = program("placed-allocations", PLACED_ALLOCATIONS);
     let cache = chidori_tests::scratch("placed-allocations-cache");
-    let expected = "oom:2 same:1 type:2 base:1 inside:1 freed:0 reused:1 twice:1\nreset:1";
+    let expected = "oom:2 same:1 type:2 base:1 inside:1 freed:0 reused:1 twice:1\nreset:1 odd:1";
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
     assert_eq!(stdout.trim(), expected, "{stderr}");
-    // Eight allocations: the odd size and the one larger than the device's free memory
-    // waited, and the window's question (once); the three frees of placed memory (one a
-    // refused inner address, answered by the client) and the two others waited as before;
-    // the reset's frees went with it.
+    // Nine allocations: the small odd size and the one larger than the device's free
+    // memory waited, and the window's question (once; 5,000,000 bytes were rounded up to
+    // granules); the four frees of placed memory (one a refused inner address, answered by
+    // the client) and the two others waited as before; the reset's frees went with it.
     let trips = |stderr: &str, f: &str| trace_row(stderr, f)[1].clone();
     assert_eq!(trips(&stderr, "cudaMalloc"), "2", "{stderr}");
     assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
-    assert_eq!(trace_row(&stderr, "(placed free)"), ["3", "3"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "(placed free)"), ["4", "4"], "{stderr}");
     assert_eq!(trips(&stderr, "cudaFree"), "2", "{stderr}");
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "0")]);
     // The emulated GPU's own allocator never hands an address out again.
     assert_eq!(stdout.trim(), expected.replace(":1 twice", ":0 twice").replace("reset:1", "reset:0"), "{stderr}");
-    assert_eq!(trips(&stderr, "cudaMalloc"), "8", "{stderr}");
+    assert_eq!(trips(&stderr, "cudaMalloc"), "9", "{stderr}");
     assert!(!stderr.contains("(allocation window)"), "{stderr}");
-    assert_eq!(trips(&stderr, "cudaFree"), "6", "{stderr}");
+    assert_eq!(trips(&stderr, "cudaFree"), "7", "{stderr}");
 }
 
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.

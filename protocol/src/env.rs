@@ -137,7 +137,8 @@ pub fn server_file_name(server: &str) -> String {
 
 /// Device allocations placed by the client (interposer, `docs/ahead.md`): `1` on, `0` off;
 /// unset, on where the connection's measured round trip is 2 ms or more. On, a `cudaMalloc`
-/// of whole granules (2 MiB multiples: every block torch's allocator asks for) on a
+/// of whole granules (2 MiB multiples: every block torch's allocator asks for), or of 4 MiB
+/// or more (rounded up to granules), on a
 /// server with one GPU returns an address in a window of address space the server reserved
 /// for the session, without waiting; the server backs it with new memory in order with the
 /// program's calls. Only while what the session allocated that way stays below the device

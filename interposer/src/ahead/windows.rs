@@ -34,6 +34,10 @@ struct Window {
     allocations: BTreeMap<u64, u64>,
 }
 
+/// The smallest allocation placed although it is not whole granules: rounded up to them,
+/// at most a third of what it takes is not asked for (and at most one granule).
+pub const ROUNDED_MIN: u64 = 4 << 20;
+
 /// The margin kept from the free memory: 1/32 of it, at least 512 MiB.
 fn margin(free: u64) -> u64 {
     (free / 32).max(512 << 20)
@@ -126,11 +130,23 @@ impl Windows {
         self.lock().get_or_insert_with(HashMap::new).insert(device, Device::Refused);
     }
 
-    /// Place `size` bytes on `device`: the address, or None where the allocation must wait
-    /// (no window, not whole granules, beyond the budget, no hole large enough).
-    pub fn place(&self, device: i32, size: u64) -> Option<u64> {
+    /// Place `size` bytes on `device`: the address and the part of the window it takes
+    /// (whole granules: `size`, or from [`ROUNDED_MIN`] on, `size` rounded up to them), or
+    /// None where the allocation must wait (no window, too small a piece of a granule,
+    /// beyond the budget, no hole large enough).
+    pub fn place(&self, device: i32, size: u64) -> Option<(u64, u64)> {
         match self.lock().as_mut()?.get_mut(&device)? {
-            Device::Open(w) => w.place(size),
+            Device::Open(w) => {
+                let g = w.granularity;
+                let part = if size.is_multiple_of(g) {
+                    size
+                } else if size >= ROUNDED_MIN.max(2 * g) {
+                    size.div_ceil(g).checked_mul(g)?
+                } else {
+                    return None;
+                };
+                w.place(part).map(|address| (address, part))
+            }
             Device::Refused => None,
         }
     }
@@ -181,16 +197,16 @@ mod tests {
     #[test]
     fn allocations_are_placed_first_fit_and_freed_parts_joined() {
         let w = Windows::new();
-        assert_eq!(w.place(0, G), None, "no window yet");
+        assert_eq!(w.place(0, G).map(|p| p.0), None, "no window yet");
         assert!(!w.asked(0));
         w.opened(0, 100 * G, 10 * G, G, 64 * GIB);
         assert!(w.asked(0));
-        let a = w.place(0, 2 * G).unwrap();
-        let b = w.place(0, 3 * G).unwrap();
-        let c = w.place(0, G).unwrap();
+        let a = w.place(0, 2 * G).map(|p| p.0).unwrap();
+        let b = w.place(0, 3 * G).map(|p| p.0).unwrap();
+        let c = w.place(0, G).map(|p| p.0).unwrap();
         assert_eq!((a, b, c), (100 * G, 102 * G, 105 * G));
-        assert_eq!(w.place(0, 5 * G), None, "4 granules are left");
-        assert_eq!(w.place(0, G + 4096), None, "not whole granules");
+        assert_eq!(w.place(0, 5 * G).map(|p| p.0), None, "4 granules are left");
+        assert_eq!(w.place(0, G + 4096).map(|p| p.0), None, "a piece of a granule too small to round up");
         assert_eq!(w.owner(b), Some(Owned::Base));
         assert_eq!(w.owner(b + 4096), Some(Owned::Inside));
         assert_eq!(w.owner(99 * G), None);
@@ -198,16 +214,21 @@ mod tests {
         w.release(b);
         assert_eq!(w.owner(b), None);
         // a and b's parts joined into one hole of 5 granules, placed first.
-        assert_eq!(w.place(0, 5 * G), Some(100 * G));
+        assert_eq!(w.place(0, 5 * G).map(|p| p.0), Some(100 * G));
         w.release(c);
         w.release(100 * G);
-        assert_eq!(w.place(0, 10 * G), Some(100 * G), "everything joined again");
+        assert_eq!(w.place(0, 10 * G).map(|p| p.0), Some(100 * G), "everything joined again");
         // A reset frees everything; another reset finds nothing to free.
         assert_eq!(w.reset(0), [100 * G]);
         assert!(w.reset(0).is_empty());
         assert!(w.reset(3).is_empty());
         assert_eq!(w.owner(100 * G), None);
-        assert_eq!(w.place(0, 4 * G), Some(100 * G));
+        assert_eq!(w.place(0, 4 * G).map(|p| p.0), Some(100 * G));
+        // From 4 MiB on, a size that is not whole granules takes them rounded up.
+        let odd = w.place(0, 2 * G + 1).unwrap();
+        assert_eq!(odd, (104 * G, 3 * G));
+        assert_eq!(w.owner(106 * G + 100), Some(Owned::Inside), "the rounded part is the allocation's");
+        assert_eq!(w.place(0, 3 * G + 1), None, "rounded up, it needs 4 of the 3 granules left");
     }
 
     #[test]
@@ -215,12 +236,12 @@ mod tests {
         let w = Windows::new();
         // 4 GiB free: a margin of 512 MiB, 3.5 GiB may be placed.
         w.opened(0, 0, 64 * GIB, G, 4 * GIB);
-        assert!(w.place(0, 3 * GIB).is_some());
-        assert_eq!(w.place(0, GIB), None);
-        let last = w.place(0, GIB / 2).unwrap();
-        assert_eq!(w.place(0, G), None);
+        assert!(w.place(0, 3 * GIB).map(|p| p.0).is_some());
+        assert_eq!(w.place(0, GIB).map(|p| p.0), None);
+        let last = w.place(0, GIB / 2).map(|p| p.0).unwrap();
+        assert_eq!(w.place(0, G).map(|p| p.0), None);
         w.release(last);
-        assert!(w.place(0, G).is_some());
+        assert!(w.place(0, G).map(|p| p.0).is_some());
     }
 
     proptest::proptest! {
@@ -247,7 +268,7 @@ mod tests {
                 }
                 let size = granules * G;
                 let placed: u64 = live.iter().map(|&(_, l)| l).sum();
-                match w.place(0, size) {
+                match w.place(0, size).map(|p| p.0) {
                     Some(base) => {
                         proptest::prop_assert!(size > 0 && placed + size <= budget);
                         proptest::prop_assert!(base >= 64 * G && base + size <= 96 * G);
@@ -281,10 +302,10 @@ mod tests {
         let w = Windows::new();
         w.refused(1);
         assert!(w.asked(1));
-        assert_eq!(w.place(1, G), None);
+        assert_eq!(w.place(1, G).map(|p| p.0), None);
         w.opened(0, G / 2, 3 * G, G, 64 * GIB);
-        assert_eq!(w.place(0, G), Some(G));
-        assert_eq!(w.place(0, G), Some(2 * G));
-        assert_eq!(w.place(0, G), None, "the half granules at both ends are not used");
+        assert_eq!(w.place(0, G).map(|p| p.0), Some(G));
+        assert_eq!(w.place(0, G).map(|p| p.0), Some(2 * G));
+        assert_eq!(w.place(0, G).map(|p| p.0), None, "the half granules at both ends are not used");
     }
 }

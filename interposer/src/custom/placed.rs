@@ -6,8 +6,9 @@
 //!
 //! Where: a session whose round trip is a WAN's ([`chidori_protocol::env::WINDOW_ALLOC`]),
 //! on a server with one GPU (memory so made is accessible from its own device only), for
-//! whole granules (every block torch's allocator asks for), while no stream captures in a
-//! mode that makes allocating illegal. Everything else waits for the GPU's answer as before.
+//! whole granules (every block torch's allocator asks for) and from 4 MiB on rounded up to
+//! them, while no stream captures in a mode that makes allocating illegal. Everything else
+//! waits for the GPU's answer as before.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -15,7 +16,7 @@ use std::sync::OnceLock;
 use chidori_protocol::frame::{Header, Kind};
 use chidori_protocol::messages::{self, Service, ServiceReply};
 
-use crate::ahead::windows::{Owned, Windows};
+use crate::ahead::windows::{Owned, ROUNDED_MIN, Windows};
 use crate::conn::Conn;
 use crate::state::{self, Memory};
 
@@ -24,7 +25,7 @@ const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
 const _: () = assert!(INVALID_VALUE == chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE);
 /// The granule every server GPU's driver asks of such memory (the window says its own; an
-/// allocation of another size waits without asking for a window).
+/// allocation of another size below [`ROUNDED_MIN`] waits without asking for a window).
 const GRANULE: u64 = 2 << 20;
 
 fn windows() -> &'static Windows {
@@ -48,7 +49,7 @@ fn on(conn: &Conn) -> bool {
 /// cudaMalloc of `size` bytes into `dev_ptr`, placed by the client: Some(status) where it
 /// was (or where `dev_ptr` is NULL), None where the allocation must go to the server.
 pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
-    if size == 0 || !size.is_multiple_of(GRANULE) || !on(conn) {
+    if size == 0 || !(size.is_multiple_of(GRANULE) || size >= ROUNDED_MIN) || !on(conn) {
         return None;
     }
     if super::capture::any_active() && !super::capture::thread_relaxed() {
@@ -77,14 +78,16 @@ pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
             _ => return None,
         }
     }
-    let address = windows().place(device, size)?;
+    let (address, part) = windows().place(device, size)?;
     let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-    if conn.post(header, &messages::encode(&Service::WindowMap { device, address, size }), &[]).is_err() {
+    let map = Service::WindowMap { device, address, size: part };
+    if conn.post(header, &messages::encode(&map), &[]).is_err() {
         windows().release(address);
         return None;
     }
     // SAFETY: the caller's void*, checked non-null.
     unsafe { std::ptr::write_unaligned(dev_ptr as *mut u64, address) };
+    // The program's allocation is what it asked for (pointer attributes, address ranges).
     state::add(address, size, Memory::Device { device });
     Some(SUCCESS)
 }
