@@ -639,13 +639,13 @@ impl Backend for Real {
         })
     }
 
+    // The worker's own bookkeeping, no part of a capture the program may be making (the
+    // client places an allocation ahead only where the program's thread may allocate).
     fn window_reserve(&self, device: i32, size: u64) -> Result<crate::backend::Window, (i64, String)> {
-        vmm::reserve(&self.driver, device, size)
+        self.module_api.relaxed(|| vmm::reserve(&self.driver, device, size))
     }
 
     fn window_map(&self, device: i32, address: u64, size: u64) -> Result<(), (i64, String)> {
-        // The worker's own bookkeeping, no part of a capture the program may be making (the
-        // client places an allocation ahead only where the program's thread may allocate).
         self.module_api.relaxed(|| vmm::map(&self.driver, device, address, size))
     }
 

@@ -59,8 +59,16 @@ fn check(status: Status, what: &str) -> Result<(), (i64, String)> {
 }
 
 fn function<F: Copy>(driver: &Library, name: &str) -> Result<F, (i64, String)> {
-    const NOT_SUPPORTED: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64;
     symbol_as(driver, name).map_err(|e| (NOT_SUPPORTED, format!("the server's driver has no {name}: {e}")))
+}
+
+/// The driver's CUdevice of an ordinal.
+fn device_handle(driver: &Library, ordinal: i32) -> Result<i32, (i64, String)> {
+    let device_get: unsafe extern "C" fn(*mut i32, i32) -> Status = function(driver, "cuDeviceGet")?;
+    let mut dev = 0i32;
+    // SAFETY: a local out-value; the driver checks the ordinal.
+    check(unsafe { device_get(&mut dev, ordinal) }, "cuDeviceGet")?;
+    Ok(dev)
 }
 
 /// Each device's primary context, retained once for the worker's life (the worker is one
@@ -81,15 +89,12 @@ fn in_primary<T>(
         match known.get(&device) {
             Some(&ctx) => ctx,
             None => {
-                let device_get: unsafe extern "C" fn(*mut i32, i32) -> Status = function(driver, "cuDeviceGet")?;
                 let retain: unsafe extern "C" fn(*mut u64, i32) -> Status =
                     function(driver, "cuDevicePrimaryCtxRetain")?;
-                let (mut dev, mut ctx) = (0i32, 0u64);
-                // SAFETY: local out-values; the ordinal is checked by the driver.
-                unsafe {
-                    check(device_get(&mut dev, device), "cuDeviceGet")?;
-                    check(retain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
-                }
+                let dev = device_handle(driver, device)?;
+                let mut ctx = 0u64;
+                // SAFETY: a local out-value and a device the driver gave.
+                check(unsafe { retain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
                 known.insert(device, ctx);
                 ctx
             }
@@ -107,8 +112,19 @@ fn in_primary<T>(
     out
 }
 
-/// Reserve `size` bytes (rounded up to the granularity) of address space on `device`.
+/// Reserve `size` bytes (rounded up to the granularity) of address space on `device`, on a
+/// device whose driver manages virtual memory, and make and free one granule in it: a GPU
+/// that cannot (a virtual GPU without it) refuses the window here, and the client's
+/// allocations wait, rather than failing later where the program was told they succeeded.
 pub fn reserve(driver: &Library, device: i32, size: u64) -> Result<Window, (i64, String)> {
+    let attribute: unsafe extern "C" fn(*mut i32, u32, i32) -> Status = function(driver, "cuDeviceGetAttribute")?;
+    let dev = device_handle(driver, device)?;
+    let mut supported = 0i32;
+    // SAFETY: a local out-value and a device the driver gave.
+    check(unsafe { attribute(&mut supported, VMM_SUPPORTED, dev) }, "cuDeviceGetAttribute")?;
+    if supported == 0 {
+        return Err((NOT_SUPPORTED, format!("device {device} has no virtual memory management")));
+    }
     let granularity_of: unsafe extern "C" fn(*mut usize, *const AllocationProp, u32) -> Status =
         function(driver, "cuMemGetAllocationGranularity")?;
     let address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> Status =
@@ -130,10 +146,20 @@ pub fn reserve(driver: &Library, device: i32, size: u64) -> Result<Window, (i64,
     let mut base = 0u64;
     // SAFETY: a local out-value; no fixed address asked.
     check(unsafe { address_reserve(&mut base, len, granularity as usize, 0, 0) }, "cuMemAddressReserve")?;
+    let tried = map(driver, device, base, granularity).and_then(|()| unmap_range(driver, base, granularity));
+    if let Err((status, message)) = tried {
+        let address_free: unsafe extern "C" fn(u64, usize) -> Status = function(driver, "cuMemAddressFree")?;
+        // SAFETY: the range reserved above, nothing mapped in it.
+        unsafe { address_free(base, len) };
+        return Err((status, format!("device {device} cannot make memory in a reserved range: {message}")));
+    }
     Ok(Window { base, size, granularity, free })
 }
 
 const INVALID_VALUE: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE as i64;
+const NOT_SUPPORTED: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64;
+const VMM_SUPPORTED: u32 =
+    chidori_cuda::consts::CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
 
 /// Create `size` bytes of device memory on `device` and map them at `address` (inside a
 /// reserved window), readable and writable from that device.
@@ -174,8 +200,6 @@ pub fn map(driver: &Library, device: i32, address: u64, size: u64) -> Result<(),
 /// retained again at the next use.
 pub fn unmap(driver: &Library, device: i32, address: u64, size: u64, reset: bool) -> Result<(), (i64, String)> {
     let synchronize: unsafe extern "C" fn() -> Status = function(driver, "cuCtxSynchronize")?;
-    let unmap: unsafe extern "C" fn(u64, usize) -> Status = function(driver, "cuMemUnmap")?;
-    let len = usize::try_from(size).map_err(|_| (INVALID_VALUE, format!("an allocation of {size} bytes")))?;
     if reset {
         if let Some(known) = PRIMARY.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             known.remove(&device);
@@ -184,6 +208,13 @@ pub fn unmap(driver: &Library, device: i32, address: u64, size: u64, reset: bool
         // SAFETY: no arguments; the device's primary context is current.
         in_primary(driver, device, || check(unsafe { synchronize() }, "cuCtxSynchronize"))?;
     }
+    unmap_range(driver, address, size)
+}
+
+/// Unmap what map() made at `address`, which frees its memory.
+fn unmap_range(driver: &Library, address: u64, size: u64) -> Result<(), (i64, String)> {
+    let unmap: unsafe extern "C" fn(u64, usize) -> Status = function(driver, "cuMemUnmap")?;
+    let len = usize::try_from(size).map_err(|_| (INVALID_VALUE, format!("an allocation of {size} bytes")))?;
     // SAFETY: a mapping map() made (checked by the session), unmapped once.
     check(unsafe { unmap(address, len) }, "cuMemUnmap")
 }
