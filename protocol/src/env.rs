@@ -141,7 +141,7 @@ pub fn server_file_name(server: &str) -> String {
 /// or more (rounded up to granules), on a
 /// server with one GPU returns an address in a window of address space the server reserved
 /// for the session, without waiting; the server backs it with new memory in order with the
-/// program's calls. Only while what the session allocated that way stays below the device
-/// memory that was free when the window was made, less a margin; a failure there ends the
-/// session, saying so.
+/// program's calls. Only while what the session allocated stays below the device memory
+/// that was free when the window was made, less a margin (1/8, at least 1 GiB); a failure
+/// there ends the session, saying so.
 pub const WINDOW_ALLOC: &str = "CHIDORI_WINDOW_ALLOC";

@@ -3,9 +3,10 @@
 //! may be placed without asking the GPU. Pure data: `crate::custom::placed` asks for the
 //! window, answers `cudaMalloc` from here and sends the server what to back.
 //!
-//! What may be placed: whole granules, while what was placed and not freed stays within
+//! What may be placed: whole granules, while what was placed and not freed, with what the
+//! program allocated through the server since (its allocations that waited), stays within
 //! the device memory free when the window was made, less a margin (what the server's
-//! libraries and other programs may still take). Beyond that an allocation waits for the
+//! libraries, cuFFT's and cuDNN's work areas, and other programs may still take). Beyond that an allocation waits for the
 //! GPU's own answer (out of memory is then the GPU's to say, as torch's allocator needs to
 //! hear to free its cache and try again).
 
@@ -28,6 +29,10 @@ struct Window {
     budget: u64,
     /// Bytes placed and not freed.
     placed: u64,
+    /// Allocations the server made for the program since the window was made, not freed:
+    /// base → length (they take from the same free memory).
+    others: HashMap<u64, u64>,
+    others_bytes: u64,
     /// Unused parts of the window: start → length.
     holes: BTreeMap<u64, u64>,
     /// Allocations: base → length.
@@ -38,14 +43,15 @@ struct Window {
 /// at most a third of what it takes is not asked for (and at most one granule).
 pub const ROUNDED_MIN: u64 = 4 << 20;
 
-/// The margin kept from the free memory: 1/32 of it, at least 512 MiB.
+/// The margin kept from the free memory: 1/8 of it, at least 1 GiB.
 fn margin(free: u64) -> u64 {
-    (free / 32).max(512 << 20)
+    (free / 8).max(1 << 30)
 }
 
 impl Window {
     fn place(&mut self, size: u64) -> Option<u64> {
-        if size == 0 || !size.is_multiple_of(self.granularity) || self.placed.saturating_add(size) > self.budget {
+        let taken = self.placed.saturating_add(self.others_bytes);
+        if size == 0 || !size.is_multiple_of(self.granularity) || taken.saturating_add(size) > self.budget {
             return None;
         }
         let (&start, &len) = self.holes.iter().find(|&(_, &len)| len >= size)?;
@@ -121,7 +127,16 @@ impl Windows {
         let len = (base.saturating_add(size).saturating_sub(first) / granularity).saturating_mul(granularity);
         let holes = if len > 0 { BTreeMap::from([(first, len)]) } else { BTreeMap::new() };
         let budget = free.saturating_sub(margin(free));
-        let window = Window { span: (first, len), granularity, budget, placed: 0, holes, allocations: BTreeMap::new() };
+        let window = Window {
+            span: (first, len),
+            granularity,
+            budget,
+            placed: 0,
+            others: HashMap::new(),
+            others_bytes: 0,
+            holes,
+            allocations: BTreeMap::new(),
+        };
         self.lock().get_or_insert_with(HashMap::new).insert(device, Device::Open(window));
     }
 
@@ -169,8 +184,34 @@ impl Windows {
         let Some(Device::Open(w)) = devices.as_mut().and_then(|d| d.get_mut(&device)) else { return Vec::new() };
         let bases = std::mem::take(&mut w.allocations).into_keys().collect();
         w.placed = 0;
+        w.others.clear();
+        w.others_bytes = 0;
         w.holes = if w.span.1 > 0 { BTreeMap::from([w.span]) } else { BTreeMap::new() };
         bases
+    }
+
+    /// The server made an allocation of `size` bytes at `base` on `device` for the program
+    /// (one that waited): it takes from the free memory placements count on.
+    pub fn noted(&self, device: i32, base: u64, size: u64) {
+        if let Some(Device::Open(w)) = self.lock().as_mut().and_then(|d| d.get_mut(&device))
+            && w.others.insert(base, size).is_none()
+        {
+            w.others_bytes = w.others_bytes.saturating_add(size);
+        }
+    }
+
+    /// An allocation the server made was freed (one noted, or any other: then nothing).
+    pub fn forgotten(&self, base: u64) {
+        if let Some(devices) = self.lock().as_mut() {
+            for d in devices.values_mut() {
+                if let Device::Open(w) = d
+                    && let Some(size) = w.others.remove(&base)
+                {
+                    w.others_bytes = w.others_bytes.saturating_sub(size);
+                    return;
+                }
+            }
+        }
     }
 
     /// The allocation at `base` was freed: its part of the window may be placed again.
@@ -234,14 +275,22 @@ mod tests {
     #[test]
     fn what_is_placed_stays_within_the_free_memory_less_a_margin() {
         let w = Windows::new();
-        // 4 GiB free: a margin of 512 MiB, 3.5 GiB may be placed.
-        w.opened(0, 0, 64 * GIB, G, 4 * GIB);
+        // 4.5 GiB free: a margin of 1 GiB, 3.5 GiB may be placed.
+        w.opened(0, 0, 64 * GIB, G, 4 * GIB + GIB / 2);
         assert!(w.place(0, 3 * GIB).map(|p| p.0).is_some());
         assert_eq!(w.place(0, GIB).map(|p| p.0), None);
         let last = w.place(0, GIB / 2).map(|p| p.0).unwrap();
         assert_eq!(w.place(0, G).map(|p| p.0), None);
         w.release(last);
-        assert!(w.place(0, G).map(|p| p.0).is_some());
+        // What the server allocated for the program takes from it too, until freed.
+        w.noted(0, 0x7000_0000, GIB / 4);
+        w.noted(0, 0x7000_0000, GIB / 4);
+        assert_eq!(w.place(0, GIB / 2).map(|p| p.0), None);
+        assert!(w.place(0, GIB / 4).map(|p| p.0).is_some());
+        w.forgotten(0x7000_0000);
+        w.forgotten(0x7000_0000);
+        assert!(w.place(0, GIB / 4).map(|p| p.0).is_some());
+        assert_eq!(w.place(0, G).map(|p| p.0), None);
     }
 
     proptest::proptest! {
@@ -253,9 +302,9 @@ mod tests {
             ops in proptest::collection::vec((0u64..6, 0usize..8, proptest::bool::ANY), 1..120)
         ) {
             let w = Windows::new();
-            // 32 granules of window; 512 MiB and 20 granules free: a budget of 20 granules
-            // (the margin is 512 MiB).
-            w.opened(0, 64 * G, 32 * G, G, (512 << 20) + 20 * G);
+            // 32 granules of window; 1 GiB and 20 granules free: a budget of 20 granules
+            // (the margin is 1 GiB).
+            w.opened(0, 64 * G, 32 * G, G, GIB + 20 * G);
             let budget = 20 * G;
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (granules, pick, free) in ops {

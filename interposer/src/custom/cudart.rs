@@ -349,6 +349,7 @@ fn record_alloc(status: u32, dev_ptr: *mut c_void, len: u64) {
         let base = unsafe { std::ptr::read_unaligned(dev_ptr as *const u64) };
         if base != 0 {
             state::add(base, len, Memory::Device { device: state::current_device() });
+            crate::custom::placed::noted(base, len);
         }
     }
 }
@@ -414,6 +415,7 @@ fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
         let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;
         if s == SUCCESS && args[0] != 0 {
             state::remove(args[0]);
+            crate::custom::placed::forgotten(args[0]);
         }
         Ok(s)
     })

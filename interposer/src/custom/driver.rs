@@ -192,6 +192,7 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut c_void, bytesize: usize) -> u32 {
             // SAFETY: written by the reply.
             let base = unsafe { std::ptr::read_unaligned(dptr as *const u64) };
             state::add(base, bytesize as u64, Memory::Device { device: state::current_device() });
+            crate::custom::placed::noted(base, bytesize as u64);
         }
         Ok(s)
     })
@@ -210,6 +211,7 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
         let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
         if s == SUCCESS {
             state::remove(dptr);
+            crate::custom::placed::forgotten(dptr);
         }
         Ok(s)
     })

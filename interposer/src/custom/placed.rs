@@ -136,3 +136,14 @@ pub fn device_reset(device: i32) {
         let _ = conn.post(header, &messages::encode(&Service::WindowReset { device }), &[]);
     }
 }
+
+/// The server made an allocation for the program (one that waited): it counts against
+/// what may be placed, until freed ([`forgotten`]).
+pub fn noted(base: u64, size: u64) {
+    windows().noted(state::current_device(), base, size);
+}
+
+/// The server freed an allocation it made for the program.
+pub fn forgotten(base: u64) {
+    windows().forgotten(base);
+}
