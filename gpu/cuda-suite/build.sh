@@ -26,7 +26,8 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
-       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt user_objects)
+       graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt user_objects
+       alloc_lifecycle)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
