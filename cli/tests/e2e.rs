@@ -1500,6 +1500,39 @@ fn large_allocations_are_placed_without_waiting() {
     assert_eq!(trips(&stderr, "cudaFree"), "7", "{stderr}");
 }
 
+/// Allocations while a stream captures: in the global mode an allocation is illegal on
+/// any thread, so the GPU must answer it; a thread that swapped in the relaxed mode (as
+/// torch's allocator does around its capture allocations) may allocate, and is placed.
+const PLACED_WHILE_CAPTURING: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s;
+  cudaGraph_t g;
+  void *global = 0, *relaxed = 0;
+  if (cudaStreamCreate(&s) || cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)) return 10;
+  int in_global = cudaMalloc(&global, 2 << 20);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode)) return 11;
+  int in_relaxed = cudaMalloc(&relaxed, 2 << 20);
+  if (cudaThreadExchangeStreamCaptureMode(&mode) || cudaStreamEndCapture(s, &g)) return 12;
+  printf("global:%d relaxed:%d\n", in_global, in_relaxed);
+  return 0;
+}
+"#;
+
+#[test]
+fn allocations_while_capturing_are_placed_only_where_legal() {
+    let server = server();
+    let exe = program("placed-capturing", PLACED_WHILE_CAPTURING);
+    let cache = chidori_tests::scratch("placed-capturing-cache");
+    let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
+    // The emulated GPU allows both (a real one refuses the first and ends the capture).
+    assert_eq!(stdout.trim(), "global:0 relaxed:0", "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaMalloc")[1], "1", "the global mode's allocation waited: {stderr}");
+    assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
+}
+
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
 fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let dir = chidori_tests::scratch(name);
