@@ -3,12 +3,13 @@
 //! may be placed without asking the GPU. Pure data: `crate::custom::placed` asks for the
 //! window, answers `cudaMalloc` from here and sends the server what to back.
 //!
-//! What may be placed: whole granules, while what was placed and not freed, with what the
-//! program allocated through the server since (its allocations that waited), stays within
-//! the device memory free when the window was made, less a margin (what the server's
-//! libraries, cuFFT's and cuDNN's work areas, and other programs may still take). Beyond that an allocation waits for the
-//! GPU's own answer (out of memory is then the GPU's to say, as torch's allocator needs to
-//! hear to free its cache and try again).
+//! What may be placed: whole granules (from [`ROUNDED_MIN`] on, any size rounded up to
+//! them), while what was placed and not freed, with what the program allocated through the
+//! server since (its allocations that waited), stays within the device memory free when the
+//! window was made, less a margin (what the server's libraries, cuFFT's and cuDNN's work
+//! areas, and other programs may still take). Beyond that an allocation waits for the GPU's
+//! own answer (out of memory is then the GPU's to say, as torch's allocator needs to hear to
+//! free its cache and try again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};

@@ -32,8 +32,8 @@ fn windows() -> &'static Windows {
     &state::CLIENT.ahead.windows
 }
 
-/// Whether this process places allocations: decided once, at its first allocation of whole
-/// granules.
+/// Whether this process places allocations: decided once, at its first allocation that
+/// could be placed.
 fn on(conn: &Conn) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
