@@ -20,10 +20,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::MutexGuard;
 
 use chidori_cuda::handles::{KINDS, kind};
-use chidori_protocol::desc::{CallDesc, Dir, Wire};
+use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::Action;
+use super::kept::{Action, Part};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -54,37 +54,22 @@ fn is_query(name: &str) -> bool {
 /// The fingerprint of a call's content: its wire id, every value, the lengths and bytes of
 /// its inputs, and the fingerprints of the legacy descriptors it passes (skipping `skip`).
 fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, skip: Option<usize>) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    desc.wire.hash(&mut h);
     let prints = fingerprints();
-    for (i, wire) in desc.params.iter().enumerate() {
-        if Some(i) == skip {
-            continue;
-        }
-        let a = args.get(i).copied().unwrap_or(0);
-        match *wire {
-            Wire::Val { .. } => a.hash(&mut h),
-            Wire::Handle { kind: k, .. } if k == kind::cudnnContext => {}
-            Wire::Handle { kind: k, .. } if legacy(k) => match prints.as_ref().and_then(|m| m.get(&a)) {
-                _ if a == 0 => 0u64.hash(&mut h),
-                // As created: nothing set yet.
-                None => 1u64.hash(&mut h),
-                Some(Some(fingerprint)) => fingerprint.hash(&mut h),
-                Some(None) => return None,
-            },
-            // A device address by its value (a dropout descriptor's states: NULL without
-            // dropout, the same in every process).
-            Wire::Device => a.hash(&mut h),
-            Wire::Buf { dir: Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
-            Wire::Buf { dir: Dir::In, .. } => prepared.call.lens.get(i).hash(&mut h),
-            // A handle of another kind, a scalar, a string: not a question this answers.
-            _ => return None,
-        }
-    }
-    for b in &prepared.bulk {
-        b.as_ref().hash(&mut h);
-    }
-    Some(h.finish())
+    super::kept::content(desc.wire, desc, args, prepared, skip, None, |wire, a| match *wire {
+        Wire::Handle { kind: k, .. } if k == kind::cudnnContext => Part::Leave,
+        Wire::Handle { kind: k, .. } if legacy(k) => match prints.as_ref().and_then(|m| m.get(&a)) {
+            _ if a == 0 => Part::Hash(0),
+            // As created: nothing set yet.
+            None => Part::Hash(1),
+            Some(Some(fingerprint)) => Part::Hash(*fingerprint),
+            Some(None) => Part::Refuse,
+        },
+        // A device address by its value (a dropout descriptor's states: NULL without
+        // dropout, the same in every process).
+        Wire::Device => Part::Hash(a),
+        // A value, a buffer; another handle, a scalar, a string: not a question this answers.
+        _ => Part::Usual,
+    })
 }
 
 /// Before a cuDNN call is sent: answer a size query known, follow what the program sets in

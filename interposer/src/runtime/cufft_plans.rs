@@ -17,10 +17,10 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use chidori_protocol::desc::{CallDesc, Dir, Wire};
+use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, decode, give_checked, stored};
+use super::kept::{Action, Part, decode, give_checked, stored};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -78,19 +78,7 @@ pub(crate) fn role(name: &str) -> Role {
 /// id, its values, and the lengths and bytes of its inputs. None where it passes anything
 /// else (a handle, a device address, a string).
 fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    desc.wire.hash(&mut h);
-    for (i, wire) in desc.params.iter().enumerate().skip(1) {
-        match *wire {
-            Wire::Val { .. } => args.get(i).copied().unwrap_or(0).hash(&mut h),
-            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
-            _ => return None,
-        }
-    }
-    for b in &prepared.bulk {
-        b.as_ref().hash(&mut h);
-    }
-    Some(h.finish())
+    super::kept::content(desc.wire, desc, args, prepared, Some(0), None, |_, _| Part::Usual)
 }
 
 /// What each plan says: `Some(fingerprint)` of the Sets since its create, `None` once it

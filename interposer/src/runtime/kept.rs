@@ -4,7 +4,9 @@
 //! against the server's answer where they come from an earlier session), and their bytes in
 //! the store of learned answers (`crate::learned`).
 
-use chidori_protocol::desc::CallDesc;
+use std::hash::{Hash, Hasher};
+
+use chidori_protocol::desc::{CallDesc, Dir, Wire};
 
 use super::Prepared;
 use crate::ahead::Answers;
@@ -20,6 +22,60 @@ pub enum Action {
     /// A size query to ask the server: learn its answer under this key.
     Learn(u64),
     Send,
+}
+
+/// How a module counts one parameter in a content fingerprint ([`content`]).
+pub(crate) enum Part {
+    /// By this value.
+    Hash(u64),
+    /// Not at all (the library's context).
+    Leave,
+    /// As every module does: a value by itself, a buffer by its length; anything else
+    /// refused.
+    Usual,
+    /// Not a question kept: no fingerprint.
+    Refuse,
+}
+
+/// The fingerprint of a call's content that kept answers are keyed by: `head` (which
+/// call), each parameter but `skip` as `part` says of it and its argument in `args`, then
+/// the bytes of the call's inputs (or `inputs` in their place). None where a part refuses.
+pub(crate) fn content(
+    head: impl Hash,
+    desc: &CallDesc,
+    args: &[u64],
+    prepared: &Prepared,
+    skip: Option<usize>,
+    inputs: Option<&[u8]>,
+    mut part: impl FnMut(&Wire, u64) -> Part,
+) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    head.hash(&mut h);
+    for (i, wire) in desc.params.iter().enumerate() {
+        if Some(i) == skip {
+            continue;
+        }
+        let a = args.get(i).copied().unwrap_or(0);
+        match part(wire, a) {
+            Part::Hash(v) => v.hash(&mut h),
+            Part::Leave => {}
+            Part::Refuse => return None,
+            Part::Usual => match *wire {
+                Wire::Val { .. } => a.hash(&mut h),
+                Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
+                _ => return None,
+            },
+        }
+    }
+    match inputs {
+        Some(bytes) => bytes.hash(&mut h),
+        None => {
+            for b in &prepared.bulk {
+                b.as_ref().hash(&mut h);
+            }
+        }
+    }
+    Some(h.finish())
 }
 
 /// A size question keyed `key`: answered from `cache` (asked in this process), or from

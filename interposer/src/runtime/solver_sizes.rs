@@ -18,10 +18,10 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use chidori_cuda::handles::kind;
-use chidori_protocol::desc::{CallDesc, Dir, Wire};
+use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::Action;
+use super::kept::{Action, Part};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -88,34 +88,20 @@ fn with_objects<T>(f: impl FnOnce(&mut Objects) -> T) -> T {
 /// `skip`); the library's context left out. None where it passes anything else, or an
 /// object the client lost track of.
 fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects, skip: Option<usize>) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    desc.wire.hash(&mut h);
-    for (i, wire) in desc.params.iter().enumerate() {
-        if Some(i) == skip {
-            continue;
-        }
-        let a = args.get(i).copied().unwrap_or(0);
-        match *wire {
-            Wire::Val { .. } => a.hash(&mut h),
-            // A device address by its alignment only (as cuBLASLt's heuristics are kept): a
-            // size query reads no matrix (callers pass NULL), and a tensor's address differs
-            // from process to process.
-            Wire::Device => alignment(a).hash(&mut h),
-            // NULL: the library's defaults.
-            Wire::Handle { kind: k, .. } if followed(k) && a == 0 => 0u64.hash(&mut h),
-            Wire::Handle { kind: k, .. } if followed(k) => match objects.says.get(&a) {
-                None if !objects.overflowed => CREATED.hash(&mut h),
-                Some(Some(print)) => print.hash(&mut h),
-                _ => return None,
-            },
-            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
-            _ => return None,
-        }
-    }
-    for b in &prepared.bulk {
-        b.as_ref().hash(&mut h);
-    }
-    Some(h.finish())
+    super::kept::content(desc.wire, desc, args, prepared, skip, None, |wire, a| match *wire {
+        // A device address by its alignment only (as cuBLASLt's heuristics are kept): a
+        // size query reads no matrix (callers pass NULL), and a tensor's address differs
+        // from process to process.
+        Wire::Device => Part::Hash(u64::from(alignment(a))),
+        // NULL: the library's defaults.
+        Wire::Handle { kind: k, .. } if followed(k) && a == 0 => Part::Hash(0),
+        Wire::Handle { kind: k, .. } if followed(k) => match objects.says.get(&a) {
+            None if !objects.overflowed => Part::Hash(CREATED),
+            Some(Some(print)) => Part::Hash(*print),
+            _ => Part::Refuse,
+        },
+        _ => Part::Usual,
+    })
 }
 
 /// How a device address is aligned, up to 256 bytes; NULL apart.

@@ -24,10 +24,10 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use chidori_cuda::handles::kind;
-use chidori_protocol::desc::{CallDesc, Dir, Wire};
+use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, Answer, give, outputs};
+use super::kept::{Action, Answer, Part, give, outputs};
 use crate::state::CLIENT;
 
 /// Answers kept (distinct questions: a few per sparse layer shape).
@@ -88,34 +88,14 @@ fn content_with(
     skip: Option<usize>,
     inputs: Option<&[u8]>,
 ) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
     // The function, not the wire form: an attribute set sent without waiting says what the
-    // same set that waited said.
-    desc.call.hash(&mut h);
-    for (i, wire) in desc.params.iter().enumerate() {
-        if Some(i) == skip {
-            continue;
-        }
-        // A record's id (the argument word after encoding), or the value.
-        let a = prepared.call.args.get(i).copied().unwrap_or(0);
-        match *wire {
-            Wire::Val { .. } => a.hash(&mut h),
-            Wire::RecordHandle { kind: k, .. } if k == kind::cusparseLtHandle_t => {}
-            Wire::RecordHandle { .. } => prints.get(a)?.hash(&mut h),
-            Wire::Buf { dir: Dir::In | Dir::Out, .. } | Wire::Null => prepared.call.lens.get(i).hash(&mut h),
-            // A device address, a stream, a scalar: not a question this answers.
-            _ => return None,
-        }
-    }
-    match inputs {
-        Some(bytes) => bytes.hash(&mut h),
-        None => {
-            for b in &prepared.bulk {
-                b.as_ref().hash(&mut h);
-            }
-        }
-    }
-    Some(h.finish())
+    // same set that waited said. A record by its id (the argument word after encoding).
+    super::kept::content(desc.call, desc, &prepared.call.args, prepared, skip, inputs, |wire, a| match *wire {
+        Wire::RecordHandle { kind: k, .. } if k == kind::cusparseLtHandle_t => Part::Leave,
+        Wire::RecordHandle { .. } => prints.get(a).map_or(Part::Refuse, Part::Hash),
+        // A value, a buffer; a device address, a stream, a scalar: not a question this answers.
+        _ => Part::Usual,
+    })
 }
 
 fn combine(before: u64, call: u64) -> u64 {
