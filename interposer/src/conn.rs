@@ -844,6 +844,13 @@ impl Conn {
         reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
     }
 
+    /// A request the server does not answer (a failure comes back as an AsyncError or ends
+    /// the session), queued in order with the calling thread's calls; `bulk` its bulk section.
+    pub fn post_service(&self, request: &Service, bulk: &[&[u8]]) -> Result<(), String> {
+        let header = Header::new(Kind::Service, 0, thread_id(), self.next_seq());
+        self.post(header, &messages::encode(request), bulk)
+    }
+
     /// Several requests sent back to back, then every answer awaited: one round trip of
     /// latency for all. Each request's answer, in order.
     pub fn services(&self, requests: &[(Service, &[u8])]) -> Vec<Result<ServiceReply, String>> {

@@ -24,8 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, MirrorChanges, Service, ServiceReply};
+use chidori_protocol::messages::{MirrorChanges, Service, ServiceReply};
 use chidori_protocol::mirror::{PUSH_BUDGET, PUSH_MAX_RUNS, STAND_IN_KEYS, in_arena, is_stand_in};
 
 use crate::conn::Conn;
@@ -439,9 +438,7 @@ fn push(conn: &Conn, base: u64, len: u64) -> bool {
     // size; a failure comes back as the status of the next runtime call.
     for runs in chidori_protocol::mirror::batches(&update.runs, PUSH_BUDGET, PUSH_MAX_RUNS) {
         let parts: Vec<&[u8]> = runs.iter().map(|&(o, n)| &bytes[o as usize..(o + n) as usize]).collect();
-        let request = Service::MirrorWrite { base, len, runs, client };
-        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-        let _ = conn.post(header, &messages::encode(&request), &parts);
+        let _ = conn.post_service(&Service::MirrorWrite { base, len, runs, client }, &parts);
     }
     crate::trace::local("(pinned memory mirrored)");
     true
@@ -549,8 +546,7 @@ pub fn forget(base: u64) {
 }
 
 fn post_drop(conn: &Conn, base: u64) {
-    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-    let _ = conn.post(header, &messages::encode(&Service::MirrorDrop { base }), &[]);
+    let _ = conn.post_service(&Service::MirrorDrop { base }, &[]);
 }
 
 /// Pages this process mapped for `__managed__` variables (variables of one module share

@@ -13,8 +13,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use chidori_protocol::frame::{Header, Kind};
-use chidori_protocol::messages::{self, Service, ServiceReply};
+use chidori_protocol::messages::{Service, ServiceReply};
 
 use crate::ahead::windows::{Owned, ROUNDED_MIN, Windows};
 use crate::conn::Conn;
@@ -79,9 +78,7 @@ pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
         }
     }
     let (address, part) = windows().place(device, size)?;
-    let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
-    let map = Service::WindowMap { device, address, size: part };
-    if conn.post(header, &messages::encode(&map), &[]).is_err() {
+    if conn.post_service(&Service::WindowMap { device, address, size: part }, &[]).is_err() {
         windows().release(address);
         return None;
     }
@@ -131,9 +128,8 @@ pub fn device_reset(device: i32) {
         state::remove(base);
     }
     if let Ok(conn) = crate::conn::get() {
-        let header = Header::new(Kind::Service, 0, crate::conn::thread_id(), conn.next_seq());
         // A broken connection ends the session anyway.
-        let _ = conn.post(header, &messages::encode(&Service::WindowReset { device }), &[]);
+        let _ = conn.post_service(&Service::WindowReset { device }, &[]);
     }
 }
 
