@@ -21,7 +21,10 @@ native run (--native-twice) gives other values too, a remote result within twice
 native runs' own spread is within tolerance as well (counted apart), else they `differ`;
 except where PyTorch itself calls a kernel that made the native result nondeterministic
 (`run_ops.py` asks it under deterministic mode): those are counted and listed apart, as
-`nondeterministic kernel`. An error raised in both runs with the same type and message
+`nondeterministic kernel`. A float result that differs where the two native runs happened
+to agree, of an op whose other samples of the same dtype and pass (forward, backward) do
+vary natively, by no more than twice their largest variation in units in the last place,
+is listed apart too (`like native variation`): an atomic accumulation in another order. An error raised in both runs with the same type and message
 counts as identical. The table comes last; exit status 0 only when nothing
 differs and no op crashed remotely that did not natively.
 """
@@ -175,6 +178,10 @@ class Tally:
     # Differing results made by kernels PyTorch calls nondeterministic (they warn under
     # torch.use_deterministic_algorithms), listed apart from `failures`.
     nondeterministic_kernel: list[str] = field(default_factory=list)
+    # Differing results of an op whose other samples of the same dtype and pass vary between
+    # native runs, by no more units in the last place than they vary: the two native runs
+    # happened to agree on this sample. Listed apart from `failures`.
+    like_native_variation: list[str] = field(default_factory=list)
 
 
 def as_real(t: Any) -> Any:
@@ -229,6 +236,25 @@ def leaf_verdict(a: Any, b: Any, tol: tuple[float, float], spread: Any = None) -
     return "differ", detail
 
 
+def ulps(a: Any, b: Any) -> float:
+    """The largest distance between two float tensor leaves of one shape, in units in the
+    last place of the larger magnitude (inf where only one is NaN); 0 for anything else."""
+    import torch
+
+    if a[0] != "tensor" or b[0] != "tensor":
+        return 0.0
+    x, y = a[1], b[1]
+    if x.shape != y.shape or x.dtype != y.dtype or x.numel() == 0 or not (x.is_floating_point() or x.is_complex()):
+        return 0.0
+    xv, yv = as_real(x).contiguous(), as_real(y).contiguous()
+    top = torch.maximum(xv.abs(), yv.abs())
+    spacing = (torch.nextafter(top, torch.full_like(top, float("inf"))) - top).double()
+    dist = ((xv.double() - yv.double()).abs() / spacing).nan_to_num(nan=float("inf"))
+    dist[torch.isnan(xv) & torch.isnan(yv)] = 0
+    dist[xv == yv] = 0
+    return float(dist.max())
+
+
 def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tuple[Tally, dict[str, list[str]]]:
     import torch
 
@@ -256,6 +282,10 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
         tolerances = a.get("__meta__", {}).get("tolerance", {})
         alerted = set(a.get("__meta__", {}).get("nondeterministic", []))
         varies = False
+        # (dtype, pass) -> the most the two native runs differ in any sample, in ulps; and
+        # the differing comparisons left to judge against it once the op is read.
+        native_ulps: dict[tuple[str, str], float] = {}
+        undecided: list[tuple[str, tuple[str, str], float, str]] = []
         for key in sorted(set(a) | set(b)):
             if key == "__meta__":
                 continue
@@ -277,8 +307,11 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
                 continue
             tol = tuple(tolerances.get(key.split("|")[1], (0.0, 0.0)))
             verdicts = [leaf_verdict(x, y, tol, lc[i] if lc else None) for i, (x, y) in enumerate(zip(la, lb))]
+            group = (key.split("|")[1], key.rsplit("|", 1)[-1])
             if lc is not None and any(leaf_verdict(x, z, (0.0, 0.0))[0] != "identical" for x, z in zip(la, lc)):
                 varies = True
+                spread = max(ulps(x, z) for x, z in zip(la, lc))
+                native_ulps[group] = max(native_ulps.get(group, 0.0), spread)
             kinds = [v for v, _ in verdicts]
             if all(v == "identical" for v in kinds):
                 tally.identical += 1
@@ -292,9 +325,23 @@ def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tu
                 if key in alerted:
                     tally.nondeterministic_kernel.append(f"{key}: leaf {worst}: {verdicts[worst][1]}")
                     continue
+                # Float leaves of one shape only: anything else differing is no rounding.
+                distances = [ulps(x, y) for v, x, y in zip(kinds, la, lb) if v == "differ"]
+                if all(d > 0 for d in distances):
+                    undecided.append((key, group, max(distances), f"leaf {worst}: {verdicts[worst][1]}"))
+                    continue
                 tally.differ += 1
                 tally.by_op[name] = tally.by_op.get(name, 0) + 1
                 tally.failures.append(f"{key}: leaf {worst}: {verdicts[worst][1]}")
+        for key, group, distance, detail in undecided:
+            spread = native_ulps.get(group, 0.0)
+            if 0 < distance <= 2 * spread:
+                tally.like_native_variation.append(
+                    f"{key}: {detail}; {distance:.3g} ulp, native runs of other samples differ by {spread:.3g}")
+                continue
+            tally.differ += 1
+            tally.by_op[name] = tally.by_op.get(name, 0) + 1
+            tally.failures.append(f"{key}: {detail}" + (f"; {distance:.3g} ulp, native runs by {spread:.3g}" if spread else ""))
         if varies:
             by_state["nondeterministic natively"].append(name)
     return tally, by_state
@@ -344,6 +391,10 @@ def main() -> int:
         print(f"-- differing where PyTorch calls the kernel nondeterministic ({len(tally.nondeterministic_kernel)}):")
         for f in tally.nondeterministic_kernel[:100]:
             print("   ", f)
+    if tally.like_native_variation:
+        print(f"-- differing like other samples of the op between native runs ({len(tally.like_native_variation)}):")
+        for f in tally.like_native_variation[:100]:
+            print("   ", f)
     if tally.failures:
         print(f"-- differences ({len(tally.failures)}):")
         for f in tally.failures[:200]:
@@ -352,7 +403,8 @@ def main() -> int:
         "ops": len(ops), "seconds": round(ran, 1), "compared": tally.compared, "tensors": tally.tensors,
         "identical": tally.identical, "within_tolerance": tally.within, "differ": tally.differ,
         "missing": tally.missing, "accepted_by_native_variation": tally.by_native_variation,
-        "differ_in_nondeterministic_kernels": len(tally.nondeterministic_kernel), "remote_crash": len(by_state["remote crash"]),
+        "differ_in_nondeterministic_kernels": len(tally.nondeterministic_kernel),
+        "differ_like_native_variation": len(tally.like_native_variation), "remote_crash": len(by_state["remote crash"]),
         "remote_timeout": len(by_state["remote timeout"]), "native_crash": len(by_state["native crash"]),
         "not_run": len(by_state["not run"]), "nondeterministic_natively": len(by_state["nondeterministic natively"]),
         "restarts": {r.label: r.restarts for r in runs},
@@ -360,7 +412,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "states": by_state, "tolerated": tally.tolerated, "by_op": tally.by_op,
-                       "failures": tally.failures, "nondeterministic_kernel": tally.nondeterministic_kernel}, f,
+                       "failures": tally.failures, "nondeterministic_kernel": tally.nondeterministic_kernel,
+                       "like_native_variation": tally.like_native_variation}, f,
                       indent=1)
     if tally.by_op:
         ranked = sorted(tally.by_op.items(), key=lambda kv: (-kv[1], kv[0]))
