@@ -3415,8 +3415,9 @@ fn events_are_named_by_the_client() {
 }
 
 /// Capture-mode exchanges as torch's allocator makes them around every cudaMalloc while a
-/// graph captures (RELAXED in, the old mode back): after a thread's first exchange the
-/// client knows its mode, answers with it and sends the exchange without waiting.
+/// graph captures (RELAXED in, the old mode back): the client knows every thread's mode
+/// (global where it never exchanged one), answers with it and sends the exchange without
+/// waiting.
 const CAPTURE_MODES: &str = r#"
 #include <pthread.h>
 #include <cuda_runtime_api.h>
@@ -3464,8 +3465,8 @@ fn a_threads_capture_mode_is_the_clients_after_its_first_exchange() {
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
-    // Asked: the first, the one refused, the other thread's first (NULL is the client's).
-    assert_eq!(trace_row(&stderr, "cudaThreadExchangeStreamCaptureMode"), ["23", "3"], "{stderr}");
+    // Asked: only the one refused (NULL is the client's).
+    assert_eq!(trace_row(&stderr, "cudaThreadExchangeStreamCaptureMode"), ["23", "1"], "{stderr}");
     assert_eq!(trace_row(&stderr, "cuThreadExchangeStreamCaptureMode"), ["1", "0"], "{stderr}");
 }
 

@@ -267,6 +267,12 @@ static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
 /// number instead of asking the kernel for its pid on every call.
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
+/// How many forks this process has been through (state kept per process, such as what a
+/// thread's executor on the server holds, is stale where it was noted under another count).
+pub fn forks() -> u64 {
+    FORKS.load(Ordering::Relaxed)
+}
+
 fn count_forks() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn in_child() {

@@ -126,25 +126,39 @@ fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32,
 }
 
 thread_local! {
-    /// This thread's stream-capture mode as the server has it, once an exchange said it.
-    static MODE: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    /// This thread's stream-capture mode as its executor on the server has it, with the
+    /// count of forks it was set under (a forked child's session starts its threads anew).
+    static MODE: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, MODE_GLOBAL)) };
 }
 
+/// The mode a thread starts with (cudaStreamCaptureModeGlobal; the driver's value is the same).
+const MODE_GLOBAL: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeGlobal;
 /// The highest capture mode (cudaStreamCaptureModeRelaxed; the driver's values are the same).
 const MODE_MAX: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
 
-/// Whether the calling thread's capture mode is known to be relaxed (it exchanged one in):
-/// its allocations are legal while another stream captures.
+/// The calling thread's capture mode on the server. Each client thread's calls run on an
+/// executor thread of their own, started for it in global mode (the worker swaps in relaxed
+/// only around its own calls and swaps back), so the client knows the mode from the start.
+fn thread_mode() -> u32 {
+    let forks = conn::forks();
+    MODE.with(|m| match m.get() {
+        (at, mode) if at == forks => mode,
+        _ => MODE_GLOBAL,
+    })
+}
+
+/// Whether the calling thread's capture mode is relaxed (it exchanged one in): its
+/// allocations are legal while another stream captures.
 pub fn thread_relaxed() -> bool {
-    MODE.with(|m| m.get() == Some(MODE_MAX))
+    thread_mode() == MODE_MAX
 }
 
 /// cudaThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode: swap the calling
 /// thread's capture mode. torch's allocator swaps in RELAXED around every cudaMalloc while
-/// a graph captures and restores what it got back: two round trips per allocation. A
-/// thread's first exchange asks the server (whose answer is the thread's mode there); from
-/// then on the client knows the mode, answers with it and sends the exchange without
-/// waiting (the server's thread still changes mode, in order with its other calls).
+/// a graph captures and restores what it got back. The client knows each thread's mode
+/// ([`thread_mode`]): it answers with it and sends the exchange without waiting (the
+/// server's thread still changes mode, in order with its other calls). A mode that is no
+/// mode is the server's to refuse.
 pub unsafe fn exchange_mode(ctx: &Ctx, mode: *mut c_void) -> u32 {
     let desc = ctx.form(Form::Call);
     crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc) as u32, || {
@@ -157,24 +171,20 @@ pub unsafe fn exchange_mode(ctx: &Ctx, mode: *mut c_void) -> u32 {
         }
         // SAFETY: the caller's cudaStreamCaptureMode*, checked non-null.
         let wanted = unsafe { std::ptr::read_unaligned(mode as *const u32) };
-        if let (true, Some(current)) = (wanted <= MODE_MAX, MODE.with(std::cell::Cell::get)) {
-            let new = wanted;
-            let mut value = new;
+        if wanted <= MODE_MAX {
+            let current = thread_mode();
+            let mut value = wanted;
             // SAFETY: the async form reads one enum from `value`, sent before this returns.
             let s = unsafe { crate::runtime::call(ctx.form(Form::Async), &[&raw mut value as u64]) } as u32;
             if s == success {
                 // SAFETY: as above.
                 unsafe { std::ptr::write_unaligned(mode as *mut u32, current) };
-                MODE.with(|m| m.set(Some(new)));
+                MODE.with(|m| m.set((conn::forks(), wanted)));
             }
             return s;
         }
         // SAFETY: the caller's pointer, which the call reads and writes.
-        let s = unsafe { crate::runtime::call(desc, &[mode as u64]) } as u32;
-        if s == success {
-            MODE.with(|m| m.set(Some(wanted)));
-        }
-        s
+        unsafe { crate::runtime::call(desc, &[mode as u64]) as u32 }
     })
 }
 
