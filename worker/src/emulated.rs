@@ -61,6 +61,9 @@ const _: () = {
 };
 
 thread_local! {
+    /// The context the calling thread made current (none: the primary context, which the
+    /// real worker makes current on each executor thread as it starts).
+    static CURRENT_CONTEXT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
     static CAPTURE_MODE: std::cell::Cell<u32> =
         const { std::cell::Cell::new(cudaStreamCaptureMode::cudaStreamCaptureModeGlobal) };
@@ -98,7 +101,6 @@ struct State {
     stream_attributes: HashMap<(u64, u32), Vec<u8>>,
     next_object: u64,
     primary_context: Option<u64>,
-    current_context: Option<u64>,
     next: u64,
     used: u64,
     streams: HashSet<u64>,
@@ -814,20 +816,18 @@ impl Backend for Emulated {
                     put_u32(a[0], chidori_cuda::consts::CUmoduleLoadingMode_enum::CU_MODULE_LAZY_LOADING);
                     SUCCESS
                 }
-                // A new context becomes the thread's current one (one current context for
-                // the emulation: its threads share it).
+                // A new context becomes the calling thread's current one.
                 ("driver", "cuCtxCreate_v2" | "cuCtxCreate_v3") => {
                     let ctx = self.new_handle(HandleSet::Context);
-                    self.state().current_context = Some(ctx);
+                    CURRENT_CONTEXT.set(Some(ctx));
                     put_u64(a[0], ctx);
                     SUCCESS
                 }
                 ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2") => {
-                    let mut s = self.state();
-                    if a[0] != 0 && !s.contexts.contains(&a[0]) {
+                    if a[0] != 0 && !self.state().contexts.contains(&a[0]) {
                         INVALID_HANDLE
                     } else {
-                        s.current_context = (a[0] != 0).then_some(a[0]);
+                        CURRENT_CONTEXT.set((a[0] != 0).then_some(a[0]));
                         SUCCESS
                     }
                 }
@@ -835,12 +835,11 @@ impl Backend for Emulated {
                 ("driver", "cuDevicePrimaryCtxRelease" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
                 ("driver", "cuDevicePrimaryCtxReset" | "cuDevicePrimaryCtxReset_v2") => SUCCESS,
                 ("driver", "cuCtxDestroy_v2") => {
-                    let mut s = self.state();
-                    if !s.contexts.remove(&a[0]) {
+                    if !self.state().contexts.remove(&a[0]) {
                         INVALID_HANDLE
                     } else {
-                        if s.current_context == Some(a[0]) {
-                            s.current_context = None;
+                        if CURRENT_CONTEXT.get() == Some(a[0]) {
+                            CURRENT_CONTEXT.set(None);
                         }
                         SUCCESS
                     }
@@ -1115,6 +1114,11 @@ impl Backend for Emulated {
                     SUCCESS
                 }
                 ("cusparse", "cusparseDestroyDnVec" | "cusparseDestroyDnMat" | "cusparseDestroySpMat") => SUCCESS,
+                ("cusparse", "cusparseGetVersion") => {
+                    // (handle, int *version): CUDA 13.0's cuSPARSE.
+                    put_u32(a[1], 12_600);
+                    SUCCESS
+                }
                 // The workspace B = P*A*Q^T needs: its pattern and a map, as int32s.
                 ("cusolver", "cusolverSpXcsrperm_bufferSizeHost") => {
                     let (m, nnz) = (a[1] as i32, a[3] as i32);
@@ -1282,9 +1286,9 @@ impl Backend for Emulated {
                     SUCCESS
                 }
                 ("driver", "cuCtxGetCurrent") => {
-                    // The primary context, which the real worker makes current when the
-                    // session starts, unless the program made one of its own current.
-                    let current = self.state().current_context;
+                    // The primary context, which the real worker makes current on each
+                    // executor thread, unless the program made one of its own current there.
+                    let current = CURRENT_CONTEXT.get();
                     put_u64(a[0], current.unwrap_or_else(|| self.primary_context()));
                     SUCCESS
                 }

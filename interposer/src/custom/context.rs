@@ -27,6 +27,32 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// (generation, device, context) of this thread's last cuCtxGetCurrent answer.
     static CURRENT: Cell<(u64, i32, u64)> = const { Cell::new((0, 0, 0)) };
+    /// The fork count under which this thread made a call that may change its current
+    /// context (a forked child's session starts its threads anew).
+    static TOUCHED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Whether the calling thread never made a call that may change its current context. Its
+/// executor on the server then has its device's primary context current: the worker makes
+/// it current as the thread starts, and cudaSetDevice makes the new device's current.
+fn untouched() -> bool {
+    TOUCHED.with(Cell::get) != Some(crate::conn::forks())
+}
+
+/// Each device's primary context with the generation it was seen in, as the server
+/// answered an untouched thread: another untouched thread's answer while no context call
+/// intervened.
+static PRIMARY: std::sync::Mutex<Vec<(i32, u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn primary_seen(device: i32, generation: u64) -> Option<u64> {
+    let seen = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
+    seen.iter().find(|&&(d, g, _)| d == device && g == generation).map(|&(_, _, ctx)| ctx)
+}
+
+fn see_primary(device: i32, generation: u64, ctx: u64) {
+    let mut seen = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
+    seen.retain(|&(d, g, _)| d != device && g == generation);
+    seen.push((device, generation, ctx));
 }
 
 fn forget() {
@@ -37,6 +63,7 @@ fn forget() {
 /// Forward a call that changes primary contexts, then drop the cache.
 fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: bool) -> u32 {
     crate::guard::ffi(name, INVALID_VALUE, || {
+        TOUCHED.with(|t| t.set(Some(crate::conn::forks())));
         forget();
         // SAFETY: values only.
         let s = unsafe { crate::runtime::call(desc, args) } as u32;
@@ -104,7 +131,9 @@ pub unsafe fn cudaDeviceReset() -> u32 {
 }
 
 /// cuCtxGetCurrent: answered from this thread's cache while no context call intervened
-/// and the runtime's current device is the same.
+/// and the runtime's current device is the same; on a thread that never changed its
+/// context, with the device's primary context another such thread was answered (torch's
+/// autograd thread asks as it starts).
 pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
     crate::guard::ffi("cuCtxGetCurrent", INVALID_VALUE, || {
         crate::trace::local("cuCtxGetCurrent");
@@ -114,9 +143,18 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
         let generation = GENERATION.load(Ordering::Relaxed);
         let device = crate::state::current_device();
         let (g, d, ctx) = CURRENT.with(Cell::get);
-        if g == generation && d == device && ctx != 0 {
+        let untouched = untouched();
+        let known = if g == generation && d == device && ctx != 0 {
+            Some(ctx)
+        } else if untouched {
+            primary_seen(device, generation)
+        } else {
+            None
+        };
+        if let Some(ctx) = known {
             // SAFETY: the caller's CUcontext*, checked non-null.
             unsafe { std::ptr::write_unaligned(pctx as *mut u64, ctx) };
+            CURRENT.with(|c| c.set((generation, device, ctx)));
             return SUCCESS;
         }
         // SAFETY: as above.
@@ -125,6 +163,9 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
         let ctx = unsafe { std::ptr::read_unaligned(pctx as *const u64) };
         if s == SUCCESS && ctx != 0 {
             CURRENT.with(|c| c.set((generation, device, ctx)));
+            if untouched {
+                see_primary(device, generation, ctx);
+            }
         }
         s
     })
