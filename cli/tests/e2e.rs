@@ -984,10 +984,12 @@ int cusparseCreateCsr(h_t *d, long rows, long cols, long nnz, void *offsets, voi
 int cusparseDestroyDnVec(h_t d);
 int cusparseDestroyDnMat(h_t d);
 int cusparseDestroySpMat(h_t d);
+int cusparseGetVersion(h_t h, int *version);
 int cudaMalloc(void **p, unsigned long size);
 #define C(x) do { int e = (x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
 int main(void) {
-  h_t h, h2, v[4], m[8], s[4], bad;
+  h_t h, v[4], m[8], s[4], bad;
+  int version;
   void *buf;
   C(cusparseCreate(&h));
   C(cudaMalloc(&buf, 4096));
@@ -1000,11 +1002,10 @@ int main(void) {
   for (int i = 0; i < 4; ++i) C(cusparseDestroyDnVec(v[i]));
   for (int i = 0; i < 8; ++i) C(cusparseDestroyDnMat(m[i]));
   for (int i = 0; i < 4; ++i) C(cusparseDestroySpMat(s[i]));
-  /* Every destroy reached a descriptor the library knows: the next waiting call is clean. */
-  C(cusparseCreate(&h2));
-  /* A leading dimension shorter than a column: refused by the library, said at the next wait. */
+  /* A leading dimension shorter than a column: refused by the library, said at the next
+     wait (every destroy before it reached a descriptor the library knows). */
   C(cusparseCreateDnMat(&bad, 4, 8, 2, buf, 0, 1));
-  printf("%d\n", cusparseCreate(&h2));
+  printf("%d\n", cusparseGetVersion(h, &version));
   return 0;
 }
 "#;
@@ -1016,7 +1017,13 @@ fn cusparse_descriptors_are_named_by_the_client() {
     let (stdout, stderr) = run_traced(&server, &exe);
     // CUSPARSE_STATUS_INVALID_VALUE, from the refused create.
     assert_eq!(stdout.trim(), "3", "{stderr}");
-    for (f, n) in [("cusparseCreateDnVec", "4"), ("cusparseCreateDnMat", "9"), ("cusparseCreateCsr", "4")] {
+    // The library context is named by the client too.
+    for (f, n) in [
+        ("cusparseCreate", "1"),
+        ("cusparseCreateDnVec", "4"),
+        ("cusparseCreateDnMat", "9"),
+        ("cusparseCreateCsr", "4"),
+    ] {
         assert_eq!(trace_row(&stderr, f), [n, "0"], "{f}: {stderr}");
     }
     for (f, n) in [("cusparseDestroyDnVec", "4"), ("cusparseDestroyDnMat", "8"), ("cusparseDestroySpMat", "4")] {
@@ -1273,9 +1280,12 @@ int cusolverDnCreateParams(h_t *p);
 int cusolverDnXpotrf(h_t h, h_t params, int uplo, long n, int typeA, void *A, long lda, int computeType,
                      void *bufferOnDevice, unsigned long bytesOnDevice, void *bufferOnHost, unsigned long bytesOnHost,
                      int *info);
+int cusolverDnXpotrf_bufferSize(h_t h, h_t params, int uplo, long n, int typeA, const void *A, long lda,
+                                int computeType, unsigned long *onDevice, unsigned long *onHost);
 int cudaMalloc(void **p, unsigned long size);
 int main(void) {
-  h_t h, params, h2;
+  h_t h, params;
+  unsigned long on_device, on_host;
   void *a, *work;
   int *info;
   char host[64];
@@ -1286,7 +1296,7 @@ int main(void) {
   if (cusolverDnXpotrf(h, params, 0, 16, 0, a, 16, 0, work, 4096, host, sizeof host, info)) return 5;
   /* A leading dimension shorter than the order: refused, said at the next wait. */
   if (cusolverDnXpotrf(h, params, 0, 16, 0, a, 8, 0, work, 4096, NULL, 0, info)) return 6;
-  printf("%d\n", cusolverDnCreate(&h2));
+  printf("%d\n", cusolverDnXpotrf_bufferSize(h, params, 0, 16, 0, a, 16, 0, &on_device, &on_host));
   return 0;
 }
 "#;
@@ -1298,8 +1308,9 @@ fn cusolver_factorizations_without_a_host_workspace_do_not_wait() {
     let (stdout, stderr) = run_traced(&server, &exe);
     // CUSOLVER_STATUS_INVALID_VALUE, from the refused factorization.
     assert_eq!(stdout.trim(), "3", "{stderr}");
-    // Six factorizations: the one with a host workspace waited.
+    // Six factorizations: the one with a host workspace waited. The context is the client's.
     assert_eq!(trace_row(&stderr, "cusolverDnXpotrf"), ["6", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusolverDnCreate"), ["1", "0"], "{stderr}");
 }
 
 /// torch asks cuSOLVER's workspace size before every factorization: here three shapes of
@@ -3468,6 +3479,58 @@ fn a_threads_capture_mode_is_the_clients_after_its_first_exchange() {
     // Asked: only the one refused (NULL is the client's).
     assert_eq!(trace_row(&stderr, "cudaThreadExchangeStreamCaptureMode"), ["23", "1"], "{stderr}");
     assert_eq!(trace_row(&stderr, "cuThreadExchangeStreamCaptureMode"), ["1", "0"], "{stderr}");
+}
+
+/// A thread that never changed its context has its device's primary context current on
+/// the server (the worker makes it current on each executor as it starts): after one such
+/// thread asked, the others are answered by the client, until a context call intervenes.
+const THREAD_CONTEXTS: &str = r#"
+#include <pthread.h>
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+static CUcontext primary = NULL;
+static void *plain(void *out) {
+  CUcontext c = NULL;
+  *(int *)out = cuCtxGetCurrent(&c) == CUDA_SUCCESS && c == primary;
+  return NULL;
+}
+static void *own(void *out) {
+  CUcontext made = NULL, c = NULL;
+  *(int *)out = cuCtxCreate(&made, NULL, 0, 0) == CUDA_SUCCESS && cuCtxGetCurrent(&c) == CUDA_SUCCESS &&
+                c == made && made != primary && cuCtxDestroy(made) == CUDA_SUCCESS;
+  return NULL;
+}
+static int on_thread(void *(*f)(void *)) {
+  pthread_t t;
+  int ok = 0;
+  if (pthread_create(&t, NULL, f, &ok) || pthread_join(t, NULL)) return 0;
+  return ok;
+}
+int main(void) {
+  CHECK(cudaFree(0));
+  CHECK(cuCtxGetCurrent(&primary));
+  EXPECT(primary != NULL);
+  EXPECT(on_thread(plain));
+  EXPECT(on_thread(plain));
+  /* A context of its own on another thread: the next fresh thread asks again. */
+  EXPECT(on_thread(own));
+  EXPECT(on_thread(plain));
+  EXPECT(on_thread(plain));
+  puts("OK");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_fresh_threads_current_context_is_the_primary_one_another_thread_was_told() {
+    let server = server();
+    let exe = program_with("thread-contexts", &format!("{CHECKS}{THREAD_CONTEXTS}"), &["-l:libcuda.so.1", "-lpthread"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    // Asked: the main thread's, the creating thread's, the first fresh thread after it (the
+    // client asks itself too: the calls are more than the program's six).
+    assert_eq!(trace_row(&stderr, "cuCtxGetCurrent")[1], "3", "{stderr}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current

@@ -1677,7 +1677,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCopyAlgorithmDescriptor(
         ) as u32
     }
 }
-///`cudnnCreate` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreate` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu118(handle: *mut c_void) -> u32 {
     unsafe {
@@ -1687,7 +1687,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu118(handle: *mut c_void)
         ) as u32
     }
 }
-///`cudnnCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu126(handle: *mut c_void) -> u32 {
     unsafe {

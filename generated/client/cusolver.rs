@@ -1996,7 +1996,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrsBatched(
         ) as u32
     }
 }
-///`cusolverDnCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreate(
     handle: *mut c_void,
