@@ -1495,12 +1495,14 @@ fn large_allocations_are_placed_without_waiting() {
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
     assert_eq!(stdout.trim(), expected, "{stderr}");
     // Nine allocations: the small odd size and the one larger than the device's free
-    // memory waited, and the window's question (once; 5,000,000 bytes were rounded up to
-    // granules); the four frees of placed memory (one a refused inner address, answered by
-    // the client) and the two others waited as before; the reset's frees went with it.
+    // memory waited (5,000,000 bytes were rounded up to granules); the window's question
+    // was asked as the session started, so the first allocation waited for its answer at
+    // most; the four frees of placed memory (one a refused inner address, answered by the
+    // client) and the two others waited as before; the reset's frees went with it.
     let trips = |stderr: &str, f: &str| trace_row(stderr, f)[1].clone();
     assert_eq!(trips(&stderr, "cudaMalloc"), "2", "{stderr}");
-    assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
+    let window = trace_row(&stderr, "(allocation window)");
+    assert!(window == ["1", "0"] || window == ["1", "1"], "{stderr}");
     assert_eq!(trace_row(&stderr, "(placed free)"), ["4", "4"], "{stderr}");
     assert_eq!(trips(&stderr, "cudaFree"), "2", "{stderr}");
     let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "0")]);
@@ -1541,7 +1543,8 @@ fn allocations_while_capturing_are_placed_only_where_legal() {
     // The emulated GPU allows both (a real one refuses the first and ends the capture).
     assert_eq!(stdout.trim(), "global:0 relaxed:0", "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaMalloc")[1], "1", "the global mode's allocation waited: {stderr}");
-    assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "1"], "{stderr}");
+    // Asked as the session started; the capture's begin waited after it, so it had come.
+    assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "0"], "{stderr}");
 }
 
 /// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.

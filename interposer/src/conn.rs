@@ -122,6 +122,25 @@ struct Pending {
     outs: Vec<OutTarget>,
 }
 
+/// A service request sent ahead ([`Conn::ask_ahead`]), its answer still to take.
+pub struct Asked {
+    slot: Arc<Slot>,
+}
+
+impl Asked {
+    /// Whether the answer has come (taking it then waits for nothing).
+    pub fn came(&self) -> bool {
+        self.slot.ready_within(Duration::ZERO)
+    }
+
+    /// The answer, waited for where it has not come.
+    pub fn answer(self) -> Result<ServiceReply, String> {
+        self.slot.wait()?;
+        let reply = self.slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+    }
+}
+
 /// Where a long request's Progress frames go: (steps done, output bytes).
 pub type ProgressSender = std::sync::mpsc::Sender<(u32, Vec<u8>)>;
 
@@ -304,6 +323,7 @@ pub fn get() -> Result<Arc<Conn>, String> {
         start_io_thread(c.clone());
         start_flusher(c.clone());
         c.probe_round_trip();
+        crate::custom::placed::connected(c);
         register_exit_flush();
         crate::trace::register_exit_report();
     }
@@ -848,6 +868,19 @@ impl Conn {
         slot.wait()?;
         let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
         reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+    }
+
+    /// A request queued now, in order with the calling thread's calls, whose answer is
+    /// taken later ([`Asked::answer`]): a question asked ahead of the program's need.
+    pub fn ask_ahead(&self, request: &Service) -> Result<Asked, String> {
+        let seq = self.next_seq();
+        let slot = self.expect(seq, Vec::new());
+        let header = Header::new(Kind::Service, 0, thread_id(), seq);
+        if let Err(e) = self.post(header, &messages::encode(request), &[]) {
+            self.forget(seq);
+            return Err(e);
+        }
+        Ok(Asked { slot })
     }
 
     /// A request the server does not answer (a failure comes back as an AsyncError or ends
