@@ -206,6 +206,8 @@ pub struct Conn {
     /// The token this session presented, for its further connections (a reconnection, a
     /// bulk lane); None without TLS.
     pub(crate) token: Option<String>,
+    /// Device 0's allocation window, asked as the connection was made.
+    early_window: Mutex<Option<Asked>>,
 }
 
 /// The socket frames are written to, replaced when a resumable session reconnects.
@@ -323,7 +325,7 @@ pub fn get() -> Result<Arc<Conn>, String> {
         start_io_thread(c.clone());
         start_flusher(c.clone());
         c.probe_round_trip();
-        crate::custom::placed::connected(c);
+        c.ask_window_early();
         register_exit_flush();
         crate::trace::register_exit_report();
     }
@@ -503,6 +505,7 @@ fn connect() -> Result<Conn, String> {
         rtt_us: AtomicU64::new(0),
         lanes: Default::default(),
         token,
+        early_window: Mutex::new(None),
     };
     start_callback_thread(rx);
     Ok(conn)
@@ -868,6 +871,27 @@ impl Conn {
         slot.wait()?;
         let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
         reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+    }
+
+    /// Where this process may place allocations (a server with one GPU, placement not
+    /// turned off), ask for device 0's allocation window now, without waiting
+    /// (`crate::custom::placed` takes the answer). Whether the round trip is a WAN's is not
+    /// known yet (its probe is on the way), but the program's first allocation comes after
+    /// it is: torch's comes seconds into the program, and then finds the answer come instead
+    /// of waiting a round trip for it.
+    fn ask_window_early(&self) {
+        if std::env::var(env::WINDOW_ALLOC).as_deref() == Ok("0") || self.welcome.devices.len() != 1 {
+            return;
+        }
+        if let Ok(asked) = self.ask_ahead(&Service::MemoryWindow { device: 0 }) {
+            *self.early_window.lock().unwrap_or_else(|p| p.into_inner()) = Some(asked);
+        }
+    }
+
+    /// Device 0's window, asked as the connection was made ([`Conn::ask_window_early`]),
+    /// once.
+    pub fn take_early_window(&self) -> Option<Asked> {
+        self.early_window.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// A request queued now, in order with the calling thread's calls, whose answer is

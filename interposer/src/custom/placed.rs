@@ -11,12 +11,12 @@
 //! waits for the GPU's answer as before.
 
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use chidori_protocol::messages::{Service, ServiceReply};
 
 use crate::ahead::windows::{Owned, ROUNDED_MIN, Windows};
-use crate::conn::{Asked, Conn};
+use crate::conn::Conn;
 use crate::state::{self, Memory};
 
 const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
@@ -45,30 +45,11 @@ fn on(conn: &Conn) -> bool {
     })
 }
 
-/// Device 0's window, asked as the session started, with the fork count it was asked under
-/// (a forked child's connection asks again).
-static ASKED: Mutex<Option<(u64, Asked)>> = Mutex::new(None);
-
-/// A new connection: where this process may place allocations (a server with one GPU,
-/// placement not turned off), ask for the window now, without waiting. Whether the round
-/// trip is a WAN's is not known yet (its probe is on the way), but the program's first
-/// allocation comes after it is: torch's comes seconds into the program, and then finds
-/// the answer here instead of waiting a round trip for it.
-pub fn connected(conn: &Conn) {
-    if std::env::var(chidori_protocol::env::WINDOW_ALLOC).as_deref() == Ok("0") || conn.welcome.devices.len() != 1 {
-        return;
-    }
-    if let Ok(asked) = conn.ask_ahead(&Service::MemoryWindow { device: 0 }) {
-        *ASKED.lock().unwrap_or_else(|p| p.into_inner()) = Some((crate::conn::forks(), asked));
-    }
-}
-
 /// The window of `device`: the answer asked as the session started where there is one,
 /// else asked now. The trace counts a round trip where the allocation waited for it.
 fn ask_window(conn: &Conn, device: i32) -> Result<ServiceReply, String> {
     let start = std::time::Instant::now();
-    let early = if device == 0 { ASKED.lock().unwrap_or_else(|p| p.into_inner()).take() } else { None };
-    let early = early.filter(|(forks, _)| *forks == crate::conn::forks()).map(|(_, asked)| asked);
+    let early = if device == 0 { conn.take_early_window() } else { None };
     let (reply, waited) = match early {
         Some(asked) => {
             let came = asked.came();
