@@ -3161,10 +3161,11 @@ fn capture_state_asked_again_is_answered_by_the_client_until_something_may_chang
     let exe = program("capture-questions", &format!("{CHECKS}{CAPTURE_QUESTIONS}"));
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // First capture: the first question, the legacy stream's, 3 frontiers, after the
-    // failure, after the wait; the second capture: its first question. 8 of 70.
+    // Each capture's first question was asked with its begin, in the begin's round trip.
+    // Then the legacy stream's, 3 frontiers, after the failure, after the wait: 6 of 70.
     let asked = stderr.lines().find(|l| l.starts_with("(graph nodes)")).unwrap_or_else(|| panic!("{stderr}"));
-    assert_eq!(asked.split_whitespace().nth(3), Some("8"), "round trips: {stderr}");
+    assert_eq!(asked.split_whitespace().nth(3), Some("6"), "round trips: {stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamBeginCapture")[1], "2", "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaStreamGetCaptureInfo"), ["70", "0"], "{stderr}");
     let capturing = trace_row(&stderr, "cudaStreamIsCapturing");
     assert_eq!(capturing[1], "1", "the legacy stream's, before it was learned: {stderr}");

@@ -21,10 +21,10 @@ use std::ffi::c_void;
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
-use chidori_protocol::messages::GraphList;
+use chidori_protocol::messages::{self, GraphList};
 
 use crate::ahead::capture::{Answer, Captures, StreamKey};
-use crate::conn;
+use crate::conn::{self, Asked};
 
 fn captures() -> &'static Captures {
     &crate::state::CLIENT.ahead.captures
@@ -62,15 +62,37 @@ fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u3
     Ok(unsafe { crate::runtime::call_on(&conn, desc, args) } as u32)
 }
 
+/// A capture's begin, with the new capture's status, id and graph asked in the same round
+/// trip: torch asks for the id right after it begins (`cudaStreamGetCaptureInfo`), and the
+/// begin changes what the client knew of captures, so that question waited a round trip of
+/// its own. The begin's status is the server's, as it was.
 fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
     guarded(name, runtime, || {
-        let status = call(desc, args, no_device(runtime))?;
-        if status == 0 {
-            captures().began(per_thread(args[0], ptsz));
-        } else {
+        let no_device = no_device(runtime);
+        let conn = conn::get().map_err(|_| no_device)?;
+        let stream = per_thread(args[0], ptsz);
+        let before = captures().epoch();
+        let start = std::time::Instant::now();
+        // SAFETY: a begin's arguments are values (a stream, a mode).
+        let slot = unsafe { crate::runtime::send_checked(&conn, desc, args) }.ok_or(no_device)?;
+        // The question runs after the begin on the server (in order with this thread's calls).
+        let asked = conn.ask_ahead(&messages::Service::GraphList(GraphList::Capture { stream })).ok();
+        let status = slot.wait().map_err(|_| no_device)? as u32;
+        crate::trace::record(desc, 0, 0, Some(start));
+        tracing::trace!(target: "chidori::waits", "{} -> {status}", desc.name);
+        crate::state::wait_deferred();
+        if status != SUCCESS {
             captures().changed();
+            return Ok(status);
         }
-        Ok(status)
+        captures().began(stream);
+        // Kept only where nothing else changed captures meanwhile (the begin's own change
+        // is the one epoch step).
+        if let Some(Ok(messages::ServiceReply::Nodes { capture: Some(answer), .. })) = asked.map(Asked::answer) {
+            captures().learn(key(stream), before + 1, answer);
+        }
+        // A failure of an earlier call sent without waiting surfaces here, as at any wait.
+        Ok(conn.take_deferred(desc.library).map_or(status, |s| s as u32))
     })
 }
 
