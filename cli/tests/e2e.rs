@@ -3171,6 +3171,53 @@ fn capture_state_asked_again_is_answered_by_the_client_until_something_may_chang
     assert_eq!(capturing[1], "1", "the legacy stream's, before it was learned: {stderr}");
 }
 
+/// A capture's end as torch makes it: the graph's node count asked right after. The nodes
+/// come with the end's round trip; the count and the array are the client's while nothing
+/// was sent since; after a change of the graph they are asked; an end that fails keeps
+/// nothing.
+const CAPTURE_END_NODES: &str = r#"
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s, other;
+  cudaGraph_t g, none = NULL;
+  cudaGraphNode_t nodes[16], extra;
+  int *p;
+  size_t n1 = 0, n2 = 16, n3 = 0;
+  CHECK(cudaStreamCreate(&s));
+  CHECK(cudaStreamCreate(&other));
+  CHECK(cudaMalloc((void **)&p, 64));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 5; ++i) CHECK(cudaMemsetAsync(p, i, 64, s));
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphGetNodes(g, NULL, &n1));
+  CHECK(cudaGraphGetNodes(g, nodes, &n2));
+  EXPECT(n1 == 5 && n2 == 5 && nodes[0] != NULL && nodes[4] != NULL);
+  /* A node added: the graph changed, asked again. */
+  CHECK(cudaGraphAddEmptyNode(&extra, g, NULL, 0));
+  CHECK(cudaGraphGetNodes(g, NULL, &n3));
+  EXPECT(n3 == 6);
+  /* An end on a stream that is not capturing fails: nothing kept. */
+  EXPECT(cudaStreamEndCapture(other, &none) != cudaSuccess);
+  cudaGetLastError();
+  CHECK(cudaGraphGetNodes(g, NULL, &n3));
+  EXPECT(n3 == 6);
+  CHECK(cudaGraphDestroy(g));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_captured_graphs_nodes_come_with_the_end_of_its_capture() {
+    let server = server();
+    let exe = program("capture-end-nodes", &format!("{CHECKS}{CAPTURE_END_NODES}"));
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // Asked: the count after the added node and after the failed end (something was sent).
+    assert_eq!(trace_row(&stderr, "(graph nodes)"), ["2", "2"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaGraphGetNodes")[0], "4", "{stderr}");
+}
+
 /// Reads back as torch makes them (`.item()`: a copy into pageable memory, then a stream
 /// synchronize): the copy returns once done, so the synchronize finds its stream idle and
 /// the client answers it. Asked where another stream is meant, or anything was sent since.

@@ -502,6 +502,8 @@ fn hostile_services_crash_no_worker() {
         (Service::GraphList(GraphList::Edges { graph: 0 }), vec![], true),
         (Service::GraphList(GraphList::Dependents { node: junk }), vec![], true),
         (Service::GraphList(GraphList::Capture { stream: junk }), vec![], true),
+        (Service::GraphList(GraphList::Ended { stream: junk }), vec![], true),
+        (Service::GraphList(GraphList::Ended { stream: 0 }), vec![], true),
         (Service::GraphDot { graph: junk, flags: u32::MAX }, vec![], true),
         (
             Service::Link(LinkRequest { options: vec![(u32::MAX, junk)], inputs: vec![(99, "x".into(), vec![1])] }),

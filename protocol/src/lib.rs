@@ -24,11 +24,12 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (26: allocation windows, the
+/// Bumped on any incompatible change to frames or messages (27: the nodes of the graph a
+/// capture's end made, `GraphList::Ended`; 26: allocation windows, the
 /// client placing device allocations itself; 25: batch memory operation
 /// graph nodes; 23: mirror pulls come in pages
 /// of packed runs; 22: library records the program
 /// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
 /// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
 /// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 26;
+pub const PROTOCOL_VERSION: u16 = 27;

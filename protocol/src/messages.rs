@@ -394,6 +394,10 @@ pub enum GraphList {
     /// The frontier of the capture on a stream (the nodes its next operation depends on),
     /// with the capture's status, id and graph.
     Capture { stream: u64 },
+    /// Every node of the graph that the calling thread's last end of a capture on a stream
+    /// made, where that end succeeded (asked right behind the end: torch counts the nodes
+    /// of each graph it captured).
+    Ended { stream: u64 },
 }
 
 /// One graph node to make (`Add`) or change (`Set`, or `ExecSet` in an executable graph).

@@ -1294,6 +1294,10 @@ impl Real {
                 }
                 out.capture = Some((status, id, graph));
             }
+            // The session asks it as the graph's nodes.
+            GraphList::Ended { .. } => {
+                return Err((INVALID_VALUE, "a capture's end is the session's to look up".into()));
+            }
         }
         // Edge data that is all default says nothing: leave it out.
         if out.edge_data.iter().all(|e| *e == 0) {

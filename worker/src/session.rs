@@ -78,6 +78,10 @@ struct Loaded {
 struct Session {
     backend: Arc<dyn Backend>,
     handles: Mutex<Handles>,
+    /// (client thread, stream as the client names it) → the graph, as the client names it,
+    /// that the thread's last successful end of a capture on the stream made
+    /// (`GraphList::Ended`).
+    ended: Mutex<HashMap<(u32, u64), u64>>,
     writer: Arc<Writer>,
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
@@ -290,6 +294,7 @@ pub fn run(
     let session = Arc::new(Session {
         backend,
         handles: Mutex::new(Handles::new()),
+        ended: Mutex::new(HashMap::new()),
         writer,
         callbacks: Mutex::new(HashMap::new()),
         next_callback: AtomicU64::new(1),
@@ -1051,6 +1056,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let desc: &'static CallDesc =
         VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
     let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
+    // The first argument as the client sent it (a capture's end keeps its stream by it).
+    let client_first = call.args.first().map_or(0, |a| a.to_native());
     let n = desc.params.len();
     // Per-call arrays live on the stack up to 16 parameters ([`PerCall`]): their
     // allocations showed in the executor's profile for small asynchronous calls.
@@ -1505,6 +1512,22 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
     }
+    if is_capture_end(desc.name) {
+        let stream = client_first;
+        let graph = buffers.get(1).and_then(|b| b.as_ref()).and_then(|b| b.bytes().first_chunk::<8>().copied());
+        let mut ended = lock(&session.ended);
+        match graph.map(u64::from_le_bytes) {
+            Some(graph) if ok && graph != 0 => {
+                if ended.len() >= ENDED_MAX {
+                    ended.clear();
+                }
+                ended.insert((header.thread, stream), graph);
+            }
+            _ => {
+                ended.remove(&(header.thread, stream));
+            }
+        }
+    }
     if ok {
         match effect {
             Effect::Alloc { out, size, origin } => {
@@ -1772,6 +1795,7 @@ impl Harness {
         let session = Arc::new(Session {
             backend,
             handles: Mutex::new(Handles::new()),
+            ended: Mutex::new(HashMap::new()),
             writer: Arc::new(Writer::new(Sink::Discard(0, Vec::new()))),
             callbacks: Mutex::new(HashMap::new()),
             next_callback: AtomicU64::new(1),
@@ -2106,7 +2130,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
         Service::MemoryWindow { device } => memory_window(session, device),
         Service::WindowUnmap { address } => window_unmap(session, address),
-        Service::GraphList(query) => graph_list(session, query),
+        Service::GraphList(query) => graph_list(session, query, frame.header.thread),
         Service::ClusterOccupancy { launch, potential } => cluster_occupancy(session, launch, potential),
         Service::NvidiaSmi { args } => {
             let visible: Vec<String> =
@@ -2320,6 +2344,15 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     ServiceReply::Looped { steps: end.steps, stopped_at: end.stopped_at, status: end.status, idle: end.idle }
 }
 
+/// Streams whose last ended capture's graph is kept (`Session::ended`): past this many, all
+/// are forgotten (a question about one is then refused, and the client asks as before).
+const ENDED_MAX: usize = 4096;
+
+/// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms: (stream, graph out).
+fn is_capture_end(name: &str) -> bool {
+    matches!(chidori_protocol::desc::strip_suffixes(name, &["_ptsz"]), "cudaStreamEndCapture" | "cuStreamEndCapture")
+}
+
 /// The library's handle for a non-null `value` of `kind` this session holds.
 fn live(handles: &Handles, kind: HandleKind, value: u64) -> Option<u64> {
     handles.resolve(kind, value).filter(|&real| real != 0)
@@ -2332,8 +2365,18 @@ fn foreign(what: &str, value: u64) -> ServiceReply {
 
 /// Node arrays of a graph, a node or a capture: every node in the answer becomes a handle
 /// of the session (nodes made by a capture were never named to the client before).
-fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
+/// `thread`: the client thread asking (a capture's end is the thread's own).
+fn graph_list(session: &Session, query: GraphList, thread: u32) -> ServiceReply {
     use chidori_cuda::handles::kind::{CUgraph_st, CUgraphNode_st, CUstream_st};
+    // The graph a capture's end made: the session's own record of it, never the library's
+    // graph of a capture that failed (the driver destroyed it).
+    let query = match query {
+        GraphList::Ended { stream } => match lock(&session.ended).get(&(thread, stream)) {
+            Some(&graph) => GraphList::Nodes { graph },
+            None => return foreign("stream whose capture this thread ended", stream),
+        },
+        other => other,
+    };
     let handles = lock(&session.handles);
     let mapped = match query {
         GraphList::Nodes { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::Nodes { graph }),
@@ -2348,6 +2391,7 @@ fn graph_list(session: &Session, query: GraphList) -> ServiceReply {
         GraphList::Capture { stream } => {
             handles.resolve(CUstream_st, stream).map(|stream| GraphList::Capture { stream })
         }
+        GraphList::Ended { .. } => None,
     };
     drop(handles);
     let Some(query) = mapped else { return foreign("graph, node or stream", 0) };

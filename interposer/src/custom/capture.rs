@@ -96,12 +96,42 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
     })
 }
 
+/// A capture's end, with the nodes of the graph it made asked in the same round trip
+/// (`GraphList::Ended`, which the worker answers only for an end that succeeded): torch
+/// asks for the graph's node count right after the end, a round trip of its own before.
 fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
     guarded(name, runtime, || {
-        let status = call(desc, args, no_device(runtime))?;
+        let no_device = no_device(runtime);
+        let stream = per_thread(args[0], ptsz);
+        if args[1] == 0 {
+            let status = call(desc, args, no_device)?;
+            captures().ended(stream);
+            return Ok(status);
+        }
+        let conn = conn::get().map_err(|_| no_device)?;
+        let start = std::time::Instant::now();
+        let sent_before = conn.sent_so_far();
+        // SAFETY: a stream by value and the caller's graph out-pointer, which the reply fills.
+        let slot = unsafe { crate::runtime::send_checked(&conn, desc, args) }.ok_or(no_device)?;
+        let asked = conn.ask_ahead(&messages::Service::GraphList(GraphList::Ended { stream })).ok();
+        let status = slot.wait().map_err(|_| no_device)? as u32;
+        crate::trace::record(desc, 0, 0, Some(start));
+        tracing::trace!(target: "chidori::waits", "{} -> {status}", desc.name);
+        crate::state::wait_deferred();
         // Ended, successfully or invalidated; a stream that was not capturing is no change.
-        captures().ended(per_thread(args[0], ptsz));
-        Ok(status)
+        captures().ended(stream);
+        if status == SUCCESS {
+            // The graph the server handed out: its destroy cannot be refused.
+            crate::state::CLIENT.ahead.graphs.handed_out(desc, args);
+            // SAFETY: the caller's graph out-pointer, checked non-null, filled by the reply.
+            let graph = unsafe { std::ptr::read_unaligned(args[1] as *const u64) };
+            if let Some(Ok(messages::ServiceReply::Nodes { nodes, peers, edge_data, .. })) = asked.map(Asked::answer) {
+                let listed = crate::custom::graphs::Listed { nodes, peers, edge_data, capture: None };
+                crate::custom::graphs::capture_ended(graph, listed, sent_before + 2);
+            }
+        }
+        // A failure of an earlier call sent without waiting surfaces here, as at any wait.
+        Ok(conn.take_deferred(desc.library).map_or(status, |s| s as u32))
     })
 }
 

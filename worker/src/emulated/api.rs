@@ -1695,6 +1695,8 @@ impl Emulated {
                 }
                 None => out.capture = Some((cudaStreamCaptureStatus::cudaStreamCaptureStatusNone, 0, 0)),
             },
+            // The session asks it as the graph's nodes.
+            GraphList::Ended { .. } => return Err(missing()),
         }
         Ok(out)
     }
