@@ -24,8 +24,8 @@ except where PyTorch itself calls a kernel that made the native result nondeterm
 `nondeterministic kernel`. A float result that differs where the two native runs happened
 to agree, of an op whose other samples of the same dtype and pass (forward, backward) do
 vary natively, by no more than twice their largest variation in units in the last place,
-is listed apart too (`like native variation`): an atomic accumulation in another order. An error raised in both runs with the same type and message
-counts as identical. The table comes last; exit status 0 only when nothing
+is listed apart too (`like native variation`): an atomic accumulation in another order.
+An error raised in both runs with the same type and message counts as identical. The table comes last; exit status 0 only when nothing
 differs and no op crashed remotely that did not natively.
 """
 from __future__ import annotations
@@ -247,8 +247,11 @@ def ulps(a: Any, b: Any) -> float:
     if x.shape != y.shape or x.dtype != y.dtype or x.numel() == 0 or not (x.is_floating_point() or x.is_complex()):
         return 0.0
     xv, yv = as_real(x).contiguous(), as_real(y).contiguous()
-    top = torch.maximum(xv.abs(), yv.abs())
-    spacing = (torch.nextafter(top, torch.full_like(top, float("inf"))) - top).double()
+    # The spacing of the dtype at the larger magnitude (its smallest normal's below it),
+    # computed in double: every float dtype, half and bfloat16 included.
+    info = torch.finfo(xv.dtype)
+    top = torch.maximum(xv.abs(), yv.abs()).double().clamp(min=info.tiny)
+    spacing = info.eps * torch.exp2(torch.floor(torch.log2(top)))
     dist = ((xv.double() - yv.double()).abs() / spacing).nan_to_num(nan=float("inf"))
     dist[torch.isnan(xv) & torch.isnan(yv)] = 0
     dist[xv == yv] = 0
