@@ -59,6 +59,8 @@ pub struct Slot {
     service: Mutex<Option<ServiceReply>>,
     /// Bytes the reply's bulk section carried (compressed outputs as they crossed the wire).
     received: AtomicU64,
+    /// Bytes the request carried, where its sender noted them ([`Slot::note_sent`]).
+    sent: AtomicU64,
 }
 
 impl Slot {
@@ -68,7 +70,18 @@ impl Slot {
             ready: Condvar::new(),
             service: Mutex::new(None),
             received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         })
+    }
+
+    /// The request's bytes, for the trace of whoever waits for the reply.
+    pub fn note_sent(&self, bytes: u64) {
+        self.sent.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes the request carried, as noted.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// Bytes the reply's bulk section carried, once it came.

@@ -78,7 +78,7 @@ fn call_and_ask(
     let slot = unsafe { crate::runtime::send_checked(conn, desc, args) }.ok_or(no_device)?;
     let asked = conn.ask_ahead(&messages::Service::GraphList(question)).ok();
     let status = slot.wait().map_err(|_| no_device)? as u32;
-    crate::trace::record(desc, 0, 0, Some(start));
+    crate::trace::record(desc, slot.sent() as usize, slot.received() as usize, Some(start));
     tracing::trace!(target: "chidori::waits", "{} -> {status}", desc.name);
     crate::state::wait_deferred();
     Ok((status, asked))

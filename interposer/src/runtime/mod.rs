@@ -590,6 +590,7 @@ pub unsafe fn send_checked(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -
         conn.forget(seq);
         return None;
     }
+    slot.note_sent((archive.len() + bulk.iter().map(|b| b.len()).sum::<usize>()) as u64);
     Some(slot)
 }
 
