@@ -32,6 +32,9 @@ pub struct CallChecks {
     /// Records that name device memory (`crate::records`): (parameter, record type, whether
     /// the library reads it, whether it writes it).
     pub memory_records: Vec<(usize, &'static str, bool, bool)>,
+    /// A capture's end (cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms:
+    /// stream, graph out), whose graph the session keeps for `GraphList::Ended`.
+    pub capture_end: bool,
 }
 
 impl CallChecks {
@@ -67,6 +70,10 @@ impl CallChecks {
                     _ => None,
                 })
                 .collect(),
+            capture_end: matches!(
+                chidori_protocol::desc::strip_suffixes(name, &["_ptsz"]),
+                "cudaStreamEndCapture" | "cuStreamEndCapture"
+            ),
         }
     }
 }

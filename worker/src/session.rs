@@ -1056,8 +1056,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let desc: &'static CallDesc =
         VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
     let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
-    // The first argument as the client sent it (a capture's end keeps its stream by it).
-    let client_first = call.args.first().map_or(0, |a| a.to_native());
+    // A capture's end keeps its graph by the stream as the client sent it.
+    let capture_end = call_checks::of(desc).capture_end;
+    let ended_stream = if capture_end { call.args.first().map_or(0, |a| a.to_native()) } else { 0 };
     let n = desc.params.len();
     // Per-call arrays live on the stack up to 16 parameters ([`PerCall`]): their
     // allocations showed in the executor's profile for small asynchronous calls.
@@ -1512,8 +1513,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
     }
-    if is_capture_end(desc.name) {
-        let stream = client_first;
+    if capture_end {
         let graph = buffers.get(1).and_then(|b| b.as_ref()).and_then(|b| b.bytes().first_chunk::<8>().copied());
         let mut ended = lock(&session.ended);
         match graph.map(u64::from_le_bytes) {
@@ -1521,10 +1521,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 if ended.len() >= ENDED_MAX {
                     ended.clear();
                 }
-                ended.insert((header.thread, stream), graph);
+                ended.insert((header.thread, ended_stream), graph);
             }
             _ => {
-                ended.remove(&(header.thread, stream));
+                ended.remove(&(header.thread, ended_stream));
             }
         }
     }
@@ -2347,11 +2347,6 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
 /// Streams whose last ended capture's graph is kept (`Session::ended`): past this many, all
 /// are forgotten (a question about one is then refused, and the client asks as before).
 const ENDED_MAX: usize = 4096;
-
-/// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms: (stream, graph out).
-fn is_capture_end(name: &str) -> bool {
-    matches!(chidori_protocol::desc::strip_suffixes(name, &["_ptsz"]), "cudaStreamEndCapture" | "cuStreamEndCapture")
-}
 
 /// The library's handle for a non-null `value` of `kind` this session holds.
 fn live(handles: &Handles, kind: HandleKind, value: u64) -> Option<u64> {
