@@ -59,8 +59,6 @@ pub struct Slot {
     service: Mutex<Option<ServiceReply>>,
     /// Bytes the reply's bulk section carried (compressed outputs as they crossed the wire).
     received: AtomicU64,
-    /// Bytes the request carried, where its sender noted them ([`Slot::note_sent`]).
-    sent: AtomicU64,
 }
 
 impl Slot {
@@ -70,18 +68,13 @@ impl Slot {
             ready: Condvar::new(),
             service: Mutex::new(None),
             received: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
         })
     }
 
-    /// The request's bytes, for the trace of whoever waits for the reply.
-    pub fn note_sent(&self, bytes: u64) {
-        self.sent.store(bytes, Ordering::Relaxed);
-    }
-
-    /// Bytes the request carried, as noted.
-    pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+    /// The service reply that completed this slot (after [`Slot::wait`]).
+    fn service_reply(&self) -> Result<ServiceReply, String> {
+        let reply = self.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
     }
 
     /// Bytes the reply's bulk section carried, once it came.
@@ -149,8 +142,7 @@ impl Asked {
     /// The answer, waited for where it has not come.
     pub fn answer(self) -> Result<ServiceReply, String> {
         self.slot.wait()?;
-        let reply = self.slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+        self.slot.service_reply()
     }
 }
 
@@ -874,16 +866,22 @@ impl Conn {
     /// A Chidori request (module loading, kernel metadata), answered on the calling
     /// thread's server executor in order with its calls.
     pub fn service(&self, request: &Service, bulk: &[&[u8]]) -> Result<ServiceReply, String> {
+        self.request(request, bulk, true)?.answer()
+    }
+
+    /// A service request with a slot for its answer, written now (`now`: its sender waits)
+    /// or queued in order with the calling thread's calls.
+    fn request(&self, request: &Service, bulk: &[&[u8]], now: bool) -> Result<Asked, String> {
         let seq = self.next_seq();
         let slot = self.expect(seq, Vec::new());
         let header = Header::new(Kind::Service, 0, thread_id(), seq);
-        if let Err(e) = self.send(header, &messages::encode(request), bulk) {
+        let archive = messages::encode(request);
+        let sent = if now { self.send(header, &archive, bulk) } else { self.post(header, &archive, bulk) };
+        if let Err(e) = sent {
             self.forget(seq);
             return Err(e);
         }
-        slot.wait()?;
-        let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+        Ok(Asked { slot })
     }
 
     /// Where this process may place allocations (a server with one GPU, placement not
@@ -910,14 +908,7 @@ impl Conn {
     /// A request queued now, in order with the calling thread's calls, whose answer is
     /// taken later ([`Asked::answer`]): a question asked ahead of the program's need.
     pub fn ask_ahead(&self, request: &Service) -> Result<Asked, String> {
-        let seq = self.next_seq();
-        let slot = self.expect(seq, Vec::new());
-        let header = Header::new(Kind::Service, 0, thread_id(), seq);
-        if let Err(e) = self.post(header, &messages::encode(request), &[]) {
-            self.forget(seq);
-            return Err(e);
-        }
-        Ok(Asked { slot })
+        self.request(request, &[], false)
     }
 
     /// A request the server does not answer (a failure comes back as an AsyncError or ends
@@ -930,28 +921,8 @@ impl Conn {
     /// Several requests sent back to back, then every answer awaited: one round trip of
     /// latency for all. Each request's answer, in order.
     pub fn services(&self, requests: &[(Service, &[u8])]) -> Vec<Result<ServiceReply, String>> {
-        let mut slots = Vec::with_capacity(requests.len());
-        for (request, bulk) in requests {
-            let seq = self.next_seq();
-            let slot = self.expect(seq, Vec::new());
-            let header = Header::new(Kind::Service, 0, thread_id(), seq);
-            match self.send(header, &messages::encode(request), &[bulk]) {
-                Ok(()) => slots.push(Ok(slot)),
-                Err(e) => {
-                    self.forget(seq);
-                    slots.push(Err(e));
-                }
-            }
-        }
-        slots
-            .into_iter()
-            .map(|slot| {
-                let slot = slot?;
-                slot.wait()?;
-                let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-                reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
-            })
-            .collect()
+        let asked: Vec<_> = requests.iter().map(|(request, bulk)| self.request(request, &[bulk], true)).collect();
+        asked.into_iter().map(|asked| asked?.answer()).collect()
     }
 
     /// Start a request that runs for a while on the server (a graph loop): its Progress
@@ -974,8 +945,7 @@ impl Conn {
         let outcome = slot.wait();
         self.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
         outcome?;
-        let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
-        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+        slot.service_reply()
     }
 
     /// Send a kernel launch (fire-and-forget; a failure comes back as a deferred status).

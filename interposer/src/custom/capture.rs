@@ -62,37 +62,6 @@ fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u3
     Ok(unsafe { crate::runtime::call_on(&conn, desc, args) } as u32)
 }
 
-/// Send `desc` and, right behind it, `question` (which the server runs after it, in order
-/// with this thread's calls), then wait for the call's status: one round trip for both. The
-/// question's answer is the caller's to take.
-fn call_and_ask(
-    conn: &conn::Conn,
-    desc: &'static CallDesc,
-    args: &[u64],
-    question: GraphList,
-    no_device: u32,
-) -> Result<(u32, Option<Asked>), u32> {
-    let start = std::time::Instant::now();
-    // SAFETY: a capture call's arguments: a stream and a mode by value, or the caller's
-    // graph out-pointer, which the reply fills.
-    let slot = unsafe { crate::runtime::send_checked(conn, desc, args) }.ok_or(no_device)?;
-    let asked = conn.ask_ahead(&messages::Service::GraphList(question)).ok();
-    let status = slot.wait().map_err(|_| no_device)? as u32;
-    crate::trace::record(desc, slot.sent() as usize, slot.received() as usize, Some(start));
-    tracing::trace!(target: "chidori::waits", "{} -> {status}", desc.name);
-    crate::state::wait_deferred();
-    Ok((status, asked))
-}
-
-/// A call's status, or where it succeeded, the failure of an earlier call sent without
-/// waiting, which surfaces here as at any wait.
-fn with_deferred(conn: &conn::Conn, desc: &CallDesc, status: u32) -> u32 {
-    if status != SUCCESS {
-        return status;
-    }
-    conn.take_deferred(desc.library).map_or(status, |s| s as u32)
-}
-
 /// A capture's begin, with the new capture's status, id and graph asked in the same round
 /// trip: torch asks for the id right after it begins (`cudaStreamGetCaptureInfo`), and the
 /// begin changes what the client knew of captures, so that question waited a round trip of
@@ -103,7 +72,10 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
         let conn = conn::get().map_err(|_| no_device)?;
         let stream = per_thread(args[0], ptsz);
         let before = captures().epoch();
-        let (status, asked) = call_and_ask(&conn, desc, args, GraphList::Capture { stream }, no_device)?;
+        let question = messages::Service::GraphList(GraphList::Capture { stream });
+        // SAFETY: a begin's arguments are values (a stream, a mode).
+        let (status, asked) = unsafe { crate::runtime::call_asking(&conn, desc, args, Some(&question)) };
+        let status = status as u32;
         if status != SUCCESS {
             captures().changed();
             return Ok(status);
@@ -114,7 +86,7 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
         if let Some(Ok(messages::ServiceReply::Nodes { capture: Some(answer), .. })) = asked.map(Asked::answer) {
             captures().learn(key(stream), before + 1, answer);
         }
-        Ok(with_deferred(&conn, desc, status))
+        Ok(status)
     })
 }
 
@@ -123,21 +95,17 @@ fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, 
 /// asks for the graph's node count right after the end, a round trip of its own before.
 fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
     guarded(name, runtime, || {
-        let no_device = no_device(runtime);
+        let conn = conn::get().map_err(|_| no_device(runtime))?;
         let stream = per_thread(args[0], ptsz);
-        if args[1] == 0 {
-            let status = call(desc, args, no_device)?;
-            captures().ended(stream);
-            return Ok(status);
-        }
-        let conn = conn::get().map_err(|_| no_device)?;
         let sent_before = conn.sent_so_far();
-        let (status, asked) = call_and_ask(&conn, desc, args, GraphList::Ended { stream }, no_device)?;
+        // Without a graph out-pointer there is no graph for the program to ask about.
+        let question = (args[1] != 0).then_some(messages::Service::GraphList(GraphList::Ended { stream }));
+        // SAFETY: a stream by value and the caller's graph out-pointer, which the reply fills.
+        let (status, asked) = unsafe { crate::runtime::call_asking(&conn, desc, args, question.as_ref()) };
+        let status = status as u32;
         // Ended, successfully or invalidated; a stream that was not capturing is no change.
         captures().ended(stream);
-        if status == SUCCESS {
-            // The graph the server handed out: its destroy cannot be refused.
-            crate::state::CLIENT.ahead.graphs.handed_out(desc, args);
+        if status == SUCCESS && args[1] != 0 {
             // SAFETY: the caller's graph out-pointer, checked non-null, filled by the reply.
             let graph = unsafe { std::ptr::read_unaligned(args[1] as *const u64) };
             if let Some(Ok(messages::ServiceReply::Nodes { nodes, peers, edge_data, .. })) = asked.map(Asked::answer) {
@@ -145,7 +113,7 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
                 crate::custom::graphs::capture_ended(graph, listed, sent_before + 2);
             }
         }
-        Ok(with_deferred(&conn, desc, status))
+        Ok(status)
     })
 }
 

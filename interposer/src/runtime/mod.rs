@@ -24,7 +24,7 @@ use chidori_protocol::frame::{self, Header, Kind};
 use chidori_protocol::messages::{self, COMPRESS_MAX, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
 
 use crate::ahead::learned::Space;
-use crate::conn::{self, Conn, OutTarget, Slot};
+use crate::conn::{self, Asked, Conn, OutTarget, Slot};
 
 /// The raw return value a call answers when it cannot reach a server.
 pub fn unavailable(desc: &CallDesc) -> u64 {
@@ -447,11 +447,28 @@ unsafe fn learned_constant(
 /// # Safety
 /// As [`prepare`].
 pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64 {
+    // SAFETY: forwarded contract.
+    unsafe { call_asking(conn, desc, args, None) }.0
+}
+
+/// [`call_on`], with `question` sent right behind the call where the call goes to the
+/// server: the server answers it after running the call, in the call's round trip (a
+/// capture's begin and its status, its end and the graph's nodes). The question's answer
+/// is the caller's to take; None where the call was answered without the server.
+///
+/// # Safety
+/// As [`prepare`].
+pub unsafe fn call_asking(
+    conn: &Conn,
+    desc: &'static CallDesc,
+    args: &[u64],
+    question: Option<&messages::Service>,
+) -> (u64, Option<Asked>) {
     if crate::state::managed_live()
         && let Some(ret) = managed_hint(desc, args)
     {
         crate::trace::local(desc.name);
-        return ret;
+        return (ret, None);
     }
     mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
@@ -473,7 +490,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
             }
         }
         crate::trace::local(desc.name);
-        return ret;
+        return (ret, None);
     }
     // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSELt's
     // records, cuFFT's plans, cuSOLVER's workspaces) are answered here.
@@ -485,7 +502,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         _ => kept::Action::Send,
     };
     let learn = match action {
-        kept::Action::Answered(ret) => return ret,
+        kept::Action::Answered(ret) => return (ret, None),
         kept::Action::Learn(key) => Some(key),
         kept::Action::Send => None,
     };
@@ -501,15 +518,16 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let sent = if waits { conn.send(header, &archive, &bulk) } else { conn.post(header, &archive, &bulk) };
     if sent.is_err() {
         conn.forget(seq);
-        return unavailable(desc);
+        return (unavailable(desc), None);
     }
+    let asked = question.and_then(|q| conn.ask_ahead(q).ok());
     let Some(slot) = slot else {
         crate::trace::record(desc, sent_bytes, 0, None);
-        return success(desc);
+        return (success(desc), asked);
     };
     let ret = match slot.wait() {
         Ok(r) => r,
-        Err(_) => return unavailable(desc),
+        Err(_) => return (unavailable(desc), asked),
     };
     if let Some(key) = constant
         && answered(desc, ret)
@@ -555,9 +573,9 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         && ret == desc.codes.success as u64
         && let Some(status) = conn.take_deferred(desc.library)
     {
-        return status as u64;
+        return (status as u64, asked);
     }
-    ret
+    (ret, asked)
 }
 
 /// Send a call whose reply is processed in the background (an asynchronous copy into
@@ -590,7 +608,6 @@ pub unsafe fn send_checked(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -
         conn.forget(seq);
         return None;
     }
-    slot.note_sent((archive.len() + bulk.iter().map(|b| b.len()).sum::<usize>()) as u64);
     Some(slot)
 }
 
