@@ -29,7 +29,8 @@
 #            (LEARNED_CASES=none: decode only)
 #   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
 #            function and in order (CASETRACE_WAN=1: through the 70 ms relay, with learned
-#            answers; CASETRACE_RUNS=N: N runs in one client cache, the last one traced)
+#            answers; CASETRACE_RUNS=N: N runs in one client cache, the last one traced;
+#            $BEFORE_DIST: each case through the earlier commit's server too)
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
 #   repro    each step of gpu/opinfo/repro.py ($REPRO_STEPS: all) in its own process, native
@@ -352,23 +353,31 @@ fi
 
 if want casetrace; then
   # Where a torch suite case's round trips go: each of $CASES alone on loopback, with
-  # --trace (the functions that waited most) and the order of its round trips.
-  trace_target=$SERVER
-  [[ ${CASETRACE_WAN:-0} == 1 ]] && trace_target=127.0.0.1:$WAN_PORT
-  trace_cache=$(mktemp -d)
+  # --trace (the functions that waited most) and the order of its round trips; with
+  # $BEFORE_DIST, each case again through the earlier commit's server (rows "... before").
+  lanes=("now|$CHIDORI|$SERVER|127.0.0.1:$WAN_PORT")
+  [[ -n ${BEFORE_DIST:-} ]] && lanes+=("before|$BEFORE_DIST/bin/chidori|127.0.0.1:$BEFORE_PORT|127.0.0.1:$BEFORE_WAN_PORT")
   for c in ${CASES:-lstm cuda_graph elementwise_reductions sdpa_backends cnn_training}; do
-    for _ in $(seq 1 ${CASETRACE_RUNS:-1}); do
-      CHIDORI_LOG=warn,chidori::waits=trace CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$trace_cache \
-        timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s $trace_target -- \
-        python3 gpu/torch-suite/run_cases.py --only "$c" > "$LOGS/case-$c.out" 2> "$LOGS/case-$c.err"
+    for lane in "${lanes[@]}"; do
+      IFS='|' read -r label bin plain wan <<< "$lane"
+      trace_target=$plain
+      [[ ${CASETRACE_WAN:-0} == 1 ]] && trace_target=$wan
+      trace_cache=$(mktemp -d)
+      name=$c; [[ $label == before ]] && name=$c-before
+      for _ in $(seq 1 ${CASETRACE_RUNS:-1}); do
+        CHIDORI_LOG=warn,chidori::waits=trace CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$trace_cache \
+          timeout ${RUN_TIMEOUT:-150} "$bin" run --trace -s $trace_target -- \
+          python3 gpu/torch-suite/run_cases.py --only "$c" > "$LOGS/case-$name.out" 2> "$LOGS/case-$name.err"
+      done
+      echo "== case $name: rc=$?; functions by round trips:"
+      grep -E '^[A-Za-z(].* [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$' "$LOGS/case-$name.err" | sort -k3 -nr | head -12
+      echo "-- the round trips in order (runs of one function counted):"
+      grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/case-$name.err" | awk '{print $2}' | uniq -c | sort -rn | head -12
+      load=$(grep -E '^\(module load\) ' "$LOGS/case-$name.err" | awk '{print $NF}')
+      row "case $name" "$(grep TOTAL "$LOGS/case-$name.err" | awk '{print $2" calls, "$3" round trips, "$NF" ms waiting"}'), module load ${load:-0} ms"
+      rm -rf "$trace_cache"
     done
-    echo "== case $c: rc=$?; functions by round trips:"
-    grep -E '^[A-Za-z(].* [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$' "$LOGS/case-$c.err" | sort -k3 -nr | head -12
-    echo "-- the round trips in order (runs of one function counted):"
-    grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/case-$c.err" | awk '{print $2}' | uniq -c | sort -rn | head -12
-    row "case $c" "$(grep TOTAL "$LOGS/case-$c.err" | awk '{print $2" calls, "$3" round trips"}')"
   done
-  rm -rf "$trace_cache"
 fi
 
 if want repro; then

@@ -2,8 +2,8 @@
 
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
-    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, JitLinkRequest, JitLinkResult, KernelInfo,
-    Launch, LinkRequest, LinkResult, LoopCopy,
+    CompileRequest, CompileResult, Device, GraphList, GraphLoop, GraphNode, JitLinkRequest, JitLinkResult, Launch,
+    LinkRequest, LinkResult, LoopCopy,
 };
 
 /// A host function installed on a stream: called when the stream reaches it with the
@@ -16,6 +16,34 @@ pub const NVRTC_INTERNAL_ERROR: i64 = chidori_cuda::consts::nvrtcResult::NVRTC_E
 
 /// What a backend without a facility answers in the driver's codes.
 const NOT_SUPPORTED: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i64;
+
+/// A module image loaded by a backend.
+pub struct ModuleLoad {
+    pub library: u64,
+    /// Its CUmodule in `context`.
+    pub module: u64,
+    /// The context it was loaded in: its kernels' functions are that context's.
+    pub context: u64,
+    pub kernels: Vec<ModuleKernel>,
+}
+
+/// One kernel of a loaded module.
+pub struct ModuleKernel {
+    pub name: String,
+    /// Parameter layout: (offset, size) each, in order; empty where the driver cannot tell.
+    pub params: Vec<(u32, u32)>,
+    pub handle: KernelHandle,
+}
+
+/// A module kernel's handle as the load left it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelHandle {
+    /// Its function in the load's context, found at the load.
+    Function(u64),
+    /// The library's kernel: its function is found when first used
+    /// ([`Backend::module_function`]), as the driver's lazy loading does for a program.
+    Kernel(u64),
+}
 
 pub trait Backend: Send + Sync + 'static {
     /// "real" or "emulated".
@@ -57,9 +85,15 @@ pub trait Backend: Send + Sync + 'static {
         destroy: HostFn,
     ) -> Result<u64, String>;
     /// Load a module image (fat binary, cubin or PTX) into the current context: the library
-    /// handle, its module in this context, and every kernel as a function of that context
-    /// with its parameter layout. Err: (driver status, message).
-    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)>;
+    /// handle, its module in this context, and every kernel with its parameter layout.
+    /// Err: (driver status, message).
+    fn load_module(&self, image: &[u8]) -> Result<ModuleLoad, (i64, String)>;
+    /// The function of a loaded module's kernel ([`KernelHandle::Kernel`]) in the context
+    /// the module was loaded in, whichever is current. Err: (driver status, message).
+    fn module_function(&self, kernel: u64, context: u64) -> Result<u64, (i64, String)> {
+        let _ = context;
+        self.kernel_function(kernel)
+    }
     /// Address and size of a global variable of a loaded library.
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)>;
     /// Parameter layout of a function handle.

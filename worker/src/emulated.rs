@@ -10,9 +10,12 @@ use std::time::Instant;
 
 use chidori_cuda::consts::{cudaError, cudaStreamCaptureMode, cudnnBackendAttributeType_t, cufftResult_t};
 use chidori_protocol::desc::{CallDesc, Form, Wire};
-use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LoopCopy};
+use chidori_protocol::messages::{Device, GraphList, GraphLoop, GraphNode, Launch, LoopCopy};
 
-use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
+use crate::backend::{
+    Backend, HostFn, KernelHandle, LOOP_SLOTS, LoopDevice, LoopEnd, ModuleKernel, ModuleLoad, NodeList, NodeMade,
+    run_loop,
+};
 
 mod api;
 mod graphs;
@@ -133,6 +136,8 @@ struct State {
     globals: HashMap<(u64, String), (u64, u64)>,
     /// The functions of each loaded module: (name, handle).
     functions: HashMap<u64, Vec<(String, u64)>>,
+    /// Each loaded kernel's function (found when first used, as the real driver's are).
+    kernel_functions: HashMap<u64, u64>,
     /// Function attributes the program set: (function, attribute) → value.
     function_attributes: HashMap<(u64, u32), i32>,
     /// User objects: references (the program's and graphs') and the destructor, run when
@@ -1430,7 +1435,7 @@ impl Backend for Emulated {
 
     /// A module whose kernels are the `.text.<name>` sections its uncompressed cubins name
     /// (the client's module loading, made ahead or not, can be tested; nothing runs).
-    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
+    fn load_module(&self, image: &[u8]) -> Result<ModuleLoad, (i64, String)> {
         let names = kernel_section_names(image);
         if names.is_empty() {
             return Err((NOT_SUPPORTED, "the emulated backend loads only uncompressed cubins with kernels".into()));
@@ -1438,11 +1443,22 @@ impl Backend for Emulated {
         let variables = data_symbols(image);
         let mut s = self.state();
         let (library, module) = (s.handle(), s.handle());
-        let kernels: Vec<KernelInfo> =
-            names.into_iter().map(|name| KernelInfo { name, handle: s.handle(), params: Vec::new() }).collect();
+        let mut kernels = Vec::new();
+        let mut functions = Vec::new();
+        for name in names {
+            let (kernel, function) = (s.handle(), s.handle());
+            s.kernel_functions.insert(kernel, function);
+            functions.push((name.clone(), function));
+            kernels.push(ModuleKernel { name, params: Vec::new(), handle: KernelHandle::Kernel(kernel) });
+        }
         s.variables.insert(library, variables);
-        s.functions.insert(module, kernels.iter().map(|k| (k.name.clone(), k.handle)).collect());
-        Ok((library, module, kernels))
+        s.functions.insert(module, functions);
+        Ok(ModuleLoad { library, module, context: 0, kernels })
+    }
+
+    fn module_function(&self, kernel: u64, _context: u64) -> Result<u64, (i64, String)> {
+        let found = self.state().kernel_functions.get(&kernel).copied();
+        found.ok_or_else(|| (INVALID_HANDLE as i64, format!("{kernel:#x} is no kernel of a loaded module")))
     }
 
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)> {

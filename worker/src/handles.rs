@@ -6,6 +6,7 @@
 //! dereference.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::{HANDLE_TAG_MASK as TAG_MASK, HandleKind};
@@ -23,7 +24,28 @@ pub struct Handles {
     /// The next id's counter (ids are unique across kinds).
     next: u64,
     stream_kind: Option<HandleKind>,
+    /// Handles named before the library was asked for them: (kind, the client's value) →
+    /// what finds them. A module's kernels become functions when first used, as a
+    /// program's own lazy module loading makes them (loading every kernel of a library
+    /// up front took most of a module load's time).
+    pending: HashMap<(HandleKind, u64), Pending>,
+    /// Finds a pending handle: the library's handle, or (status, message).
+    finder: Option<Finder>,
 }
+
+/// A handle the library has not been asked for yet: a kernel of a loaded library, and the
+/// context its function is to be found in (the one the library was loaded in).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pending {
+    pub kernel: u64,
+    pub context: u64,
+}
+
+/// What a pending handle without a finder is answered with.
+const NOT_FOUND: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND as i64;
+
+/// What finds a pending handle (the backend's function of a kernel in a context).
+pub type Finder = Arc<dyn Fn(Pending) -> Result<u64, (i64, String)> + Send + Sync>;
 
 impl Default for Handles {
     fn default() -> Self {
@@ -34,7 +56,19 @@ impl Default for Handles {
 impl Handles {
     pub fn new() -> Handles {
         let stream_kind = KINDS.iter().position(|k| *k == "CUstream_st").map(|i| i as HandleKind);
-        Handles { names: HashMap::new(), values: HashMap::new(), next: 1, stream_kind }
+        Handles {
+            names: HashMap::new(),
+            values: HashMap::new(),
+            next: 1,
+            stream_kind,
+            pending: HashMap::new(),
+            finder: None,
+        }
+    }
+
+    /// Tables whose pending handles `finder` finds.
+    pub fn with_finder(finder: Finder) -> Handles {
+        Handles { finder: Some(finder), ..Handles::new() }
     }
 
     /// Values that stand for themselves: NULL (the library decides what it means: "default"
@@ -46,30 +80,66 @@ impl Handles {
     }
 
     /// Whether `value` may be passed as a handle of `kind`.
-    pub fn check(&self, kind: HandleKind, value: u64) -> bool {
+    pub fn check(&mut self, kind: HandleKind, value: u64) -> bool {
         self.resolve(kind, value).is_some()
     }
 
-    /// Whether `value` names a live handle of `kind` itself (not of a kind it accepts).
+    /// Whether `value` names a live handle of `kind` itself (not of a kind it accepts),
+    /// found or pending.
     pub fn owns(&self, kind: HandleKind, value: u64) -> bool {
-        self.names.contains_key(&(kind, value))
+        self.names.contains_key(&(kind, value)) || self.pending.contains_key(&(kind, value))
     }
 
     /// The library's handle for `value` passed as a `kind`: a handle of the kind, or of a
-    /// kind it accepts, or a literal. None: not a handle of this session.
-    pub fn resolve(&self, kind: HandleKind, value: u64) -> Option<u64> {
+    /// kind it accepts, or a literal; a pending one is found now. None: not a handle of
+    /// this session, or one the library could not find (see [`Handles::find`]).
+    pub fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
         if self.is_literal(kind, value) {
             return Some(value);
         }
-        if let Some(real) = self.names.get(&(kind, value)) {
-            return Some(*real);
+        let kinds = std::iter::once(kind).chain(ACCEPTS.iter().filter(|&&(k, _)| k == kind).map(|&(_, other)| other));
+        for k in kinds {
+            if let Some(real) = self.names.get(&(k, value)) {
+                return Some(*real);
+            }
+            if let Ok(Some(real)) = self.find(k, value) {
+                return Some(real);
+            }
         }
-        ACCEPTS.iter().filter(|&&(k, _)| k == kind).find_map(|&(_, other)| self.names.get(&(other, value)).copied())
+        None
+    }
+
+    /// Find `value` of `kind` if it is pending: Ok(Some(the library's handle)), kept from
+    /// now on; Ok(None): not pending; Err: the library's status and message (it stays
+    /// pending, to be tried again).
+    pub fn find(&mut self, kind: HandleKind, value: u64) -> Result<Option<u64>, (i64, String)> {
+        let Some(&pending) = self.pending.get(&(kind, value)) else { return Ok(None) };
+        let Some(finder) = &self.finder else {
+            return Err((NOT_FOUND, format!("{value:#x}: no way to find a pending {}", Self::name(kind))));
+        };
+        let real = finder(pending)?;
+        self.pending.remove(&(kind, value));
+        self.names.insert((kind, value), real);
+        self.values.entry((kind, real)).or_insert(value);
+        Ok(Some(real))
+    }
+
+    /// Name a handle the library will be asked for when first used (see [`Pending`]).
+    pub fn insert_pending(&mut self, kind: HandleKind, pending: Pending) -> u64 {
+        let id = self.next_id();
+        self.pending.insert((kind, id), pending);
+        id
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = ID_TAG | (self.next & !TAG_MASK);
+        self.next += 1;
+        id
     }
 
     /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids).
     pub fn name_free(&self, kind: HandleKind, name: u64) -> bool {
-        name != 0 && name & TAG_MASK != ID_TAG && !self.names.contains_key(&(kind, name))
+        name != 0 && name & TAG_MASK != ID_TAG && !self.owns(kind, name)
     }
 
     /// Record the client's `name` for the library's handle `real`.
@@ -89,8 +159,7 @@ impl Handles {
         if let Some(&value) = self.values.get(&(kind, real)) {
             return value;
         }
-        let id = ID_TAG | (self.next & !TAG_MASK);
-        self.next += 1;
+        let id = self.next_id();
         self.names.insert((kind, id), real);
         self.values.insert((kind, real), id);
         id
@@ -105,6 +174,7 @@ impl Handles {
     }
 
     pub fn remove(&mut self, kind: HandleKind, value: u64) {
+        self.pending.remove(&(kind, value));
         if let Some(real) = self.names.remove(&(kind, value))
             && self.values.get(&(kind, real)) == Some(&value)
         {
@@ -115,7 +185,8 @@ impl Handles {
     /// The `n`-th live handle of `kind` as the client names it (modulo their number), for
     /// fuzzing.
     pub fn pick(&self, kind: HandleKind, n: u64) -> Option<u64> {
-        let mut live: Vec<u64> = self.names.keys().filter(|(k, _)| *k == kind).map(|(_, v)| *v).collect();
+        let mut live: Vec<u64> =
+            self.names.keys().chain(self.pending.keys()).filter(|(k, _)| *k == kind).map(|(_, v)| *v).collect();
         if live.is_empty() {
             return None;
         }
@@ -170,6 +241,41 @@ mod tests {
         assert_ne!(again, first, "a destroyed handle's id is not given again");
         assert_eq!(h.insert(kind("CUstream_st"), 1), 1, "the legacy stream stands for itself");
         assert_eq!(h.insert(ctx, 0), 0);
+    }
+
+    /// A module's kernel is named at once and found when first used: once, in the context
+    /// it was loaded in; a failure is the library's and leaves it pending.
+    #[test]
+    fn pending_handles_are_found_once_when_first_used() {
+        use std::sync::Mutex;
+        let func = kind("CUfunc_st");
+        let asked: Arc<Mutex<Vec<Pending>>> = Arc::default();
+        let fail = Arc::new(Mutex::new(true));
+        let (a, f) = (asked.clone(), fail.clone());
+        let mut h = Handles::with_finder(Arc::new(move |p: Pending| {
+            a.lock().unwrap().push(p);
+            if *f.lock().unwrap() { Err((2, "out of memory".into())) } else { Ok(p.kernel + 0x1000) }
+        }));
+        let id = h.insert_pending(func, Pending { kernel: 0x5000, context: 0x77 });
+        assert_eq!(id & TAG_MASK, ID_TAG);
+        assert!(h.owns(func, id) && !h.name_free(func, id));
+        assert!(asked.lock().unwrap().is_empty(), "named without asking the library");
+        assert_eq!(h.find(func, id), Err((2, "out of memory".into())));
+        assert_eq!(h.resolve(func, id), None, "still not found");
+        assert!(h.owns(func, id), "a failure leaves it pending");
+        *fail.lock().unwrap() = false;
+        assert_eq!(h.resolve(func, id), Some(0x6000));
+        assert_eq!(h.resolve(func, id), Some(0x6000));
+        assert_eq!(asked.lock().unwrap().len(), 3, "found once (after two failures), then kept");
+        assert_eq!(asked.lock().unwrap()[2], Pending { kernel: 0x5000, context: 0x77 });
+        assert_eq!(h.insert(func, 0x6000), id, "the function handed out again keeps the kernel's name");
+        assert_eq!(h.find(func, id), Ok(None), "no longer pending");
+        let other = h.insert_pending(func, Pending { kernel: 0x9000, context: 0x77 });
+        h.remove(func, other);
+        assert!(!h.owns(func, other) && h.resolve(func, other).is_none(), "a removed pending handle is gone");
+        let mut plain = Handles::new();
+        let p = plain.insert_pending(func, Pending { kernel: 1, context: 2 });
+        assert!(plain.find(func, p).is_err() && plain.resolve(func, p).is_none(), "no finder: never found");
     }
 
     #[test]

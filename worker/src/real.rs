@@ -10,11 +10,13 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{
-    Device, GraphList, GraphLoop, GraphNode, KernelInfo, Launch, LinkRequest, LinkResult, LoopCopy, NodeParams,
-    NodeTarget,
+    Device, GraphList, GraphLoop, GraphNode, Launch, LinkRequest, LinkResult, LoopCopy, NodeParams, NodeTarget,
 };
 
-use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, NodeList, NodeMade, run_loop};
+use crate::backend::{
+    Backend, HostFn, KernelHandle, LOOP_SLOTS, LoopDevice, LoopEnd, ModuleKernel, ModuleLoad, NodeList, NodeMade,
+    run_loop,
+};
 use crate::loader::{self, Library};
 
 mod vmm;
@@ -56,6 +58,11 @@ struct ModuleApi {
     kernel_get_function: unsafe extern "C" fn(*mut u64, u64) -> CuResult,
     kernel_get_name: unsafe extern "C" fn(*mut *const i8, u64) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult,
+    /// cuKernelGetParamInfo (drivers of CUDA 12.4 on): a kernel's layout without loading it.
+    kernel_get_param_info: Option<unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult>,
+    ctx_get_current: unsafe extern "C" fn(*mut u64) -> CuResult,
+    ctx_push_current: unsafe extern "C" fn(u64) -> CuResult,
+    ctx_pop_current: unsafe extern "C" fn(*mut u64) -> CuResult,
     launch_kernel_ex: unsafe extern "C" fn(*const LaunchConfig, u64, *mut *mut c_void, *mut *mut c_void) -> CuResult,
     max_active_clusters: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
     max_potential_cluster_size: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
@@ -305,6 +312,21 @@ fn symbol_as<F: Copy>(lib: &Library, name: &str) -> Result<F> {
     unsafe { lib.function(name) }.map_err(anyhow::Error::msg)
 }
 
+/// A parameter layout asked index by index of `info` (cuFuncGetParamInfo or
+/// cuKernelGetParamInfo): (offset, size) each, up to the first index the driver refuses
+/// (CUDA_ERROR_INVALID_VALUE past the last parameter).
+fn param_layout(info: impl Fn(usize, *mut usize, *mut usize) -> CuResult) -> Vec<(u32, u32)> {
+    let mut params = Vec::new();
+    for i in 0.. {
+        let (mut offset, mut size) = (0usize, 0usize);
+        if info(i, &mut offset, &mut size) != 0 {
+            break;
+        }
+        params.push((offset as u32, size as u32));
+    }
+    params
+}
+
 macro_rules! fn_ptr {
     ($lib:expr, $name:literal, _) => {
         symbol_as(&$lib, $name)?
@@ -350,6 +372,10 @@ impl Real {
             kernel_get_function: fn_ptr!(driver, "cuKernelGetFunction", _),
             kernel_get_name: fn_ptr!(driver, "cuKernelGetName", _),
             func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
+            kernel_get_param_info: symbol_as(&driver, "cuKernelGetParamInfo").ok(),
+            ctx_get_current: fn_ptr!(driver, "cuCtxGetCurrent", _),
+            ctx_push_current: fn_ptr!(driver, "cuCtxPushCurrent_v2", _),
+            ctx_pop_current: fn_ptr!(driver, "cuCtxPopCurrent_v2", _),
             launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
             max_active_clusters: fn_ptr!(driver, "cuOccupancyMaxActiveClusters", _),
             max_potential_cluster_size: fn_ptr!(driver, "cuOccupancyMaxPotentialClusterSize", _),
@@ -510,7 +536,7 @@ impl Backend for Real {
         api.relaxed(|| unsafe { (api.rt_free)(std::ptr::null_mut()) });
     }
 
-    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
+    fn load_module(&self, image: &[u8]) -> Result<ModuleLoad, (i64, String)> {
         let api = &self.module_api;
         let check = |rc: CuResult, what: &str| -> Result<(), (i64, String)> {
             if rc == 0 { Ok(()) } else { Err((i64::from(rc), format!("{what} failed with status {rc}"))) }
@@ -526,6 +552,8 @@ impl Backend for Real {
             )?;
             let mut module = 0u64;
             check((api.library_get_module)(&mut module, library), "cuLibraryGetModule")?;
+            let mut context = 0u64;
+            check((api.ctx_get_current)(&mut context), "cuCtxGetCurrent")?;
             let mut count = 0u32;
             check((api.library_get_kernel_count)(&mut count, library), "cuLibraryGetKernelCount")?;
             let mut kernels = vec![0u64; count as usize];
@@ -539,13 +567,44 @@ impl Backend for Real {
             for kernel in kernels {
                 let mut name = std::ptr::null();
                 check((api.kernel_get_name)(&mut name, kernel), "cuKernelGetName")?;
-                let mut function = 0u64;
-                check((api.kernel_get_function)(&mut function, kernel), "cuKernelGetFunction")?;
-                let params = self.function_params(function)?;
-                infos.push(KernelInfo { name: cstr(name), handle: function, params });
+                // A kernel's function is found when first used where the driver can tell its
+                // layout without it; asking for every function here loaded every kernel of
+                // the library (most of a module load's time).
+                let (handle, params) = match api.kernel_get_param_info {
+                    Some(info) => (KernelHandle::Kernel(kernel), param_layout(|i, o, s| info(kernel, i, o, s))),
+                    None => {
+                        let mut function = 0u64;
+                        check((api.kernel_get_function)(&mut function, kernel), "cuKernelGetFunction")?;
+                        (KernelHandle::Function(function), self.function_params(function)?)
+                    }
+                };
+                infos.push(ModuleKernel { name: cstr(name), params, handle });
             }
-            Ok((library, module, infos))
+            Ok(ModuleLoad { library, module, context, kernels: infos })
         }
+    }
+
+    fn module_function(&self, kernel: u64, context: u64) -> Result<u64, (i64, String)> {
+        let api = &self.module_api;
+        let mut current = 0u64;
+        // SAFETY: an out-pointer to a local.
+        let rc = unsafe { (api.ctx_get_current)(&mut current) };
+        if rc != 0 || current == context || context == 0 {
+            return self.kernel_function(kernel);
+        }
+        // The function of the context the module was loaded in, as a load that found every
+        // function at once gave.
+        // SAFETY: pushing a context the session's load saw current; an invalid (destroyed)
+        // one is refused by the driver with a status.
+        let rc = unsafe { (api.ctx_push_current)(context) };
+        if rc != 0 {
+            return Err((i64::from(rc), format!("cuCtxPushCurrent of the module's context failed with status {rc}")));
+        }
+        let found = self.kernel_function(kernel);
+        let mut popped = 0u64;
+        // SAFETY: pops the context pushed just now; an out-pointer to a local.
+        unsafe { (api.ctx_pop_current)(&mut popped) };
+        found
     }
 
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)> {
@@ -604,18 +663,9 @@ impl Backend for Real {
     }
 
     fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)> {
-        let mut params = Vec::new();
-        for i in 0.. {
-            let (mut offset, mut size) = (0usize, 0usize);
-            // SAFETY: out-pointers are locals; past the last parameter the driver answers
-            // CUDA_ERROR_INVALID_VALUE, which ends the list.
-            let rc = unsafe { (self.module_api.func_get_param_info)(function, i, &mut offset, &mut size) };
-            if rc != 0 {
-                break;
-            }
-            params.push((offset as u32, size as u32));
-        }
-        Ok(params)
+        let info = self.module_api.func_get_param_info;
+        // SAFETY: the function is one of the session's live handles.
+        Ok(param_layout(|i, o, s| unsafe { info(function, i, o, s) }))
     }
 
     fn kernel_function(&self, kernel: u64) -> Result<u64, (i64, String)> {

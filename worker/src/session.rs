@@ -29,10 +29,10 @@ use chidori_protocol::messages::{
 use chidori_protocol::resume::SECRET_LEN;
 
 use crate::auth::Security;
-use crate::backend::{Backend, HostFn};
+use crate::backend::{Backend, HostFn, KernelHandle};
 use crate::cache::{self, ModuleCache};
 use crate::call_checks::{self, CallChecks};
-use crate::handles::Handles;
+use crate::handles::{Handles, Pending};
 use crate::io::{ReadError, Sink, Writer, read_frame};
 use crate::lanes::Lanes;
 use crate::memory::{self, Effect, Memory, Origin, Size};
@@ -292,8 +292,8 @@ pub fn run(
     };
 
     let session = Arc::new(Session {
+        handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
         backend,
-        handles: Mutex::new(Handles::new()),
         ended: Mutex::new(HashMap::new()),
         writer,
         callbacks: Mutex::new(HashMap::new()),
@@ -921,7 +921,7 @@ struct SessionTables<'a> {
 
 impl codec::Tables for SessionTables<'_> {
     fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
-        let handles = lock(&self.session.handles);
+        let mut handles = lock(&self.session.handles);
         // A kernel where a function is expected (a statically linked runtime's attributes,
         // occupancy, cache config): the driver takes it as its function in the current
         // context, and so is it asked here.
@@ -1249,7 +1249,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 let record_checks = checks.records.get(i).copied().flatten().filter(|_| record.is_some());
                 if let (Some(checks), Some(input)) = (record_checks, input) {
                     let mut bytes = input.to_vec();
-                    let handles = lock(&session.handles);
+                    let mut handles = lock(&session.handles);
                     let checked = checks.apply(&mut bytes, |kind, value| handles.resolve(kind, value));
                     drop(handles);
                     match checked {
@@ -1793,8 +1793,8 @@ pub struct Harness {
 impl Harness {
     pub fn new(backend: Arc<dyn Backend>, memory_quota: Option<u64>) -> Harness {
         let session = Arc::new(Session {
+            handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
             backend,
-            handles: Mutex::new(Handles::new()),
             ended: Mutex::new(HashMap::new()),
             writer: Arc::new(Writer::new(Sink::Discard(0, Vec::new()))),
             callbacks: Mutex::new(HashMap::new()),
@@ -1909,7 +1909,7 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
         return Some(l.clone());
     }
     use chidori_cuda::handles::kind::{CUfunc_st, CUkern_st};
-    let handles = lock(&session.handles);
+    let mut handles = lock(&session.handles);
     let kernel = handles.owns(CUkern_st, function);
     let real = handles.resolve(if kernel { CUkern_st } else { CUfunc_st }, function).filter(|&r| r != 0);
     drop(handles);
@@ -1924,7 +1924,12 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
 /// stream, and the events some launch attributes name. Err: (driver status, message).
 fn resolve_launch(session: &Session, l: &mut Launch) -> Result<(), (i64, String)> {
     use chidori_cuda::handles::kind::{CUevent_st, CUfunc_st, CUkern_st, CUstream_st};
-    let handles = lock(&session.handles);
+    let mut handles = lock(&session.handles);
+    // A module's kernel launched first: its function is found now, and the driver's
+    // failure to load it is the launch's (as with a program's own lazy loading).
+    if let Err((status, message)) = handles.find(CUfunc_st, l.function) {
+        return Err((status, format!("loading the kernel of a launch: {message}")));
+    }
     let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
     else {
         return Err((INVALID_HANDLE, format!("launch of {:#x}, which is no function of this session", l.function)));
@@ -2140,7 +2145,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             crate::smi::run(&args, &visible, all)
         }
         Service::GraphDot { graph, flags } => {
-            let real = live(&lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
+            let real = live(&mut lock(&session.handles), chidori_cuda::handles::kind::CUgraph_st, graph);
             match real.map(|g| session.backend.graph_dot(g, flags)) {
                 Some(Ok(dot)) => ServiceReply::Name(dot),
                 Some(Err((status, message))) => ServiceReply::Error { status, message },
@@ -2286,7 +2291,7 @@ fn fitting(reply: ServiceReply) -> chidori_protocol::rkyv::util::AlignedVec {
 /// Run a graph-replay loop: the graph and stream must be this session's; the output of
 /// completed steps goes back in Progress frames as the loop runs.
 fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> ServiceReply {
-    let handles = lock(&session.handles);
+    let mut handles = lock(&session.handles);
     let exec = handles.resolve(chidori_cuda::handles::kind::CUgraphExec_st, request.exec).filter(|&e| e != 0);
     let stream = handles.resolve(chidori_cuda::handles::kind::CUstream_st, request.stream);
     drop(handles);
@@ -2349,7 +2354,7 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
 const ENDED_MAX: usize = 4096;
 
 /// The library's handle for a non-null `value` of `kind` this session holds.
-fn live(handles: &Handles, kind: HandleKind, value: u64) -> Option<u64> {
+fn live(handles: &mut Handles, kind: HandleKind, value: u64) -> Option<u64> {
     handles.resolve(kind, value).filter(|&real| real != 0)
 }
 
@@ -2372,16 +2377,18 @@ fn graph_list(session: &Session, query: GraphList, thread: u32) -> ServiceReply 
         },
         other => other,
     };
-    let handles = lock(&session.handles);
+    let mut handles = lock(&session.handles);
     let mapped = match query {
-        GraphList::Nodes { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::Nodes { graph }),
-        GraphList::RootNodes { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::RootNodes { graph }),
-        GraphList::Edges { graph } => live(&handles, CUgraph_st, graph).map(|graph| GraphList::Edges { graph }),
+        GraphList::Nodes { graph } => live(&mut handles, CUgraph_st, graph).map(|graph| GraphList::Nodes { graph }),
+        GraphList::RootNodes { graph } => {
+            live(&mut handles, CUgraph_st, graph).map(|graph| GraphList::RootNodes { graph })
+        }
+        GraphList::Edges { graph } => live(&mut handles, CUgraph_st, graph).map(|graph| GraphList::Edges { graph }),
         GraphList::Dependencies { node } => {
-            live(&handles, CUgraphNode_st, node).map(|node| GraphList::Dependencies { node })
+            live(&mut handles, CUgraphNode_st, node).map(|node| GraphList::Dependencies { node })
         }
         GraphList::Dependents { node } => {
-            live(&handles, CUgraphNode_st, node).map(|node| GraphList::Dependents { node })
+            live(&mut handles, CUgraphNode_st, node).map(|node| GraphList::Dependents { node })
         }
         GraphList::Capture { stream } => {
             handles.resolve(CUstream_st, stream).map(|stream| GraphList::Capture { stream })
@@ -2409,13 +2416,13 @@ fn graph_list(session: &Session, query: GraphList, thread: u32) -> ServiceReply 
 /// allocation's pool and access descriptors, a batch of stream memory operations.
 fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> ServiceReply {
     use chidori_cuda::handles::kind::{CUctx_st, CUfunc_st, CUgraph_st, CUgraphExec_st, CUgraphNode_st, CUkern_st};
-    let handles = lock(&session.handles);
+    let mut handles = lock(&session.handles);
     match &mut request.target {
         NodeTarget::Add { graph, dependencies, edge_data } => {
-            let Some(g) = live(&handles, CUgraph_st, *graph) else { return foreign("graph", *graph) };
+            let Some(g) = live(&mut handles, CUgraph_st, *graph) else { return foreign("graph", *graph) };
             *graph = g;
             for d in dependencies.iter_mut() {
-                let Some(real) = live(&handles, CUgraphNode_st, *d) else { return foreign("graph node", *d) };
+                let Some(real) = live(&mut handles, CUgraphNode_st, *d) else { return foreign("graph node", *d) };
                 *d = real;
             }
             if !edge_data.is_empty() && edge_data.len() != dependencies.len() {
@@ -2426,12 +2433,12 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
             }
         }
         NodeTarget::Set { node } => {
-            let Some(n) = live(&handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
+            let Some(n) = live(&mut handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
             *node = n;
         }
         NodeTarget::ExecSet { exec, node } => {
-            let Some(e) = live(&handles, CUgraphExec_st, *exec) else { return foreign("executable graph", *exec) };
-            let Some(n) = live(&handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
+            let Some(e) = live(&mut handles, CUgraphExec_st, *exec) else { return foreign("executable graph", *exec) };
+            let Some(n) = live(&mut handles, CUgraphNode_st, *node) else { return foreign("graph node", *node) };
             (*exec, *node) = (e, n);
         }
     }
@@ -2442,7 +2449,7 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
     match &mut request.params {
         NodeParams::Kernel { function, .. } => {
             let Some(l) = layout_of(session, *function) else { return foreign("function", *function) };
-            let handles = lock(&session.handles);
+            let mut handles = lock(&session.handles);
             let real = handles.resolve(CUfunc_st, *function).or_else(|| handles.resolve(CUkern_st, *function));
             drop(handles);
             let Some(real) = real else { return foreign("function", *function) };
@@ -2456,7 +2463,9 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
         NodeParams::Host { id } => host = Some(host_closure(session, *id)),
         NodeParams::BatchMemOp { ctx, count, .. } => {
             if *ctx != 0 {
-                let Some(real) = live(&lock(&session.handles), CUctx_st, *ctx) else { return foreign("context", *ctx) };
+                let Some(real) = live(&mut lock(&session.handles), CUctx_st, *ctx) else {
+                    return foreign("context", *ctx);
+                };
                 *ctx = real;
             }
             match batch_mem_ops(session, *count, &frame.bulk) {
@@ -2521,6 +2530,13 @@ fn host_value_pointers(records: &[u8]) -> Option<(Vec<u64>, Box<[u128]>)> {
     Some((pointers, values))
 }
 
+/// What finds a module kernel's function when first used: the backend, in the context the
+/// module was loaded in.
+fn module_functions(backend: &Arc<dyn Backend>) -> crate::handles::Finder {
+    let backend = backend.clone();
+    Arc::new(move |p: Pending| backend.module_function(p.kernel, p.context))
+}
+
 fn module_reply(m: &Loaded) -> ServiceReply {
     ServiceReply::Module { library: m.library, module: m.module, kernels: m.kernels.clone() }
 }
@@ -2528,27 +2544,40 @@ fn module_reply(m: &Loaded) -> ServiceReply {
 fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
     let started = std::time::Instant::now();
     let loaded = session.backend.load_module(image);
-    // In the time table (`chidori::calls=debug`): module loads (every kernel of the image is
-    // looked up, which loads it into the context) and the kernels they held.
+    // In the time table (`chidori::calls=debug`): module loads and the kernels they held
+    // (those whose functions were found at the load: drivers before CUDA 12.4).
     if let Some(timing) = &session.timing {
         let mut t = lock(timing);
         let e = t.entry("(module load)").or_default();
         e.0 += 1;
         e.1 += started.elapsed();
-        if let Ok((_, _, kernels)) = &loaded {
-            t.entry("(kernels of loaded modules)").or_default().0 += kernels.len() as u64;
+        if let Ok(m) = &loaded {
+            t.entry("(kernels of loaded modules)").or_default().0 += m.kernels.len() as u64;
+            let eager = m.kernels.iter().filter(|k| matches!(k.handle, KernelHandle::Function(_))).count();
+            t.entry("(kernels found at their module's load)").or_default().0 += eager as u64;
         }
     }
     match loaded {
-        Ok((library, module, mut kernels)) => {
-            // The client knows the module, its library and its kernels by the session's names.
+        Ok(m) => {
+            // The client knows the module, its library and its kernels by the session's
+            // names; a kernel's function is found when first used (Handles::find).
             use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
             let mut handles = lock(&session.handles);
-            for k in &mut kernels {
-                k.handle = handles.insert(CUfunc_st, k.handle);
-            }
-            let module = handles.insert(CUmod_st, module);
-            let library = handles.insert(CUlib_st, library);
+            let kernels: Vec<KernelInfo> = m
+                .kernels
+                .into_iter()
+                .map(|k| {
+                    let handle = match k.handle {
+                        KernelHandle::Function(f) => handles.insert(CUfunc_st, f),
+                        KernelHandle::Kernel(kernel) => {
+                            handles.insert_pending(CUfunc_st, Pending { kernel, context: m.context })
+                        }
+                    };
+                    KernelInfo { name: k.name, handle, params: k.params }
+                })
+                .collect();
+            let module = handles.insert(CUmod_st, m.module);
+            let library = handles.insert(CUlib_st, m.library);
             drop(handles);
             let loaded = Loaded { library, module, kernels };
             {
