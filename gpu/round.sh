@@ -356,7 +356,10 @@ if want casetrace; then
   # --trace (the functions that waited most) and the order of its round trips; with
   # $BEFORE_DIST, each case again through the earlier commit's server (rows "... before").
   lanes=("now|$CHIDORI|$SERVER|127.0.0.1:$WAN_PORT")
-  [[ -n ${BEFORE_DIST:-} ]] && lanes+=("before|$BEFORE_DIST/bin/chidori|127.0.0.1:$BEFORE_PORT|127.0.0.1:$BEFORE_WAN_PORT")
+  # (A $BEFORE_DIST of the server alone, without lib/: this commit's client against it.)
+  before_client=$BEFORE_DIST/bin/chidori
+  [[ -e ${BEFORE_DIST:-}/lib/libchidori.so ]] || before_client=$CHIDORI
+  [[ -n ${BEFORE_DIST:-} ]] && lanes+=("before|$before_client|127.0.0.1:$BEFORE_PORT|127.0.0.1:$BEFORE_WAN_PORT")
   for c in ${CASES:-lstm cuda_graph elementwise_reductions sdpa_backends cnn_training}; do
     for lane in "${lanes[@]}"; do
       IFS='|' read -r label bin plain wan <<< "$lane"

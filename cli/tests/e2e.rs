@@ -3579,9 +3579,59 @@ fn a_fresh_threads_current_context_is_the_primary_one_another_thread_was_told() 
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
-    // Asked: the main thread's, the creating thread's, the first fresh thread after it (the
-    // client asks itself too: the calls are more than the program's six).
-    assert_eq!(trace_row(&stderr, "cuCtxGetCurrent")[1], "3", "{stderr}");
+    // Asked: the creating thread's and the first fresh thread's after it (the main
+    // thread's was asked as the connection was made; the client asks itself too: the calls
+    // are more than the program's six).
+    assert_eq!(trace_row(&stderr, "cuCtxGetCurrent")[1], "2", "{stderr}");
+}
+
+/// What every program asks once (device 0's primary-context state, the current context,
+/// the stream priorities) is asked as the connection is made, behind no call of the
+/// program's: answered without waiting, and the same answers as asked later; after a
+/// context call, the state and the context are asked again; the range never is.
+const ASKED_AT_CONNECTION: &str = r#"
+#include <cuda_runtime_api.h>
+#include <cuda.h>
+static void facts(const char *when) {
+  int least = 7, greatest = 7, only = 7, active = 7;
+  unsigned flags = 7;
+  CUcontext c = NULL;
+  int s1 = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  int s2 = cudaDeviceGetStreamPriorityRange(NULL, &only);
+  int s3 = cuDevicePrimaryCtxGetState(0, &flags, &active);
+  int s4 = cuCtxGetCurrent(&c);
+  printf("%s %d %d %d %d [%d %d %d] [%u %d] %d\n", when, s1, s2, s3, s4, least, greatest, only, flags, active, c != NULL);
+}
+int main(void) {
+  CHECK(cuInit(0));
+  facts("first");
+  CUcontext made = NULL;
+  CHECK(cuCtxCreate(&made, NULL, 0, 0));
+  CHECK(cuCtxDestroy(made));
+  facts("after");
+  return 0;
+}
+"#;
+
+#[test]
+fn what_every_program_asks_once_is_asked_as_the_connection_is_made() {
+    let server = server();
+    let exe = program_with("asked-at-connection", &format!("{CHECKS}{ASKED_AT_CONNECTION}"), &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}\n{stderr}");
+    let (first, after) = (lines[0].trim_start_matches("first "), lines[1].trim_start_matches("after "));
+    assert!(first.starts_with("0 0 0 0 ["), "{stdout}\n{stderr}");
+    let range: Vec<&str> = first.split(['[', ']']).nth(1).unwrap().split(' ').collect();
+    assert_eq!(range[1], range[2], "the greatest priority alone is the pair's: {stdout}");
+    // The context created and destroyed leaves the primary one current: the same answers.
+    assert_eq!(first, after, "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaDeviceGetStreamPriorityRange"), ["4", "0"], "{stderr}");
+    // After the context calls: asked again, each once (the client asks the state itself
+    // too: more calls than the program's two).
+    assert_eq!(trace_row(&stderr, "cuDevicePrimaryCtxGetState")[1], "1", "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuCtxGetCurrent")[1], "1", "{stderr}");
 }
 
 /// The driver API's equivalents: CUDA 13's context creation (the client's cached current

@@ -852,17 +852,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetSharedMemConfig(
         ) as u32
     }
 }
-///`cudaDeviceGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetStreamPriorityRange(
     leastPriority: *mut c_void,
     greatestPriority: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaDeviceGetStreamPriorityRange,
-            &[(leastPriority) as usize as u64, (greatestPriority) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaDeviceGetStreamPriorityRange",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaDeviceGetStreamPriorityRange__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::context::stream_priority_range(
+            &CTX,
+            leastPriority,
+            greatestPriority,
+        )
     }
 }
 ///`cudaDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -310,6 +310,16 @@ fn count_forks() {
     });
 }
 
+/// What a layer above asks of every new connection before the program's first call goes
+/// (questions every program asks once, sent ahead: `crate::custom::context`). It runs
+/// with the process's connection being made: it must not ask for it ([`get`]).
+static CONNECTED: OnceLock<fn(&Conn)> = OnceLock::new();
+
+/// Set the hook every new connection runs ([`CONNECTED`]); the first one set stays.
+pub fn on_connect(hook: fn(&Conn)) {
+    let _ = CONNECTED.set(hook);
+}
+
 /// The process's connection, made on first use. Err: why there is none (logged once).
 pub fn get() -> Result<Arc<Conn>, String> {
     crate::log::init();
@@ -331,6 +341,9 @@ pub fn get() -> Result<Arc<Conn>, String> {
         start_flusher(c.clone());
         c.probe_round_trip();
         c.ask_window_early();
+        if let Some(hook) = CONNECTED.get() {
+            hook(c);
+        }
         register_exit_flush();
         crate::trace::register_exit_report();
     }

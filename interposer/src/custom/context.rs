@@ -6,10 +6,12 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use chidori_cuda::calls::{cudart, driver};
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
 
+use crate::conn::{Conn, Slot};
 use crate::state::CLIENT;
 
 /// CUDA_SUCCESS and CUDA_ERROR_INVALID_VALUE; cudaSuccess and cudaErrorInvalidValue, for the
@@ -42,7 +44,7 @@ fn untouched() -> bool {
 /// Each device's primary context with the generation it was seen in, as the server
 /// answered an untouched thread: another untouched thread's answer while no context call
 /// intervened.
-static PRIMARY: std::sync::Mutex<Vec<(i32, u64, u64)>> = std::sync::Mutex::new(Vec::new());
+static PRIMARY: Mutex<Vec<(i32, u64, u64)>> = Mutex::new(Vec::new());
 
 fn primary_seen(device: i32, generation: u64) -> Option<u64> {
     let seen = PRIMARY.lock().unwrap_or_else(|p| p.into_inner());
@@ -59,6 +61,102 @@ fn forget() {
     CLIENT.primary.clear();
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
+
+/// Questions every program asks once, sent as its connection is made, before its first
+/// call: the program's import and set-up then hide their round trip. They run on the
+/// connecting thread's fresh executor, where device 0's primary context is current: its
+/// state, that context (every untouched thread's on device 0), and device 0's stream
+/// priorities. An answer holds while no context call was made since (the generation).
+struct Early {
+    forks: u64,
+    generation: u64,
+    primary: Answer,
+    current: Answer,
+    priorities: Answer,
+}
+
+static EARLY: Mutex<Option<Early>> = Mutex::new(None);
+
+/// A call sent ahead into output bytes of its own.
+enum Answer {
+    None,
+    /// Sent: its slot, and the address of its 16 output bytes (leaked, since the reply
+    /// may land at any time).
+    Asked(Arc<Slot>, usize),
+    /// The raw status and the output bytes.
+    Came(u64, [u8; 16]),
+}
+
+impl Answer {
+    /// Send `desc` with the arguments `args` makes of the output bytes' address.
+    fn ask(conn: &Conn, desc: &'static CallDesc, args: impl FnOnce(u64) -> Vec<u64>) -> Answer {
+        let bytes: &'static mut [u8; 16] = Box::leak(Box::new([0u8; 16]));
+        let at = bytes.as_mut_ptr() as u64;
+        // SAFETY: every output of these calls points into the 16 leaked bytes (4 or 8 each),
+        // valid for as long as the process lives.
+        match unsafe { crate::runtime::send_checked(conn, desc, &args(at)) } {
+            Some(slot) => Answer::Asked(slot, at as usize),
+            None => Answer::None,
+        }
+    }
+
+    /// The status and the output bytes, waited for where they have not come (never longer
+    /// than the call itself would have taken). None: no answer (a lost connection).
+    fn take(&mut self) -> Option<(u64, [u8; 16])> {
+        if let Answer::Asked(slot, at) = self {
+            *self = match slot.wait() {
+                // SAFETY: the slot completed: the reply's outputs have landed in the 16
+                // bytes at `at`, which nothing writes any more.
+                Ok(ret) => Answer::Came(ret, unsafe { std::ptr::read(*at as *const [u8; 16]) }),
+                Err(_) => Answer::None,
+            };
+        }
+        match self {
+            Answer::Came(ret, bytes) => Some((*ret, *bytes)),
+            _ => None,
+        }
+    }
+}
+
+fn word<const N: usize>(bytes: &[u8; 16], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[at..at + N]);
+    out
+}
+
+/// Send the questions of [`Early`] on a new connection (`conn::on_connect`).
+fn ask_early(conn: &Conn) {
+    let early = Early {
+        forks: crate::conn::forks(),
+        generation: GENERATION.load(Ordering::Relaxed),
+        primary: Answer::ask(conn, &driver::cuDevicePrimaryCtxGetState__call, |at| vec![0, at, at + 4]),
+        current: Answer::ask(conn, &driver::cuCtxGetCurrent__call, |at| vec![at]),
+        priorities: Answer::ask(conn, &cudart::cudaDeviceGetStreamPriorityRange__call, |at| vec![at, at + 4]),
+    };
+    *EARLY.lock().unwrap_or_else(|p| p.into_inner()) = Some(early);
+}
+
+/// One of [`Early`]'s answers: the status and outputs of `which`, where it was asked in
+/// this process and, unless `any_generation`, no context call was made since.
+fn early(which: fn(&mut Early) -> &mut Answer, any_generation: bool) -> Option<(u64, [u8; 16])> {
+    let mut slot = EARLY.lock().unwrap_or_else(|p| p.into_inner());
+    let e = slot.as_mut().filter(|e| e.forks == crate::conn::forks())?;
+    if !any_generation && e.generation != GENERATION.load(Ordering::Relaxed) {
+        return None;
+    }
+    which(e).take()
+}
+
+// SAFETY: a constructor of this library that only stores a function pointer (no call into
+// the program, nothing that needs the process set up).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_EARLY: extern "C" fn() = {
+    extern "C" fn register() {
+        crate::conn::on_connect(ask_early);
+    }
+    register
+};
 
 /// Forward a call that changes primary contexts, then drop the cache.
 fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: bool) -> u32 {
@@ -87,6 +185,16 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
         crate::trace::local("cuDevicePrimaryCtxGetState");
         if flags.is_null() || active.is_null() {
             return INVALID_VALUE;
+        }
+        if dev == 0 && CLIENT.primary.get(&0).is_none() {
+            // Asked as the connection was made: kept where the context was active (an
+            // inactive one may become active by any call).
+            if let Some((ret, bytes)) = early(|e| &mut e.primary, false)
+                && ret == u64::from(SUCCESS)
+                && i32::from_le_bytes(word(&bytes, 4)) == 1
+            {
+                CLIENT.primary.insert(0, u32::from_le_bytes(word(&bytes, 0)));
+            }
         }
         let cached = CLIENT.primary.get(&dev);
         if let Some(f) = cached {
@@ -147,7 +255,7 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
         let known = if g == generation && d == device && ctx != 0 {
             Some(ctx)
         } else if untouched {
-            primary_seen(device, generation)
+            primary_seen(device, generation).or_else(|| early_primary_context(device, generation))
         } else {
             None
         };
@@ -168,6 +276,77 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
             }
         }
         s
+    })
+}
+
+/// Device 0's primary context as the connection's early question found it current on a
+/// fresh executor ([`Early`]), while no context call was made since; seen from now on.
+fn early_primary_context(device: i32, generation: u64) -> Option<u64> {
+    if device != 0 {
+        return None;
+    }
+    let (ret, bytes) = early(|e| &mut e.current, false)?;
+    let ctx = u64::from_le_bytes(word(&bytes, 0));
+    (ret == u64::from(SUCCESS) && ctx != 0).then(|| {
+        see_primary(0, generation, ctx);
+        ctx
+    })
+}
+
+/// Each device's stream priorities (least, greatest) as the server answered them.
+static PRIORITIES: Mutex<Vec<(i32, [i32; 2])>> = Mutex::new(Vec::new());
+
+/// cudaDeviceGetStreamPriorityRange: a device's range never changes. Device 0's was asked
+/// as the connection was made ([`Early`]); another device's is asked once.
+pub unsafe fn stream_priority_range(ctx: &Ctx, least: *mut c_void, greatest: *mut c_void) -> u32 {
+    crate::guard::ffi(ctx.name, INVALID_VALUE, || {
+        let device = crate::state::current_device();
+        let seen = |d: i32| {
+            let known = PRIORITIES.lock().unwrap_or_else(|p| p.into_inner());
+            known.iter().find(|(k, _)| *k == d).map(|(_, r)| *r)
+        };
+        let keep = |d: i32, range: [i32; 2]| {
+            let mut known = PRIORITIES.lock().unwrap_or_else(|p| p.into_inner());
+            known.retain(|(k, _)| *k != d);
+            known.push((d, range));
+        };
+        let mut range = seen(device);
+        if range.is_none()
+            && device == 0
+            && let Some((ret, bytes)) = early(|e| &mut e.priorities, true)
+            && ret == u64::from(SUCCESS)
+        {
+            let r = [i32::from_le_bytes(word(&bytes, 0)), i32::from_le_bytes(word(&bytes, 4))];
+            keep(0, r);
+            range = Some(r);
+        }
+        let range = match range {
+            Some(r) => {
+                crate::trace::local(ctx.name);
+                r
+            }
+            None => {
+                let mut both = [0i32; 2];
+                let args = [both.as_mut_ptr() as u64, both.as_mut_ptr().wrapping_add(1) as u64];
+                // SAFETY: two ints of this frame.
+                let s = unsafe { crate::runtime::call(ctx.form(Form::Call), &args) } as u32;
+                if s != SUCCESS {
+                    return s;
+                }
+                keep(device, both);
+                both
+            }
+        };
+        // SAFETY: the caller's ints, each optional (NULL: not wanted).
+        unsafe {
+            if !least.is_null() {
+                std::ptr::write_unaligned(least as *mut i32, range[0]);
+            }
+            if !greatest.is_null() {
+                std::ptr::write_unaligned(greatest as *mut i32, range[1]);
+            }
+        }
+        SUCCESS
     })
 }
 
