@@ -265,7 +265,10 @@ if want calls; then
     row "calls dynamic $n tokens" "native $(secs "$LOGS/calls-native-$n.out") s, remote $(secs "$LOGS/calls-remote-$n.out") s"
   done
   kill $CALLS_PID 2>/dev/null; wait $CALLS_PID 2>/dev/null
-  grep -E "chidori::calls" "$LOGS/serve-calls.log" | sed -E 's/^.*chidori::calls: //' | grep -v "^ *$" | head -90
+  grep -E "chidori::calls" "$LOGS/serve-calls.log" | sed -E 's/^.*chidori::calls: //' | grep -v "^ *$" \
+    | grep -v "^module " | head -90
+  echo "-- the slowest module loads (bytes, kernels, ms):"
+  grep -oE "module [0-9a-f]+ loaded: .*" "$LOGS/serve-calls.log" | sort -t, -k3 -rn | head -8
 fi
 
 if want repeat; then

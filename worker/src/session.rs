@@ -2587,7 +2587,14 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
                 }
             }
             lock(&session.libraries).insert(library);
-            tracing::debug!("module {} loaded: {} kernels", cache::hex(&hash), loaded.kernels.len());
+            tracing::debug!(
+                target: TIMING_TARGET,
+                "module {} loaded: {} bytes, {} kernels, {:.1} ms",
+                cache::hex(&hash),
+                image.len(),
+                loaded.kernels.len(),
+                started.elapsed().as_secs_f64() * 1e3
+            );
             let reply = module_reply(&loaded);
             lock(&session.modules).insert(hash, loaded);
             reply
