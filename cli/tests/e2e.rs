@@ -3628,6 +3628,9 @@ fn what_every_program_asks_once_is_asked_as_the_connection_is_made() {
     assert_eq!(first, after, "{stdout}\n{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaDeviceGetStreamPriorityRange"), ["4", "0"], "{stderr}");
+    // The three answers are taken together, once: at most one round trip waited for them.
+    let early = trace_row(&stderr, "(asked at connection)");
+    assert!(early[0] == "1" && (early[1] == "0" || early[1] == "1"), "{stderr}");
     // After the context calls: asked again, each once (the client asks the state itself
     // too: more calls than the program's two).
     assert_eq!(trace_row(&stderr, "cuDevicePrimaryCtxGetState")[1], "1", "{stderr}");

@@ -100,6 +100,14 @@ impl Answer {
         }
     }
 
+    /// Whether the answer is here (or there is none to wait for).
+    fn came(&self) -> bool {
+        match self {
+            Answer::Asked(slot, _) => slot.ready_within(std::time::Duration::ZERO),
+            _ => true,
+        }
+    }
+
     /// The status and the output bytes, waited for where they have not come (never longer
     /// than the call itself would have taken). None: no answer (a lost connection).
     fn take(&mut self) -> Option<(u64, [u8; 16])> {
@@ -143,6 +151,17 @@ fn early(which: fn(&mut Early) -> &mut Answer, any_generation: bool) -> Option<(
     let e = slot.as_mut().filter(|e| e.forks == crate::conn::forks())?;
     if !any_generation && e.generation != GENERATION.load(Ordering::Relaxed) {
         return None;
+    }
+    // The three came back together: the first use takes them all, and the trace counts a
+    // round trip where it waited for them (a program asking right after it connected).
+    let answers = [&e.primary, &e.current, &e.priorities];
+    if answers.iter().any(|a| matches!(a, Answer::Asked(..))) {
+        let start = std::time::Instant::now();
+        let came = answers.iter().all(|a| a.came());
+        for a in [&mut e.primary, &mut e.current, &mut e.priorities] {
+            a.take();
+        }
+        crate::trace::bytes("(asked at connection)", u64::from(!came), 0, 0, start.elapsed());
     }
     which(e).take()
 }
