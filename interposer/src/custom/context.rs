@@ -63,7 +63,8 @@ fn forget() {
 }
 
 /// Questions every program asks once, sent as its connection is made, before its first
-/// call: the program's import and set-up then hide their round trip. They run on the
+/// call: what the program does between connecting and asking hides their round trip, and
+/// at worst the three share one (torch asks them right after connecting). They run on the
 /// connecting thread's fresh executor, where device 0's primary context is current: its
 /// state, that context (every untouched thread's on device 0), and device 0's stream
 /// priorities. An answer holds while no context call was made since (the generation).
