@@ -3998,9 +3998,24 @@ fn module_load_row(stderr: &str) -> (u64, u64) {
 /// copy of one with two kernels) and asks for one kernel's attributes in each: every
 /// module is loaded on first use.
 fn registering_program(copies: usize) -> String {
+    registering_program_of(copies, false)
+}
+
+/// [`registering_program`] whose copies are distinct images (`distinct`): each has one of
+/// the PTX entry's leading newlines made a space (the cubin, which the emulated backend
+/// reads, stays the same).
+fn registering_program_of(copies: usize, distinct: bool) -> String {
     let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
-    let bytes = std::fs::read(path).unwrap();
-    let array: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+    let original = std::fs::read(path).unwrap();
+    let ptx = original.windows(8).position(|w| w == b"\n\n\n\n\n\n\n\n").expect("the PTX entry's leading newlines");
+    assert!(copies <= 8);
+    let image = |i: usize| {
+        let mut bytes = original.clone();
+        if distinct {
+            bytes[ptx + i] = b' ';
+        }
+        bytes.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",")
+    };
     let mut c = String::from(
         "#include <stdio.h>\n#include <cuda_runtime_api.h>\n\
          typedef struct { int magic; int version; const void *data; void *filename_or_fatbins; } wrapper_t;\n\
@@ -4013,7 +4028,7 @@ fn registering_program(copies: usize) -> String {
             "static const unsigned char fb{i}[] __attribute__((aligned(16))) = {{{}}};\n\
              static wrapper_t w{i} = {{0x466243b1, 1, fb{i}, 0}};\n\
              static void host{i}(void) {{}}\n",
-            array.join(",")
+            image(i)
         );
     }
     c += "int main(void) {\n  struct cudaFuncAttributes attr;\n";
@@ -4118,6 +4133,33 @@ int main(void) {
     let (third, stderr) = run_learning(&server, &exe, &cache, &[]);
     assert_eq!(third, first, "{stderr}");
     assert_eq!(trace_row(&stderr, "nvmlSystemGetDriverVersion"), ["2", "1"], "{stderr}");
+}
+
+/// Issue 19: in the next run, the modules the last one loaded that the server holds are
+/// loaded behind the program's calls, on a thread of the worker's own: asked with the first
+/// load, each taken when the program first uses it, no image sent again; the same answers.
+#[test]
+fn modules_the_last_run_loaded_are_loaded_behind_the_calls() {
+    let dir = chidori_tests::scratch("modules-behind");
+    let cache = dir.join("module-cache");
+    let server = EmulatedServer::start_args(&chidori(), Some(&profile()), &["--module-cache", cache.to_str().unwrap()])
+        .expect("starting an emulated server");
+    let exe = program("register_distinct_modules", &registering_program_of(4, true));
+    let client_cache = dir.join("client-cache");
+    let _ = std::fs::remove_dir_all(&client_cache);
+    let log = ("CHIDORI_LOG", "warn,chidori::modules=debug");
+    let (first, stderr) = run_learning(&server, &exe, &client_cache, &[log]);
+    let (trips, bytes) = module_load_row(&stderr);
+    assert!(trips == 4 && bytes > 0, "four distinct images, each sent on first use: {stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &client_cache, &[log]);
+    assert_eq!(second, first, "the program sees the same answers: {stderr}");
+    assert!(first.split_whitespace().all(|s| s == "0") && first.split_whitespace().count() == 4, "{first}");
+    assert!(stderr.contains("0 went with the first load, 3 behind it"), "{stderr}");
+    let row = trace_row(&stderr, "(module load)");
+    // The first load, then each taken: a wait only where its answer had not come yet.
+    assert_eq!(row[0], "4", "{stderr}");
+    assert!((1..=4).contains(&row[1].parse::<u32>().unwrap()), "{stderr}");
+    assert_eq!(module_load_row(&stderr).1, 0, "the server holds every image: {stderr}");
 }
 
 /// Issue 19: the first module load of a process also loads, in the same round trip, the

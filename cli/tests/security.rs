@@ -477,6 +477,7 @@ fn hostile_services_crash_no_worker() {
     // (request, bulk, answered)
     let requests: Vec<(Service, Vec<u8>, bool)> = vec![
         (Service::LoadModule { hash: [7; 32] }, vec![], true),
+        (Service::LoadModuleBehind { hash: [7; 32] }, vec![], true),
         (Service::Global { module: junk, name: "x".repeat(10_000) }, vec![], true),
         (Service::FunctionParams { function: junk }, vec![], true),
         (Service::FunctionName { handle: junk, kernel: true }, vec![], true),

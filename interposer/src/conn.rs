@@ -934,7 +934,18 @@ impl Conn {
     /// Several requests sent back to back, then every answer awaited: one round trip of
     /// latency for all. Each request's answer, in order.
     pub fn services(&self, requests: &[(Service, &[u8])]) -> Vec<Result<ServiceReply, String>> {
+        self.services_then(requests, || {})
+    }
+
+    /// [`Conn::services`], running `then` once the requests are sent, before their answers
+    /// are awaited.
+    pub fn services_then(
+        &self,
+        requests: &[(Service, &[u8])],
+        then: impl FnOnce(),
+    ) -> Vec<Result<ServiceReply, String>> {
         let asked: Vec<_> = requests.iter().map(|(request, bulk)| self.request(request, &[bulk], true)).collect();
+        then();
         asked.into_iter().map(|asked| asked?.answer()).collect()
     }
 

@@ -69,6 +69,12 @@ pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
 /// Load several images in one round trip (two where the server lacks some it must be sent);
 /// each image's module or driver status, in order.
 fn load_images(conn: &Conn, images: &[&[u8]]) -> Vec<Result<Arc<Loaded>, u32>> {
+    load_images_then(conn, images, || {})
+}
+
+/// [`load_images`], running `then` once the first round's requests are sent, before their
+/// answers are awaited (questions asked behind them).
+fn load_images_then(conn: &Conn, images: &[&[u8]], then: impl FnOnce()) -> Vec<Result<Arc<Loaded>, u32>> {
     let start = Instant::now();
     let hashes: Vec<[u8; 32]> = images.iter().map(|i| Sha256::digest(i).into()).collect();
     let held: Vec<Option<bool>> = hashes.iter().map(|h| server_holds(&conn.server, h)).collect();
@@ -86,7 +92,7 @@ fn load_images(conn: &Conn, images: &[&[u8]]) -> Vec<Result<Arc<Loaded>, u32>> {
         })
         .collect();
     let mut uploaded: u64 = (0..images.len()).filter(|&i| inline(i)).map(|i| images[i].len() as u64).sum();
-    let mut replies = conn.services(&requests);
+    let mut replies = conn.services_then(&requests, then);
     let mut trips = 1;
     let need: Vec<usize> = (0..images.len()).filter(|&i| matches!(replies[i], Ok(ServiceReply::NeedUpload))).collect();
     if !need.is_empty() {
@@ -253,32 +259,45 @@ fn image_of(conn: &Conn, module: &registry::Module) -> Result<Vec<u8>, u32> {
 }
 
 /// The server-side module of a registered fat binary, loading it on first use. The first
-/// load of the process also loads, in the same round trip, the registered modules the last
-/// run of the same command loaded (`last_run`).
+/// load of the process also asks for the registered modules the last run of the same
+/// command loaded (`last_run`): those the server holds are loaded behind the program's
+/// calls (`Service::LoadModuleBehind`, on a thread of the worker's own: the calls after
+/// this one need not wait for them), the others in this load's round trip.
 pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Loaded>, u32> {
     let mut slot = module.loaded.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(m) = slot.as_ref() {
         return Ok(m.clone());
     }
     let image = image_of(conn, module)?;
+    if let Some(loaded) = behind::take(conn, module, &image) {
+        *slot = Some(loaded.clone());
+        return Ok(loaded);
+    }
     let ahead = last_run::take_first(conn, module);
     // Modules of the last run not yet loaded and not being loaded by another thread; their
-    // slots stay locked until their answers are in.
+    // slots stay locked until their answers are in. Those the server holds go behind.
     let mut others = Vec::new();
+    let mut held_ones = Vec::new();
     for m in ahead {
         if let Ok(other) = m.loaded.try_lock()
             && other.is_none()
             && let Ok(image) = image_of(conn, m)
         {
-            others.push((m, other, image));
+            let hash: [u8; 32] = Sha256::digest(&image).into();
+            if server_holds(&conn.server, &hash) == Some(true) {
+                held_ones.push((m, hash));
+            } else {
+                others.push((m, other, image));
+            }
         }
     }
     let mut images: Vec<&[u8]> = vec![&image];
     images.extend(others.iter().map(|(_, _, i)| i.as_slice()));
-    let mut results = load_images(conn, &images).into_iter();
+    // The loads behind go after this one: the worker starts them once it has loaded this.
+    let mut results = load_images_then(conn, &images, || behind::ask(conn, &held_ones)).into_iter();
     let loaded = results.next().unwrap_or(Err(INVALID_IMAGE))?;
-    if !others.is_empty() {
-        let made = others.len();
+    if !others.is_empty() || !held_ones.is_empty() {
+        let (made, behind) = (others.len(), held_ones.len());
         for ((m, mut other, _), result) in others.into_iter().zip(results) {
             // One that failed is loaded again when the program uses it (and fails then).
             if let Ok(l) = result {
@@ -286,11 +305,78 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
                 last_run::note(conn, m);
             }
         }
-        tracing::debug!("{made} module(s) the last run loaded went with the first load");
+        tracing::debug!("modules the last run loaded: {made} went with the first load, {behind} behind it");
     }
     *slot = Some(loaded.clone());
     last_run::note(conn, module);
     Ok(loaded)
+}
+
+/// Modules loaded behind the program's calls (`Service::LoadModuleBehind`): asked with the
+/// first load of the process, taken when the program first uses each (waiting only where
+/// the worker has not loaded it yet).
+mod behind {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use chidori_protocol::messages::{Service, ServiceReply};
+
+    use super::{Loaded, loaded_from};
+    use crate::conn::{Asked, Conn};
+    use crate::registry::Module;
+
+    /// The fork count they were asked under, and each module's (by its address) question
+    /// and image hash.
+    type Asks = (u64, HashMap<usize, (Asked, [u8; 32])>);
+
+    static ASKED: Mutex<Option<Asks>> = Mutex::new(None);
+
+    /// Ask for `modules` (with their images' hashes) to be loaded behind the calls.
+    pub fn ask(conn: &Conn, modules: &[(&'static Module, [u8; 32])]) {
+        if modules.is_empty() {
+            return;
+        }
+        let forks = crate::conn::forks();
+        let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, map) = asked.get_or_insert_with(|| (forks, HashMap::new()));
+        if *at != forks {
+            (*at, *map) = (forks, HashMap::new());
+        }
+        for &(m, hash) in modules {
+            if let Ok(question) = conn.ask_ahead(&Service::LoadModuleBehind { hash }) {
+                map.insert(std::ptr::from_ref(m) as usize, (question, hash));
+            }
+        }
+        // Out now, so that the worker starts them as soon as it has loaded the first.
+        let _ = conn.flush();
+    }
+
+    /// The module loaded behind the calls for `module` (whose image is `image`), if one was
+    /// asked for in this process and loaded. None: not asked, or not loaded there (the
+    /// server no longer holds it, or failed to load it): the caller loads it as any module.
+    pub fn take(conn: &Conn, module: &Module, image: &[u8]) -> Option<Arc<Loaded>> {
+        let (question, hash) = {
+            let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
+            let (at, map) = asked.as_mut()?;
+            if *at != crate::conn::forks() {
+                return None;
+            }
+            map.remove(&(std::ptr::from_ref(module) as usize))?
+        };
+        let start = Instant::now();
+        let came = question.came();
+        let reply = question.answer();
+        crate::trace::bytes("(module load)", u64::from(!came), 0, 0, start.elapsed());
+        match reply {
+            Ok(reply @ ServiceReply::Module { .. }) => {
+                let loaded = loaded_from(conn, reply, image, &hash, Some(true)).ok()?;
+                super::last_run::note(conn, module);
+                Some(loaded)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Registered modules the last run of the same command loaded, so that the first load of

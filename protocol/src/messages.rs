@@ -263,6 +263,11 @@ pub enum Service {
     LoadModule { hash: [u8; 32] },
     /// The image of `hash` is in the bulk section; answered by `Module`.
     UploadModule { hash: [u8; 32] },
+    /// Load the module of `hash` from the session or the server's module cache behind the
+    /// thread's later calls: on a thread of the worker's own, in the context current on the
+    /// thread's executor, so that those calls need not wait for it (the modules an earlier
+    /// run loaded, asked for ahead of their use). Answered like `LoadModule`, when loaded.
+    LoadModuleBehind { hash: [u8; 32] },
     /// Address and size of a `__device__`/`__constant__` variable of a loaded module.
     Global { module: u64, name: String },
     /// Parameter layout of a function (from cuModuleGetFunction).

@@ -88,6 +88,17 @@ pub trait Backend: Send + Sync + 'static {
     /// handle, its module in this context, and every kernel with its parameter layout.
     /// Err: (driver status, message).
     fn load_module(&self, image: &[u8]) -> Result<ModuleLoad, (i64, String)>;
+    /// [`Backend::load_module`] on a thread of the worker's own (not an executor): `context`
+    /// made current there first (the one current on the executor that asked), the worker's
+    /// own work, apart from any capture the program makes.
+    fn load_module_in(&self, image: &[u8], context: u64) -> Result<ModuleLoad, (i64, String)> {
+        let _ = context;
+        self.load_module(image)
+    }
+    /// The calling thread's current context (0: none, or a backend without contexts).
+    fn current_context(&self) -> u64 {
+        0
+    }
     /// The function of a loaded module's kernel ([`KernelHandle::Kernel`]) in the context
     /// the module was loaded in, whichever is current. Err: (driver status, message).
     fn module_function(&self, kernel: u64, context: u64) -> Result<u64, (i64, String)> {

@@ -63,6 +63,7 @@ struct ModuleApi {
     ctx_get_current: unsafe extern "C" fn(*mut u64) -> CuResult,
     ctx_push_current: unsafe extern "C" fn(u64) -> CuResult,
     ctx_pop_current: unsafe extern "C" fn(*mut u64) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(u64) -> CuResult,
     launch_kernel_ex: unsafe extern "C" fn(*const LaunchConfig, u64, *mut *mut c_void, *mut *mut c_void) -> CuResult,
     max_active_clusters: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
     max_potential_cluster_size: unsafe extern "C" fn(*mut i32, u64, *const LaunchConfig) -> CuResult,
@@ -376,6 +377,7 @@ impl Real {
             ctx_get_current: fn_ptr!(driver, "cuCtxGetCurrent", _),
             ctx_push_current: fn_ptr!(driver, "cuCtxPushCurrent_v2", _),
             ctx_pop_current: fn_ptr!(driver, "cuCtxPopCurrent_v2", _),
+            ctx_set_current: fn_ptr!(driver, "cuCtxSetCurrent", _),
             launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
             max_active_clusters: fn_ptr!(driver, "cuOccupancyMaxActiveClusters", _),
             max_potential_cluster_size: fn_ptr!(driver, "cuOccupancyMaxPotentialClusterSize", _),
@@ -582,6 +584,31 @@ impl Backend for Real {
             }
             Ok(ModuleLoad { library, module, context, kernels: infos })
         }
+    }
+
+    fn load_module_in(&self, image: &[u8], context: u64) -> Result<ModuleLoad, (i64, String)> {
+        let api = &self.module_api;
+        api.relaxed(|| {
+            if context != 0 {
+                // SAFETY: a context the session's executor had current; a destroyed one is
+                // refused by the driver with a status.
+                let rc = unsafe { (api.ctx_set_current)(context) };
+                if rc != 0 {
+                    return Err((
+                        i64::from(rc),
+                        format!("cuCtxSetCurrent of the asking thread's context failed with status {rc}"),
+                    ));
+                }
+            }
+            self.load_module(image)
+        })
+    }
+
+    fn current_context(&self) -> u64 {
+        let mut current = 0u64;
+        // SAFETY: an out-pointer to a local.
+        let rc = unsafe { (self.module_api.ctx_get_current)(&mut current) };
+        if rc == 0 { current } else { 0 }
     }
 
     fn module_function(&self, kernel: u64, context: u64) -> Result<u64, (i64, String)> {

@@ -119,7 +119,16 @@ struct Session {
     program_pid: u32,
     /// The client has gone: executors skip the frames still queued ([`finish`]).
     closing: AtomicBool,
+    /// Module loads asked behind the calls (`Service::LoadModuleBehind`), run in order on a
+    /// thread of their own, started at the first ([`load_behind`]).
+    loader: Mutex<Option<mpsc::Sender<LoadJob>>>,
+    /// What [`finish`] waits on, handed to the loader thread as it starts (None: no thread
+    /// may be started, as in the harness; loads are then made where they are asked).
+    running: Mutex<Option<mpsc::Sender<()>>>,
 }
+
+/// A module load for the loader thread.
+type LoadJob = Box<dyn FnOnce() + Send>;
 
 /// Log target of the per-function time the session spent in the libraries.
 const TIMING_TARGET: &str = "chidori::calls";
@@ -314,6 +323,8 @@ pub fn run(
         lanes: lanes.map(|(_, lanes)| lanes),
         program_pid: hello.pid,
         closing: AtomicBool::new(false),
+        loader: Mutex::new(None),
+        running: Mutex::new(None),
     });
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -433,6 +444,7 @@ fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, sta
     let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
     // Each executor holds a sender until it ends: `finish` waits for all of them.
     let (running_tx, running_rx) = mpsc::channel::<()>();
+    *lock(&session.running) = Some(running_tx.clone());
     let result = receive(session, reader, stall, &mut executors, &running_tx);
     finish(session, executors, running_tx, &running_rx);
     result
@@ -590,6 +602,9 @@ fn finish(
     session.closing.store(true, Ordering::SeqCst);
     drop(executors);
     drop(running);
+    // The loader thread skips what it still holds and ends (it holds a `running` too).
+    lock(&session.running).take();
+    lock(&session.loader).take();
     // A host function waiting for the client returns (the client will never run it).
     lock(&session.callbacks).clear();
     // Nothing is sent on `running`: it disconnects when the last executor has ended.
@@ -1815,6 +1830,8 @@ impl Harness {
             lanes: None,
             program_pid: 0,
             closing: AtomicBool::new(false),
+            loader: Mutex::new(None),
+            running: Mutex::new(None),
         });
         Harness { session }
     }
@@ -2050,16 +2067,17 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             match known {
                 Some(m) => module_reply(&m),
                 None => match session.module_cache.as_ref().and_then(|c| c.get(&hash)) {
-                    Some(image) => load(session, hash, &image),
+                    Some(image) => load(session, hash, &image, None),
                     None => ServiceReply::NeedUpload,
                 },
             }
         }
+        Service::LoadModuleBehind { hash } => return load_behind(session, frame, hash),
         Service::UploadModule { hash } => {
             if cache::sha256(&frame.bulk) != hash {
                 return Err(Fatal("uploaded module does not match its hash".into()));
             }
-            let reply = load(session, hash, &frame.bulk);
+            let reply = load(session, hash, &frame.bulk, None);
             // Only an image the driver loaded is kept for later sessions.
             if let (Some(c), ServiceReply::Module { .. }) = (&session.module_cache, &reply) {
                 c.put(&hash, &frame.bulk);
@@ -2541,9 +2559,82 @@ fn module_reply(m: &Loaded) -> ServiceReply {
     ServiceReply::Module { library: m.library, module: m.module, kernels: m.kernels.clone() }
 }
 
-fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
+/// A module loaded behind the calls of the thread that asked (`Service::LoadModuleBehind`):
+/// one this session loaded, or one the server must be sent, is answered at once; one in
+/// the module cache is loaded on the session's loader thread, in the context current on
+/// the asking thread's executor, and answered from there when loaded.
+fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<(), Fatal> {
+    let (thread, seq) = (frame.header.thread, frame.header.seq);
+    let reply = move |s: &Session, reply: ServiceReply| {
+        let h = Header::new(Kind::ServiceReply, 0, thread, seq);
+        s.writer.send(h, &fitting(reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+    };
+    if let Some(m) = lock(&session.modules).get(&hash).cloned() {
+        return reply(session, module_reply(&m));
+    }
+    let Some(image) = session.module_cache.as_ref().and_then(|c| c.get(&hash)) else {
+        return reply(session, ServiceReply::NeedUpload);
+    };
+    let context = session.backend.current_context();
+    let s = session.clone();
+    let job: LoadJob = Box::new(move || {
+        if s.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        // Loaded meanwhile by the executor (the program used it first): that module.
+        let known = lock(&s.modules).get(&hash).cloned();
+        let answer = match known {
+            Some(m) => module_reply(&m),
+            None => load(&s, hash, &image, Some(context)),
+        };
+        if let Err(Fatal(e)) = reply(&s, answer) {
+            tracing::debug!("a module loaded behind the calls: {e}");
+        }
+    });
+    match queue_load(session, job) {
+        Ok(()) => Ok(()),
+        Err(job) => {
+            // No loader thread here: loaded where it was asked.
+            job();
+            Ok(())
+        }
+    }
+}
+
+/// Hand `job` to the session's loader thread, started at the first. Err: no thread may be
+/// started (the session is closing, or has no `running` to hold), the job back.
+fn queue_load(session: &Session, job: LoadJob) -> Result<(), LoadJob> {
+    let mut loader = lock(&session.loader);
+    if loader.is_none() {
+        let Some(running) = lock(&session.running).clone() else { return Err(job) };
+        let (tx, rx) = mpsc::channel::<LoadJob>();
+        let backend = session.backend.clone();
+        let started = std::thread::Builder::new().name("chidori-loader".into()).spawn(move || {
+            let _running = running;
+            backend.thread_init();
+            for job in rx {
+                job();
+            }
+        });
+        if started.is_err() {
+            return Err(job);
+        }
+        *loader = Some(tx);
+    }
+    match loader.as_ref() {
+        Some(tx) => tx.send(job).map_err(|e| e.0),
+        None => Err(job),
+    }
+}
+
+/// Load `image` (of `hash`) for the session: on the executor, in its current context, or
+/// (`context`) on the loader thread, in that context.
+fn load(session: &Session, hash: [u8; 32], image: &[u8], context: Option<u64>) -> ServiceReply {
     let started = std::time::Instant::now();
-    let loaded = session.backend.load_module(image);
+    let loaded = match context {
+        Some(context) => session.backend.load_module_in(image, context),
+        None => session.backend.load_module(image),
+    };
     // In the time table (`chidori::calls=debug`): module loads and the kernels they held
     // (those whose functions were found at the load: drivers before CUDA 12.4).
     if let Some(timing) = &session.timing {
