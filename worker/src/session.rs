@@ -2581,6 +2581,7 @@ fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<
         if s.closing.load(Ordering::SeqCst) {
             return;
         }
+        let _call = crate::fatal::running("a module load behind the calls");
         // Loaded meanwhile by the executor (the program used it first): that module.
         let known = lock(&s.modules).get(&hash).cloned();
         let answer = match known {
