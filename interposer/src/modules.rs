@@ -9,7 +9,8 @@
 //! goes with its first load when it is small: one round trip on a fresh server, where asking
 //! first would take two; one the record has is asked for by hash, and no bytes travel.
 //! The first load of a process also brings the modules the last run of the same command
-//! loaded (`last_run`).
+//! loaded (`last_run`): those the server holds are loaded behind the program's calls
+//! (`behind`), the others with that load.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
