@@ -4127,6 +4127,17 @@ int main(void) {
     let (again, stderr) = run_learning(&server, &exe, &cache, &[]);
     assert_eq!(again, versions, "{stderr}");
     assert_eq!(trace_row(&stderr, "cudnnGetVersion"), ["2", "0"], "{stderr}");
+    // NVRTC's version (torch's jiterator asks before its first compile): likewise.
+    let nvrtc = "#include <stdio.h>\nint nvrtcVersion(int *, int *);\n\
+                 int main(void) { int a = 0, b = 0, c = 0, d = 0; int s = nvrtcVersion(&a, &b) | nvrtcVersion(&c, &d);\n\
+                 printf(\"%d %d.%d %d.%d\\n\", s, a, b, c, d); return 0; }\n";
+    let exe = program_with("nvrtc_version_learned", nvrtc, &["-l:libnvrtc.so.13"]);
+    let (version, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(version.trim(), "0 13.0 13.0", "{stderr}");
+    assert_eq!(trace_row(&stderr, "nvrtcVersion"), ["2", "1"], "{stderr}");
+    let (again, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(again, version, "{stderr}");
+    assert_eq!(trace_row(&stderr, "nvrtcVersion"), ["2", "0"], "{stderr}");
     // Asked for another length: not what was learned, so asked.
     let other = source.replace("sizeof b", "40");
     let exe = program_with("constants_other_length", &other, &["-l:libnvidia-ml.so.1"]);

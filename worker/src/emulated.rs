@@ -1280,6 +1280,13 @@ impl Backend for Emulated {
                         CUDNN_BAD_PARAM
                     }
                 }
+                ("nvrtc", "nvrtcVersion") => {
+                    // (int *major, int *minor): CUDA 13.0's NVRTC (whose compiles the
+                    // emulation refuses; its version is asked all the same).
+                    put_u32(a[0], 13);
+                    put_u32(a[1], 0);
+                    SUCCESS
+                }
                 // The context API version contexts have had since CUDA 3.2 (3020).
                 ("driver", "cuCtxGetApiVersion") => {
                     put_u32(a[1], 3020);

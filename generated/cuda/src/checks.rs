@@ -2971,6 +2971,8 @@ pub static CONSTANT: &[&str] = &[
     "ncclGetVersion",
     "nvmlSystemGetDriverVersion",
     "nvmlSystemGetNVMLVersion",
+    "nvrtcGetNumSupportedArchs",
+    "nvrtcVersion",
 ];
 /// Whether `function`'s answers may be kept for the process (`CONSTANT`).
 pub fn constant(function: &str) -> bool {
