@@ -2560,9 +2560,9 @@ fn module_reply(m: &Loaded) -> ServiceReply {
 }
 
 /// A module loaded behind the calls of the thread that asked (`Service::LoadModuleBehind`):
-/// one this session loaded, or one the server must be sent, is answered at once; one in
-/// the module cache is loaded on the session's loader thread, in the context current on
-/// the asking thread's executor, and answered from there when loaded.
+/// one this session loaded is answered at once; another is read from the module cache and
+/// loaded on the session's loader thread, in the context current on the asking thread's
+/// executor, and answered from there (`NeedUpload` where the cache lacks it).
 fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<(), Fatal> {
     let (thread, seq) = (frame.header.thread, frame.header.seq);
     let reply = move |s: &Session, reply: ServiceReply| {
@@ -2572,11 +2572,10 @@ fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<
     if let Some(m) = lock(&session.modules).get(&hash).cloned() {
         return reply(session, module_reply(&m));
     }
-    let Some(image) = session.module_cache.as_ref().and_then(|c| c.get(&hash)) else {
-        return reply(session, ServiceReply::NeedUpload);
-    };
     let context = session.backend.current_context();
     let s = session.clone();
+    // The image is read from the cache (and its hash checked) there too: the executor only
+    // hands the load over.
     let job: LoadJob = Box::new(move || {
         if s.closing.load(Ordering::SeqCst) {
             return;
@@ -2586,7 +2585,10 @@ fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<
         let known = lock(&s.modules).get(&hash).cloned();
         let answer = match known {
             Some(m) => module_reply(&m),
-            None => load(&s, hash, &image, Some(context)),
+            None => match s.module_cache.as_ref().and_then(|c| c.get(&hash)) {
+                Some(image) => load(&s, hash, &image, Some(context)),
+                None => ServiceReply::NeedUpload,
+            },
         };
         if let Err(Fatal(e)) = reply(&s, answer) {
             tracing::debug!("a module loaded behind the calls: {e}");
