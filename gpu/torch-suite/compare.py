@@ -166,6 +166,19 @@ def bound_table(names, native, wan, rtt):
     ratio = f"{total_wan / total_native:.2f}" if total_native else "-"
     print(f"\n{within} of {counted} cases within the bound; suite total {total_wan:.1f} s at "
           f"{rtt * 1000:.0f} ms vs {total_native:.1f} s native ({ratio}x)")
+    other_waits(names, wan)
+
+
+def other_waits(names: list[str], wan: dict) -> None:
+    """The round trips of each case that were not its own synchronizations, by function."""
+    lines = []
+    for name in names:
+        waits = (wan["records"].get(name) or {}).get("other_waits") or {}
+        if waits:
+            lines.append(f"  {name}: " + ", ".join(f"{f} {n}" for f, n in waits.items()))
+    if lines:
+        print("\nround trips that were not the cases' own synchronizations:")
+        print("\n".join(lines))
 
 
 def main():

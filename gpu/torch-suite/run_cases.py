@@ -8,7 +8,8 @@
 A failing case is recorded (error holds its traceback) and the next one runs. Under
 `chidori run` each record also has the case's "round_trips" and, of those, "sync_round_trips":
 the ones made by calls that block the host natively too (synchronizations, queries, copies),
-which no remote run can avoid.
+which no remote run can avoid; "other_waits" names the functions (or Chidori's own rows, such
+as "(module load)") that made the rest, with their round trips.
 """
 import argparse
 import json
@@ -32,15 +33,17 @@ except ImportError:
 SYNCS = ("Synchronize", "Query", "Memcpy", "MemcpyDtoH")
 
 
-def remote_counts():
-    """(round trips, of them at synchronizing functions) so far; None when not remote."""
+def remote_counts() -> tuple[int, int, dict[str, int]] | None:
+    """(round trips, of them at synchronizing functions, the others by function) so far;
+    None when not remote."""
     if chidori is None or not chidori.is_remote():
         return None
     stats = chidori.stats()
     total = stats.get("total", {}).get("round_trips", 0)
-    syncs = sum(row.get("round_trips", 0) for name, row in stats.items()
-                if name != "total" and any(s in name for s in SYNCS))
-    return total, syncs
+    rows = {name: row.get("round_trips", 0) for name, row in stats.items() if name != "total"}
+    syncs = sum(n for name, n in rows.items() if any(s in name for s in SYNCS))
+    others = {name: n for name, n in rows.items() if n and not any(s in name for s in SYNCS)}
+    return total, syncs, others
 
 
 def run_case(name, fn):
@@ -60,6 +63,8 @@ def run_case(name, fn):
     if before is not None and after is not None:
         record["round_trips"] = after[0] - before[0]
         record["sync_round_trips"] = after[1] - before[1]
+        waits = {name: n - before[2].get(name, 0) for name, n in after[2].items()}
+        record["other_waits"] = {name: n for name, n in sorted(waits.items(), key=lambda kv: -kv[1]) if n > 0}
     return record
 
 
