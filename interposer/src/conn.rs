@@ -211,8 +211,6 @@ pub struct Conn {
     /// The token this session presented, for its further connections (a reconnection, a
     /// bulk lane); None without TLS.
     pub(crate) token: Option<String>,
-    /// Device 0's allocation window, asked as the connection was made.
-    early_window: Mutex<Option<Asked>>,
 }
 
 /// The socket frames are written to, replaced when a resumable session reconnects.
@@ -311,7 +309,7 @@ fn count_forks() {
 }
 
 /// What a layer above asks of every new connection before the program's first call goes
-/// (questions every program asks once, sent ahead: `crate::custom::context`). It runs
+/// (questions every program asks once, sent ahead: `crate::custom::connected`). It runs
 /// with the process's connection being made: it must not ask for it ([`get`]).
 static CONNECTED: OnceLock<fn(&Conn)> = OnceLock::new();
 
@@ -340,7 +338,6 @@ pub fn get() -> Result<Arc<Conn>, String> {
         start_io_thread(c.clone());
         start_flusher(c.clone());
         c.probe_round_trip();
-        c.ask_window_early();
         if let Some(hook) = CONNECTED.get() {
             hook(c);
         }
@@ -523,7 +520,6 @@ fn connect() -> Result<Conn, String> {
         rtt_us: AtomicU64::new(0),
         lanes: Default::default(),
         token,
-        early_window: Mutex::new(None),
     };
     start_callback_thread(rx);
     Ok(conn)
@@ -895,27 +891,6 @@ impl Conn {
             return Err(e);
         }
         Ok(Asked { slot })
-    }
-
-    /// Where this process may place allocations (a server with one GPU, placement not
-    /// turned off), ask for device 0's allocation window now, without waiting
-    /// (`crate::custom::placed` takes the answer). Whether the round trip is a WAN's is not
-    /// known yet (its probe is on the way), but the program's first allocation comes after
-    /// it is: torch's comes seconds into the program, and then finds the answer come instead
-    /// of waiting a round trip for it.
-    fn ask_window_early(&self) {
-        if std::env::var(env::WINDOW_ALLOC).as_deref() == Ok("0") || self.welcome.devices.len() != 1 {
-            return;
-        }
-        if let Ok(asked) = self.ask_ahead(&Service::MemoryWindow { device: 0 }) {
-            *self.early_window.lock().unwrap_or_else(|p| p.into_inner()) = Some(asked);
-        }
-    }
-
-    /// Device 0's window, asked as the connection was made ([`Conn::ask_window_early`]),
-    /// once.
-    pub fn take_early_window(&self) -> Option<Asked> {
-        self.early_window.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// A request queued now, in order with the calling thread's calls, whose answer is

@@ -133,8 +133,8 @@ fn word<const N: usize>(bytes: &[u8; 16], at: usize) -> [u8; N] {
     out
 }
 
-/// Send the questions of [`Early`] on a new connection (`conn::on_connect`).
-fn ask_early(conn: &Conn) {
+/// Send the questions of [`Early`] on a new connection (`super::connected`).
+pub(super) fn ask_early(conn: &Conn) {
     let early = Early {
         forks: crate::conn::forks(),
         generation: GENERATION.load(Ordering::Relaxed),
@@ -166,17 +166,6 @@ fn early(which: fn(&mut Early) -> &mut Answer, any_generation: bool) -> Option<(
     }
     which(e).take()
 }
-
-// SAFETY: a constructor of this library that only stores a function pointer (no call into
-// the program, nothing that needs the process set up).
-#[used]
-#[unsafe(link_section = ".init_array")]
-static REGISTER_EARLY: extern "C" fn() = {
-    extern "C" fn register() {
-        crate::conn::on_connect(ask_early);
-    }
-    register
-};
 
 /// Forward a call that changes primary contexts, then drop the cache.
 fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: bool) -> u32 {

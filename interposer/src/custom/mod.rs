@@ -31,3 +31,22 @@ pub mod nvrtc;
 pub mod placed;
 pub mod streams;
 pub mod sync;
+
+/// What every new connection asks before the program's first call
+/// ([`crate::conn::on_connect`]): device 0's allocation window and the questions every
+/// program asks once, sent without waiting, their answers taken where the program needs them.
+fn connected(conn: &crate::conn::Conn) {
+    placed::ask_early(conn);
+    context::ask_early(conn);
+}
+
+// SAFETY: a constructor of this library that only stores a function pointer (no call into
+// the program, nothing that needs the process set up).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_CONNECTED: extern "C" fn() = {
+    extern "C" fn register() {
+        crate::conn::on_connect(connected);
+    }
+    register
+};

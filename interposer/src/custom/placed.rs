@@ -11,12 +11,12 @@
 //! waits for the GPU's answer as before.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use chidori_protocol::messages::{Service, ServiceReply};
 
 use crate::ahead::windows::{Owned, ROUNDED_MIN, Windows};
-use crate::conn::Conn;
+use crate::conn::{Asked, Conn};
 use crate::state::{self, Memory};
 
 const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
@@ -45,11 +45,31 @@ fn on(conn: &Conn) -> bool {
     })
 }
 
+/// Device 0's window asked as the connection was made, with the fork count then.
+static EARLY: Mutex<Option<(u64, Asked)>> = Mutex::new(None);
+
+/// Where this process may place allocations (a server with one GPU, placement not turned
+/// off), ask for device 0's allocation window as the connection is made, without waiting
+/// (`super::connected`). Whether the round trip is a WAN's is not known yet (its probe is
+/// on the way), but the program's first allocation comes after it is, and then finds the
+/// answer come, or on its way, instead of asking.
+pub(super) fn ask_early(conn: &Conn) {
+    if std::env::var(chidori_protocol::env::WINDOW_ALLOC).as_deref() == Ok("0") || conn.welcome.devices.len() != 1 {
+        return;
+    }
+    if let Ok(asked) = conn.ask_ahead(&Service::MemoryWindow { device: 0 }) {
+        *EARLY.lock().unwrap_or_else(|p| p.into_inner()) = Some((crate::conn::forks(), asked));
+    }
+}
+
 /// The window of `device`: the answer asked as the session started where there is one,
 /// else asked now. The trace counts a round trip where the allocation waited for it.
 fn ask_window(conn: &Conn, device: i32) -> Result<ServiceReply, String> {
     let start = std::time::Instant::now();
-    let early = if device == 0 { conn.take_early_window() } else { None };
+    let early = match EARLY.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some((forks, asked)) if device == 0 && forks == crate::conn::forks() => Some(asked),
+        _ => None,
+    };
     let (reply, waited) = match early {
         Some(asked) => {
             let came = asked.came();
