@@ -2062,16 +2062,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             ServiceReply::MirrorRuns { changes, next }
         }
         Service::GraphLoop(request) => graph_loop(session, frame, request),
-        Service::LoadModule { hash } => {
-            let known = lock(&session.modules).get(&hash).cloned();
-            match known {
-                Some(m) => module_reply(&m),
-                None => match session.module_cache.as_ref().and_then(|c| c.get(&hash)) {
-                    Some(image) => load(session, hash, &image, None),
-                    None => ServiceReply::NeedUpload,
-                },
-            }
-        }
+        Service::LoadModule { hash } => load_known(session, hash, None),
         Service::LoadModuleBehind { hash } => return load_behind(session, frame, hash),
         Service::UploadModule { hash } => {
             if cache::sha256(&frame.bulk) != hash {
@@ -2187,7 +2178,12 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             },
         },
     };
-    let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
+    service_reply(session, frame.header.thread, frame.header.seq, reply)
+}
+
+/// Send the answer to the service request `seq` of client thread `thread`.
+fn service_reply(session: &Session, thread: u32, seq: u64, reply: ServiceReply) -> Result<(), Fatal> {
+    let h = Header::new(Kind::ServiceReply, 0, thread, seq);
     session.writer.send(h, &fitting(reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
 
@@ -2565,12 +2561,8 @@ fn module_reply(m: &Loaded) -> ServiceReply {
 /// executor, and answered from there (`NeedUpload` where the cache lacks it).
 fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<(), Fatal> {
     let (thread, seq) = (frame.header.thread, frame.header.seq);
-    let reply = move |s: &Session, reply: ServiceReply| {
-        let h = Header::new(Kind::ServiceReply, 0, thread, seq);
-        s.writer.send(h, &fitting(reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
-    };
     if let Some(m) = lock(&session.modules).get(&hash).cloned() {
-        return reply(session, module_reply(&m));
+        return service_reply(session, thread, seq, module_reply(&m));
     }
     let context = session.backend.current_context();
     let s = session.clone();
@@ -2581,16 +2573,8 @@ fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<
             return;
         }
         let _call = crate::fatal::running("a module load behind the calls");
-        // Loaded meanwhile by the executor (the program used it first): that module.
-        let known = lock(&s.modules).get(&hash).cloned();
-        let answer = match known {
-            Some(m) => module_reply(&m),
-            None => match s.module_cache.as_ref().and_then(|c| c.get(&hash)) {
-                Some(image) => load(&s, hash, &image, Some(context)),
-                None => ServiceReply::NeedUpload,
-            },
-        };
-        if let Err(Fatal(e)) = reply(&s, answer) {
+        // (Loaded meanwhile by the executor, where the program used it first: that module.)
+        if let Err(Fatal(e)) = service_reply(&s, thread, seq, load_known(&s, hash, Some(context))) {
             tracing::debug!("a module loaded behind the calls: {e}");
         }
     });
@@ -2601,6 +2585,19 @@ fn load_behind(session: &Arc<Session>, frame: &Frame, hash: [u8; 32]) -> Result<
             job();
             Ok(())
         }
+    }
+}
+
+/// The module of `hash`: one this session loaded, or one loaded now from the module cache
+/// (on the executor, or with `context` on the loader thread: [`load`]); `NeedUpload` where
+/// the cache lacks it.
+fn load_known(session: &Session, hash: [u8; 32], context: Option<u64>) -> ServiceReply {
+    if let Some(m) = lock(&session.modules).get(&hash).cloned() {
+        return module_reply(&m);
+    }
+    match session.module_cache.as_ref().and_then(|c| c.get(&hash)) {
+        Some(image) => load(session, hash, &image, context),
+        None => ServiceReply::NeedUpload,
     }
 }
 
