@@ -3161,14 +3161,78 @@ fn capture_state_asked_again_is_answered_by_the_client_until_something_may_chang
     let exe = program("capture-questions", &format!("{CHECKS}{CAPTURE_QUESTIONS}"));
     let (stdout, stderr) = run_traced(&server, &exe);
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
-    // Each capture's first question was asked with its begin, in the begin's round trip.
-    // Then the legacy stream's, 3 frontiers, after the failure, after the wait: 6 of 70.
+    // Each capture's status, id and graph were the client's from its begin, which waited
+    // for nothing (the client named the capture). Then the legacy stream's, 3 frontiers,
+    // after the failure, after the wait: 6 of 70. The id after the failure is the worker's
+    // answer, the one the client chose (`id == first`).
     let asked = stderr.lines().find(|l| l.starts_with("(graph nodes)")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(asked.split_whitespace().nth(3), Some("6"), "round trips: {stderr}");
-    assert_eq!(trace_row(&stderr, "cudaStreamBeginCapture")[1], "2", "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamBeginCapture")[1], "0", "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaStreamGetCaptureInfo"), ["70", "0"], "{stderr}");
     let capturing = trace_row(&stderr, "cudaStreamIsCapturing");
     assert_eq!(capturing[1], "1", "the legacy stream's, before it was learned: {stderr}");
+}
+
+/// A graph captured and instantiated as torch does it, three times: the begin and the first
+/// instance of each graph wait for nothing (the client names the capture and the
+/// instance); a second instance of a graph, a graph of no one's, wait; a begin the server
+/// refuses reaches the program at the next call that waits.
+const CAPTURE_UNWAITED: &str = r#"
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s;
+  cudaGraph_t g, during;
+  cudaGraphExec_t x, second;
+  int *p, host[16];
+  enum cudaStreamCaptureStatus status;
+  unsigned long long id = 0, last = 0;
+  size_t n = 0;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK(cudaMalloc((void **)&p, 64));
+  for (int round = 1; round <= 3; ++round) {
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CHECK(cudaStreamGetCaptureInfo(s, &status, &id, &during, NULL, NULL, NULL));
+    EXPECT(status == cudaStreamCaptureStatusActive && id != 0 && id != last && during != NULL);
+    last = id;
+    CHECK(cudaMemsetAsync(p, round, 64, s));
+    CHECK(cudaStreamEndCapture(s, &g));
+    EXPECT(g == during);
+    CHECK(cudaGraphGetNodes(g, NULL, &n));
+    EXPECT(n == 1);
+    CHECK(cudaGraphInstantiateWithFlags(&x, g, cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority));
+    CHECK(cudaGraphLaunch(x, s));
+    CHECK(cudaMemcpyAsync(host, p, 64, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    EXPECT(host[0] == 0x01010101 * round && host[15] == host[0]);
+    if (round == 1) {
+      CHECK(cudaGraphInstantiateWithFlags(&second, g, 0));
+      CHECK(cudaGraphExecDestroy(second));
+    }
+    CHECK(cudaGraphExecDestroy(x));
+    CHECK(cudaGraphDestroy(g));
+  }
+  EXPECT(cudaGraphInstantiateWithFlags(&x, (cudaGraph_t)0x1234, 0) != cudaSuccess);
+  CHECK(cudaStreamBeginCapture((cudaStream_t)0x5678, cudaStreamCaptureModeGlobal));
+  EXPECT(cudaDeviceSynchronize() == cudaErrorInvalidResourceHandle);
+  EXPECT(cudaStreamIsCapturing((cudaStream_t)0x5678, &status) != cudaSuccess);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+/// Issue 19 (torch's cuda_graph case at 70 ms: each capture's begin and instantiation
+/// waited a round trip): both are made without waiting where the client can tell they
+/// succeed, and the capture's id and graph are the client's names on both sides.
+#[test]
+fn a_captures_begin_and_its_graphs_first_instance_wait_for_nothing() {
+    let server = server();
+    let exe = program("capture-unwaited", &format!("{CHECKS}{CAPTURE_UNWAITED}"));
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamBeginCapture"), ["4", "0"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamGetCaptureInfo"), ["3", "0"], "{stderr}");
+    // The second instance of the first graph and the graph of no one's waited.
+    assert_eq!(trace_row(&stderr, "cudaGraphInstantiateWithFlags"), ["5", "2"], "{stderr}");
 }
 
 /// A capture's end as torch makes it: the graph's node count asked right after. The nodes

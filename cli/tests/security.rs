@@ -588,6 +588,9 @@ fn hostile_services_crash_no_worker() {
         (Service::WindowUnmap { address: 0 }, vec![], true),
         (Service::WindowReset { device: -1 }, vec![], false),
         (Service::WindowReset { device: 0 }, vec![], false),
+        // A capture named on a stream of no one's, and on one that is not capturing: nothing.
+        (Service::CaptureNamed { stream: junk, id: 7, graph: junk }, vec![], false),
+        (Service::CaptureNamed { stream: 2, id: 9, graph: junk + 1 }, vec![], false),
         (Service::NcclLastError { comm: 0 }, vec![], true),
         (
             Service::StatusTexts { library: "cudart".into(), function: "cudaMalloc".into(), values: vec![1] },

@@ -3693,7 +3693,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu121(
         ) as u32
     }
 }
-///`cudaGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
     pGraphExec: *mut c_void,
@@ -3701,10 +3701,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
     flags: u64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphInstantiateWithFlags,
-            &[(pGraphExec) as usize as u64, (graph) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaGraphInstantiateWithFlags",
+                version: "13.1",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaGraphInstantiateWithFlags__async,
+                    &chidori_cuda::calls::cudart::cudaGraphInstantiateWithFlags__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::instantiate_raw(
+                &CTX,
+                &[(pGraphExec) as usize as u64, (graph) as usize as u64, (flags) as u64],
+            )
+        }) as u32
     }
 }
 ///`cudaGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -9037,7 +9055,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
             name: "cudaStreamBeginCapture",
             version: "13.1",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCapture__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamBeginCapture__async,
+                &chidori_cuda::calls::cudart::cudaStreamBeginCapture__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -9132,7 +9153,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
             name: "cudaStreamBeginCapture_ptsz",
             version: "13.1",
             library: "cudart",
-            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz__call],
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz__async,
+                &chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,

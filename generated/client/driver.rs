@@ -3466,7 +3466,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate(
         ) as u32
     }
 }
-///`cuGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
     phGraphExec: *mut c_void,
@@ -3474,10 +3474,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
     flags: u64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphInstantiateWithFlags,
-            &[(phGraphExec) as usize as u64, (hGraph) as usize as u64, (flags) as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphInstantiateWithFlags",
+                version: "13.1",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuGraphInstantiateWithFlags__async,
+                    &chidori_cuda::calls::driver::cuGraphInstantiateWithFlags__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::instantiate_raw(
+                &CTX,
+                &[
+                    (phGraphExec) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -10233,7 +10255,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
             name: "cuStreamBeginCapture",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCapture__async,
+                &chidori_cuda::calls::driver::cuStreamBeginCapture__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -10327,7 +10352,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
             name: "cuStreamBeginCapture_ptsz",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz__async,
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -10350,7 +10378,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
             name: "cuStreamBeginCapture_v2",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_v2__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_v2__async,
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_v2__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,
@@ -10373,7 +10404,10 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
             name: "cuStreamBeginCapture_v2_ptsz",
             version: "13.1",
             library: "driver",
-            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz__call],
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz__async,
+                &chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 801i64,

@@ -24,7 +24,8 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (28: module loads behind the
+/// Bumped on any incompatible change to frames or messages (29: captures begun without
+/// waiting, named by the client, `Service::CaptureNamed`; 28: module loads behind the
 /// calls, `Service::LoadModuleBehind`; 27: the nodes of the graph a
 /// capture's end made, `GraphList::Ended`; 26: allocation windows, the
 /// client placing device allocations itself; 25: batch memory operation
@@ -33,4 +34,4 @@ pub use rkyv;
 /// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
 /// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
 /// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 28;
+pub const PROTOCOL_VERSION: u16 = 29;

@@ -343,6 +343,13 @@ pub enum Service {
     /// which frees what the program allocated on it: the session's window allocations there
     /// go too (the window stays). Not answered.
     WindowReset { device: i32 },
+    /// The capture the calling thread's last begin on `stream` started, sent without
+    /// waiting, is known to the client by `id` (its capture id, as cudaStreamGetCaptureInfo
+    /// gives it) and `graph` (the graph it builds, a name the client chose): the worker
+    /// answers that capture's id as `id` and names its graph `graph`. A begin that failed
+    /// (its failure already on its way to the client) names nothing. Not answered; a name
+    /// already taken comes back as an AsyncError.
+    CaptureNamed { stream: u64, id: u64, graph: u64 },
 }
 
 /// An nvJitLink link: its options as the program gave them (`-arch=sm_90`, `-lto`) and its

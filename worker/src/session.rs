@@ -82,6 +82,10 @@ struct Session {
     /// that the thread's last successful end of a capture on the stream made
     /// (`GraphList::Ended`).
     ended: Mutex<HashMap<(u32, u64), u64>>,
+    /// (client thread, stream as the client names it) → (the library's capture id, the
+    /// client's) of the last capture begun there without waiting (`Service::CaptureNamed`):
+    /// answers about that capture carry the client's id.
+    capture_ids: Mutex<HashMap<(u32, u64), (u64, u64)>>,
     writer: Arc<Writer>,
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
@@ -304,6 +308,7 @@ pub fn run(
         handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
         backend,
         ended: Mutex::new(HashMap::new()),
+        capture_ids: Mutex::new(HashMap::new()),
         writer,
         callbacks: Mutex::new(HashMap::new()),
         next_callback: AtomicU64::new(1),
@@ -1811,6 +1816,7 @@ impl Harness {
             handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
             backend,
             ended: Mutex::new(HashMap::new()),
+            capture_ids: Mutex::new(HashMap::new()),
             writer: Arc::new(Writer::new(Sink::Discard(0, Vec::new()))),
             callbacks: Mutex::new(HashMap::new()),
             next_callback: AtomicU64::new(1),
@@ -2051,6 +2057,9 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Service::WindowReset { device } => {
             window_reset(session, device);
             return Ok(());
+        }
+        Service::CaptureNamed { stream, id, graph } => {
+            return capture_named(session, frame.header.thread, stream, id, graph);
         }
         Service::MirrorDrop { base } => {
             lock(&session.mirrors).remove(&*session.backend, base);
@@ -2367,6 +2376,38 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
 /// are forgotten (a question about one is then refused, and the client asks as before).
 const ENDED_MAX: usize = 4096;
 
+/// A capture the client began without waiting takes the id and graph name it chose (see
+/// `Service::CaptureNamed`). A begin that failed left nothing to name: its own failure is
+/// what the client hears. A name the session holds already is a client that does not keep
+/// the protocol.
+fn capture_named(session: &Session, thread: u32, stream: u64, id: u64, graph: u64) -> Result<(), Fatal> {
+    use chidori_cuda::handles::kind::{CUgraph_st, CUstream_st};
+    let mut handles = lock(&session.handles);
+    if id == 0 || !handles.name_free(CUgraph_st, graph) {
+        return Err(Fatal(format!("the client named a capture {id:#x} with graph {graph:#x}, a name taken or none")));
+    }
+    let Some(real) = handles.resolve(CUstream_st, stream) else { return Ok(()) };
+    drop(handles);
+    let Ok(list) = session.backend.graph_list(&GraphList::Capture { stream: real }) else { return Ok(()) };
+    let Some((CAPTURE_ACTIVE, library_id, real_graph)) = list.capture else { return Ok(()) };
+    lock(&session.handles).insert_named(CUgraph_st, graph, real_graph);
+    let mut ids = lock(&session.capture_ids);
+    if ids.len() >= ENDED_MAX {
+        ids.clear();
+    }
+    ids.insert((thread, stream), (library_id, id));
+    Ok(())
+}
+
+/// cudaStreamCaptureStatusActive (CU_STREAM_CAPTURE_STATUS_ACTIVE: the same value).
+const CAPTURE_ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusActive;
+
+/// The id a capture has for the client: the one it chose where it began the capture
+/// without waiting, else the library's.
+fn client_capture_id(session: &Session, library_id: u64) -> u64 {
+    lock(&session.capture_ids).values().find(|(l, _)| *l == library_id).map_or(library_id, |(_, c)| *c)
+}
+
 /// The library's handle for a non-null `value` of `kind` this session holds.
 fn live(handles: &mut Handles, kind: HandleKind, value: u64) -> Option<u64> {
     handles.resolve(kind, value).filter(|&real| real != 0)
@@ -2412,7 +2453,10 @@ fn graph_list(session: &Session, query: GraphList, thread: u32) -> ServiceReply 
     drop(handles);
     let Some(query) = mapped else { return foreign("graph, node or stream", 0) };
     match session.backend.graph_list(&query) {
-        Ok(list) => {
+        Ok(mut list) => {
+            if let Some((_, id, _)) = &mut list.capture {
+                *id = client_capture_id(session, *id);
+            }
             let mut handles = lock(&session.handles);
             let mut named = |nodes: Vec<u64>| -> Vec<u64> {
                 nodes.into_iter().map(|node| handles.insert(CUgraphNode_st, node)).collect()

@@ -80161,7 +80161,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            162u32 => {
+            163u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80180,7 +80180,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            198u32 => {
+            199u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80196,7 +80196,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            216u32 => {
+            217u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80215,7 +80215,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            218u32 => {
+            219u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80234,7 +80234,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            344u32 => {
+            347u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80251,7 +80251,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            346u32 => {
+            349u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80268,7 +80268,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            376u32 => {
+            379u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80287,7 +80287,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            378u32 => {
+            381u32 => {
                 if a.len() != 4usize {
                     return None;
                 }
@@ -80306,7 +80306,7 @@ pub unsafe fn invoke_older(wire: u32, f: *const c_void, a: &[u64]) -> Option<u64
                     )) as u64
                 }
             }
-            2498u32 => {
+            2506u32 => {
                 if a.len() != 3usize {
                     return None;
                 }
@@ -80333,15 +80333,15 @@ pub fn signature(wire: u32) -> u8 {
         95u32 => 1u8,
         127u32 => 1u8,
         130u32 => 1u8,
-        162u32 => 1u8,
-        198u32 => 1u8,
-        216u32 => 1u8,
-        218u32 => 1u8,
-        344u32 => 1u8,
-        346u32 => 1u8,
-        376u32 => 1u8,
-        378u32 => 1u8,
-        2498u32 => 1u8,
+        163u32 => 1u8,
+        199u32 => 1u8,
+        217u32 => 1u8,
+        219u32 => 1u8,
+        347u32 => 1u8,
+        349u32 => 1u8,
+        379u32 => 1u8,
+        381u32 => 1u8,
+        2506u32 => 1u8,
         _ => 0,
     }
 }

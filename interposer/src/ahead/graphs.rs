@@ -19,6 +19,8 @@ pub fn is_graph_kind(kind: u16) -> bool {
 /// The graphs and instances of one process that are live: (kind, handle).
 pub struct Lives {
     live: Mutex<Option<HashSet<(u16, u64)>>>,
+    /// Live graphs instantiated since they were handed out.
+    instantiated: Mutex<Option<HashSet<u64>>>,
 }
 
 impl Default for Lives {
@@ -29,7 +31,7 @@ impl Default for Lives {
 
 impl Lives {
     pub const fn new() -> Self {
-        Lives { live: Mutex::new(None) }
+        Lives { live: Mutex::new(None), instantiated: Mutex::new(None) }
     }
 
     /// A call that hands out graphs or instances succeeded: each the server named (written
@@ -55,6 +57,42 @@ impl Lives {
 
     /// The program destroys `handle` of `kind`: whether it was live (followed no further).
     pub fn destroyed(&self, kind: u16, handle: u64) -> bool {
+        if let Some(i) = self.instantiated.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            i.remove(&handle);
+        }
         self.live.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|l| l.remove(&(kind, handle)))
+    }
+
+    /// The program instantiates `graph`: whether it is live and instantiated for the first
+    /// time (a graph with allocation nodes may have one instance at a time, so a second
+    /// one may be refused).
+    pub fn first_instance(&self, graph: u64) -> bool {
+        use chidori_cuda::handles::kind::CUgraph_st;
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if !live.as_ref().is_some_and(|l| l.contains(&(CUgraph_st, graph))) {
+            return false;
+        }
+        let mut instantiated = self.instantiated.lock().unwrap_or_else(|p| p.into_inner());
+        let instantiated = instantiated.get_or_insert_with(HashSet::new);
+        // Past the bound every instantiation waits (it cannot tell a first from a second).
+        instantiated.len() < LIVES_MAX && instantiated.insert(graph)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lives;
+    use chidori_cuda::handles::kind::{CUgraph_st, CUgraphExec_st};
+
+    #[test]
+    fn a_live_graph_is_instantiated_first_once_until_destroyed() {
+        let lives = Lives::new();
+        assert!(!lives.first_instance(0x10), "a graph never handed out");
+        lives.live.lock().unwrap().get_or_insert_with(Default::default).insert((CUgraph_st, 0x10));
+        assert!(lives.first_instance(0x10));
+        assert!(!lives.first_instance(0x10), "a second instance may be refused");
+        assert!(lives.destroyed(CUgraph_st, 0x10));
+        assert!(!lives.first_instance(0x10), "destroyed");
+        assert!(!lives.destroyed(CUgraphExec_st, 0x10));
     }
 }

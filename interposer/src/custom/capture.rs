@@ -62,15 +62,66 @@ fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u3
     Ok(unsafe { crate::runtime::call_on(&conn, desc, args) } as u32)
 }
 
+/// The modes a capture begins in (global, thread-local, relaxed).
+const MODES: u64 = 3;
+
+/// Whether a begin on `stream` (as [`per_thread`] resolved it) with `args` can be told to
+/// succeed on the client: no capture is active in the process (a stream that joined one
+/// cannot begin another), the stream is not the legacy default stream (which cannot
+/// capture), the mode is one CUDA has, and for the driver a context is current. What it
+/// cannot see (a stream handle of no one's) fails on the server and surfaces at the next
+/// call that waits, as a launch's failure does.
+fn begins_surely(args: &[u64], stream: u64, runtime: bool) -> bool {
+    const LEGACY: u64 = 1;
+    !any_active()
+        && stream != 0
+        && stream != LEGACY
+        && args.get(1).is_none_or(|&mode| mode < MODES)
+        && (runtime || crate::custom::context::current().is_some())
+}
+
+/// A begin sent without waiting: the client names the capture's id and graph itself
+/// (`Service::CaptureNamed`, right behind the begin on the same thread), so the capture's
+/// status, id and graph are known at once (torch asks for the id right after it begins).
+fn begin_unwaited(conn: &conn::Conn, desc: &'static CallDesc, args: &[u64], stream: u64) -> Result<u32, u32> {
+    let before = captures().epoch();
+    // SAFETY: a begin's arguments are values (a stream, a mode).
+    let status = unsafe { crate::runtime::call_on(conn, desc, args) } as u32;
+    if status != SUCCESS {
+        captures().changed();
+        return Ok(status);
+    }
+    let (id, graph) = (crate::runtime::next_handle_name(), crate::runtime::next_handle_name());
+    if conn.post_service(&messages::Service::CaptureNamed { stream, id, graph }, &[]).is_err() {
+        captures().changed();
+        return Ok(status);
+    }
+    captures().began(stream);
+    captures().learn(key(stream), before + 1, (ACTIVE, id, graph));
+    Ok(status)
+}
+
 /// A capture's begin, with the new capture's status, id and graph asked in the same round
 /// trip: torch asks for the id right after it begins (`cudaStreamGetCaptureInfo`), and the
 /// begin changes what the client knew of captures, so that question waited a round trip of
-/// its own. The begin's status is the server's, as it was.
-fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
+/// its own. The begin's status is the server's, as it was. Where the client can tell the
+/// begin succeeds (`unwaited`: the form without a reply) it waits for nothing
+/// ([`begin_unwaited`]).
+fn begin(
+    name: &'static str,
+    desc: &'static CallDesc,
+    unwaited: Option<&'static CallDesc>,
+    args: &[u64],
+    ptsz: bool,
+    runtime: bool,
+) -> u32 {
     guarded(name, runtime, || {
         let no_device = no_device(runtime);
         let conn = conn::get().map_err(|_| no_device)?;
         let stream = per_thread(args[0], ptsz);
+        if let Some(unwaited) = unwaited.filter(|_| begins_surely(args, stream, runtime)) {
+            return begin_unwaited(&conn, unwaited, args, stream);
+        }
         let before = captures().epoch();
         let question = messages::Service::GraphList(GraphList::Capture { stream });
         // SAFETY: a begin's arguments are values (a stream, a mode).
@@ -120,10 +171,12 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
 fn is_capturing(name: &'static str, desc: &'static CallDesc, stream: u64, out: *mut c_void, runtime: bool) -> u32 {
     guarded(name, runtime, || {
         if out.is_null() {
+            crate::trace::local(name);
             return Err(INVALID_VALUE);
         }
         let known = if any_active() { learned_answer(per_thread(stream, desc.name.ends_with("_ptsz"))) } else { None };
         if !any_active() || known.is_some() {
+            crate::trace::local(name);
             let status = known.map_or(NONE, |(status, _, _)| status);
             // SAFETY: the caller's capture-status enum, checked non-null.
             unsafe { std::ptr::write_unaligned(out as *mut u32, status) };
@@ -148,9 +201,10 @@ fn no_device(runtime: bool) -> u32 {
     if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE }
 }
 
+/// `body` behind the FFI guard, its status the runtime's last error. What it sends the
+/// trace counts; an answer of the client's own, `body` counts itself.
 fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
     crate::guard::ffi(name, 1, || {
-        crate::trace::local(name);
         let status = body().unwrap_or_else(|e| e);
         if runtime {
             crate::state::set_last_error(status);
@@ -225,12 +279,14 @@ pub unsafe fn exchange_mode(ctx: &Ctx, mode: *mut c_void) -> u32 {
 /// cudaStreamBeginCapture, cuStreamBeginCapture_v2 and their `_ptsz` forms.
 pub unsafe fn begin_capture(ctx: &Ctx, stream: *mut c_void, mode: u32) -> u32 {
     let args = [stream as u64, u64::from(mode)];
-    begin(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
+    let unwaited = Some(ctx.form(Form::Async));
+    begin(ctx.base_name(), ctx.form(Form::Call), unwaited, &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cuStreamBeginCapture (no mode: global) and its `_ptsz` form.
 pub unsafe fn begin_capture_without_mode(ctx: &Ctx, stream: *mut c_void) -> u32 {
-    begin(ctx.base_name(), ctx.form(Form::Call), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
+    let unwaited = Some(ctx.form(Form::Async));
+    begin(ctx.base_name(), ctx.form(Form::Call), unwaited, &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms.
@@ -336,6 +392,8 @@ pub unsafe fn cu_capture_info_v3(
     let runtime = ctx.library == "cudart";
     let no_device = if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE };
     guarded(ctx.base_name(), runtime, || {
+        // Answered here, or by a question the trace counts as "(graph nodes)".
+        crate::trace::local(ctx.base_name());
         if status.is_null() {
             return Err(INVALID_VALUE);
         }
@@ -367,7 +425,7 @@ pub unsafe fn begin_capture_to_graph(
     mode: u32,
 ) -> u32 {
     let args = [stream as u64, graph as u64, deps as u64, data as u64, count as u64, u64::from(mode)];
-    begin(ctx.base_name(), ctx.form(Form::Call), &args, ctx.per_thread(), ctx.library == "cudart")
+    begin(ctx.base_name(), ctx.form(Form::Call), None, &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamGetCaptureInfo of 11.8 and 12.x (status and id) and its `_ptsz` form.

@@ -120,6 +120,51 @@ pub unsafe fn destroy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     })
 }
 
+/// Instantiation flags whose instance CUDA makes from any graph a host launches:
+/// auto-free on launch and node priorities (the runtime's `#define`s have the driver's
+/// values; torch passes both). Uploading and device launch have
+/// conditions of their own.
+const PLAIN_INSTANCE_FLAGS: u64 =
+    (chidori_cuda::consts::CUgraphInstantiate_flags_enum::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+        | chidori_cuda::consts::CUgraphInstantiate_flags_enum::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
+        as u64;
+
+/// cudaGraphInstantiateWithFlags, cuGraphInstantiateWithFlags (`raw_args`: the instance's
+/// out-pointer, the graph, the flags): the first instance of a live graph the server handed
+/// out, with plain flags and no capture active, is named by the client and made without
+/// waiting (torch instantiates every graph it captures: a round trip each at 70 ms). Its
+/// instantiation failing on the server (a graph CUDA cannot instantiate) surfaces at the
+/// next call that waits, as a launch's failure does. A second instance of the same graph
+/// (refused where the graph allocates), other flags, a graph the client does not know,
+/// and the driver's without a current context wait for the server's answer.
+pub unsafe fn instantiate_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let call = ctx.form(Form::Call);
+    crate::guard::ffi(ctx.name, crate::runtime::unavailable(call), || {
+        let (out, graph, flags) = match args {
+            [out, graph, flags, ..] => (*out, *graph, *flags),
+            _ => return crate::runtime::unavailable(call),
+        };
+        let context = ctx.library != "driver" || crate::custom::context::current().is_some();
+        let named = out != 0
+            && flags & !PLAIN_INSTANCE_FLAGS == 0
+            && context
+            && !crate::custom::capture::any_active()
+            && state::CLIENT.ahead.graphs.first_instance(graph);
+        if !named {
+            // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
+            return unsafe { crate::runtime::call(call, args) };
+        }
+        let desc = ctx.form(Form::Async);
+        // SAFETY: the caller's out-pointer (non-null) gets the client's name before the call
+        // is sent; the graph and flags are values.
+        let status = unsafe { crate::runtime::call(desc, args) };
+        if status == crate::runtime::success(desc) {
+            state::CLIENT.ahead.graphs.handed_out(desc, args);
+        }
+        status
+    })
+}
+
 fn records() -> &'static state::Table<u64, NodeRecord> {
     &state::CLIENT.graph_nodes
 }
