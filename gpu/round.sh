@@ -348,8 +348,14 @@ if want learned; then
       row "learned decode dynamic, $label run, $n tokens" "$same, ${rts[$label-$n]} round trips, \
 $(grep -c 'answered differently' "$LOGS/learned-decode-$label-$n.err") mismatches"
     done
+    # Per token: the round trips waited at the timed generate's own line (the trace's
+    # table by source line), 32 tokens against 8. The processes' totals differ by more
+    # than the tokens (module loads, learning), so their difference is shown beside it only.
+    at_generate() { awk '/min_new_tokens=n/ {s += $1} END {print s + 0}' "$LOGS/learned-decode-second-$1.err"; }
     row "learned decode dynamic, round trips per token once running" \
-      "$(awk -v a="${rts[second-32]:-0}" -v b="${rts[second-8]:-0}" 'BEGIN {printf "%.2f", (a - b) / 24}')"
+      "$(awk -v a="$(at_generate 32)" -v b="$(at_generate 8)" 'BEGIN {printf "%.2f", (a - b) / 24}') at generate's line \
+($(at_generate 8) for 8 tokens, $(at_generate 32) for 32); whole processes' difference / 24: \
+$(awk -v a="${rts[second-32]:-0}" -v b="${rts[second-8]:-0}" 'BEGIN {printf "%.2f", (a - b) / 24}')"
   fi
   rm -rf "$lcache"
 fi
@@ -360,7 +366,7 @@ if want casetrace; then
   # $BEFORE_DIST, each case again through the earlier commit's server (rows "... before").
   lanes=("now|$CHIDORI|$SERVER|127.0.0.1:$WAN_PORT")
   # (A $BEFORE_DIST of the server alone, without lib/: this commit's client against it.)
-  before_client=$BEFORE_DIST/bin/chidori
+  before_client=${BEFORE_DIST:-}/bin/chidori
   [[ -e ${BEFORE_DIST:-}/lib/libchidori.so ]] || before_client=$CHIDORI
   [[ -n ${BEFORE_DIST:-} ]] && lanes+=("before|$before_client|127.0.0.1:$BEFORE_PORT|127.0.0.1:$BEFORE_WAN_PORT")
   for c in ${CASES:-lstm cuda_graph elementwise_reductions sdpa_backends cnn_training}; do
