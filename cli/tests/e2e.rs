@@ -1513,6 +1513,43 @@ fn large_allocations_are_placed_without_waiting() {
     assert_eq!(trips(&stderr, "cudaFree"), "7", "{stderr}");
 }
 
+/// Frees of placed memory after a device synchronize, as torch empties its cache when a
+/// graph capture starts: nothing to wait for, so none waits; the device stays idle for
+/// the next; after new work, a free waits again.
+const PLACED_FREES_ON_IDLE: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  void *p[3];
+  unsigned char back[4] = {0};
+  for (int i = 0; i < 3; i++)
+    if (cudaMalloc(&p[i], 2 << 20) || cudaMemset(p[i], i + 1, 2 << 20)) return 10;
+  if (cudaDeviceSynchronize()) return 11;
+  for (int i = 0; i < 3; i++)
+    if (cudaFree(p[i])) return 12;
+  if (cudaDeviceSynchronize()) return 13;
+  void *again = 0;
+  if (cudaMalloc(&again, 2 << 20) || cudaMemset(again, 9, 2 << 20)) return 14;
+  if (cudaMemcpy(back, again, 4, cudaMemcpyDeviceToHost)) return 15;
+  if (cudaFree(again)) return 16;
+  printf("reused:%d back:%d\n", again == p[0], back[3]);
+  return 0;
+}
+"#;
+
+#[test]
+fn frees_of_placed_memory_on_an_idle_device_wait_for_nothing() {
+    let server = server();
+    let exe = program("placed-frees-idle", PLACED_FREES_ON_IDLE);
+    let cache = chidori_tests::scratch("placed-frees-idle-cache");
+    let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_WINDOW_ALLOC", "1")]);
+    assert_eq!(stdout.trim(), "reused:1 back:9", "{stderr}");
+    // Three frees after the synchronize went without waiting (and so did the synchronize
+    // after them: the device stayed idle); the last one, after a memset, waited.
+    assert_eq!(trace_row(&stderr, "(placed free)"), ["4", "1"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaDeviceSynchronize"), ["2", "1"], "{stderr}");
+}
+
 /// Allocations while a stream captures: in the global mode an allocation is illegal on
 /// any thread, so the GPU must answer it; a thread that swapped in the relaxed mode (as
 /// torch's allocator does around its capture allocations) may allocate, and is placed.
@@ -1543,7 +1580,8 @@ fn allocations_while_capturing_are_placed_only_where_legal() {
     // The emulated GPU allows both (a real one refuses the first and ends the capture).
     assert_eq!(stdout.trim(), "global:0 relaxed:0", "{stderr}");
     assert_eq!(trace_row(&stderr, "cudaMalloc")[1], "1", "the global mode's allocation waited: {stderr}");
-    // Asked as the session started; the capture's begin waited after it, so it had come.
+    // Asked as the session started; the global mode's allocation waited after it, so it
+    // had come.
     assert_eq!(trace_row(&stderr, "(allocation window)"), ["1", "0"], "{stderr}");
 }
 

@@ -25,7 +25,8 @@ pub mod sock;
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages (29: captures begun without
-/// waiting, named by the client, `Service::CaptureNamed`; 28: module loads behind the
+/// waiting, named by the client, `Service::CaptureNamed`, and frees of placed memory on
+/// an idle device without an answer, `Service::WindowFree`; 28: module loads behind the
 /// calls, `Service::LoadModuleBehind`; 27: the nodes of the graph a
 /// capture's end made, `GraphList::Ended`; 26: allocation windows, the
 /// client placing device allocations itself; 25: batch memory operation

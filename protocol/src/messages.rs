@@ -339,6 +339,11 @@ pub enum Service {
     /// queued before it; answered by `Value(0)`, or `Error` with the synchronization's
     /// status (the allocation then stays).
     WindowUnmap { address: u64 },
+    /// Free the window allocation at `address` as [`Service::WindowUnmap`] does, where the
+    /// client answered the program itself: the device was idle with nothing sent since, so
+    /// cudaFree had nothing to wait for. Not answered: a failure ends the session, whose
+    /// program was told the memory is free.
+    WindowFree { address: u64 },
     /// `device`'s primary context was reset (cudaDeviceReset, cuDevicePrimaryCtxReset),
     /// which frees what the program allocated on it: the session's window allocations there
     /// go too (the window stays). Not answered.

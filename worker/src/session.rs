@@ -2054,6 +2054,14 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             };
         }
         Service::WindowMap { device, address, size } => return window_map(session, device, address, size),
+        Service::WindowFree { address } => {
+            return match window_unmap(session, address) {
+                ServiceReply::Error { status, message } => Err(Fatal(format!(
+                    "the client freed {address:#x} without waiting, and the server could not: {message} (status {status})"
+                ))),
+                _ => Ok(()),
+            };
+        }
         Service::WindowReset { device } => {
             window_reset(session, device);
             return Ok(());

@@ -124,10 +124,16 @@ pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
 
 /// A free of `address` (cudaFree, cudaFreeAsync, cuMemFree): Some(status) where the
 /// address lies in an allocation the client placed, None otherwise. The server frees it as
-/// cudaFree does (after the work queued before), which the program waits for.
+/// cudaFree does (after the work queued before), which the program waits for, unless there
+/// is nothing to wait for ([`free_on_idle`]).
 pub fn free(conn: &Conn, address: u64) -> Option<u32> {
     match windows().owner(address)? {
         Owned::Inside => Some(INVALID_VALUE),
+        Owned::Base if free_on_idle(conn, address) => {
+            windows().release(address);
+            state::remove(address);
+            Some(SUCCESS)
+        }
         Owned::Base => match traced_unmap(conn, address) {
             Ok(ServiceReply::Value(_)) => {
                 windows().release(address);
@@ -139,6 +145,27 @@ pub fn free(conn: &Conn, address: u64) -> Option<u32> {
             _ => None,
         },
     }
+}
+
+/// Free the placed allocation at `address` without waiting where the current device is
+/// known idle with nothing sent since (`crate::ahead::idle`): cudaFree's wait for the work
+/// queued before it would find none, and an unmap of memory the session placed cannot
+/// fail otherwise. torch synchronizes the device, then empties its cache (a free per
+/// cached block) as each CUDA graph capture starts. The unmap queues no work on the
+/// device, so it stays known idle. Whether it was sent.
+fn free_on_idle(conn: &Conn, address: u64) -> bool {
+    use crate::ahead::idle::{Answer, Scope};
+    let scope = Scope::Device(state::current_device(), super::context::cached_current());
+    let before = conn.sent_so_far();
+    if !super::sync::trusted() || state::CLIENT.ahead.idle.answer(scope, before) != Some(Answer::Idle) {
+        return false;
+    }
+    if conn.post_service(&Service::WindowFree { address }, &[]).is_err() {
+        return false;
+    }
+    state::CLIENT.ahead.idle.forwarded(scope, before, conn.sent_so_far());
+    crate::trace::bytes("(placed free)", 0, 0, 0, std::time::Duration::ZERO);
+    true
 }
 
 /// The server's free of a placed allocation, a round trip of its own in the trace.

@@ -20,7 +20,7 @@ use crate::state::CLIENT;
 
 /// Whether what the client knows of idle scopes holds: no capture (a synchronize of a
 /// capturing stream fails) and no graph loop (the server replays without messages).
-fn trusted() -> bool {
+pub(super) fn trusted() -> bool {
     !super::capture::any_active() && !crate::custom::loops::any_running()
 }
 
