@@ -3,8 +3,7 @@
 Runs the standard decode workload's model (dynamic cache) natively with torch's sync debug
 mode on: every synchronizing CUDA operation torch makes raises a warning, recorded here
 with the Python stack at that moment. Prints, for 8 and 32 new tokens, each distinct site
-(the innermost frames in transformers, then the workload's line) with its count, and the
-difference per token: what a remote run must wait for on every token unless it can answer
+(its four innermost Python frames) with its count, and the difference per token: what a remote run must wait for on every token unless it can answer
 it itself.
 
     python3 gpu/probes/decode_syncs.py target/dist/shared/workloads
@@ -27,20 +26,18 @@ def sites(generate: collections.abc.Callable[[], object]) -> collections.Counter
         if "synchronizing" not in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
-        inner = [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in frames[-4:]]
+        inner = ["/".join(f.filename.rsplit("/", 2)[-2:]) + f":{f.lineno} {f.name}" for f in frames[-4:]]
         seen[" <- ".join(reversed(inner))] += 1
 
-    old = warnings.showwarning
-    warnings.showwarning = record
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
+    # catch_warnings puts the filters and showwarning back as it found them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
             generate()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = old
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     return seen
 
 

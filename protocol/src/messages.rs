@@ -353,7 +353,8 @@ pub enum Service {
     /// gives it) and `graph` (the graph it builds, a name the client chose): the worker
     /// answers that capture's id as `id` and names its graph `graph`. A begin that failed
     /// (its failure already on its way to the client) names nothing. Not answered; a name
-    /// already taken comes back as an AsyncError.
+    /// the session holds already (or none) ends the session: no client of this protocol
+    /// sends one.
     CaptureNamed { stream: u64, id: u64, graph: u64 },
 }
 
