@@ -56,6 +56,9 @@ pub struct Client {
     pub context_storage: Table<(u64, usize), crate::custom::export::StorageEntry>,
     /// Each device's primary context, as the runtime interface named it.
     pub primary_contexts: Table<i32, u64>,
+    /// Each device's stream priorities (least, greatest) as the server answered them: a
+    /// device's range never changes.
+    pub stream_priorities: Table<i32, [i32; 2]>,
     /// Parameter layouts of functions, by handle: from module loads, and from the server
     /// for functions of cuModuleGetFunction (fetched once each).
     pub function_params: Table<u64, crate::modules::ParamLayout>,
@@ -166,6 +169,7 @@ pub static CLIENT: Client = Client {
     function_names: Table::new(),
     context_storage: Table::new(),
     primary_contexts: Table::new(),
+    stream_priorities: Table::new(),
     function_params: Table::new(),
     modules: Table::new(),
     function_origins: Table::new(),

@@ -1948,13 +1948,14 @@ fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
 fn resolve_launch(session: &Session, l: &mut Launch) -> Result<(), (i64, String)> {
     use chidori_cuda::handles::kind::{CUevent_st, CUfunc_st, CUkern_st, CUstream_st};
     let mut handles = lock(&session.handles);
-    // A module's kernel launched first: its function is found now, and the driver's
-    // failure to load it is the launch's (as with a program's own lazy loading).
-    if let Err((status, message)) = handles.find(CUfunc_st, l.function) {
-        return Err((status, format!("loading the kernel of a launch: {message}")));
-    }
+    // A module's kernel launched first is found by the resolve (its function loaded now);
+    // where the driver failed to load it, that failure is the launch's (as with a
+    // program's own lazy loading), asked only then, off the launch path.
     let Some(function) = handles.resolve(CUfunc_st, l.function).or_else(|| handles.resolve(CUkern_st, l.function))
     else {
+        if let Err((status, message)) = handles.find(CUfunc_st, l.function) {
+            return Err((status, format!("loading the kernel of a launch: {message}")));
+        }
         return Err((INVALID_HANDLE, format!("launch of {:#x}, which is no function of this session", l.function)));
     };
     let Some(stream) = handles.resolve(CUstream_st, l.stream) else {

@@ -302,31 +302,19 @@ fn early_primary_context(device: i32, generation: u64) -> Option<u64> {
     })
 }
 
-/// Each device's stream priorities (least, greatest) as the server answered them.
-static PRIORITIES: Mutex<Vec<(i32, [i32; 2])>> = Mutex::new(Vec::new());
-
 /// cudaDeviceGetStreamPriorityRange: a device's range never changes. Device 0's was asked
 /// as the connection was made ([`Early`]); another device's is asked once.
 pub unsafe fn stream_priority_range(ctx: &Ctx, least: *mut c_void, greatest: *mut c_void) -> u32 {
     crate::guard::ffi(ctx.name, INVALID_VALUE, || {
         let device = crate::state::current_device();
-        let seen = |d: i32| {
-            let known = PRIORITIES.lock().unwrap_or_else(|p| p.into_inner());
-            known.iter().find(|(k, _)| *k == d).map(|(_, r)| *r)
-        };
-        let keep = |d: i32, range: [i32; 2]| {
-            let mut known = PRIORITIES.lock().unwrap_or_else(|p| p.into_inner());
-            known.retain(|(k, _)| *k != d);
-            known.push((d, range));
-        };
-        let mut range = seen(device);
+        let mut range = CLIENT.stream_priorities.get(&device);
         if range.is_none()
             && device == 0
             && let Some((ret, bytes)) = early(|e| &mut e.priorities, true)
             && ret == u64::from(SUCCESS)
         {
             let r = [i32::from_le_bytes(word(&bytes, 0)), i32::from_le_bytes(word(&bytes, 4))];
-            keep(0, r);
+            CLIENT.stream_priorities.insert(0, r);
             range = Some(r);
         }
         let range = match range {
@@ -342,7 +330,7 @@ pub unsafe fn stream_priority_range(ctx: &Ctx, least: *mut c_void, greatest: *mu
                 if s != SUCCESS {
                     return s;
                 }
-                keep(device, both);
+                CLIENT.stream_priorities.insert(device, both);
                 both
             }
         };

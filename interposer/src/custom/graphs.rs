@@ -154,14 +154,9 @@ pub unsafe fn instantiate_raw(ctx: &Ctx, args: &[u64]) -> u64 {
             // SAFETY: the caller's arguments, as the descriptor says (forwarded contract).
             return unsafe { crate::runtime::call(call, args) };
         }
-        let desc = ctx.form(Form::Async);
         // SAFETY: the caller's out-pointer (non-null) gets the client's name before the call
         // is sent; the graph and flags are values.
-        let status = unsafe { crate::runtime::call(desc, args) };
-        if status == crate::runtime::success(desc) {
-            state::CLIENT.ahead.graphs.handed_out(desc, args);
-        }
-        status
+        unsafe { crate::runtime::call(ctx.form(Form::Async), args) }
     })
 }
 

@@ -523,6 +523,11 @@ pub unsafe fn call_asking(
     let asked = question.and_then(|q| conn.ask_ahead(q).ok());
     let Some(slot) = slot else {
         crate::trace::record(desc, sent_bytes, 0, None);
+        // A graph or instance the client named is the program's from now on, as one the
+        // server handed out.
+        if facts(desc).hands_out_graphs {
+            crate::state::CLIENT.ahead.graphs.handed_out(desc, args);
+        }
         return (success(desc), asked);
     };
     let ret = match slot.wait() {
