@@ -392,7 +392,7 @@ mod behind {
 /// same image it would load on first use (its hash, not the record, names it), so a stale
 /// record costs at most a module loaded and not used. `CHIDORI_MODULES_AHEAD=0` turns it off.
 mod last_run {
-    use std::collections::HashSet;
+    use std::collections::HashMap;
     use std::ffi::CStr;
     use std::io::Write;
     use std::path::PathBuf;
@@ -410,8 +410,9 @@ mod last_run {
 
     struct Record {
         path: Option<PathBuf>,
-        /// Fat binaries the record names.
-        named: HashSet<(u64, String)>,
+        /// Fat binaries the record names, each with its line's place in the record: the
+        /// order in which the run that recorded them first used them.
+        named: HashMap<(u64, String), usize>,
         /// Whether this process's first load has happened (only it makes modules ahead).
         first_done: bool,
     }
@@ -430,6 +431,16 @@ mod last_run {
         Some(dir.join(key))
     }
 
+    /// Each identity with the place of its first line.
+    fn ordered(ids: impl Iterator<Item = (u64, String)>) -> HashMap<(u64, String), usize> {
+        let mut named = HashMap::new();
+        for id in ids {
+            let next = named.len();
+            named.entry(id).or_insert(next);
+        }
+        named
+    }
+
     fn parse(line: &str) -> Option<(u64, String)> {
         let (offset, path) = line.split_once(' ')?;
         Some((u64::from_str_radix(offset, 16).ok()?, path.to_owned()))
@@ -440,7 +451,7 @@ mod last_run {
         let record = slot.get_or_insert_with(|| {
             let path = path_for(&conn.server);
             let text = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
-            Record { path, named: text.lines().filter_map(parse).collect(), first_done: false }
+            Record { path, named: ordered(text.lines().filter_map(parse)), first_done: false }
         });
         f(record)
     }
@@ -459,7 +470,9 @@ mod last_run {
         (!path.contains('\n')).then_some((offset, path))
     }
 
-    /// On the process's first load only: the other registered modules the record names.
+    /// On the process's first load only: the other registered modules the record names, in
+    /// the order the recording run first used them (the worker loads those it holds in this
+    /// order, behind the calls: the program's next module is most likely loaded first).
     pub fn take_first(conn: &Conn, first: &Module) -> Vec<&'static Module> {
         if std::env::var(chidori_protocol::env::MODULES_AHEAD).is_ok_and(|v| v == "0") {
             return Vec::new();
@@ -474,19 +487,23 @@ mod last_run {
             .as_ref()
             .map(|r| r.modules.iter().copied().filter(|m| m.complete && !std::ptr::eq(*m, first)).collect())
             .unwrap_or_default();
-        registered.into_iter().filter(|m| identity(m).is_some_and(|id| named.contains(&id))).take(MAX_AHEAD).collect()
+        let mut known: Vec<(usize, &'static Module)> =
+            registered.into_iter().filter_map(|m| Some((*named.get(&identity(m)?)?, m))).collect();
+        known.sort_by_key(|&(place, _)| place);
+        known.into_iter().take(MAX_AHEAD).map(|(_, m)| m).collect()
     }
 
     /// Record that this run loaded `module` (once per module; the file is appended to).
     pub fn note(conn: &Conn, module: &Module) {
         let Some(id) = identity(module) else { return };
         with(conn, |r| {
-            if r.named.len() >= MAX_RECORDED || r.named.contains(&id) {
+            if r.named.len() >= MAX_RECORDED || r.named.contains_key(&id) {
                 return;
             }
             let Some(path) = r.path.clone() else { return };
             let line = format!("{:x} {}", id.0, id.1);
-            r.named.insert(id);
+            let place = r.named.len();
+            r.named.insert(id, place);
             let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
             if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
                 crate::log::once_owned(&format!("{}", path.display()), || {
@@ -504,6 +521,16 @@ mod last_run {
             assert_eq!(super::parse("zz /a"), None);
             assert_eq!(super::parse("12"), None);
             assert_eq!(super::parse("10 /a b.so"), Some((0x10, "/a b.so".into())));
+        }
+
+        #[test]
+        fn a_records_order_is_its_first_lines() {
+            let ids = ["2 /b", "1 /a", "2 /b", "3 /c"].into_iter().filter_map(super::parse);
+            let named = super::ordered(ids);
+            assert_eq!(named.len(), 3);
+            assert_eq!(named[&(2, "/b".into())], 0);
+            assert_eq!(named[&(1, "/a".into())], 1);
+            assert_eq!(named[&(3, "/c".into())], 2);
         }
     }
 }
