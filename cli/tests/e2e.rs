@@ -4261,13 +4261,15 @@ fn modules_the_last_run_loaded_are_loaded_behind_the_calls() {
     let client_cache = dir.join("client-cache");
     let _ = std::fs::remove_dir_all(&client_cache);
     let log = ("CHIDORI_LOG", "warn,chidori::modules=debug");
-    let (first, stderr) = run_learning(&server, &exe, &client_cache, &[log]);
+    // Without names (those are tested by `modules_an_earlier_load_listed_are_loaded_without_waiting`).
+    let unnamed = ("CHIDORI_MODULES_NAMED", "0");
+    let (first, stderr) = run_learning(&server, &exe, &client_cache, &[log, unnamed]);
     let (trips, bytes) = module_load_row(&stderr);
     assert!(trips == 4 && bytes > 0, "four distinct images, each sent on first use: {stderr}");
-    let (second, stderr) = run_learning(&server, &exe, &client_cache, &[log]);
+    let (second, stderr) = run_learning(&server, &exe, &client_cache, &[log, unnamed]);
     assert_eq!(second, first, "the program sees the same answers: {stderr}");
     assert!(first.split_whitespace().all(|s| s == "0") && first.split_whitespace().count() == 4, "{first}");
-    assert!(stderr.contains("0 went with the first load, 3 behind it"), "{stderr}");
+    assert!(stderr.contains("0 named, 0 with the first load, 3 behind it"), "{stderr}");
     let row = trace_row(&stderr, "(module load)");
     // The first load, then each taken: a wait only where its answer had not come yet.
     assert_eq!(row[0], "4", "{stderr}");
@@ -4288,8 +4290,8 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     let client_cache = dir.join("client-cache");
     let _ = std::fs::remove_dir_all(&client_cache);
     let run = |ahead: bool| {
-        let (stdout, stderr) =
-            run_learning(&server, &exe, &client_cache, &[("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" })]);
+        let envs = [("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" }), ("CHIDORI_MODULES_NAMED", "0")];
+        let (stdout, stderr) = run_learning(&server, &exe, &client_cache, &envs);
         (stdout, module_load_row(&stderr), stderr)
     };
     let (first, (first_trips, first_bytes), stderr) = run(true);
@@ -4306,6 +4308,46 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     let (off, (off_trips, _), stderr) = run(false);
     assert_eq!(off_trips, 4, "turned off, each module is loaded on first use: {stderr}");
     assert_eq!(off, first);
+}
+
+/// Issue 19: a module whose kernels an earlier load of the same image listed is loaded
+/// under names the client gives, without waiting: the next process waits no round trip for
+/// its modules (the worker loads them behind the calls, and a call that uses one waits
+/// there). An image the server's module cache has lost is asked of the client and kept
+/// again; the program sees the same answers every time.
+#[test]
+fn modules_an_earlier_load_listed_are_loaded_without_waiting() {
+    let dir = chidori_tests::scratch("modules-named");
+    let cache = dir.join("module-cache");
+    let server = EmulatedServer::start_args(&chidori(), Some(&profile()), &["--module-cache", cache.to_str().unwrap()])
+        .expect("starting an emulated server");
+    let exe = program("register_named_modules", &registering_program_of(4, true));
+    let client_cache = dir.join("client-cache");
+    let _ = std::fs::remove_dir_all(&client_cache);
+    let run = |ahead: &str| run_learning(&server, &exe, &client_cache, &[("CHIDORI_MODULES_AHEAD", ahead)]);
+    let (first, stderr) = run("0");
+    assert_eq!(module_load_row(&stderr).0, 4, "each image loaded on first use: {stderr}");
+    assert!(first.split_whitespace().all(|s| s == "0") && first.split_whitespace().count() == 4, "{first}");
+    let named = |stderr: &str| trace_row(stderr, "(module load, named)");
+    for ahead in ["0", "1"] {
+        let (again, stderr) = run(ahead);
+        assert_eq!(again, first, "the same answers: {stderr}");
+        assert_eq!(module_load_row(&stderr), (0, 0), "no module load waited (ahead {ahead}): {stderr}");
+        assert_eq!(named(&stderr), ["4", "0"], "{stderr}");
+    }
+    // The server's cache lost every image: the worker asks the client for each.
+    std::fs::remove_dir_all(&cache).unwrap();
+    let (again, stderr) = run("0");
+    assert_eq!(again, first, "{stderr}");
+    assert_eq!(module_load_row(&stderr), (0, 0), "{stderr}");
+    let kept = std::fs::read_dir(&cache)
+        .map(|d| d.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count());
+    assert_eq!(kept.unwrap_or(0), 4, "the images the client sent are cached again");
+    // Turned off: loaded as on a first run, each waiting (the server holds them).
+    let (off, stderr) =
+        run_learning(&server, &exe, &client_cache, &[("CHIDORI_MODULES_AHEAD", "0"), ("CHIDORI_MODULES_NAMED", "0")]);
+    assert_eq!(off, first);
+    assert_eq!(module_load_row(&stderr), (4, 0), "{stderr}");
 }
 
 /// A `__managed__` variable as nvcc's code uses it: `__cudaInitModule` points the host's

@@ -478,6 +478,17 @@ fn hostile_services_crash_no_worker() {
     let requests: Vec<(Service, Vec<u8>, bool)> = vec![
         (Service::LoadModule { hash: [7; 32] }, vec![], true),
         (Service::LoadModuleBehind { hash: [7; 32] }, vec![], true),
+        // An image neither the server nor this client has: asked of the client, never sent.
+        (
+            Service::LoadModuleNamed {
+                hash: [7; 32],
+                library: junk + 0x10,
+                module: junk + 0x11,
+                kernels: vec![("k".into(), junk + 0x12)],
+            },
+            vec![],
+            false,
+        ),
         (Service::Global { module: junk, name: "x".repeat(10_000) }, vec![], true),
         (Service::FunctionParams { function: junk }, vec![], true),
         (Service::FunctionName { handle: junk, kernel: true }, vec![], true),
@@ -623,6 +634,22 @@ fn hostile_services_crash_no_worker() {
     let upload = Service::UploadModule { hash: [7; 32] };
     s.write_all(&frame::to_vec(h, &messages::encode(&upload), &[&[0xff; 4096]]).unwrap()).unwrap();
     assert!(goodbye_reason(&mut s).contains("does not match its hash"));
+    // So does a module image the server never asked for, and a module load named with a
+    // name that is no name (0) or one named twice.
+    let mut s = session(&server.address);
+    let image = messages::ModuleImage { hash: [7; 32] };
+    s.write_all(
+        &frame::to_vec(Header::new(Kind::ModuleImage, 0, 0, 0), &messages::encode(&image), &[&[1; 64]]).unwrap(),
+    )
+    .unwrap();
+    assert!(goodbye_reason(&mut s).contains("did not ask for"));
+    for (library, module) in [(0, junk), (junk, junk)] {
+        let mut s = session(&server.address);
+        let load = Service::LoadModuleNamed { hash: [7; 32], library, module, kernels: vec![] };
+        s.write_all(&frame::to_vec(Header::new(Kind::Service, 0, 1, 1), &messages::encode(&load), &[]).unwrap())
+            .unwrap();
+        assert!(goodbye_reason(&mut s).contains("names that are taken or repeated"));
+    }
     // So does an allocation placed where no correct client places one: outside its window,
     // or over one placed before.
     // 0: outside the window; 1: placed and freed (the session goes on); 2: placed twice;

@@ -1400,6 +1400,22 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             queue.send(cb).map_err(|_| "the callback thread is gone".to_owned())?;
         }
         Kind::Output => print_gpu_output(&frame.bulk),
+        Kind::NeedModule => {
+            let asked: messages::ModuleImage = messages::decode(frame, "module request").map_err(|e| e.to_string())?;
+            // Off the I/O thread: the image is read from the program's memory and may be
+            // large. The server handles it outside the call order; none: the client lacks it.
+            let sent = std::thread::Builder::new().name("chidori-module".into()).spawn(move || {
+                let Some(conn) = existing() else { return };
+                let image = crate::modules::image_asked(&conn, &asked.hash).unwrap_or_default();
+                let header = Header::new(Kind::ModuleImage, 0, 0, 0);
+                if let Err(e) = conn.send(header, &messages::encode(&asked), &[&image]) {
+                    tracing::warn!("sending a module the server asked for: {e}");
+                }
+            });
+            if let Err(e) = sent {
+                return Err(format!("cannot start a thread to send a module the server asked for: {e}"));
+            }
+        }
         Kind::Goodbye => {
             let bye: Goodbye = messages::decode(frame, "goodbye").map_err(|e| e.to_string())?;
             return Err(format!("Chidori server {} ended the session: {}", conn.server, bye.reason));

@@ -149,6 +149,7 @@ fn loaded_from(
                 .collect();
             let loaded = Arc::new(Loaded { library, module, kernels });
             crate::state::CLIENT.modules.insert(module, loaded.clone());
+            named::keep(conn, hash, &loaded);
             Ok(loaded)
         }
         ServiceReply::Error { status, message } => {
@@ -259,11 +260,13 @@ fn image_of(conn: &Conn, module: &registry::Module) -> Result<Vec<u8>, u32> {
     })
 }
 
-/// The server-side module of a registered fat binary, loading it on first use. The first
-/// load of the process also asks for the registered modules the last run of the same
-/// command loaded (`last_run`): those the server holds are loaded behind the program's
-/// calls (`Service::LoadModuleBehind`, on a thread of the worker's own: the calls after
-/// this one need not wait for them), the others in this load's round trip.
+/// The server-side module of a registered fat binary, loading it on first use. A module
+/// whose kernels an earlier load of the same image listed is loaded under names the client
+/// gives (`named`), without waiting. The first load of the process also asks for the
+/// registered modules the last run of the same command loaded (`last_run`): named ones
+/// like this one; others the server holds are loaded behind the program's calls
+/// (`Service::LoadModuleBehind`, on a thread of the worker's own: the calls after this one
+/// need not wait for them), the rest in this load's round trip.
 pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Loaded>, u32> {
     let mut slot = module.loaded.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(m) = slot.as_ref() {
@@ -274,30 +277,51 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
         *slot = Some(loaded.clone());
         return Ok(loaded);
     }
+    let hash: [u8; 32] = Sha256::digest(&image).into();
+    // Named first: the worker's loader takes it before those of the last run.
+    let this = named::load(conn, module, hash);
     let ahead = last_run::take_first(conn, module);
     // Modules of the last run not yet loaded and not being loaded by another thread; their
-    // slots stay locked until their answers are in. Those the server holds go behind.
+    // slots stay locked until their answers are in. Named ones need none; those the server
+    // holds go behind.
     let mut others = Vec::new();
     let mut held_ones = Vec::new();
+    let mut named_ones = 0;
     for m in ahead {
-        if let Ok(other) = m.loaded.try_lock()
+        if let Ok(mut other) = m.loaded.try_lock()
             && other.is_none()
             && let Ok(image) = image_of(conn, m)
         {
             let hash: [u8; 32] = Sha256::digest(&image).into();
-            if server_holds(&conn.server, &hash) == Some(true) {
+            if let Some(loaded) = named::load(conn, m, hash) {
+                *other = Some(loaded);
+                last_run::note(conn, m);
+                named_ones += 1;
+            } else if server_holds(&conn.server, &hash) == Some(true) {
                 held_ones.push((m, hash));
             } else {
                 others.push((m, other, image));
             }
         }
     }
+    if let Some(loaded) = this {
+        // Nothing to wait for: those the server lacks are loaded when first used.
+        behind::ask(conn, &held_ones);
+        tracing::debug!(
+            "modules the last run loaded: {named_ones} named, {} behind, {} when first used",
+            held_ones.len(),
+            others.len()
+        );
+        *slot = Some(loaded.clone());
+        last_run::note(conn, module);
+        return Ok(loaded);
+    }
     let mut images: Vec<&[u8]> = vec![&image];
     images.extend(others.iter().map(|(_, _, i)| i.as_slice()));
     // The loads behind go after this one: the worker starts them once it has loaded this.
     let mut results = load_images_then(conn, &images, || behind::ask(conn, &held_ones)).into_iter();
     let loaded = results.next().unwrap_or(Err(INVALID_IMAGE))?;
-    if !others.is_empty() || !held_ones.is_empty() {
+    if !others.is_empty() || !held_ones.is_empty() || named_ones > 0 {
         let (made, behind) = (others.len(), held_ones.len());
         for ((m, mut other, _), result) in others.into_iter().zip(results) {
             // One that failed is loaded again when the program uses it (and fails then).
@@ -306,11 +330,187 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
                 last_run::note(conn, m);
             }
         }
-        tracing::debug!("modules the last run loaded: {made} went with the first load, {behind} behind it");
+        tracing::debug!(
+            "modules the last run loaded: {named_ones} named, {made} with the first load, {behind} behind it"
+        );
     }
     *slot = Some(loaded.clone());
     last_run::note(conn, module);
     Ok(loaded)
+}
+
+/// Module loads named by the client (`Service::LoadModuleNamed`): what a load answers (its
+/// kernels, their names and parameter layouts) depends only on the image and the server's
+/// driver, so the client keeps each answer (`$XDG_CACHE_HOME/chidori/module-answers/<hash>`,
+/// written at the first load of the image) and, the next time a process needs that image,
+/// names its library, module and kernels itself and sends the load without waiting. The
+/// worker loads it behind the calls; a call passing one of the names waits there for the
+/// load, not here. An image the server's cache has lost is asked of the client
+/// ([`image_asked`]), so a stale record costs a transfer, not an error. A kernel the answer
+/// lists and the image lacks (a record written by another build) gets NOT_FOUND when used.
+/// `CHIDORI_MODULES_NAMED=0` turns it off.
+mod named {
+    use std::collections::HashMap;
+    use std::io::Write;
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+
+    use chidori_protocol::messages::Service;
+
+    use super::{Function, Loaded};
+    use crate::conn::Conn;
+    use crate::registry::Module;
+
+    /// A kernel as an answer lists it: its name and parameter layout.
+    type Kernel = (String, Vec<(u32, u32)>);
+
+    /// The first line of an answer file, before the driver's version.
+    const HEADER: &str = "chidori module answer 1, driver ";
+
+    /// Images of modules loaded by name, by hash: what the server may ask for.
+    static SENT: Mutex<Option<HashMap<[u8; 32], &'static Module>>> = Mutex::new(None);
+
+    fn enabled() -> bool {
+        !std::env::var(chidori_protocol::env::MODULES_NAMED).is_ok_and(|v| v == "0")
+    }
+
+    fn path(hash: &[u8; 32]) -> Option<PathBuf> {
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        Some(chidori_protocol::env::cache_dir()?.join("module-answers").join(hex))
+    }
+
+    /// A kept answer: each kernel's name and parameter layout. None: malformed, or kept
+    /// from a server with another driver.
+    pub(super) fn parse(text: &str, driver: i32) -> Option<Vec<Kernel>> {
+        let mut lines = text.lines();
+        if lines.next()? != format!("{HEADER}{driver}") {
+            return None;
+        }
+        lines
+            .map(|line| {
+                let (name, params) = line.split_once('\t')?;
+                let params = params
+                    .split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| {
+                        let (offset, size) = p.split_once(':')?;
+                        Some((offset.parse().ok()?, size.parse().ok()?))
+                    })
+                    .collect::<Option<Vec<(u32, u32)>>>()?;
+                (!name.is_empty()).then(|| (name.to_owned(), params))
+            })
+            .collect()
+    }
+
+    /// The text of an answer (None: a name a line cannot hold).
+    pub(super) fn format(loaded: &Loaded, driver: i32) -> Option<String> {
+        let mut kernels: Vec<(&String, &Function)> = loaded.kernels.iter().collect();
+        kernels.sort_by_key(|(name, _)| name.as_str());
+        let mut text = format!("{HEADER}{driver}\n");
+        for (name, f) in kernels {
+            if name.is_empty() || name.contains(['\t', '\n', '\r']) {
+                return None;
+            }
+            let params: Vec<String> = f.params.iter().map(|(o, s)| format!("{o}:{s}")).collect();
+            text.push_str(&format!("{name}\t{}\n", params.join(",")));
+        }
+        Some(text)
+    }
+
+    /// Keep the answer of a load of the image of `hash` (once per image and driver).
+    pub fn keep(conn: &Conn, hash: &[u8; 32], loaded: &Loaded) {
+        let driver = conn.profile.driver_version;
+        let Some(path) = path(hash) else { return };
+        if std::fs::read_to_string(&path).is_ok_and(|t| t.lines().next() == Some(&format!("{HEADER}{driver}"))) {
+            return;
+        }
+        let Some(text) = format(loaded, driver) else { return };
+        let write = || -> std::io::Result<()> {
+            let dir = path.parent().ok_or(std::io::ErrorKind::NotFound)?;
+            std::fs::create_dir_all(dir)?;
+            // Whole or not at all: another process may read it meanwhile.
+            let tmp = dir.join(format!(".{}.{}", std::process::id(), crate::conn::thread_id()));
+            std::fs::File::create(&tmp)?.write_all(text.as_bytes())?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            crate::log::once("module answers", || {
+                tracing::warn!("cannot keep a module's kernels in {}: {e}", path.display())
+            });
+        }
+    }
+
+    /// Load `module` (its image's hash `hash`) under the client's names, if an earlier load
+    /// of the image listed its kernels: sent without waiting.
+    pub fn load(conn: &Conn, module: &'static Module, hash: [u8; 32]) -> Option<Arc<Loaded>> {
+        if !enabled() {
+            return None;
+        }
+        let text = std::fs::read_to_string(path(&hash)?).ok()?;
+        let kernels = parse(&text, conn.profile.driver_version)?;
+        let name = crate::state::next_handle_name;
+        let (library, module_name) = (name(), name());
+        let named: Vec<(Kernel, u64)> = kernels.into_iter().map(|k| (k, name())).collect();
+        SENT.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(hash, module);
+        let request = Service::LoadModuleNamed {
+            hash,
+            library,
+            module: module_name,
+            kernels: named.iter().map(|((k, _), n)| (k.clone(), *n)).collect(),
+        };
+        conn.post_service(&request, &[]).ok()?;
+        crate::trace::bytes("(module load, named)", 0, 0, 0, std::time::Duration::ZERO);
+        let kernels = named
+            .into_iter()
+            .map(|((k, params), handle)| {
+                let params: Arc<[(u32, u32)]> = params.into();
+                super::remember(handle, params.clone());
+                crate::state::CLIENT.function_origins.insert(handle, (hash, Arc::from(k.as_str())));
+                (k, Function { handle, params })
+            })
+            .collect();
+        let loaded = Arc::new(Loaded { library, module: module_name, kernels });
+        crate::state::CLIENT.modules.insert(module_name, loaded.clone());
+        Some(loaded)
+    }
+
+    /// The image of `hash`, for a server that asked for it (`Kind::NeedModule`): one this
+    /// process loaded by name. None: no such module.
+    pub fn image_asked(conn: &Conn, hash: &[u8; 32]) -> Option<Vec<u8>> {
+        let module = SENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.get(hash).copied()?;
+        super::image_of(conn, module).ok()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{Function, Loaded};
+        use std::collections::HashMap;
+        use std::sync::Arc;
+
+        #[test]
+        fn answers_read_back_as_written_and_only_for_their_driver() {
+            let kernels: HashMap<String, Function> = [
+                ("_Z3addPfS_i".to_owned(), Function { handle: 1, params: Arc::from(vec![(0, 8), (8, 8), (16, 4)]) }),
+                ("noargs".to_owned(), Function { handle: 2, params: Arc::from(Vec::new()) }),
+            ]
+            .into();
+            let loaded = Loaded { library: 3, module: 4, kernels };
+            let text = super::format(&loaded, 13000).expect("plain names");
+            let back = super::parse(&text, 13000).expect("its own text");
+            assert_eq!(back, vec![("_Z3addPfS_i".into(), vec![(0, 8), (8, 8), (16, 4)]), ("noargs".into(), vec![])]);
+            assert_eq!(super::parse(&text, 12080), None, "another driver's answer is not used");
+            assert_eq!(super::parse(&text.replace("16:4", "16:x"), 13000), None, "a malformed layout");
+            assert_eq!(super::parse(&format!("{text}no tab\n"), 13000), None, "a malformed line");
+            let mut odd = loaded;
+            odd.kernels.insert("a\tb".into(), Function { handle: 5, params: Arc::from(Vec::new()) });
+            assert_eq!(super::format(&odd, 13000), None, "a name a line cannot hold");
+        }
+    }
+}
+
+/// The image of `hash` for a server that asked for it: see `named`.
+pub fn image_asked(conn: &Conn, hash: &[u8; 32]) -> Option<Vec<u8>> {
+    named::image_asked(conn, hash)
 }
 
 /// Modules loaded behind the program's calls (`Service::LoadModuleBehind`): asked with the

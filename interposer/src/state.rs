@@ -595,6 +595,19 @@ pub fn wait_deferred() -> Option<u64> {
     first
 }
 
+/// A new name for a handle the client names itself: a tagged counter, never a user-space
+/// address, so it cannot collide with a handle the library made.
+pub fn next_handle_name() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    chidori_protocol::desc::CLIENT_NAME_TAG | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether `handle` is a name this client made (not a handle the library returned: the
+/// worker names those with ids under another tag).
+pub fn is_client_name(handle: u64) -> bool {
+    handle & chidori_protocol::desc::HANDLE_TAG_MASK == chidori_protocol::desc::CLIENT_NAME_TAG
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

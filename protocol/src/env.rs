@@ -100,6 +100,10 @@ pub const CONTENT_CACHE: &str = "CHIDORI_CONTENT_CACHE";
 /// the same command loaded (interposer, `docs/ahead.md`).
 pub const MODULES_AHEAD: &str = "CHIDORI_MODULES_AHEAD";
 
+/// `0` turns off module loads named by the client: a module whose kernels an earlier load
+/// of the same image listed is loaded without waiting (interposer, `docs/ahead.md`).
+pub const MODULES_NAMED: &str = "CHIDORI_MODULES_NAMED";
+
 /// `0` turns off answers learned in earlier sessions (interposer, `docs/ahead.md`).
 pub const LEARNED: &str = "CHIDORI_LEARNED";
 

@@ -67,6 +67,13 @@ pub enum Kind {
     /// number `seq`) is the next frame on bulk lane `call` ([`crate::messages::ResumeRequest`]
     /// with a lane), read from there in its place. No archive.
     Lane = 20,
+    /// Server → client: the image of a module the client loaded by name
+    /// (`Service::LoadModuleNamed`) is not in the server's module cache; the client sends it
+    /// ([`Kind::ModuleImage`]). Archive: [`crate::messages::ModuleImage`].
+    NeedModule = 21,
+    /// Client → server, answering [`Kind::NeedModule`], outside the call order: the image is
+    /// the bulk (none where the client cannot tell it). Archive: [`crate::messages::ModuleImage`].
+    ModuleImage = 22,
 }
 
 impl Kind {
@@ -92,6 +99,8 @@ impl Kind {
             18 => Kind::Resumed,
             19 => Kind::Output,
             20 => Kind::Lane,
+            21 => Kind::NeedModule,
+            22 => Kind::ModuleImage,
             _ => return None,
         })
     }

@@ -24,7 +24,9 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (29: captures begun without
+/// Bumped on any incompatible change to frames or messages (30: module loads named by
+/// the client, `Service::LoadModuleNamed`, their images pulled from the client where the
+/// server lacks them, `Kind::NeedModule`/`Kind::ModuleImage`; 29: captures begun without
 /// waiting, named by the client, `Service::CaptureNamed`, and frees of placed memory on
 /// an idle device without an answer, `Service::WindowFree`; 28: module loads behind the
 /// calls, `Service::LoadModuleBehind`; 27: the nodes of the graph a
@@ -35,4 +37,4 @@ pub use rkyv;
 /// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
 /// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
 /// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 29;
+pub const PROTOCOL_VERSION: u16 = 30;

@@ -214,6 +214,13 @@ pub struct MirrorChanges {
 /// The most status values one `Service::StatusTexts` may name.
 pub const MAX_STATUS_TEXTS: usize = 4096;
 
+/// The module image of `hash`: asked for by the server ([`crate::frame::Kind::NeedModule`]),
+/// sent by the client in the bulk ([`crate::frame::Kind::ModuleImage`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModuleImage {
+    pub hash: [u8; 32],
+}
+
 /// Client → server: the host callback of `token` returned.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct HostCallbackDone {
@@ -268,6 +275,14 @@ pub enum Service {
     /// thread's executor, so that those calls need not wait for it (the modules an earlier
     /// run loaded, asked for ahead of their use). Answered like `LoadModule`, when loaded.
     LoadModuleBehind { hash: [u8; 32] },
+    /// Load the module of `hash` behind the thread's later calls, as `LoadModuleBehind`,
+    /// under the client's names: `library`, `module`, and each kernel's (by its name) as an
+    /// earlier load of the same image answered them. Not answered: a call that passes one of
+    /// these names waits on the server for the load, and gets the load's failure (or
+    /// NOT_FOUND for a kernel the image lacks). An image the server's module cache lacks is
+    /// asked of the client ([`crate::frame::Kind::NeedModule`]). A name already taken ends
+    /// the session.
+    LoadModuleNamed { hash: [u8; 32], library: u64, module: u64, kernels: Vec<(String, u64)> },
     /// Address and size of a `__device__`/`__constant__` variable of a loaded module.
     Global { module: u64, name: String },
     /// Parameter layout of a function (from cuModuleGetFunction).

@@ -5,8 +5,10 @@
 //! looked up by its kind: a wrong, stale or foreign value is an error reply, never a
 //! dereference.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::{HANDLE_TAG_MASK as TAG_MASK, HandleKind};
@@ -21,8 +23,8 @@ pub struct Handles {
     /// (kind, the library's handle) → the client's value for it, so that a handle the
     /// library hands out again (the current context, a node of a capture) keeps its name.
     values: HashMap<(HandleKind, u64), u64>,
-    /// The next id's counter (ids are unique across kinds).
-    next: u64,
+    /// Handles named off the executors (the next id's counter is there too).
+    landing: Arc<Landing>,
     stream_kind: Option<HandleKind>,
     /// Handles named before the library was asked for them: (kind, the client's value) →
     /// what finds them. A module's kernels become functions when first used, as a
@@ -41,6 +43,94 @@ pub struct Pending {
     pub context: u64,
 }
 
+/// Handles named where the table's lock may not be taken: a module loaded on the session's
+/// loader thread names its library, module and kernels here, and the table takes them in
+/// when it next looks a handle up. The loader never takes the table's lock, since an
+/// executor holds it while it waits for a load: a call that passes a name the client gave
+/// a module load (`Service::LoadModuleNamed`) before the load is done waits for it
+/// ([`Landing::expect`]); one whose load failed gets the load's status.
+#[derive(Default)]
+pub struct Landing {
+    state: Mutex<Arrivals>,
+    landed: Condvar,
+    /// Whether `state.arrived` holds anything (read without the lock on every lookup).
+    news: AtomicBool,
+    /// The next id's counter (ids are unique across kinds).
+    next: AtomicU64,
+}
+
+#[derive(Default)]
+struct Arrivals {
+    arrived: Vec<(HandleKind, u64, Entry)>,
+    /// Names whose load is not done.
+    awaited: HashSet<u64>,
+    /// Names whose load failed: the status and message every call passing one gets.
+    failed: HashMap<u64, (i64, String)>,
+}
+
+/// What a name landing stands for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Entry {
+    Real(u64),
+    Pending(Pending),
+}
+
+/// How long a call waits for the load of a name it passes (a load whose image is asked of
+/// the client takes that transfer's time too).
+const LOAD_WAIT: Duration = Duration::from_secs(300);
+
+impl Landing {
+    /// A new id of the worker's (what [`Handles::insert`] gives).
+    pub fn next_id(&self) -> u64 {
+        ID_TAG | (self.next.fetch_add(1, Ordering::Relaxed) & !TAG_MASK)
+    }
+
+    /// Calls passing any of `names` wait until [`Landing::arrive`] names them.
+    pub fn expect(&self, names: &[u64]) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.awaited.extend(names.iter().copied());
+    }
+
+    /// Names land: `entries` are handles from now on, `failed` names get their status and
+    /// message; calls waiting for any of `done` go on.
+    pub fn arrive(&self, entries: Vec<(HandleKind, u64, Entry)>, failed: Vec<(u64, (i64, String))>, done: &[u64]) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.arrived.extend(entries);
+        state.failed.extend(failed);
+        for name in done {
+            state.awaited.remove(name);
+        }
+        self.news.store(true, Ordering::Release);
+        drop(state);
+        self.landed.notify_all();
+    }
+
+    fn awaits(&self, name: u64) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).awaited.contains(&name)
+    }
+
+    /// Wait until `name`'s load is done. False: it was never awaited, or the wait ran out.
+    fn wait_for(&self, name: u64) -> bool {
+        let deadline = Instant::now() + LOAD_WAIT;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.awaited.contains(&name) {
+            return false;
+        }
+        while state.awaited.contains(&name) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = self.landed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
+    }
+
+    fn failure(&self, name: u64) -> Option<(i64, String)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).failed.get(&name).cloned()
+    }
+}
+
 /// What a pending handle without a finder is answered with.
 const NOT_FOUND: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND as i64;
 
@@ -56,10 +146,12 @@ impl Default for Handles {
 impl Handles {
     pub fn new() -> Handles {
         let stream_kind = KINDS.iter().position(|k| *k == "CUstream_st").map(|i| i as HandleKind);
+        let landing = Landing::default();
+        landing.next.store(1, Ordering::Relaxed);
         Handles {
             names: HashMap::new(),
             values: HashMap::new(),
-            next: 1,
+            landing: Arc::new(landing),
             stream_kind,
             pending: HashMap::new(),
             finder: None,
@@ -71,6 +163,50 @@ impl Handles {
         Handles { finder: Some(finder), ..Handles::new() }
     }
 
+    /// Where names made off the executors land (see [`Landing`]).
+    pub fn landing(&self) -> Arc<Landing> {
+        self.landing.clone()
+    }
+
+    /// Take in the names that landed.
+    fn land(&mut self) {
+        if !self.landing.news.load(Ordering::Acquire) {
+            return;
+        }
+        let arrived = {
+            let mut state = self.landing.state.lock().unwrap_or_else(|p| p.into_inner());
+            self.landing.news.store(false, Ordering::Release);
+            std::mem::take(&mut state.arrived)
+        };
+        for (kind, name, entry) in arrived {
+            match entry {
+                Entry::Real(real) => {
+                    self.names.insert((kind, name), real);
+                    if real != 0 {
+                        self.values.entry((kind, real)).or_insert(name);
+                    }
+                }
+                Entry::Pending(p) => {
+                    self.pending.insert((kind, name), p);
+                }
+            }
+        }
+    }
+
+    /// Name `name` as what `value` (a handle of `kind` of this session) stands for: the
+    /// same library handle, or the same pending one. False: `value` is neither.
+    pub fn alias(&mut self, kind: HandleKind, name: u64, value: u64) -> bool {
+        self.land();
+        if let Some(&real) = self.names.get(&(kind, value)) {
+            self.names.insert((kind, name), real);
+            return true;
+        }
+        if let Some(&p) = self.pending.get(&(kind, value)) {
+            self.pending.insert((kind, name), p);
+            return true;
+        }
+        false
+    }
     /// Values that stand for themselves: NULL (the library decides what it means: "default"
     /// for some handles, an error it reports for others) and the stream sentinels
     /// cudaStreamLegacy (1) and cudaStreamPerThread (2).
@@ -86,17 +222,31 @@ impl Handles {
 
     /// Whether `value` names a live handle of `kind` itself (not of a kind it accepts),
     /// found or pending.
-    pub fn owns(&self, kind: HandleKind, value: u64) -> bool {
+    pub fn owns(&mut self, kind: HandleKind, value: u64) -> bool {
+        self.land();
         self.names.contains_key(&(kind, value)) || self.pending.contains_key(&(kind, value))
     }
 
     /// The library's handle for `value` passed as a `kind`: a handle of the kind, or of a
     /// kind it accepts, or a literal; a pending one is found now. None: not a handle of
     /// this session, or one the library could not find (see [`Handles::find`]).
+    /// A name whose module load is not done yet is waited for here.
     pub fn resolve(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
         if self.is_literal(kind, value) {
             return Some(value);
         }
+        self.land();
+        if let Some(real) = self.resolve_now(kind, value) {
+            return Some(real);
+        }
+        if self.landing.wait_for(value) {
+            self.land();
+            return self.resolve_now(kind, value);
+        }
+        None
+    }
+
+    fn resolve_now(&mut self, kind: HandleKind, value: u64) -> Option<u64> {
         let kinds = std::iter::once(kind).chain(ACCEPTS.iter().filter(|&&(k, _)| k == kind).map(|&(_, other)| other));
         for k in kinds {
             if let Some(real) = self.names.get(&(k, value)) {
@@ -112,8 +262,15 @@ impl Handles {
     /// Find `value` of `kind` if it is pending: Ok(Some(the library's handle)), kept from
     /// now on; Ok(None): not pending; Err: the library's status and message (it stays
     /// pending, to be tried again).
+    /// A name whose module load failed: Err with the load's status.
     pub fn find(&mut self, kind: HandleKind, value: u64) -> Result<Option<u64>, (i64, String)> {
-        let Some(&pending) = self.pending.get(&(kind, value)) else { return Ok(None) };
+        self.land();
+        let Some(&pending) = self.pending.get(&(kind, value)) else {
+            return match self.landing.failure(value) {
+                Some(failed) => Err(failed),
+                None => Ok(None),
+            };
+        };
         let Some(finder) = &self.finder else {
             return Err((NOT_FOUND, format!("{value:#x}: no way to find a pending {}", Self::name(kind))));
         };
@@ -132,14 +289,17 @@ impl Handles {
     }
 
     fn next_id(&mut self) -> u64 {
-        let id = ID_TAG | (self.next & !TAG_MASK);
-        self.next += 1;
-        id
+        self.landing.next_id()
     }
 
-    /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids).
-    pub fn name_free(&self, kind: HandleKind, name: u64) -> bool {
-        name != 0 && name & TAG_MASK != ID_TAG && !self.owns(kind, name)
+    /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids,
+    /// nor a name a module load is to give or failed to give).
+    pub fn name_free(&mut self, kind: HandleKind, name: u64) -> bool {
+        name != 0
+            && name & TAG_MASK != ID_TAG
+            && !self.owns(kind, name)
+            && !self.landing.awaits(name)
+            && self.landing.failure(name).is_none()
     }
 
     /// Record the client's `name` for the library's handle `real`.
@@ -156,6 +316,7 @@ impl Handles {
         if self.is_literal(kind, real) {
             return real;
         }
+        self.land();
         if let Some(&value) = self.values.get(&(kind, real)) {
             return value;
         }
@@ -166,14 +327,16 @@ impl Handles {
     }
 
     /// The client's value for the library's handle `real` of `kind`, if it has one.
-    pub fn known(&self, kind: HandleKind, real: u64) -> Option<u64> {
+    pub fn known(&mut self, kind: HandleKind, real: u64) -> Option<u64> {
         if self.is_literal(kind, real) {
             return Some(real);
         }
+        self.land();
         self.values.get(&(kind, real)).copied()
     }
 
     pub fn remove(&mut self, kind: HandleKind, value: u64) {
+        self.land();
         self.pending.remove(&(kind, value));
         if let Some(real) = self.names.remove(&(kind, value))
             && self.values.get(&(kind, real)) == Some(&value)
@@ -184,7 +347,8 @@ impl Handles {
 
     /// The `n`-th live handle of `kind` as the client names it (modulo their number), for
     /// fuzzing.
-    pub fn pick(&self, kind: HandleKind, n: u64) -> Option<u64> {
+    pub fn pick(&mut self, kind: HandleKind, n: u64) -> Option<u64> {
+        self.land();
         let mut live: Vec<u64> =
             self.names.keys().chain(self.pending.keys()).filter(|(k, _)| *k == kind).map(|(_, v)| *v).collect();
         if live.is_empty() {
@@ -276,6 +440,47 @@ mod tests {
         let mut plain = Handles::new();
         let p = plain.insert_pending(func, Pending { kernel: 1, context: 2 });
         assert!(plain.find(func, p).is_err() && plain.resolve(func, p).is_none(), "no finder: never found");
+    }
+
+    /// A name a module load is to give is not free, and a call passing it waits until the
+    /// load lands it (from another thread, without the table's lock); a name whose load
+    /// failed gets that failure.
+    #[test]
+    fn names_of_a_load_behind_are_waited_for_and_failures_kept() {
+        let func = kind("CUfunc_st");
+        let mut h = Handles::new();
+        let landing = h.landing();
+        let (name, lost) = (CLIENT_NAME_TAG | 5, CLIENT_NAME_TAG | 6);
+        assert!(h.name_free(func, name));
+        landing.expect(&[name, lost]);
+        assert!(!h.name_free(func, name), "awaited");
+        let loader = {
+            let landing = landing.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                let id = landing.next_id();
+                landing.arrive(vec![(func, name, Entry::Real(0x9000)), (func, id, Entry::Real(0x9100))], vec![], &[]);
+                landing.arrive(vec![], vec![(lost, (500, "module has no kernel k".into()))], &[name, lost]);
+                id
+            })
+        };
+        let start = Instant::now();
+        assert_eq!(h.resolve(func, name), Some(0x9000), "waited for the load");
+        assert!(start.elapsed() >= Duration::from_millis(90));
+        let id = loader.join().unwrap();
+        assert_eq!(id & TAG_MASK, ID_TAG);
+        assert_eq!(h.resolve(func, id), Some(0x9100), "an id the loader gave");
+        assert_eq!(h.insert(func, 0x9100), id, "its library handle keeps that id");
+        assert_eq!(h.resolve(func, lost), None);
+        assert_eq!(h.find(func, lost), Err((500, "module has no kernel k".into())));
+        assert!(!h.name_free(func, lost), "a failed name is not given again");
+        let start = Instant::now();
+        assert_eq!(h.resolve(func, CLIENT_NAME_TAG | 7), None, "a name never awaited is not waited for");
+        assert!(start.elapsed() < Duration::from_millis(50));
+        let mut other = Handles::new();
+        assert!(!other.alias(func, CLIENT_NAME_TAG | 8, CLIENT_NAME_TAG | 9), "nothing to alias");
+        let p = other.insert_pending(func, Pending { kernel: 1, context: 2 });
+        assert!(other.alias(func, CLIENT_NAME_TAG | 8, p) && other.owns(func, CLIENT_NAME_TAG | 8), "a pending alias");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::auth::Security;
 use crate::backend::{Backend, HostFn, KernelHandle};
 use crate::cache::{self, ModuleCache};
 use crate::call_checks::{self, CallChecks};
-use crate::handles::{Handles, Pending};
+use crate::handles::{Entry, Handles, Landing, Pending};
 use crate::io::{ReadError, Sink, Writer, read_frame};
 use crate::lanes::Lanes;
 use crate::memory::{self, Effect, Memory, Origin, Size};
@@ -78,6 +78,10 @@ struct Loaded {
 struct Session {
     backend: Arc<dyn Backend>,
     handles: Mutex<Handles>,
+    /// Where the loader thread names what it loaded (the handle table's, see [`Landing`]).
+    landing: Arc<Landing>,
+    /// Module images asked of the client (`Kind::NeedModule`): where each goes when it comes.
+    pulls: Mutex<HashMap<[u8; 32], mpsc::Sender<Vec<u8>>>>,
     /// (client thread, stream as the client names it) → the graph, as the client names it,
     /// that the thread's last successful end of a capture on the stream made
     /// (`GraphList::Ended`).
@@ -145,6 +149,10 @@ const INVALID_VALUE: i64 = chidori_cuda::consts::cudaError::cudaErrorInvalidValu
 /// the same value in both APIs); also what a status-text request the server cannot answer gets.
 const INVALID_HANDLE: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_HANDLE as i64;
 const _: () = assert!(INVALID_HANDLE == chidori_cuda::consts::cudaError::cudaErrorInvalidResourceHandle as i64);
+/// A kernel a module lacks, or a module the server could not get (cudaErrorSymbolNotFound,
+/// CUDA_ERROR_NOT_FOUND).
+const NOT_FOUND: i64 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND as i64;
+const _: () = assert!(NOT_FOUND == chidori_cuda::consts::cudaError::cudaErrorSymbolNotFound as i64);
 
 /// Why a session ends badly: the frame or call that broke the protocol.
 #[derive(Debug)]
@@ -304,8 +312,11 @@ pub fn run(
         None => Resumable::plain(reader, writer.clone()),
     };
 
+    let handles = Handles::with_finder(module_functions(&backend));
     let session = Arc::new(Session {
-        handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
+        landing: handles.landing(),
+        handles: Mutex::new(handles),
+        pulls: Mutex::new(HashMap::new()),
         backend,
         ended: Mutex::new(HashMap::new()),
         capture_ids: Mutex::new(HashMap::new()),
@@ -544,6 +555,16 @@ fn receive(
                     }
                     None => bail!("completion of unknown host callback {}", done.token),
                 }
+            }
+            Kind::ModuleImage => {
+                let image: messages::ModuleImage = messages::decode(&frame, "module image")?;
+                let Some(tx) = lock(&session.pulls).remove(&image.hash) else {
+                    bail!("the client sent module {}, which the server did not ask for", cache::hex(&image.hash))
+                };
+                if !frame.bulk.is_empty() && cache::sha256(&frame.bulk) != image.hash {
+                    bail!("the client sent module {} with other bytes", cache::hex(&image.hash));
+                }
+                let _ = tx.send(frame.bulk.to_vec());
             }
             Kind::Goodbye => return Ok(()),
             other => bail!("unexpected {other:?} frame from the client"),
@@ -1812,8 +1833,11 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(backend: Arc<dyn Backend>, memory_quota: Option<u64>) -> Harness {
+        let handles = Handles::with_finder(module_functions(&backend));
         let session = Arc::new(Session {
-            handles: Mutex::new(Handles::with_finder(module_functions(&backend))),
+            landing: handles.landing(),
+            handles: Mutex::new(handles),
+            pulls: Mutex::new(HashMap::new()),
             backend,
             ended: Mutex::new(HashMap::new()),
             capture_ids: Mutex::new(HashMap::new()),
@@ -2082,6 +2106,9 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Service::GraphLoop(request) => graph_loop(session, frame, request),
         Service::LoadModule { hash } => load_known(session, hash, None),
         Service::LoadModuleBehind { hash } => return load_behind(session, frame, hash),
+        Service::LoadModuleNamed { hash, library, module, kernels } => {
+            return load_named(session, hash, library, module, kernels);
+        }
         Service::UploadModule { hash } => {
             if cache::sha256(&frame.bulk) != hash {
                 return Err(Fatal("uploaded module does not match its hash".into()));
@@ -2683,6 +2710,34 @@ fn queue_load(session: &Session, job: LoadJob) -> Result<(), LoadJob> {
 /// Load `image` (of `hash`) for the session: on the executor, in its current context, or
 /// (`context`) on the loader thread, in that context.
 fn load(session: &Session, hash: [u8; 32], image: &[u8], context: Option<u64>) -> ServiceReply {
+    match load_as(session, hash, image, context, None) {
+        Ok(loaded) => module_reply(&loaded),
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
+}
+
+/// The client's names for a module load (`Service::LoadModuleNamed`).
+struct Names {
+    library: u64,
+    module: u64,
+    kernels: HashMap<String, u64>,
+}
+
+impl Names {
+    fn all(&self) -> Vec<u64> {
+        [self.library, self.module].into_iter().chain(self.kernels.values().copied()).collect()
+    }
+}
+
+/// [`load`], named by the client (`names`) or by the worker: the names land through the
+/// handle table's [`Landing`], so that the loader thread never takes the table's lock.
+fn load_as(
+    session: &Session,
+    hash: [u8; 32],
+    image: &[u8],
+    context: Option<u64>,
+    names: Option<&Names>,
+) -> Result<Loaded, (i64, String)> {
     let started = std::time::Instant::now();
     let loaded = match context {
         Some(context) => session.backend.load_module_in(image, context),
@@ -2701,49 +2756,205 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8], context: Option<u64>) -
             t.entry("(kernels found at their module's load)").or_default().0 += eager as u64;
         }
     }
-    match loaded {
-        Ok(m) => {
-            // The client knows the module, its library and its kernels by the session's
-            // names; a kernel's function is found when first used (Handles::find).
-            use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
-            let mut handles = lock(&session.handles);
-            let kernels: Vec<KernelInfo> = m
-                .kernels
-                .into_iter()
-                .map(|k| {
-                    let handle = match k.handle {
-                        KernelHandle::Function(f) => handles.insert(CUfunc_st, f),
-                        KernelHandle::Kernel(kernel) => {
-                            handles.insert_pending(CUfunc_st, Pending { kernel, context: m.context })
-                        }
-                    };
-                    KernelInfo { name: k.name, handle, params: k.params }
-                })
-                .collect();
-            let module = handles.insert(CUmod_st, m.module);
-            let library = handles.insert(CUlib_st, m.library);
-            drop(handles);
-            let loaded = Loaded { library, module, kernels };
-            {
-                let mut layouts = lock(&session.layouts);
-                for k in &loaded.kernels {
-                    layouts.insert(k.handle, Arc::new(k.params.clone()));
-                }
-            }
-            lock(&session.libraries).insert(library);
-            tracing::debug!(
-                target: TIMING_TARGET,
-                "module {} loaded: {} bytes, {} kernels, {:.1} ms",
-                cache::hex(&hash),
-                image.len(),
-                loaded.kernels.len(),
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            let reply = module_reply(&loaded);
-            lock(&session.modules).insert(hash, loaded);
-            reply
+    let m = loaded?;
+    // The client knows the module, its library and its kernels by its own names or the
+    // session's ids; a kernel's function is found when first used (Handles::find).
+    use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
+    let landing = &session.landing;
+    let mut entries = Vec::with_capacity(m.kernels.len() + 2);
+    let mut name = |kind, entry, given: Option<u64>| {
+        let name = given.unwrap_or_else(|| landing.next_id());
+        entries.push((kind, name, entry));
+        name
+    };
+    let kernels: Vec<KernelInfo> = m
+        .kernels
+        .into_iter()
+        .map(|k| {
+            let entry = match k.handle {
+                KernelHandle::Function(f) => Entry::Real(f),
+                KernelHandle::Kernel(kernel) => Entry::Pending(Pending { kernel, context: m.context }),
+            };
+            let handle = name(CUfunc_st, entry, names.and_then(|n| n.kernels.get(&k.name).copied()));
+            KernelInfo { name: k.name, handle, params: k.params }
+        })
+        .collect();
+    let module = name(CUmod_st, Entry::Real(m.module), names.map(|n| n.module));
+    let library = name(CUlib_st, Entry::Real(m.library), names.map(|n| n.library));
+    landing.arrive(entries, Vec::new(), &[]);
+    let loaded = Loaded { library, module, kernels };
+    {
+        let mut layouts = lock(&session.layouts);
+        for k in &loaded.kernels {
+            layouts.insert(k.handle, Arc::new(k.params.clone()));
         }
-        Err((status, message)) => ServiceReply::Error { status, message },
+    }
+    lock(&session.libraries).insert(library);
+    tracing::debug!(
+        target: TIMING_TARGET,
+        "module {} loaded: {} bytes, {} kernels, {:.1} ms",
+        cache::hex(&hash),
+        image.len(),
+        loaded.kernels.len(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    lock(&session.modules).insert(hash, loaded.clone());
+    Ok(loaded)
+}
+
+/// A module loaded behind the calls under the client's names (`Service::LoadModuleNamed`):
+/// one this session loaded is named at once; another is loaded on the loader thread, as
+/// [`load_behind`] does, and calls that pass its names wait for it there. Err: a name that
+/// is not free (a client that breaks the protocol).
+fn load_named(
+    session: &Arc<Session>,
+    hash: [u8; 32],
+    library: u64,
+    module: u64,
+    kernels: Vec<(String, u64)>,
+) -> Result<(), Fatal> {
+    use chidori_cuda::handles::kind::{CUfunc_st, CUlib_st, CUmod_st};
+    let count = kernels.len();
+    let names = Names { library, module, kernels: kernels.into_iter().collect() };
+    let all = names.all();
+    {
+        let mut handles = lock(&session.handles);
+        let kinds = [CUlib_st, CUmod_st].into_iter().chain(std::iter::repeat(CUfunc_st));
+        let unique: std::collections::HashSet<u64> = all.iter().copied().collect();
+        let free = unique.len() == all.len() && names.kernels.len() == count;
+        if !free || !kinds.zip(&all).all(|(kind, &name)| handles.name_free(kind, name)) {
+            return Err(Fatal(format!(
+                "the client named a load of module {} with names that are taken or repeated",
+                cache::hex(&hash)
+            )));
+        }
+    }
+    let known = lock(&session.modules).get(&hash).cloned();
+    if let Some(m) = known {
+        let mut failed = Vec::new();
+        let mut handles = lock(&session.handles);
+        let mut named = handles.alias(CUlib_st, library, m.library) && handles.alias(CUmod_st, module, m.module);
+        let mut layouts = lock(&session.layouts);
+        for (kernel, &name) in &names.kernels {
+            match m.kernels.iter().find(|k| &k.name == kernel) {
+                Some(k) => {
+                    named &= handles.alias(CUfunc_st, name, k.handle);
+                    layouts.insert(name, Arc::new(k.params.clone()));
+                }
+                None => failed.push((name, missing_kernel(&hash, kernel))),
+            }
+        }
+        drop((handles, layouts));
+        if !named {
+            return Err(Fatal(format!("module {} of this session lost its handles", cache::hex(&hash))));
+        }
+        lock(&session.libraries).insert(library);
+        session.landing.arrive(Vec::new(), failed, &[]);
+        return Ok(());
+    }
+    session.landing.expect(&all);
+    // Whatever happens to the job (run, or dropped with the session), the names land.
+    let done = Awaited { landing: session.landing.clone(), names: all, failed: Vec::new() };
+    let context = session.backend.current_context();
+    let s = session.clone();
+    let job: LoadJob = Box::new(move || {
+        let mut done = done;
+        done.failed = named_load(&s, hash, context, &names);
+    });
+    if let Err(job) = queue_load(session, job) {
+        job();
+    }
+    Ok(())
+}
+
+/// The names of a load asked for: they land when this is dropped, `failed` with their
+/// status, the others with the load (or as failed, where the load never ran).
+struct Awaited {
+    landing: Arc<Landing>,
+    names: Vec<u64>,
+    failed: Vec<(u64, (i64, String))>,
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        self.landing.arrive(Vec::new(), std::mem::take(&mut self.failed), &self.names);
+    }
+}
+
+fn missing_kernel(hash: &[u8; 32], kernel: &str) -> (i64, String) {
+    (NOT_FOUND, format!("module {} has no kernel {kernel}", cache::hex(hash)))
+}
+
+/// How long the loader waits for a module image asked of the client.
+const PULL_WAIT: Duration = Duration::from_secs(120);
+
+/// The loader thread's part of [`load_named`]: the image from the module cache (or the
+/// client), loaded and named. The names that failed, with their status.
+fn named_load(session: &Session, hash: [u8; 32], context: u64, names: &Names) -> Vec<(u64, (i64, String))> {
+    let fail_all =
+        |status: i64, message: String| names.all().into_iter().map(|n| (n, (status, message.clone()))).collect();
+    if session.closing.load(Ordering::SeqCst) {
+        return fail_all(NOT_FOUND, "the session is closing".into());
+    }
+    let _call = crate::fatal::running("a module load behind the calls");
+    let (image, pulled) = match session.module_cache.as_ref().and_then(|c| c.get(&hash)) {
+        Some(image) => (image, false),
+        None => match pull_image(session, hash) {
+            Ok(image) => (image, true),
+            Err(e) => {
+                tracing::warn!("a module load the client named: {e}");
+                return fail_all(NOT_FOUND, e);
+            }
+        },
+    };
+    match load_as(session, hash, &image, Some(context), Some(names)) {
+        Ok(loaded) => {
+            // Only an image the driver loaded is kept for later sessions.
+            if let (true, Some(c)) = (pulled, &session.module_cache) {
+                c.put(&hash, &image);
+            }
+            let have: std::collections::HashSet<&str> = loaded.kernels.iter().map(|k| k.name.as_str()).collect();
+            names
+                .kernels
+                .iter()
+                .filter(|(kernel, _)| !have.contains(kernel.as_str()))
+                .map(|(kernel, &name)| (name, missing_kernel(&hash, kernel)))
+                .collect()
+        }
+        Err((status, message)) => fail_all(status, format!("loading module {}: {message}", cache::hex(&hash))),
+    }
+}
+
+/// The image of `hash`, asked of the client (`Kind::NeedModule`, answered outside the call
+/// order by `Kind::ModuleImage`, which [`receive`] hands over).
+fn pull_image(session: &Session, hash: [u8; 32]) -> Result<Vec<u8>, String> {
+    let (tx, rx) = mpsc::channel();
+    lock(&session.pulls).insert(hash, tx);
+    let asked = session
+        .writer
+        .send(Header::new(Kind::NeedModule, 0, 0, 0), &messages::encode(&messages::ModuleImage { hash }), &[])
+        .map_err(|e| format!("asking the client for module {}: {e}", cache::hex(&hash)));
+    let deadline = std::time::Instant::now() + PULL_WAIT;
+    let image = asked.and_then(|()| {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(image) => break Ok(image),
+                Err(_) if session.closing.load(Ordering::SeqCst) => break Err("the session is closing".to_owned()),
+                Err(_) if std::time::Instant::now() >= deadline => {
+                    break Err(format!(
+                        "the client did not send module {} within {} s",
+                        cache::hex(&hash),
+                        PULL_WAIT.as_secs()
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
+    });
+    lock(&session.pulls).remove(&hash);
+    match image? {
+        image if image.is_empty() => Err(format!("the client no longer has module {}", cache::hex(&hash))),
+        image => Ok(image),
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use chidori_cuda::status;
 use chidori_protocol::codec;
-use chidori_protocol::desc::{CLIENT_NAME_TAG as NAME_TAG, CallDesc, Dir, HANDLE_TAG_MASK, Ret, Wire};
+use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
 use chidori_protocol::frame::{self, Header, Kind};
 use chidori_protocol::messages::{self, COMPRESS_MAX, COMPRESS_MIN, COMPRESSED_FLAG, CONTENT_FLAG, Call};
 
@@ -199,18 +199,7 @@ unsafe fn host_scalar<'a>(addr: u64, bytes: usize) -> Cow<'a, [u8]> {
     Cow::Owned(owned)
 }
 
-/// A new name for a handle the client names itself: a tagged counter, never a user-space
-/// address, so it cannot collide with a handle the library made.
-pub fn next_handle_name() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NAME_TAG | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Whether `handle` is a name this client made (not a handle the library returned: the
-/// worker names those with ids under another tag).
-pub fn is_client_name(handle: u64) -> bool {
-    handle & HANDLE_TAG_MASK == NAME_TAG
-}
+pub use crate::state::{is_client_name, next_handle_name};
 
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.
 ///
