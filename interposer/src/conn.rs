@@ -1354,8 +1354,10 @@ fn handle(conn: &Arc<Conn>, frame: &Frame) -> Result<(), String> {
             if let Some(m) = &err.message {
                 crate::log::once_owned(m, || tracing::warn!("server, for a call sent without waiting: {m}"));
             }
-            conn.defer_error(library, err.status);
+            // What the client knew of captures goes first: a thread that takes the deferred
+            // status must not find a capture's answer from before the failure.
             crate::state::CLIENT.ahead.captures.failed();
+            conn.defer_error(library, err.status);
         }
         Kind::ServiceReply => {
             let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);

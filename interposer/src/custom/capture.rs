@@ -84,20 +84,17 @@ fn begins_surely(args: &[u64], stream: u64, runtime: bool) -> bool {
 /// (`Service::CaptureNamed`, right behind the begin on the same thread), so the capture's
 /// status, id and graph are known at once (torch asks for the id right after it begins).
 fn begin_unwaited(conn: &conn::Conn, desc: &'static CallDesc, args: &[u64], stream: u64) -> Result<u32, u32> {
+    // Begun (and its answer kept) before it is sent: a failure on the server may come back
+    // before this thread goes on, and it must find the capture to end what was kept.
     let before = captures().epoch();
-    // SAFETY: a begin's arguments are values (a stream, a mode).
-    let status = unsafe { crate::runtime::call_on(conn, desc, args) } as u32;
-    if status != SUCCESS {
-        captures().changed();
-        return Ok(status);
-    }
     let (id, graph) = (crate::runtime::next_handle_name(), crate::runtime::next_handle_name());
-    if conn.post_service(&messages::Service::CaptureNamed { stream, id, graph }, &[]).is_err() {
-        captures().changed();
-        return Ok(status);
-    }
     captures().began(stream);
     captures().learn(key(stream), before + 1, (ACTIVE, id, graph));
+    // SAFETY: a begin's arguments are values (a stream, a mode).
+    let status = unsafe { crate::runtime::call_on(conn, desc, args) } as u32;
+    if status != SUCCESS || conn.post_service(&messages::Service::CaptureNamed { stream, id, graph }, &[]).is_err() {
+        captures().ended(stream);
+    }
     Ok(status)
 }
 
