@@ -4567,9 +4567,13 @@ fn function_attributes_learned_in_one_process_answer_the_next() {
          }}\n",
         bytes.join(",")
     );
-    let server = server();
+    let dir = chidori_tests::scratch("function-attributes");
+    let modules = dir.join("module-cache");
+    let server =
+        EmulatedServer::start_args(&chidori(), Some(&profile()), &["--module-cache", modules.to_str().unwrap()])
+            .expect("starting an emulated server");
     let exe = program_with("function_attributes", &source, &["-l:libcuda.so.1"]);
-    let cache = chidori_tests::scratch("function-attributes-cache");
+    let cache = dir.join("client-cache");
     let _ = std::fs::remove_dir_all(&cache);
     let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
     assert_eq!(first.trim(), "threads 1024 regs 0 shared 49152 then 100000", "{stderr}");
@@ -4583,6 +4587,15 @@ fn function_attributes_learned_in_one_process_answer_the_next() {
     assert_eq!(second, first, "{stderr}");
     assert_eq!(trace_row(&stderr, "cuFuncGetAttribute"), ["5", "0"], "learned in the first process: {stderr}");
     assert!(!stderr.contains("answered differently"), "{stderr}");
+    // The image the program passed is loaded under the client's names, without waiting;
+    // where the server's cache lost it, the worker asks the client for the copy it kept.
+    assert_eq!(module_load_row(&stderr), (0, 0), "{stderr}");
+    assert_eq!(trace_row(&stderr, "(module load, named)"), ["1", "0"], "{stderr}");
+    std::fs::remove_dir_all(&modules).unwrap();
+    let (third, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(third, first, "{stderr}");
+    assert_eq!(module_load_row(&stderr), (0, 0), "{stderr}");
+    assert_eq!(std::fs::read_dir(&modules).map(|d| d.count()).unwrap_or(0), 1, "cached again");
 }
 
 /// A profile of two GPUs: the H200's, and a copy with another UUID, name and PCI bus.

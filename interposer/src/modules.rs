@@ -63,7 +63,13 @@ fn server_sm(conn: &Conn) -> u32 {
 
 /// Load `image` on the server (uploading it only when the server has not seen it).
 /// Err: a driver status, logged once with the reason.
+/// An image an earlier load listed the kernels of is loaded under the client's names, without
+/// waiting (`named`).
 pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
+    let hash: [u8; 32] = Sha256::digest(image).into();
+    if let Some(loaded) = named::load_bytes(conn, image, hash) {
+        return Ok(loaded);
+    }
     load_images(conn, &[image]).pop().unwrap_or(Err(INVALID_IMAGE))
 }
 
@@ -348,6 +354,8 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
 /// load, not here. An image the server's cache has lost is asked of the client
 /// ([`image_asked`]), so a stale record costs a transfer, not an error. A kernel the answer
 /// lists and the image lacks (a record written by another build) gets NOT_FOUND when used.
+/// Images the program passes itself (`cuModuleLoadData`, `cuLibraryLoadData`: Triton's and
+/// NVRTC's kernels) are named likewise, a copy of each kept for the server to ask for.
 /// `CHIDORI_MODULES_NAMED=0` turns it off.
 mod named {
     use std::collections::HashMap;
@@ -367,8 +375,26 @@ mod named {
     /// The first line of an answer file, before the driver's version.
     const HEADER: &str = "chidori module answer 1, driver ";
 
-    /// Images of modules loaded by name, by hash: what the server may ask for.
-    static SENT: Mutex<Option<HashMap<[u8; 32], &'static Module>>> = Mutex::new(None);
+    /// Where the image of a module loaded by name is: what the server may ask for.
+    enum Source {
+        /// A registered fat binary: its image is made again when asked.
+        Registered(&'static Module),
+        /// An image the program passed (`cuModuleLoadData`, `cuLibraryLoadData`): a copy,
+        /// since the program may free its own once the load returns.
+        Bytes(Arc<[u8]>),
+    }
+
+    /// Images of modules loaded by name, by hash, and the bytes the copies among them take.
+    #[derive(Default)]
+    struct Sent {
+        sources: HashMap<[u8; 32], Source>,
+        copied: usize,
+    }
+
+    static SENT: Mutex<Option<Sent>> = Mutex::new(None);
+
+    /// At most this many bytes of copies are kept; past it, images are loaded waiting.
+    const COPIES_MAX: usize = 256 << 20;
 
     fn enabled() -> bool {
         !std::env::var(chidori_protocol::env::MODULES_NAMED).is_ok_and(|v| v == "0")
@@ -440,18 +466,40 @@ mod named {
         }
     }
 
-    /// Load `module` (its image's hash `hash`) under the client's names, if an earlier load
-    /// of the image listed its kernels: sent without waiting.
+    /// Load registered `module` (its image's hash `hash`) under the client's names, if an
+    /// earlier load of the image listed its kernels: sent without waiting.
     pub fn load(conn: &Conn, module: &'static Module, hash: [u8; 32]) -> Option<Arc<Loaded>> {
+        load_from(conn, hash, || Some(Source::Registered(module)))
+    }
+
+    /// [`load`] for an image the program passed (a copy is kept while the process runs).
+    pub fn load_bytes(conn: &Conn, image: &[u8], hash: [u8; 32]) -> Option<Arc<Loaded>> {
+        load_from(conn, hash, || Some(Source::Bytes(Arc::from(image))))
+    }
+
+    fn load_from(conn: &Conn, hash: [u8; 32], source: impl FnOnce() -> Option<Source>) -> Option<Arc<Loaded>> {
         if !enabled() {
             return None;
         }
         let text = std::fs::read_to_string(path(&hash)?).ok()?;
         let kernels = parse(&text, conn.profile.driver_version)?;
+        {
+            let mut sent = SENT.lock().unwrap_or_else(|p| p.into_inner());
+            let Sent { sources, copied } = sent.get_or_insert_with(Sent::default);
+            if let std::collections::hash_map::Entry::Vacant(slot) = sources.entry(hash) {
+                let source = source()?;
+                if let Source::Bytes(bytes) = &source {
+                    if *copied + bytes.len() > COPIES_MAX {
+                        return None;
+                    }
+                    *copied += bytes.len();
+                }
+                slot.insert(source);
+            }
+        }
         let name = crate::state::next_handle_name;
         let (library, module_name) = (name(), name());
         let named: Vec<(Kernel, u64)> = kernels.into_iter().map(|k| (k, name())).collect();
-        SENT.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(hash, module);
         let request = Service::LoadModuleNamed {
             hash,
             library,
@@ -477,7 +525,10 @@ mod named {
     /// The image of `hash`, for a server that asked for it (`Kind::NeedModule`): one this
     /// process loaded by name. None: no such module.
     pub fn image_asked(conn: &Conn, hash: &[u8; 32]) -> Option<Vec<u8>> {
-        let module = SENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.get(hash).copied()?;
+        let module = match SENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.sources.get(hash)? {
+            Source::Registered(module) => *module,
+            Source::Bytes(bytes) => return Some(bytes.to_vec()),
+        };
         super::image_of(conn, module).ok()
     }
 
