@@ -348,9 +348,9 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
 /// Module loads named by the client (`Service::LoadModuleNamed`): what a load answers (its
 /// kernels, their names and parameter layouts) depends only on the image and the server's
 /// driver, so the client keeps each answer (`$XDG_CACHE_HOME/chidori/module-answers/<hash>`,
-/// written at the first load of the image) and, the next time a process needs that image,
-/// names its library, module and kernels itself and sends the load without waiting. The
-/// worker loads it behind the calls; a call passing one of the names waits there for the
+/// written at the first load of the image, at most 8,192 of them) and, the next time a
+/// process needs that image, names its library, module and kernels itself and sends the
+/// load without waiting. The worker loads it behind the calls; a call passing one of the names waits there for the
 /// load, not here. An image the server's cache has lost is asked of the client
 /// ([`image_asked`]), so a stale record costs a transfer, not an error. A kernel the answer
 /// lists and the image lacks (a record written by another build) gets NOT_FOUND when used.
@@ -447,7 +447,13 @@ mod named {
     pub fn keep(conn: &Conn, hash: &[u8; 32], loaded: &Loaded) {
         let driver = conn.profile.driver_version;
         let Some(path) = path(hash) else { return };
-        if std::fs::read_to_string(&path).is_ok_and(|t| t.lines().next() == Some(&format!("{HEADER}{driver}"))) {
+        let header = format!("{HEADER}{driver}");
+        let first_line = || -> std::io::Result<String> {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(std::fs::File::open(&path)?), &mut line)?;
+            Ok(line.trim_end().to_owned())
+        };
+        if first_line().is_ok_and(|line| line == header) {
             return;
         }
         let Some(text) = format(loaded, driver) else { return };
@@ -457,12 +463,35 @@ mod named {
             // Whole or not at all: another process may read it meanwhile.
             let tmp = dir.join(format!(".{}.{}", std::process::id(), crate::conn::thread_id()));
             std::fs::File::create(&tmp)?.write_all(text.as_bytes())?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            bound(dir, KEPT_MAX);
+            Ok(())
         };
         if let Err(e) = write() {
             crate::log::once("module answers", || {
                 tracing::warn!("cannot keep a module's kernels in {}: {e}", path.display())
             });
+        }
+    }
+
+    /// Answers kept at most; past it the oldest written go (each is a few kilobytes).
+    const KEPT_MAX: usize = 8192;
+
+    /// Keep at most `max` answers in `dir`: past it, the oldest written go, down to 90%.
+    pub(super) fn bound(dir: &std::path::Path, max: usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if kept.len() <= max {
+            return;
+        }
+        kept.sort();
+        let extra = kept.len() - max * 9 / 10;
+        for (_, path) in kept.into_iter().take(extra) {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -537,6 +566,34 @@ mod named {
         use super::super::{Function, Loaded};
         use std::collections::HashMap;
         use std::sync::Arc;
+
+        #[test]
+        fn answers_past_the_bound_go_oldest_first() {
+            let dir = std::env::temp_dir().join(format!("chidori-answers-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..12 {
+                std::fs::write(dir.join(format!("{i:02}")), "x").unwrap();
+                let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + i);
+                std::fs::File::options()
+                    .write(true)
+                    .open(dir.join(format!("{i:02}")))
+                    .unwrap()
+                    .set_modified(when)
+                    .unwrap();
+            }
+            std::fs::write(dir.join(".tmp"), "x").unwrap();
+            super::bound(&dir, 20);
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 13, "under the bound: nothing goes");
+            super::bound(&dir, 10);
+            let mut left: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            assert_eq!(left, [".tmp", "03", "04", "05", "06", "07", "08", "09", "10", "11"], "down to 9, oldest first");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
 
         #[test]
         fn answers_read_back_as_written_and_only_for_their_driver() {
