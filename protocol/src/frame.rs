@@ -72,7 +72,8 @@ pub enum Kind {
     /// ([`Kind::ModuleImage`]). Archive: [`crate::messages::ModuleImage`].
     NeedModule = 21,
     /// Client → server, answering [`Kind::NeedModule`], outside the call order: the image is
-    /// the bulk (none where the client cannot tell it). Archive: [`crate::messages::ModuleImage`].
+    /// the bulk (none where the client cannot tell it); one no load waits for any more is
+    /// dropped. Archive: [`crate::messages::ModuleImage`].
     ModuleImage = 22,
 }
 
