@@ -356,7 +356,7 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
 /// lists and the image lacks (a record written by another build) gets NOT_FOUND when used.
 /// Images the program passes itself (`cuModuleLoadData`, `cuLibraryLoadData`: Triton's and
 /// NVRTC's kernels) are named likewise, a copy of each kept for the server to ask for.
-/// `CHIDORI_MODULES_NAMED=0` turns it off.
+/// `CHIDORI_MODULES_NAMED=0` turns it off, as `CHIDORI_LEARNED=0` does.
 mod named {
     use std::collections::HashMap;
     use std::io::Write;
@@ -396,8 +396,11 @@ mod named {
     /// At most this many bytes of copies are kept; past it, images are loaded waiting.
     const COPIES_MAX: usize = 256 << 20;
 
+    /// On unless `CHIDORI_MODULES_NAMED=0`, or `CHIDORI_LEARNED=0` (a kept answer is one
+    /// learned in an earlier session).
     fn enabled() -> bool {
-        !std::env::var(chidori_protocol::env::MODULES_NAMED).is_ok_and(|v| v == "0")
+        let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
+        !off(chidori_protocol::env::MODULES_NAMED) && !off(chidori_protocol::env::LEARNED)
     }
 
     fn path(hash: &[u8; 32]) -> Option<PathBuf> {
@@ -445,6 +448,9 @@ mod named {
 
     /// Keep the answer of a load of the image of `hash` (once per image and driver).
     pub fn keep(conn: &Conn, hash: &[u8; 32], loaded: &Loaded) {
+        if !enabled() {
+            return;
+        }
         let driver = conn.profile.driver_version;
         let Some(path) = path(hash) else { return };
         let header = format!("{HEADER}{driver}");
