@@ -2225,9 +2225,10 @@ int main(void) {
 }
 "#;
 
-/// Issue 19: cuFFT plans are created ahead of the program's creates, and a plan made like an
-/// earlier one (the same transform, the same settings) is answered by the client (the call
-/// still made, its work size checked), in the same process and in a later one.
+/// Issue 19: cuFFT plans are created ahead of the program's creates (in a later process, as
+/// many as the earlier one created, at its first create), and a plan made like an earlier
+/// one (the same transform, the same settings) is answered by the client (the call still
+/// made, its work size checked), in the same process and in a later one.
 #[test]
 fn cufft_plans_made_as_before_are_answered_by_the_client() {
     let server = server();
@@ -2246,9 +2247,12 @@ fn cufft_plans_made_as_before_are_answered_by_the_client() {
     let cache = chidori_tests::scratch("cufft-plans-cache");
     let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
     assert_eq!(first, stdout, "{stderr}");
+    assert_eq!(row(&stderr, "cufftCreate"), ["5", "3"], "{stderr}");
     let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
     assert_eq!(second, stdout, "{stderr}");
     assert_eq!(row(&stderr, "cufftXtMakePlanMany"), ["6", "1"], "{stderr}");
+    // The first create makes as many as the last run created: one wait for five.
+    assert_eq!(row(&stderr, "cufftCreate"), ["5", "1"], "{stderr}");
     assert!(!stderr.contains("answered differently") && !stderr.contains("WARN"), "{stderr}");
     drop(server);
 

@@ -50,6 +50,10 @@ pub enum Space {
     /// A cuSOLVER workspace size: the status and the sizes, by the call and what was set on
     /// the objects it passes (`crate::runtime::solver_sizes`).
     SolverSize = 9,
+    /// How many objects of a kind the last run of a command created, up to
+    /// [`crate::ahead::BATCH_MAX`]: the first create of a process makes that many at once
+    /// (`crate::custom::cufft`), by the kind and the command line.
+    Creates = 10,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from
