@@ -70,20 +70,20 @@ pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
     if let Some(loaded) = named::load_bytes(conn, image, hash) {
         return Ok(loaded);
     }
-    load_images(conn, &[image]).pop().unwrap_or(Err(INVALID_IMAGE))
+    load_images_then(conn, &[image], &[hash], || {}).pop().unwrap_or(Err(INVALID_IMAGE))
 }
 
-/// Load several images in one round trip (two where the server lacks some it must be sent);
-/// each image's module or driver status, in order.
-fn load_images(conn: &Conn, images: &[&[u8]]) -> Vec<Result<Arc<Loaded>, u32>> {
-    load_images_then(conn, images, || {})
-}
-
-/// [`load_images`], running `then` once the first round's requests are sent, before their
-/// answers are awaited (questions asked behind them).
-fn load_images_then(conn: &Conn, images: &[&[u8]], then: impl FnOnce()) -> Vec<Result<Arc<Loaded>, u32>> {
+/// Load several images (of `hashes`) in one round trip (two where the server lacks some it
+/// must be sent), running `then` once the first round's requests are sent, before their
+/// answers are awaited (questions asked behind them); each image's module or driver status,
+/// in order.
+fn load_images_then(
+    conn: &Conn,
+    images: &[&[u8]],
+    hashes: &[[u8; 32]],
+    then: impl FnOnce(),
+) -> Vec<Result<Arc<Loaded>, u32>> {
     let start = Instant::now();
-    let hashes: Vec<[u8; 32]> = images.iter().map(|i| Sha256::digest(i).into()).collect();
     let held: Vec<Option<bool>> = hashes.iter().map(|h| server_holds(&conn.server, h)).collect();
     // A module the record lacks goes with its first load when it is small: one round trip
     // on a fresh server, where asking first would take two.
@@ -306,7 +306,7 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
             } else if server_holds(&conn.server, &hash) == Some(true) {
                 held_ones.push((m, hash));
             } else {
-                others.push((m, other, image));
+                others.push((m, other, image, hash));
             }
         }
     }
@@ -323,13 +323,15 @@ pub fn ensure(conn: &Conn, module: &'static registry::Module) -> Result<Arc<Load
         return Ok(loaded);
     }
     let mut images: Vec<&[u8]> = vec![&image];
-    images.extend(others.iter().map(|(_, _, i)| i.as_slice()));
+    images.extend(others.iter().map(|(_, _, i, _)| i.as_slice()));
+    let mut hashes = vec![hash];
+    hashes.extend(others.iter().map(|(_, _, _, h)| *h));
     // The loads behind go after this one: the worker starts them once it has loaded this.
-    let mut results = load_images_then(conn, &images, || behind::ask(conn, &held_ones)).into_iter();
+    let mut results = load_images_then(conn, &images, &hashes, || behind::ask(conn, &held_ones)).into_iter();
     let loaded = results.next().unwrap_or(Err(INVALID_IMAGE))?;
     if !others.is_empty() || !held_ones.is_empty() || named_ones > 0 {
         let (made, behind) = (others.len(), held_ones.len());
-        for ((m, mut other, _), result) in others.into_iter().zip(results) {
+        for ((m, mut other, _, _), result) in others.into_iter().zip(results) {
             // One that failed is loaded again when the program uses it (and fails then).
             if let Ok(l) = result {
                 *other = Some(l);
@@ -735,11 +737,14 @@ mod last_run {
 
     fn path_for(server: &str) -> Option<PathBuf> {
         let dir = chidori_protocol::env::cache_dir()?.join("programs");
-        let cmdline = std::fs::read("/proc/self/cmdline").ok()?;
+        let cmdline = crate::state::command_line();
+        if cmdline.is_empty() {
+            return None;
+        }
         let mut h = Sha256::new();
         h.update(server.as_bytes());
         h.update([0u8]);
-        h.update(&cmdline);
+        h.update(cmdline);
         let key: String = h.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
         std::fs::create_dir_all(&dir).ok()?;
         Some(dir.join(key))

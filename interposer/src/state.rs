@@ -595,6 +595,13 @@ pub fn wait_deferred() -> Option<u64> {
     first
 }
 
+/// This process's command line (`/proc/self/cmdline`, read once): what the records kept
+/// per command (the modules a run loaded, the cuFFT plans it created) are keyed by.
+pub fn command_line() -> &'static [u8] {
+    static LINE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| std::fs::read("/proc/self/cmdline").unwrap_or_default())
+}
+
 /// A new name for a handle the client names itself: a tagged counter, never a user-space
 /// address, so it cannot collide with a handle the library made.
 pub fn next_handle_name() -> u64 {

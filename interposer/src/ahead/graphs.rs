@@ -1,7 +1,7 @@
 //! Graphs and instances the server handed out and the program has not destroyed: their
 //! destroys cannot be refused, so they go without waiting (`crate::custom::graphs`).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use chidori_protocol::desc::{CallDesc, Wire};
@@ -16,11 +16,10 @@ pub fn is_graph_kind(kind: u16) -> bool {
     kind == CUgraph_st || kind == CUgraphExec_st
 }
 
-/// The graphs and instances of one process that are live: (kind, handle).
+/// The graphs and instances of one process that are live: (kind, handle) → whether the
+/// program instantiated it (a graph) since it was handed out.
 pub struct Lives {
-    live: Mutex<Option<HashSet<(u16, u64)>>>,
-    /// Live graphs instantiated since they were handed out.
-    instantiated: Mutex<Option<HashSet<u64>>>,
+    live: Mutex<Option<HashMap<(u16, u64), bool>>>,
 }
 
 impl Default for Lives {
@@ -31,14 +30,14 @@ impl Default for Lives {
 
 impl Lives {
     pub const fn new() -> Self {
-        Lives { live: Mutex::new(None), instantiated: Mutex::new(None) }
+        Lives { live: Mutex::new(None) }
     }
 
     /// A call that hands out graphs or instances succeeded: each the server named (written
     /// through the call's out-pointers, `args`) is live until the program destroys it.
     pub fn handed_out(&self, desc: &CallDesc, args: &[u64]) {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        let live = live.get_or_insert_with(HashSet::new);
+        let live = live.get_or_insert_with(HashMap::new);
         if live.len() >= LIVES_MAX {
             live.clear();
         }
@@ -50,17 +49,15 @@ impl Lives {
             // SAFETY: the caller's out-pointer for a handle, which the call's reply just filled.
             let handle = unsafe { std::ptr::read_unaligned(out as *const u64) };
             if handle != 0 {
-                live.insert((*kind, handle));
+                live.insert((*kind, handle), false);
             }
         }
     }
 
     /// The program destroys `handle` of `kind`: whether it was live (followed no further).
     pub fn destroyed(&self, kind: u16, handle: u64) -> bool {
-        if let Some(i) = self.instantiated.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            i.remove(&handle);
-        }
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|l| l.remove(&(kind, handle)))
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_mut().is_some_and(|l| l.remove(&(kind, handle)).is_some())
     }
 
     /// The program instantiates `graph`: whether it is live and instantiated for the first
@@ -68,14 +65,11 @@ impl Lives {
     /// one may be refused).
     pub fn first_instance(&self, graph: u64) -> bool {
         use chidori_cuda::handles::kind::CUgraph_st;
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if !live.as_ref().is_some_and(|l| l.contains(&(CUgraph_st, graph))) {
-            return false;
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        match live.as_mut().and_then(|l| l.get_mut(&(CUgraph_st, graph))) {
+            Some(instantiated) => !std::mem::replace(instantiated, true),
+            None => false,
         }
-        let mut instantiated = self.instantiated.lock().unwrap_or_else(|p| p.into_inner());
-        let instantiated = instantiated.get_or_insert_with(HashSet::new);
-        // Past the bound every instantiation waits (it cannot tell a first from a second).
-        instantiated.len() < LIVES_MAX && instantiated.insert(graph)
     }
 }
 
@@ -88,7 +82,7 @@ mod tests {
     fn a_live_graph_is_instantiated_first_once_until_destroyed() {
         let lives = Lives::new();
         assert!(!lives.first_instance(0x10), "a graph never handed out");
-        lives.live.lock().unwrap().get_or_insert_with(Default::default).insert((CUgraph_st, 0x10));
+        lives.live.lock().unwrap().get_or_insert_with(Default::default).insert((CUgraph_st, 0x10), false);
         assert!(lives.first_instance(0x10));
         assert!(!lives.first_instance(0x10), "a second instance may be refused");
         assert!(lives.destroyed(CUgraph_st, 0x10));

@@ -87,7 +87,7 @@ fn begin_unwaited(conn: &conn::Conn, desc: &'static CallDesc, args: &[u64], stre
     // Begun (and its answer kept) before it is sent: a failure on the server may come back
     // before this thread goes on, and it must find the capture to end what was kept.
     let before = captures().epoch();
-    let (id, graph) = (crate::runtime::next_handle_name(), crate::runtime::next_handle_name());
+    let (id, graph) = (crate::state::next_handle_name(), crate::state::next_handle_name());
     captures().began(stream);
     captures().learn(key(stream), before + 1, (ACTIVE, id, graph));
     // SAFETY: a begin's arguments are values (a stream, a mode).

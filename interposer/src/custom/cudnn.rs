@@ -674,7 +674,7 @@ fn batch(
 /// Drop what is known of `descriptor` (it is being changed or destroyed), and destroy the
 /// shadows made for it.
 fn forget_answers(f: &'static Forms, descriptor: u64) {
-    if !crate::runtime::is_client_name(descriptor) {
+    if !crate::state::is_client_name(descriptor) {
         return;
     }
     let mut shadows = Vec::new();
@@ -977,7 +977,7 @@ fn fill(
         for &t in &targets[filled..] {
             r.drop_known(t, &mut stale);
         }
-        for (i, &t) in targets.iter().enumerate().take(filled).filter(|(_, t)| crate::runtime::is_client_name(**t)) {
+        for (i, &t) in targets.iter().enumerate().take(filled).filter(|(_, t)| crate::state::is_client_name(**t)) {
             r.known.entry(t).or_default().slot = slot(i);
         }
         if let (Some((nth, at)), Some(t), Some(u), 0) = (learns, source_type, same_type, status) {

@@ -40,9 +40,8 @@ static CREATED: AtomicUsize = AtomicUsize::new(0);
 fn creates_key() -> &'static [u8] {
     static KEY: OnceLock<Vec<u8>> = OnceLock::new();
     KEY.get_or_init(|| {
-        let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
         let mut key = b"cufftCreate\0".to_vec();
-        key.extend_from_slice(&Sha256::digest(&cmdline)[..16]);
+        key.extend_from_slice(&Sha256::digest(crate::state::command_line())[..16]);
         key
     })
 }

@@ -99,7 +99,7 @@ pub unsafe fn create(ctx: &Ctx, n: u32, keys: *mut c_void, values: *mut c_void, 
         let mut state = LinkState::default();
         // SAFETY: the program's option arrays of `n` elements.
         unsafe { read_options(&mut state, n, keys as *const u32, values as *mut *mut c_void) };
-        let handle = crate::runtime::next_handle_name();
+        let handle = crate::state::next_handle_name();
         crate::state::CLIENT.link_states.lock().get_or_insert_with(HashMap::new).insert(handle, state);
         // SAFETY: the caller's CUlinkState*.
         unsafe { std::ptr::write_unaligned(out as *mut u64, handle) };

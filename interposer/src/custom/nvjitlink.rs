@@ -61,7 +61,7 @@ pub unsafe fn create(ctx: &Ctx, handle: *mut c_void, num_options: u32, options: 
         if !options.iter().any(|o| o.starts_with("-arch=")) {
             return MISSING_ARCH;
         }
-        let name = crate::runtime::next_handle_name();
+        let name = crate::state::next_handle_name();
         let link = Link { request: JitLinkRequest { options, inputs: Vec::new() }, done: None };
         links().get_or_insert_with(HashMap::new).insert(name, link);
         // SAFETY: the caller's nvJitLinkHandle*, non-null.

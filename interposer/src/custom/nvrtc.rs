@@ -101,7 +101,7 @@ pub unsafe fn nvrtcCreateProgram(
             headers: includes.into_iter().zip(contents).collect(),
             ..CompileRequest::default()
         };
-        let handle = crate::runtime::next_handle_name();
+        let handle = crate::state::next_handle_name();
         programs().get_or_insert_with(HashMap::new).insert(handle, Program { request, compiled: None });
         // SAFETY: the caller's nvrtcProgram*, checked non-null.
         unsafe { std::ptr::write_unaligned(prog as *mut u64, handle) };

@@ -2,7 +2,7 @@
 //! time a program asks for a side stream: 32 `cudaStreamCreateWithPriority` per priority
 //! level, 128 round trips in a row, 9 s at 70 ms; and it makes one event per Python event
 //! object. A create whose flags are valid names the new handle itself (a tagged counter,
-//! `runtime::next_handle_name`) and goes without waiting: the worker maps the name to the
+//! `state::next_handle_name`) and goes without waiting: the worker maps the name to the
 //! stream or event it made, and a create that fails there (out of resources) surfaces at
 //! the next call that waits, as a launch's error does. Creates with flags CUDA refuses,
 //! interprocess events, the driver's creates on a thread without a current context, and

@@ -76,7 +76,7 @@ impl codec::Client for ThisClient {
     }
 
     fn new_name(&mut self) -> u64 {
-        next_handle_name()
+        crate::state::next_handle_name()
     }
 
     fn word(&mut self, addr: u64, bytes: u64) -> Option<u64> {
@@ -198,8 +198,6 @@ unsafe fn host_scalar<'a>(addr: u64, bytes: usize) -> Cow<'a, [u8]> {
     owned[..to_page_end].copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, to_page_end) });
     Cow::Owned(owned)
 }
-
-pub use crate::state::{is_client_name, next_handle_name};
 
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.
 ///
