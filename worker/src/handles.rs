@@ -105,8 +105,10 @@ impl Landing {
         self.landed.notify_all();
     }
 
-    fn awaits(&self, name: u64) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).awaited.contains(&name)
+    /// Whether a module load is to give `name`, or failed to.
+    fn claims(&self, name: u64) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.awaited.contains(&name) || state.failed.contains_key(&name)
     }
 
     /// Wait until `name`'s load is done. False: it was never awaited, or the wait ran out.
@@ -295,11 +297,7 @@ impl Handles {
     /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids,
     /// nor a name a module load is to give or failed to give).
     pub fn name_free(&mut self, kind: HandleKind, name: u64) -> bool {
-        name != 0
-            && name & TAG_MASK != ID_TAG
-            && !self.owns(kind, name)
-            && !self.landing.awaits(name)
-            && self.landing.failure(name).is_none()
+        name != 0 && name & TAG_MASK != ID_TAG && !self.owns(kind, name) && !self.landing.claims(name)
     }
 
     /// Record the client's `name` for the library's handle `real`.

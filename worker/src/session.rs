@@ -95,7 +95,7 @@ struct Session {
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
     next_callback: AtomicU64,
     module_cache: Option<ModuleCache>,
-    modules: Mutex<HashMap<[u8; 32], Loaded>>,
+    modules: Mutex<HashMap<[u8; 32], Arc<Loaded>>>,
     /// The libraries of loaded modules, by the client's names (their globals may be asked).
     libraries: Mutex<std::collections::HashSet<u64>>,
     /// Parameter layouts of every function this session may launch, by the client's name.
@@ -2740,7 +2740,7 @@ fn load_as(
     image: &[u8],
     context: Option<u64>,
     names: Option<&Names>,
-) -> Result<Loaded, (i64, String)> {
+) -> Result<Arc<Loaded>, (i64, String)> {
     let started = std::time::Instant::now();
     let loaded = match context {
         Some(context) => session.backend.load_module_in(image, context),
@@ -2785,7 +2785,7 @@ fn load_as(
     let module = name(CUmod_st, Entry::Real(m.module), names.map(|n| n.module));
     let library = name(CUlib_st, Entry::Real(m.library), names.map(|n| n.library));
     landing.arrive(entries, Vec::new(), &[]);
-    let loaded = Loaded { library, module, kernels };
+    let loaded = Arc::new(Loaded { library, module, kernels });
     {
         let mut layouts = lock(&session.layouts);
         for k in &loaded.kernels {
@@ -2838,8 +2838,9 @@ fn load_named(
         let mut handles = lock(&session.handles);
         let mut named = handles.alias(CUlib_st, library, m.library) && handles.alias(CUmod_st, module, m.module);
         let mut layouts = lock(&session.layouts);
+        let by_name: HashMap<&str, &KernelInfo> = m.kernels.iter().map(|k| (k.name.as_str(), k)).collect();
         for (kernel, &name) in &names.kernels {
-            match m.kernels.iter().find(|k| &k.name == kernel) {
+            match by_name.get(kernel.as_str()) {
                 Some(k) => {
                     named &= handles.alias(CUfunc_st, name, k.handle);
                     layouts.insert(name, Arc::new(k.params.clone()));
