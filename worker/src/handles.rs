@@ -283,17 +283,6 @@ impl Handles {
         Ok(Some(real))
     }
 
-    /// Name a handle the library will be asked for when first used (see [`Pending`]).
-    pub fn insert_pending(&mut self, kind: HandleKind, pending: Pending) -> u64 {
-        let id = self.next_id();
-        self.pending.insert((kind, id), pending);
-        id
-    }
-
-    fn next_id(&mut self) -> u64 {
-        self.landing.next_id()
-    }
-
     /// Whether `name` is free to name a new handle of `kind` (never one of the worker's ids,
     /// nor a name a module load is to give or failed to give).
     pub fn name_free(&mut self, kind: HandleKind, name: u64) -> bool {
@@ -318,7 +307,7 @@ impl Handles {
         if let Some(&value) = self.values.get(&(kind, real)) {
             return value;
         }
-        let id = self.next_id();
+        let id = self.landing.next_id();
         self.names.insert((kind, id), real);
         self.values.insert((kind, real), id);
         id
@@ -371,6 +360,14 @@ mod tests {
         KINDS.iter().position(|k| *k == name).unwrap() as HandleKind
     }
 
+    /// A handle the library will be asked for when first used, named by the worker, as a
+    /// module's load lands its kernels.
+    fn pending(h: &Handles, kind: HandleKind, pending: Pending) -> u64 {
+        let id = h.landing.next_id();
+        h.landing.arrive(vec![(kind, id, Entry::Pending(pending))], vec![], &[]);
+        id
+    }
+
     #[test]
     fn only_handed_out_handles_pass() {
         let mut h = Handles::new();
@@ -418,7 +415,7 @@ mod tests {
             a.lock().unwrap().push(p);
             if *f.lock().unwrap() { Err((2, "out of memory".into())) } else { Ok(p.kernel + 0x1000) }
         }));
-        let id = h.insert_pending(func, Pending { kernel: 0x5000, context: 0x77 });
+        let id = pending(&h, func, Pending { kernel: 0x5000, context: 0x77 });
         assert_eq!(id & TAG_MASK, ID_TAG);
         assert!(h.owns(func, id) && !h.name_free(func, id));
         assert!(asked.lock().unwrap().is_empty(), "named without asking the library");
@@ -432,11 +429,11 @@ mod tests {
         assert_eq!(asked.lock().unwrap()[2], Pending { kernel: 0x5000, context: 0x77 });
         assert_eq!(h.insert(func, 0x6000), id, "the function handed out again keeps the kernel's name");
         assert_eq!(h.find(func, id), Ok(None), "no longer pending");
-        let other = h.insert_pending(func, Pending { kernel: 0x9000, context: 0x77 });
+        let other = pending(&h, func, Pending { kernel: 0x9000, context: 0x77 });
         h.remove(func, other);
         assert!(!h.owns(func, other) && h.resolve(func, other).is_none(), "a removed pending handle is gone");
         let mut plain = Handles::new();
-        let p = plain.insert_pending(func, Pending { kernel: 1, context: 2 });
+        let p = pending(&plain, func, Pending { kernel: 1, context: 2 });
         assert!(plain.find(func, p).is_err() && plain.resolve(func, p).is_none(), "no finder: never found");
     }
 
@@ -477,7 +474,7 @@ mod tests {
         assert!(start.elapsed() < Duration::from_millis(50));
         let mut other = Handles::new();
         assert!(!other.alias(func, CLIENT_NAME_TAG | 8, CLIENT_NAME_TAG | 9), "nothing to alias");
-        let p = other.insert_pending(func, Pending { kernel: 1, context: 2 });
+        let p = pending(&other, func, Pending { kernel: 1, context: 2 });
         assert!(other.alias(func, CLIENT_NAME_TAG | 8, p) && other.owns(func, CLIENT_NAME_TAG | 8), "a pending alias");
     }
 
