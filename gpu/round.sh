@@ -30,6 +30,7 @@
 #   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
 #            function and in order (CASETRACE_WAN=1: through the 70 ms relay, with learned
 #            answers; CASETRACE_RUNS=N: N runs in one client cache, the last one traced;
+#            CASETRACE_LOG: the client's log filter besides the waits, e.g. chidori::custom::cudnn=debug;
 #            $BEFORE_DIST: each case through the earlier commit's server too)
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
@@ -377,7 +378,7 @@ if want casetrace; then
       trace_cache=$(mktemp -d)
       name=$c; [[ $label == before ]] && name=$c-before
       for _ in $(seq 1 ${CASETRACE_RUNS:-1}); do
-        CHIDORI_LOG=warn,chidori::waits=trace CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$trace_cache \
+        CHIDORI_LOG=${CASETRACE_LOG:-warn},chidori::waits=trace CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$trace_cache \
           timeout ${RUN_TIMEOUT:-150} "$bin" run --trace -s $trace_target -- \
           python3 gpu/torch-suite/run_cases.py --only "$c" > "$LOGS/case-$name.out" 2> "$LOGS/case-$name.err"
       done

@@ -262,23 +262,28 @@ pub fn record_len(buf: &[u8]) -> std::io::Result<Option<usize>> {
     Ok(Some(HEADER + len))
 }
 
-/// Open the whole record `buf[start..start + len]` in place with `keys` (`len` from
-/// [`record_len`]). A key update from the peer replaces `keys`; one that asks for ours
-/// sets `update` for the sender.
+/// Open the whole record `buf[start..start + len]` with `keys` (`len` from
+/// [`record_len`]), its plaintext written from `buf[to]` on (`to` at most `start +
+/// HEADER`: in place, or moved towards the front in the same pass, which closes the gaps
+/// the headers and tags of earlier records left). A key update from the peer replaces
+/// `keys`; one that asks for ours sets `update` for the sender.
 pub fn open(
     keys: &mut Keys,
     kernel: &Mutex<Kernel>,
     update: &std::sync::atomic::AtomicBool,
     buf: &mut [u8],
+    to: usize,
     start: usize,
     len: usize,
 ) -> std::io::Result<Opened> {
-    let header: [u8; HEADER] = buf[start..start + HEADER].try_into().map_err(|_| invalid("a short record".into()))?;
+    let short = || invalid("a short record".into());
+    let header: [u8; HEADER] = buf.get(start..start + HEADER).ok_or_else(short)?.try_into().map_err(|_| short())?;
+    let shift = (start + HEADER).checked_sub(to).ok_or_else(short)?;
+    let in_out = buf.get_mut(to..start + len).ok_or_else(short)?;
     let nonce = keys.next_nonce()?;
-    let body = &mut buf[start + HEADER..start + len];
     let plain = keys
         .key
-        .open_in_place(nonce, Aad::from(header), body)
+        .open_within(nonce, Aad::from(header), in_out, shift..)
         .map_err(|_| invalid("a TLS record failed authentication (bad_record_mac)".into()))?;
     // The inner content type is the last byte that is not padding.
     let Some(end) = plain.iter().rposition(|b| *b != 0) else {
@@ -287,7 +292,7 @@ pub fn open(
     let kind = plain[end];
     let content = &plain[..end];
     match kind {
-        APPLICATION_DATA => Ok(Opened::Data(start + HEADER..start + HEADER + end)),
+        APPLICATION_DATA => Ok(Opened::Data(to..to + end)),
         ALERT => match content {
             [_, CLOSE_NOTIFY] => Ok(Opened::Closed),
             [_, desc] => Err(std::io::Error::new(

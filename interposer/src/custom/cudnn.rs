@@ -197,6 +197,13 @@ fn set_attribute(
         // copy of the elements per Set otherwise wasted).
         let held =
             if finalizes_learned() { content_of_set(f, descriptor as u64, (name, ty, count), elements) } else { None };
+        if held.is_none() && finalizes_learned() {
+            tracing::debug!(
+                "set: attribute {name} of type {ty} leaves what descriptor {:#x} (type {:?}) holds unknown",
+                descriptor as u64,
+                type_of(descriptor as u64)
+            );
+        }
         replay(|r| {
             r.fresh.remove(&(descriptor as u64));
             r.contents.set(descriptor as u64, (name, ty, count), held.as_deref());
@@ -334,6 +341,15 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         }
         let mut ahead = Vec::new();
         materialize(&plan, f, &conn, d, &mut ahead);
+        if finalizes_learned() {
+            let found = match (&key, &learned) {
+                (None, _) => "nothing: what the descriptor holds is unknown",
+                (Some(_), None) => "no answer kept for it",
+                (Some(_), Some(r)) if !fits(r, &ahead) => "an answer whose riders differ",
+                _ => "an answer",
+            };
+            tracing::debug!("finalize: descriptor type {ty}, {} calls ahead; learned: {found}", ahead.len());
+        }
         let status = match learned.filter(|r| fits(r, &ahead)) {
             Some(record) => answer_learned(f, &conn, d, ahead, record),
             None => batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", key.as_deref()),
