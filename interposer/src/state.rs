@@ -90,6 +90,9 @@ pub struct Client {
     pub cufft_prints: Table<u64, Option<u64>>,
     /// What was set on each cuSOLVER context and parameter object (`crate::runtime::solver_sizes`).
     pub solver_prints: Mutex<Option<crate::runtime::solver_sizes::Objects>>,
+    /// What each cuSPARSE generic-API descriptor describes (`crate::runtime::sparse_sizes`;
+    /// None: unknown).
+    pub sparse_prints: Table<u64, Option<u64>>,
     /// cuSOLVER's low-level CPU-path info objects: the sizes their calls said.
     pub sp_infos: Table<u64, crate::custom::cusolver::SpInfo>,
     /// cuSPARSELt: matmul descriptors (by id) with alpha or beta vector scaling set.
@@ -152,6 +155,9 @@ pub struct Ahead {
     /// cuSOLVER workspace sizes answered before, by the call and what was set on the
     /// objects it passes (`crate::runtime::solver_sizes`).
     pub solver_sizes: Answers<u64, crate::runtime::kept::Answer>,
+    /// cuSPARSE buffer sizes answered before, by the call and what its descriptors describe
+    /// (`crate::runtime::sparse_sizes`).
+    pub sparse_sizes: Answers<u64, crate::runtime::kept::Answer>,
     /// cuFFT plans made ahead of the program's creates, by context (`crate::custom::cufft`).
     pub cufft_pool: Pool<u64, i32>,
     /// `cudnnGetRNNWeightParams` answers by what the RNN descriptor says (`crate::ahead::rnn`).
@@ -184,6 +190,7 @@ pub static CLIENT: Client = Client {
     cudnn_fingerprints: Table::new(),
     cufft_prints: Table::new(),
     solver_prints: Mutex::new(None),
+    sparse_prints: Table::new(),
     sp_infos: Table::new(),
     cusparselt_vectors: Table::new(),
     sparselt_prints: Mutex::new(None),
@@ -206,6 +213,7 @@ pub static CLIENT: Client = Client {
         rnn_weights: Answers::new(4096),
         cufft_plans: Answers::new(crate::runtime::cufft_plans::ANSWERS_MAX),
         solver_sizes: Answers::new(crate::runtime::solver_sizes::ANSWERS_MAX),
+        sparse_sizes: Answers::new(crate::runtime::sparse_sizes::ANSWERS_MAX),
         cufft_pool: Pool::new(),
     },
 };

@@ -54,6 +54,9 @@ pub enum Space {
     /// [`crate::ahead::BATCH_MAX`]: the first create of a process makes that many at once
     /// (`crate::custom::cufft`), by the kind and the command line.
     Creates = 10,
+    /// A cuSPARSE generic-API buffer size: the status and the size, by the call and what its
+    /// descriptors describe (`crate::runtime::sparse_sizes`).
+    SparseSize = 11,
 }
 
 /// What answers depend on: the server's GPUs, its driver and its libraries' versions, from

@@ -10,6 +10,7 @@ pub(crate) mod cudnn_sizes;
 pub(crate) mod cufft_plans;
 pub(crate) mod kept;
 pub(crate) mod solver_sizes;
+pub(crate) mod sparse_sizes;
 pub(crate) mod sparselt_sizes;
 
 use std::borrow::Cow;
@@ -273,6 +274,8 @@ struct Facts {
     cudnn: cudnn_sizes::Changes,
     /// What a cuSOLVER call is to the workspace sizes followed ([`solver_sizes::Role`]).
     solver: solver_sizes::Role,
+    /// What a cuSPARSE call is to the buffer sizes followed ([`sparse_sizes::Role`]).
+    sparse: sparse_sizes::Role,
     /// It hands out new graphs or instances (a create, an end of capture, a clone, an
     /// instantiate; not a getter's graph, which the program does not own).
     hands_out_graphs: bool,
@@ -297,6 +300,7 @@ impl Facts {
             cufft: if d.library == "cufft" { cufft_plans::role(d.name) } else { cufft_plans::Role::None },
             cudnn: if d.library == "cudnn" { cudnn_sizes::changes(d.name) } else { cudnn_sizes::Changes::Nothing },
             solver: if d.library == "cusolver" { solver_sizes::role(d) } else { solver_sizes::Role::Keeps },
+            sparse: if d.library == "cusparse" { sparse_sizes::role(d) } else { sparse_sizes::Role::Keeps },
             hands_out_graphs: !d.name.contains("Get")
                 && d.params
                     .iter()
@@ -479,10 +483,11 @@ pub unsafe fn call_asking(
         crate::trace::local(desc.name);
         return (ret, None);
     }
-    // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSELt's
-    // records, cuFFT's plans, cuSOLVER's workspaces) are answered here.
+    // Size queries about descriptors set as before (cuDNN's legacy API, cuSPARSE's generic
+    // API and cuSPARSELt's records, cuFFT's plans, cuSOLVER's workspaces) are answered here.
     let action = match desc.library {
         "cudnn" => cudnn_sizes::before(desc, args, &prepared),
+        "cusparse" => sparse_sizes::before(desc, args, &prepared),
         "cusparselt" => sparselt_sizes::before(desc, &prepared),
         "cufft" => cufft_plans::before(desc, args, &prepared),
         "cusolver" => solver_sizes::before(desc, args, &prepared),
@@ -544,6 +549,7 @@ pub unsafe fn call_asking(
             "cudnn" => cudnn_sizes::learn(key, ret, desc, &prepared),
             "cufft" => cufft_plans::learn(key, ret, desc, &prepared),
             "cusolver" => solver_sizes::learn(key, ret, desc, &prepared),
+            "cusparse" => sparse_sizes::learn(key, ret, desc, &prepared),
             _ => sparselt_sizes::learn(key, ret, desc, &prepared),
         }
     }
