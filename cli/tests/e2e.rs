@@ -1031,6 +1031,86 @@ fn cusparse_descriptors_are_named_by_the_client() {
     }
 }
 
+/// torch creates a sparse matrix and dense operands anew for every product and asks the
+/// buffer size each time: here two products of one shape, one of another, the first shape
+/// again after its matrix's pointers were set (the same alignment: what it describes is
+/// still known), and with an array of another alignment (another question).
+const CUSPARSE_SIZES: &str = r#"
+#include <stdio.h>
+#include <stddef.h>
+typedef void *h_t;
+int cusparseCreate(h_t *h);
+int cusparseCreateDnVec(h_t *d, long size, void *values, int type);
+int cusparseCreateDnMat(h_t *d, long rows, long cols, long ld, void *values, int type, int order);
+int cusparseCreateCsr(h_t *d, long rows, long cols, long nnz, void *offsets, void *columns, void *values,
+                      int offsetType, int columnType, int base, int valueType);
+int cusparseCsrSetPointers(h_t d, void *offsets, void *columns, void *values);
+int cusparseDestroyDnVec(h_t d);
+int cusparseDestroyDnMat(h_t d);
+int cusparseDestroySpMat(h_t d);
+int cusparseSpMM_bufferSize(h_t h, int opA, int opB, const void *alpha, h_t A, h_t B, const void *beta, h_t C,
+                            int computeType, int alg, size_t *size);
+int cusparseSpMV_bufferSize(h_t h, int opA, const void *alpha, h_t A, h_t x, const void *beta, h_t y,
+                            int computeType, int alg, size_t *size);
+int cudaMalloc(void **p, unsigned long size);
+static h_t h;
+static char *buf;
+static int product(long rows, long cols, long nnz, int set, int offset) {
+  h_t a, b, c, x, y;
+  float alpha = 1, beta = 0;
+  size_t mm = 0, mv = 0;
+  if (cusparseCreateCsr(&a, rows, cols, nnz, buf, buf + 4096, buf + 8192, 2, 2, 0, 0)) return -1;
+  if (set && cusparseCsrSetPointers(a, buf + offset, buf + 4096, buf + 8192)) return -2;
+  if (cusparseCreateDnMat(&b, cols, 16, cols, buf, 0, 1) || cusparseCreateDnMat(&c, rows, 16, rows, buf, 0, 1)) return -3;
+  if (cusparseCreateDnVec(&x, cols, buf, 0) || cusparseCreateDnVec(&y, rows, buf, 0)) return -4;
+  if (cusparseSpMM_bufferSize(h, 0, 0, &alpha, a, b, &beta, c, 0, 0, &mm)) return -5;
+  if (cusparseSpMV_bufferSize(h, 0, &alpha, a, x, &beta, y, 0, 0, &mv)) return -6;
+  printf("%zu,%zu ", mm, mv);
+  return cusparseDestroySpMat(a) || cusparseDestroyDnMat(b) || cusparseDestroyDnMat(c) ||
+         cusparseDestroyDnVec(x) || cusparseDestroyDnVec(y);
+}
+int main(void) {
+  if (cusparseCreate(&h) || cudaMalloc((void **)&buf, 1 << 16)) return 10;
+  int e = product(64, 32, 100, 0, 0) || product(64, 32, 100, 0, 0) || product(128, 32, 50, 0, 0) ||
+          product(64, 32, 100, 1, 256) || product(64, 32, 100, 1, 4);
+  printf("\n");
+  return e;
+}
+"#;
+
+/// Issue 19: a cuSPARSE buffer size asked before (descriptors that describe the same) is
+/// answered by the client, in the same process and, checked, in a later one; a server
+/// whose library answers otherwise ends the session naming the call.
+#[test]
+fn cusparse_buffer_sizes_asked_before_are_answered_by_the_client() {
+    let server = server();
+    let exe = program_with("cusparse-sizes", CUSPARSE_SIZES, &["-l:libcusparse.so.12"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    // rows * 64 + nnz * 8 + dense columns * 16 (+1 for SpMM): the emulated library's sizes.
+    assert_eq!(stdout.trim(), "5153,4912 5153,4912 8849,8608 5153,4912 5153,4912", "{stderr}");
+    // Asked: the first shape, the second, the first with its pointers set, and set with an
+    // array of another alignment.
+    assert_eq!(trace_row(&stderr, "cusparseSpMM_bufferSize"), ["5", "4"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusparseSpMV_bufferSize"), ["5", "4"], "{stderr}");
+
+    let cache = chidori_tests::scratch("cusparse-sizes-cache");
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first, stdout, "{stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, stdout, "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusparseSpMM_bufferSize"), ["5", "0"], "{stderr}");
+    assert_eq!(trace_row(&stderr, "cusparseSpMV_bufferSize"), ["5", "0"], "{stderr}");
+    assert!(!stderr.contains("answered differently") && !stderr.contains("WARN"), "{stderr}");
+    drop(server);
+
+    let other = salted_server();
+    let (_, stderr) = run_learning(&other, &exe, &cache, &[]);
+    assert!(
+        stderr.contains("the server answered differently (another buffer size)"),
+        "a different answer ends the session, naming the call: {stderr}"
+    );
+}
+
 /// cuSPARSELt's handle, descriptors and plans are 1 KiB records the program holds and the
 /// library fills with its own pointers: the worker keeps the library's records, the
 /// program's hold ids. The emulated library links its records (a plan to its descriptor,

@@ -130,6 +130,9 @@ struct State {
     cufft_created: u64,
     /// The algorithm set on each cuSOLVER parameter set (cusolverDnSetAdvOptions).
     solver_algo: HashMap<u64, u64>,
+    /// What each cuSPARSE generic descriptor describes: rows, columns, entries (a dense
+    /// vector: its size, 1, its size).
+    sparse_shapes: HashMap<u64, (u64, u64, u64)>,
     /// The variables of each loaded library's images (name, initial bytes), and those
     /// asked for, by (library, name): their memory is an allocation.
     variables: HashMap<u64, Vec<(String, Vec<u8>)>>,
@@ -1114,11 +1117,40 @@ impl Backend for Emulated {
                     if !valid {
                         return Ok(CUSPARSE_INVALID_VALUE);
                     }
-                    let h = self.state().handle();
+                    let shape = match desc.name {
+                        "cusparseCreateDnVec" => (a[1], 1, a[1]),
+                        "cusparseCreateDnMat" => (a[1], a[2], a[1].saturating_mul(a[2])),
+                        _ => (a[1], a[2], a[3]),
+                    };
+                    let mut state = self.state();
+                    let h = state.handle();
+                    state.sparse_shapes.insert(h, shape);
                     put_u64(a[0], h);
                     SUCCESS
                 }
-                ("cusparse", "cusparseDestroyDnVec" | "cusparseDestroyDnMat" | "cusparseDestroySpMat") => SUCCESS,
+                // Buffer sizes that depend on the descriptors' shapes and the algorithm;
+                // another salt, another library. (handle, opA, opB, alpha, A, B, beta, C,
+                // computeType, alg, size) and (handle, opA, alpha, A, x, beta, y,
+                // computeType, alg, size).
+                ("cusparse", "cusparseSpMM_bufferSize" | "cusparseSpMV_bufferSize") => {
+                    let spmm = desc.name == "cusparseSpMM_bufferSize";
+                    let (matrix, dense, alg, out) =
+                        if spmm { (a[4], a[5], a[9], a[10]) } else { (a[3], a[4], a[8], a[9]) };
+                    let state = self.state();
+                    let (Some(&(rows, _, nnz)), Some(&(_, columns, _))) =
+                        (state.sparse_shapes.get(&matrix), state.sparse_shapes.get(&dense))
+                    else {
+                        return Ok(CUSPARSE_INVALID_VALUE);
+                    };
+                    let size = rows * 64 + nnz * 8 + columns * 16 + alg * 4096 + 8 * salt() + u64::from(spmm);
+                    put_u64(out, size);
+                    SUCCESS
+                }
+                ("cusparse", "cusparseDestroyDnVec" | "cusparseDestroyDnMat" | "cusparseDestroySpMat") => {
+                    self.state().sparse_shapes.remove(&a[0]);
+                    SUCCESS
+                }
+                ("cusparse", "cusparseCsrSetPointers") => SUCCESS,
                 ("cusparse", "cusparseGetVersion") => {
                     // (handle, int *version): CUDA 13.0's cuSPARSE.
                     put_u32(a[1], 12_600);
