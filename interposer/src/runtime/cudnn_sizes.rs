@@ -16,7 +16,6 @@
 //! given at once there, and checked against the server's answer to the same call.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::MutexGuard;
 
 use chidori_cuda::handles::{KINDS, kind};
@@ -95,11 +94,7 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
         let previous = fingerprints().as_ref().and_then(|m| m.get(&handle).copied());
         let next = match (previous, content(desc, args, prepared, Some(0))) {
             // As created, or known: this Set is added to what it says.
-            (None | Some(Some(_)), Some(call)) => {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                (previous.flatten().unwrap_or(1), call).hash(&mut h);
-                Some(h.finish())
-            }
+            (None | Some(Some(_)), Some(call)) => Some(super::kept::combine(previous.flatten().unwrap_or(1), call)),
             // Unknown stays unknown: a Set changes only part of a descriptor.
             _ => None,
         };

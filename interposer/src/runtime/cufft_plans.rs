@@ -15,12 +15,11 @@
 //! followed no further.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, Part, decode, give_checked, stored};
+use super::kept::{Action, Part, combine, decode, give_checked, stored};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -149,12 +148,6 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             }
         }
     }
-}
-
-fn combine(before: u64, call: u64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (before, call).hash(&mut h);
-    h.finish()
 }
 
 /// After the server made a plan: keep a success (for later sessions too).

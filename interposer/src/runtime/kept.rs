@@ -78,6 +78,20 @@ pub(crate) fn content(
     Some(h.finish())
 }
 
+/// What an object says after a call that changes it: what it said before, then the call.
+pub(crate) fn combine(before: u64, call: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (before, call).hash(&mut h);
+    h.finish()
+}
+
+/// How a device address counts in a question: by its alignment, up to 256 bytes (NULL
+/// apart). A size query reads no array, and an array's address differs from process to
+/// process.
+pub(crate) fn alignment(address: u64) -> u64 {
+    if address == 0 { u64::from(u32::MAX) } else { u64::from(address.trailing_zeros().min(8)) }
+}
+
 /// A size question keyed `key`: answered from `cache` (asked in this process), or from
 /// the store of learned answers in `space` (asked in an earlier session on this server:
 /// given now, the call still made and its answer checked, `differs` naming how it may

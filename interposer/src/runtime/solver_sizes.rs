@@ -15,13 +15,12 @@
 //! a question does not say which GPU a context was made on.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, Part};
+use super::kept::{Action, Part, alignment, combine};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -92,7 +91,7 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects
         // A device address by its alignment only (as cuBLASLt's heuristics are kept): a
         // size query reads no matrix (callers pass NULL), and a tensor's address differs
         // from process to process.
-        Wire::Device => Part::Hash(u64::from(alignment(a))),
+        Wire::Device => Part::Hash(alignment(a)),
         // NULL: the library's defaults.
         Wire::Handle { kind: k, .. } if followed(k) && a == 0 => Part::Hash(0),
         Wire::Handle { kind: k, .. } if followed(k) => match objects.says.get(&a) {
@@ -102,11 +101,6 @@ fn content(desc: &CallDesc, args: &[u64], prepared: &Prepared, objects: &Objects
         },
         _ => Part::Usual,
     })
-}
-
-/// How a device address is aligned, up to 256 bytes; NULL apart.
-fn alignment(address: u64) -> u32 {
-    if address == 0 { u32::MAX } else { address.trailing_zeros().min(8) }
 }
 
 /// The first followed object a call passes, non-NULL: (parameter, value).
@@ -153,11 +147,7 @@ pub(crate) fn before(desc: &'static CallDesc, args: &[u64], prepared: &Prepared)
             None => None,
         };
         let call = content(desc, args, prepared, o, Some(at));
-        let next = before.zip(call).map(|(before, call)| {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (before, call).hash(&mut h);
-            h.finish()
-        });
+        let next = before.zip(call).map(|(before, call)| combine(before, call));
         o.says.insert(object, next);
     });
     Action::Send

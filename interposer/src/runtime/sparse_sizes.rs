@@ -23,7 +23,7 @@ use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, Part};
+use super::kept::{Action, Part, alignment, combine};
 use crate::ahead::learned::Space;
 use crate::state::CLIENT;
 
@@ -94,7 +94,7 @@ fn content(desc: &CallDesc, prepared: &Prepared, skip: Option<usize>) -> Option<
     let args = &prepared.call.args;
     super::kept::content(desc.wire, desc, args, prepared, skip, None, |wire, a| match *wire {
         // A size query reads no array; an array's address differs from process to process.
-        Wire::Device => Part::Hash(u64::from(alignment(a))),
+        Wire::Device => Part::Hash(alignment(a)),
         Wire::Handle { kind: k, .. } if k == kind::cusparseContext => Part::Leave,
         Wire::Handle { kind: k, .. } if followed(k) => {
             CLIENT.sparse_prints.get(&a).flatten().map_or(Part::Refuse, Part::Hash)
@@ -105,11 +105,6 @@ fn content(desc: &CallDesc, prepared: &Prepared, skip: Option<usize>) -> Option<
     })
 }
 
-/// How a device address is aligned, up to 256 bytes; NULL apart.
-fn alignment(address: u64) -> u32 {
-    if address == 0 { u32::MAX } else { address.trailing_zeros().min(8) }
-}
-
 /// The followed descriptors a call passes: (parameter, name).
 fn passed(desc: &CallDesc, prepared: &Prepared) -> Vec<(usize, u64)> {
     desc.params
@@ -118,13 +113,6 @@ fn passed(desc: &CallDesc, prepared: &Prepared) -> Vec<(usize, u64)> {
         .filter(|(_, w)| matches!(**w, Wire::Handle { kind: k, .. } | Wire::OutHandle { kind: k, .. } if followed(k)))
         .filter_map(|(i, _)| prepared.call.args.get(i).copied().filter(|&a| a != 0).map(|a| (i, a)))
         .collect()
-}
-
-fn combine(before: u64, call: u64) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (before, call).hash(&mut h);
-    h.finish()
 }
 
 /// Before a cuSPARSE call is sent: answer a buffer size known, and follow what each

@@ -27,7 +27,7 @@ use chidori_cuda::handles::kind;
 use chidori_protocol::desc::{CallDesc, Wire};
 
 use super::Prepared;
-use super::kept::{Action, Answer, Part, give, outputs};
+use super::kept::{Action, Answer, Part, combine, give, outputs};
 use crate::state::CLIENT;
 
 /// Answers kept (distinct questions: a few per sparse layer shape).
@@ -96,12 +96,6 @@ fn content_with(
         // A value, a buffer; a device address, a stream, a scalar: not a question this answers.
         _ => Part::Usual,
     })
-}
-
-fn combine(before: u64, call: u64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (before, call).hash(&mut h);
-    h.finish()
 }
 
 /// Before a cuSPARSELt call is sent: answer a size query known, and follow what the
