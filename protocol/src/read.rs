@@ -58,11 +58,11 @@ pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError
 }
 
 /// [`read_frame`] from a peer trusted to send what its headers declare (an authenticated
-/// bulk lane): the bulk goes into `spare`, an emptied buffer of an earlier frame, where it
-/// fits whole (memory already in place is not faulted in again; a buffer that does not fit
-/// is left in `spare`, never grown or dropped), else up to `reserve` bytes of it are
-/// reserved at once, so a large copy's bytes are read into place without the buffer
-/// growing (and moving) as they arrive.
+/// bulk lane): the bulk goes into `spare`, a buffer of an earlier frame whose bytes it
+/// overwrites, where it fits whole (memory already in place is not faulted in again; a
+/// buffer that does not fit is left in `spare`, never grown or dropped), else up to
+/// `reserve` bytes of it are reserved at once, so a large copy's bytes are read into place
+/// without the buffer growing (and moving) as they arrive.
 pub fn read_frame_reusing(
     r: &mut impl Read,
     stall: Duration,
@@ -91,7 +91,7 @@ pub fn read_frame_reusing(
     read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
     let len = header.bulk_len as usize;
     let mut bulk = if len > 0 && spare.capacity() >= len {
-        spare.clear();
+        // Its length kept: those bytes are written, and are not zeroed again (read_bulk).
         std::mem::take(spare)
     } else {
         Vec::with_capacity(len.min(reserve))
@@ -100,10 +100,19 @@ pub fn read_frame_reusing(
     Ok(Frame { header, archive, bulk })
 }
 
-/// Read `total` bytes of a frame's bulk into `into`, which std's `read_to_end` grows as
-/// the bytes arrive (doubling) and fills without zeroing first: bulk is most of what a
-/// session reads (every host-to-device copy), so it is read once, not zeroed and read.
+/// Read `total` bytes of a frame's bulk into `into`. Memory reserved for all of it (a
+/// trusted peer's frame, [`read_frame_reusing`]) is read into whole: each read is offered
+/// every byte still to come, so a TLS reader opens records in place there (no copy) and a
+/// socket hands over what it holds; only what never held bytes is zeroed first, once per
+/// buffer. Otherwise std's `read_to_end` grows `into` as the bytes arrive (doubling) and
+/// fills it without zeroing: bulk is most of what a session reads (every host-to-device
+/// copy), so it is read once, not zeroed and read.
 fn read_bulk(r: &mut impl Read, into: &mut Vec<u8>, total: usize, stall: Duration) -> Result<(), ReadError> {
+    if total > 0 && into.capacity() >= total {
+        into.resize(total, 0);
+        return read_into(r, into, "bulk", stall);
+    }
+    into.clear();
     let mut silent = Silence::default();
     while into.len() < total {
         let before = into.len();
@@ -162,6 +171,25 @@ impl Growing for AlignedVec {
     }
 }
 
+/// Fill `buf` from `r`, a stall (no progress for `stall`) or the end an error.
+fn read_into(r: &mut impl Read, buf: &mut [u8], what: &'static str, stall: Duration) -> Result<(), ReadError> {
+    let mut at = 0;
+    let mut silent = Silence::default();
+    while at < buf.len() {
+        match r.read(&mut buf[at..]) {
+            Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
+            Ok(k) => {
+                at += k;
+                silent.progress();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => silent.check(stall, what)?,
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
 /// Read `total` bytes onto the end of `into`, reserving only what arrives (chunks
 /// doubling from [`FIRST_CHUNK`]).
 fn read_growing(
@@ -172,23 +200,9 @@ fn read_growing(
     what: &'static str,
 ) -> Result<(), ReadError> {
     let mut done = 0usize;
-    let mut silent = Silence::default();
     while done < total {
         let n = (total - done).min(done.max(FIRST_CHUNK));
-        let chunk = into.extend_zeroed(n);
-        let mut at = 0;
-        while at < n {
-            match r.read(&mut chunk[at..]) {
-                Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
-                Ok(k) => {
-                    at += k;
-                    silent.progress();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => silent.check(stall, what)?,
-                Err(e) => return Err(ReadError::Io(e)),
-            }
-        }
+        read_into(r, into.extend_zeroed(n), what, stall)?;
         done += n;
     }
     Ok(())
@@ -361,6 +375,43 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         let mut nothing = Trickle { bytes: Vec::new(), at: 0 };
         assert!(matches!(read_frame(&mut nothing, Duration::from_millis(100)), Err(ReadError::Timeout)));
+    }
+
+    /// A reader that records how much each read asked for.
+    struct Asked<'a> {
+        bytes: &'a [u8],
+        asked: Vec<usize>,
+    }
+
+    impl Read for Asked<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.asked.push(buf.len());
+            let n = buf.len().min(100_000).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_reused_buffer_is_offered_whole_and_holds_only_the_new_bulk() {
+        // A spare buffer longer than the frame's bulk, full of an earlier frame's bytes.
+        let mut spare = vec![5u8; 1 << 20];
+        let bulk: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let bytes = frame::to_vec(Header::new(Kind::Call, 1, 2, 3), &[9u8; 10], &[&bulk]).unwrap();
+        let mut reader = Asked { bytes: &bytes, asked: Vec::new() };
+        let frame = read_frame_reusing(&mut reader, Duration::from_secs(1), 1 << 20, &mut spare).unwrap();
+        assert!(frame.bulk == bulk, "the bulk differs");
+        assert_eq!(spare.capacity(), 0, "the spare buffer was taken");
+        // Each read of the bulk asked for all that was still to come: 300,000, then 200,000
+        // and 100,000 after reads of 100,000 each.
+        let bulk_reads: Vec<usize> = reader.asked.iter().rev().take(3).rev().copied().collect();
+        assert_eq!(bulk_reads, [300_000, 200_000, 100_000], "{:?}", reader.asked);
+        // Without a buffer of its own (a peer not trusted), memory grows as bytes arrive.
+        let mut reader = Asked { bytes: &bytes, asked: Vec::new() };
+        let frame = read_frame_reusing(&mut reader, Duration::from_secs(1), 0, &mut Vec::new()).unwrap();
+        assert!(frame.bulk == bulk);
+        assert!(reader.asked.iter().all(|&n| n < 300_000), "{:?}", reader.asked);
     }
 
     #[test]
