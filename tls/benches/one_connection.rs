@@ -5,35 +5,12 @@
 //! `cargo bench -p chidori-tls --bench one_connection`.
 
 use std::io::{IoSlice, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::Instant;
+
+mod common;
 
 const TOTAL: usize = 1 << 30;
 const CHUNK: usize = 8 << 20;
-
-fn server_config() -> (Arc<rustls::ServerConfig>, String) {
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("a certificate");
-    let der = made.cert.der().clone();
-    let fingerprint = chidori_tls::pin::fingerprint(&der);
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
-    let mut config = rustls::ServerConfig::builder_with_provider(chidori_tls::provider())
-        .with_protocol_versions(chidori_tls::VERSIONS)
-        .expect("TLS 1.3")
-        .with_no_client_auth()
-        .with_single_cert(vec![der], key)
-        .expect("the key fits");
-    config.send_tls13_tickets = 0;
-    config.enable_secret_extraction = true;
-    (Arc::new(config), fingerprint)
-}
-
-fn pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-    let (b, _) = l.accept().expect("accept");
-    (a, b)
-}
 
 /// Receive TOTAL bytes from `r` in another thread while `send` writes them; GB/s.
 fn run(mut r: impl Read + Send + 'static, send: impl FnOnce(&[u8])) -> f64 {
@@ -54,7 +31,7 @@ fn run(mut r: impl Read + Send + 'static, send: impl FnOnce(&[u8])) -> f64 {
 
 fn main() {
     for round in 1..=3 {
-        let (a, b) = pair();
+        let (a, b) = common::pair();
         let plain = run(b, |data| {
             let mut a = &a;
             for _ in 0..TOTAL / CHUNK {
@@ -62,9 +39,9 @@ fn main() {
             }
         });
 
-        let (config, fingerprint) = server_config();
+        let (config, fingerprint) = common::server_config(chidori_tls::provider());
         let pins = chidori_tls::pin::Pins { explicit: Some(fingerprint), file: None };
-        let (mut a, mut b) = pair();
+        let (mut a, mut b) = common::pair();
         let server = std::thread::spawn(move || {
             let secure = chidori_tls::server_handshake(&mut b, config).expect("server handshake");
             secure.reader(b)
@@ -77,9 +54,9 @@ fn main() {
         });
 
         // The same client configuration (the pinned certificate), on rustls's buffered API.
-        let (config, fingerprint) = server_config();
+        let (config, fingerprint) = common::server_config(chidori_tls::provider());
         let pins = chidori_tls::pin::Pins { explicit: Some(fingerprint), file: None };
-        let (a, b) = pair();
+        let (a, b) = common::pair();
         let (client_config, _) = pins.client_config("localhost:1");
         let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
         let mut sender =

@@ -6,40 +6,23 @@
 //! another thread drains it). Run with `cargo bench -p chidori-tls --bench receive`.
 
 use std::io::{IoSlice, Read};
-use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Instant;
+
+mod common;
 
 const TOTAL: usize = 512 << 20;
 const CHUNK: usize = 8 << 20;
 
-/// A server configuration offering `suites` only (the client offers AES-128-GCM first).
-fn server_config(suites: Vec<rustls::SupportedCipherSuite>) -> (Arc<rustls::ServerConfig>, String) {
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("a certificate");
-    let der = made.cert.der().clone();
-    let fingerprint = chidori_tls::pin::fingerprint(&der);
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites = suites;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(chidori_tls::VERSIONS)
-        .expect("TLS 1.3")
-        .with_no_client_auth()
-        .with_single_cert(vec![der], key)
-        .expect("the key fits");
-    config.send_tls13_tickets = 0;
-    config.enable_secret_extraction = true;
-    (Arc::new(config), fingerprint)
-}
-
 /// The ciphertext of TOTAL bytes as the server received it, its reader's connection, and
 /// the sealing rate (GB/s).
 fn capture(suites: Vec<rustls::SupportedCipherSuite>) -> (Vec<u8>, Arc<chidori_tls::Secure>, f64) {
-    let (config, fingerprint) = server_config(suites);
+    // The server offers `suites` only (the client offers AES-128-GCM first).
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = suites;
+    let (config, fingerprint) = common::server_config(Arc::new(provider));
     let pins = chidori_tls::pin::Pins { explicit: Some(fingerprint), file: None };
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let mut a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-    let (mut b, _) = l.accept().expect("accept");
+    let (mut a, mut b) = common::pair();
     let server = std::thread::spawn(move || {
         let secure = chidori_tls::server_handshake(&mut b, config).expect("server handshake");
         let mut wire = Vec::with_capacity(TOTAL + TOTAL / 500);
