@@ -193,8 +193,9 @@ impl<S: Read> Read for SecureReader<S> {
                 continue;
             }
             // A large read takes the ciphertext into the caller's buffer and opens it there
-            // (what is buffered, at most a record or two, goes first): the plaintext is not
-            // copied again. A record cut off at the end waits in the buffer for the next read.
+            // (what is buffered, at most half the buffer's length, goes first): the plaintext
+            // is not copied again. A record cut off at the end waits in the buffer for the
+            // next read.
             let buffered = self.end - self.start;
             if out.len() >= DIRECT_AT && buffered <= out.len() / 2 {
                 out[..buffered].copy_from_slice(&self.buf[self.start..self.end]);
