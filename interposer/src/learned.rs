@@ -14,11 +14,16 @@ static LEARNED: Mutex<Option<Learned>> = Mutex::new(None);
 /// Checks whose server answer has not come yet.
 static CHECKING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 
+/// Whether `CHIDORI_LEARNED=0` turned off what earlier sessions learned (read once).
+pub fn off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0"))
+}
+
 /// With the store of the connected server's identity (opened on first use; None where
 /// `CHIDORI_LEARNED=0`).
 pub fn with<T>(conn: &Conn, f: impl FnOnce(&mut Learned) -> T) -> Option<T> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var(chidori_protocol::env::LEARNED).is_ok_and(|v| v == "0")) {
+    if off() {
         return None;
     }
     let mut slot = LEARNED.lock().unwrap_or_else(|p| p.into_inner());

@@ -399,10 +399,12 @@ mod named {
     const COPIES_MAX: usize = 256 << 20;
 
     /// On unless `CHIDORI_MODULES_NAMED=0`, or `CHIDORI_LEARNED=0` (a kept answer is one
-    /// learned in an earlier session).
+    /// learned in an earlier session); read once.
     fn enabled() -> bool {
-        let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
-        !off(chidori_protocol::env::MODULES_NAMED) && !off(chidori_protocol::env::LEARNED)
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            !std::env::var(chidori_protocol::env::MODULES_NAMED).is_ok_and(|v| v == "0") && !crate::learned::off()
+        })
     }
 
     fn path(hash: &[u8; 32]) -> Option<PathBuf> {
