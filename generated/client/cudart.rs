@@ -6332,7 +6332,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpy2D(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2D__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2D__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy2D__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_2d(
+            &CTX,
             dst,
             dpitch,
             src,
@@ -6416,7 +6434,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpy2DAsync(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_2d_async(
+            &CTX,
             dst,
             dpitch,
             src,
@@ -6441,7 +6477,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpy2DAsync_ptsz(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync_ptsz__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync_ptsz__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DAsync_ptsz__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_2d_async(
+            &CTX,
             dst,
             dpitch,
             src,
@@ -6841,7 +6895,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
     kind: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaMemcpy2D_ptds(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2D_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2D_ptds__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2D_ptds__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy2D_ptds__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::memcpy_2d(
+            &CTX,
             dst,
             dpitch,
             src,

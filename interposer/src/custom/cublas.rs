@@ -5,12 +5,15 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::cublas as calls;
+use chidori_cuda::calls::cudart as cudart_calls;
 use chidori_cuda::desc::Ctx;
 
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE;
 
+use crate::custom::kernels::{Copy2d, copy_2d};
+use crate::custom::memory::CopyForms;
 use crate::state::CLIENT;
 
 pub unsafe fn cublasCreate_v2(handle: *mut c_void) -> u32 {
@@ -101,6 +104,17 @@ const MAPPING_ERROR: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_M
 const H2D: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyHostToDevice;
 const D2H: u32 = chidori_cuda::consts::cudaMemcpyKind::cudaMemcpyDeviceToHost;
 
+static MEMCPY2D: CopyForms = CopyForms {
+    h2d: &cudart_calls::cudaMemcpy2D__h2d,
+    d2h: &cudart_calls::cudaMemcpy2D__d2h,
+    d2d: &cudart_calls::cudaMemcpy2D__d2d,
+};
+static MEMCPY2D_ASYNC: CopyForms = CopyForms {
+    h2d: &cudart_calls::cudaMemcpy2DAsync__h2d,
+    d2h: &cudart_calls::cudaMemcpy2DAsync__d2h,
+    d2d: &cudart_calls::cudaMemcpy2DAsync__d2d,
+};
+
 /// `rows` elements of `elem` bytes in each of `cols` columns, `src_ld` / `dst_ld` elements
 /// apart.
 struct Strided {
@@ -127,15 +141,12 @@ fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c
         else {
             return INVALID_VALUE;
         };
-        // SAFETY: the caller's arrays hold what the arguments name (the cuBLAS contract);
-        // the 2D copy touches only those bytes.
-        let s = unsafe {
-            match stream {
-                None => crate::custom::kernels::cudaMemcpy2D(m.dst, dpitch, m.src, spitch, width, height, kind),
-                Some(st) => {
-                    crate::custom::kernels::cudaMemcpy2DAsync(m.dst, dpitch, m.src, spitch, width, height, kind, st)
-                }
-            }
+        // The caller's arrays hold what the arguments name (the cuBLAS contract); the 2D copy
+        // touches only those bytes.
+        let c = Copy2d { dst: m.dst as u64, dpitch, src: m.src as u64, spitch, width, height };
+        let s = match stream {
+            None => copy_2d(&MEMCPY2D, c, kind, &[]),
+            Some(st) => copy_2d(&MEMCPY2D_ASYNC, c, kind, &[st as u64]),
         };
         if s == chidori_cuda::consts::cudaError::cudaSuccess { SUCCESS } else { MAPPING_ERROR }
     })

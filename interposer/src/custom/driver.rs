@@ -1240,19 +1240,7 @@ pub unsafe fn mem_range_get_attributes(
         }
         let conn = connection()?;
         // SAFETY: the caller's three arrays of `count` elements.
-        let arg_lists: Vec<Vec<u64>> = unsafe {
-            (0..count)
-                .map(|i| {
-                    vec![
-                        *(data as *const u64).add(i),
-                        *(data_sizes as *const u64).add(i),
-                        u64::from(*(attributes as *const u32).add(i)),
-                        dev_ptr,
-                        len as u64,
-                    ]
-                })
-                .collect()
-        };
+        let arg_lists = unsafe { memory::range_attribute_calls(data, data_sizes, attributes, count, dev_ptr, len) };
         // SAFETY: each call writes dataSizes[i] bytes into data[i].
         Ok(unsafe { crate::runtime::call_batch(&conn, &calls::cuMemRangeGetAttribute, &arg_lists) } as u32)
     })

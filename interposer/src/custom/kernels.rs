@@ -684,18 +684,18 @@ pub unsafe fn cudaGetSymbolSize(size: *mut c_void, symbol: *mut c_void) -> u32 {
 
 // ---- 2D copies ----
 
-struct Copy2d {
-    dst: u64,
-    dpitch: usize,
-    src: u64,
-    spitch: usize,
-    width: usize,
-    height: usize,
+pub(crate) struct Copy2d {
+    pub dst: u64,
+    pub dpitch: usize,
+    pub src: u64,
+    pub spitch: usize,
+    pub width: usize,
+    pub height: usize,
 }
 
 /// A 2D copy: host rows are gathered into (or scattered from) one contiguous buffer whose
 /// pitch on the wire is the width.
-fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
+pub(crate) fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
     runtime("cudaMemcpy2D", || {
         if c.width > c.dpitch || c.width > c.spitch {
             return Err(INVALID_VALUE);
@@ -767,50 +767,25 @@ fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
     })
 }
 
-static MEMCPY2D: CopyForms =
-    CopyForms { h2d: &calls::cudaMemcpy2D__h2d, d2h: &calls::cudaMemcpy2D__d2h, d2d: &calls::cudaMemcpy2D__d2d };
-static MEMCPY2D_PTDS: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpy2D_ptds__h2d,
-    d2h: &calls::cudaMemcpy2D_ptds__d2h,
-    d2d: &calls::cudaMemcpy2D_ptds__d2d,
-};
-static MEMCPY2D_ASYNC: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpy2DAsync__h2d,
-    d2h: &calls::cudaMemcpy2DAsync__d2h,
-    d2d: &calls::cudaMemcpy2DAsync__d2d,
-};
-static MEMCPY2D_ASYNC_PTSZ: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpy2DAsync_ptsz__h2d,
-    d2h: &calls::cudaMemcpy2DAsync_ptsz__d2h,
-    d2d: &calls::cudaMemcpy2DAsync_ptsz__d2d,
-};
-
-pub unsafe fn cudaMemcpy2D(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-) -> u32 {
-    copy_2d(&MEMCPY2D, Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
-}
-
-pub unsafe fn cudaMemcpy2D_ptds(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-) -> u32 {
-    copy_2d(&MEMCPY2D_PTDS, Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
-}
-
+/// cudaMemcpy2D and cudaMemcpy2D_ptds.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn cudaMemcpy2DAsync(
+pub unsafe fn memcpy_2d(
+    ctx: &Ctx,
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    copy_2d(&CopyForms::of(ctx), Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
+}
+
+/// cudaMemcpy2DAsync and cudaMemcpy2DAsync_ptsz (whose NULL stream is the thread's own).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn memcpy_2d_async(
+    ctx: &Ctx,
     dst: *mut c_void,
     dpitch: usize,
     src: *mut c_void,
@@ -820,31 +795,9 @@ pub unsafe fn cudaMemcpy2DAsync(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    copy_2d(
-        &MEMCPY2D_ASYNC,
-        Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height },
-        kind,
-        &[stream as u64],
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cudaMemcpy2DAsync_ptsz(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: u32,
-    stream: *mut c_void,
-) -> u32 {
-    copy_2d(
-        &MEMCPY2D_ASYNC_PTSZ,
-        Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height },
-        kind,
-        &[stream as u64],
-    )
+    let stream = if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream };
+    let c = Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height };
+    copy_2d(&CopyForms::of(ctx), c, kind, &[stream as u64])
 }
 
 // ---- Function queries answered from the registry and the kernel's layout ----

@@ -12,6 +12,35 @@ use crate::state::{self, Memory};
 /// Bytes per call of a large copy (several such calls are in flight at once).
 pub const CHUNK: u64 = 8 << 20;
 
+/// The per-attribute calls of `cudaMemRangeGetAttributes` / `cuMemRangeGetAttributes`, sent
+/// in one round trip: (data[i], dataSizes[i], attributes[i], devPtr, count) each.
+///
+/// # Safety
+/// `data`, `data_sizes` and `attributes` each hold `count` elements (the API contract).
+pub unsafe fn range_attribute_calls(
+    data: *mut c_void,
+    data_sizes: *mut c_void,
+    attributes: *mut c_void,
+    count: usize,
+    dev_ptr: u64,
+    len: usize,
+) -> Vec<Vec<u64>> {
+    (0..count)
+        .map(|i| {
+            // SAFETY: `i < count`, per the contract.
+            unsafe {
+                vec![
+                    *(data as *const u64).add(i),
+                    *(data_sizes as *const u64).add(i),
+                    u64::from(*(attributes as *const u32).add(i)),
+                    dev_ptr,
+                    len as u64,
+                ]
+            }
+        })
+        .collect()
+}
+
 /// Allocate pinned host memory on the client (page-aligned, recorded as pinned), in the
 /// arena both sides reserve, so the server can mirror it at the same address if the GPU is
 /// ever handed a pointer into it.
