@@ -67,6 +67,7 @@
 #            $TLS_TRIES times each; over TLS once per lane count in $TLS_LANES, e.g. "8 4"),
 #            the training workload; then the torch suite over TLS
 #            ($TLS_SUITE=0: not; $TLS_SUITE_TIMEOUT)
+#            ($TLS_CPU=1: CPU seconds per thread in the 1 GiB copies, gpu/tools/thread_cpu.py)
 #   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
 #            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
 #            without and with bulk lanes (CHIDORI_LANES=0, 4), twice each
@@ -670,6 +671,17 @@ if want tls; then
       row "rtt tls $i lanes=$lanes" "$(cat "$LOGS/tls-rtt-tls-$i-$lanes.json") $(tail -1 "$LOGS/tls-rtt-tls-$i-$lanes.err")"
     done
   done
+  if [[ ${TLS_CPU:-0} == 1 ]]; then
+    # Where the CPU goes in the 1 GiB copies (100 small calls, 2 tries): per thread name,
+    # client and worker alike, plain (4 lanes) and over TLS with each of $TLS_LANES.
+    for lanes in plain ${TLS_LANES:-8}; do
+      if [[ $lanes == plain ]]; then via=("$CHIDORI" run -s $SERVER --); else via=(env CHIDORI_LANES=$lanes "${over_tls[@]}"); fi
+      timeout 60 python3 gpu/tools/thread_cpu.py -- "${via[@]}" "$B/rtt" 100 1 2 \
+        > "$LOGS/tls-cpu-$lanes.json" 2> "$LOGS/tls-cpu-$lanes.err"
+      echo "== CPU by thread, $lanes: $(cat "$LOGS/tls-cpu-$lanes.json")"
+      grep '^thread_cpu:' "$LOGS/tls-cpu-$lanes.err" | head -16
+    done
+  fi
   train=("$SHARED/workloads/train.py" --steps 60 --log-every 20)
   timeout 90 "$CHIDORI" run -s $SERVER -- python3 "${train[@]}" > "$LOGS/tls-train-plain.out" 2> "$LOGS/tls-train-plain.err"
   row "train plain" "$(tail -1 "$LOGS/tls-train-plain.out" | cut -c1-220)"
