@@ -141,12 +141,14 @@ fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c
         else {
             return INVALID_VALUE;
         };
-        // The caller's arrays hold what the arguments name (the cuBLAS contract); the 2D copy
-        // touches only those bytes.
         let c = Copy2d { dst: m.dst as u64, dpitch, src: m.src as u64, spitch, width, height };
-        let s = match stream {
-            None => copy_2d(&MEMCPY2D, c, kind, &[]),
-            Some(st) => copy_2d(&MEMCPY2D_ASYNC, c, kind, &[st as u64]),
+        // SAFETY: the caller's arrays hold what the arguments name (the cuBLAS contract); the
+        // 2D copy touches only those bytes.
+        let s = unsafe {
+            match stream {
+                None => copy_2d(&MEMCPY2D, c, kind, &[]),
+                Some(st) => copy_2d(&MEMCPY2D_ASYNC, c, kind, &[st as u64]),
+            }
         };
         if s == chidori_cuda::consts::cudaError::cudaSuccess { SUCCESS } else { MAPPING_ERROR }
     })

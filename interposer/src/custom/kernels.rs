@@ -695,7 +695,10 @@ pub(crate) struct Copy2d {
 
 /// A 2D copy: host rows are gathered into (or scattered from) one contiguous buffer whose
 /// pitch on the wire is the width.
-pub(crate) fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
+///
+/// # Safety
+/// A host side holds `height` rows of `width` bytes, its pitch apart (cudaMemcpy2D's contract).
+pub(crate) unsafe fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
     runtime("cudaMemcpy2D", || {
         if c.width > c.dpitch || c.width > c.spitch {
             return Err(INVALID_VALUE);
@@ -779,7 +782,9 @@ pub unsafe fn memcpy_2d(
     height: usize,
     kind: u32,
 ) -> u32 {
-    copy_2d(&CopyForms::of(ctx), Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
+    let c = Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height };
+    // SAFETY: the caller's rows, per cudaMemcpy2D's contract.
+    unsafe { copy_2d(&CopyForms::of(ctx), c, kind, &[]) }
 }
 
 /// cudaMemcpy2DAsync and cudaMemcpy2DAsync_ptsz (whose NULL stream is the thread's own).
@@ -797,7 +802,8 @@ pub unsafe fn memcpy_2d_async(
 ) -> u32 {
     let stream = if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream };
     let c = Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height };
-    copy_2d(&CopyForms::of(ctx), c, kind, &[stream as u64])
+    // SAFETY: the caller's rows, per cudaMemcpy2DAsync's contract.
+    unsafe { copy_2d(&CopyForms::of(ctx), c, kind, &[stream as u64]) }
 }
 
 // ---- Function queries answered from the registry and the kernel's layout ----
