@@ -387,6 +387,10 @@ if want casetrace; then
       grep -E '^[A-Za-z(].* [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$' "$LOGS/case-$name.err" | sort -k3 -nr | head -12
       echo "-- the round trips in order (runs of one function counted):"
       grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/case-$name.err" | awk '{print $2}' | uniq -c | sort -rn | head -12
+      # With chidori::custom::cudnn=debug in $CASETRACE_LOG: why the last run's waiting
+      # finalizes were not answered as before (nothing prints without it).
+      grep -o 'finalize: descriptor type [0-9]*, [0-9]* calls ahead; learned: .*' "$LOGS/case-$name.err" \
+        | sed 's/, [0-9]* calls ahead//' | sort | uniq -c | sort -rn | head -8
       load=$(grep -E '^\(module load\) ' "$LOGS/case-$name.err" | awk '{print $NF}')
       row "case $name" "$(grep TOTAL "$LOGS/case-$name.err" | awk '{print $2" calls, "$3" round trips, "$NF" ms waiting"}'), module load ${load:-0} ms"
       rm -rf "$trace_cache"
