@@ -1752,6 +1752,42 @@ fn cublas_helpers_copy_only_the_named_elements() {
     assert_eq!(stdout.trim(), "0 0 0 0 0 0 0 7 7 | 1 2 3 99 99 4 5 6 99 99 | 10 20 30 | 1 6", "{stderr}");
 }
 
+/// The runtime's 2D copies move `width` bytes of each row between pitched buffers, and the
+/// per-thread form's NULL stream is the thread's own (what cudaStreamPerThread waits for).
+const COPIES_2D: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+cudaError_t cudaMemcpy2DAsync_ptsz(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                   size_t height, enum cudaMemcpyKind kind, cudaStream_t stream);
+int main(void) {
+  unsigned char host[3][8], back[3][6], *d;
+  for (int r = 0; r < 3; r++)
+    for (int c = 0; c < 8; c++) host[r][c] = (unsigned char)(r * 10 + c);
+  memset(back, 99, sizeof back);
+  if (cudaMalloc((void **)&d, 64)) return 2;
+  int s1 = cudaMemcpy2D(d, 5, host, 8, 5, 3, cudaMemcpyHostToDevice);
+  int s2 = cudaMemcpy2DAsync_ptsz(back, 6, d, 5, 4, 3, cudaMemcpyDeviceToHost, 0);
+  int s3 = cudaStreamSynchronize(cudaStreamPerThread);
+  printf("%d %d %d |", s1, s2, s3);
+  for (int r = 0; r < 3; r++)
+    for (int c = 0; c < 6; c++) printf(" %d", back[r][c]);
+  printf("\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn runtime_2d_copies_move_only_each_rows_width() {
+    let server = server();
+    let exe = program("copies-2d", COPIES_2D);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);
+    // Four bytes of each row come back, six apart; the pitch's padding keeps its 99s.
+    assert_eq!(stdout.trim(), "0 0 0 | 0 1 2 3 99 99 10 11 12 13 99 99 20 21 22 23 99 99", "{stderr}");
+}
+
 /// cudnnBackendGetAttribute writes what the library wrote and nothing more: an array
 /// shorter than the requested count (the library has fewer elements) ends at a read-only
 /// page, and a Get of descriptors may pass a read-only array (it is only read).
