@@ -1788,6 +1788,38 @@ fn runtime_2d_copies_move_only_each_rows_width() {
     assert_eq!(stdout.trim(), "0 0 0 | 0 1 2 3 99 99 10 11 12 13 99 99 20 21 22 23 99 99", "{stderr}");
 }
 
+/// cu/cudaMemRangeGetAttributes refuse NULL arrays and an empty list as invalid values.
+const RANGE_ATTRIBUTES: &str = r#"
+#include <stdio.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  char *d;
+  if (cudaMalloc((void **)&d, 4096)) return 2;
+  int v = 0;
+  void *data[1] = {&v};
+  size_t sizes[1] = {sizeof v};
+  enum cudaMemRangeAttribute rt[1] = {cudaMemRangeAttributeLastPrefetchLocation};
+  CUmem_range_attribute cu[1] = {CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
+  int r1 = cudaMemRangeGetAttributes(NULL, sizes, rt, 1, d, 4096);
+  int r2 = cudaMemRangeGetAttributes(data, sizes, rt, 0, d, 4096);
+  int d1 = cuMemRangeGetAttributes(data, sizes, NULL, 1, (CUdeviceptr)d, 4096);
+  int d2 = cuMemRangeGetAttributes(data, NULL, cu, 1, (CUdeviceptr)d, 4096);
+  printf("%d %d %d %d\n", r1, r2, d1, d2);
+  return 0;
+}
+"#;
+
+#[test]
+fn range_attribute_lists_that_name_nothing_are_invalid_values() {
+    let server = server();
+    let exe = program_with("range-attributes", RANGE_ATTRIBUTES, &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);
+    assert_eq!(stdout.trim(), "1 1 1 1", "{stderr}");
+}
+
 /// cudnnBackendGetAttribute writes what the library wrote and nothing more: an array
 /// shorter than the requested count (the library has fewer elements) ends at a read-only
 /// page, and a Get of descriptors may pass a read-only array (it is only read).

@@ -3,13 +3,13 @@
 
     thread_cpu.py [--match NAME ...] [--every SECONDS] -- command [args...]
 
-Runs the command and samples every thread of every process on the machine (Linux
-``/proc/PID/task/TID/stat``) until it exits, keeping each thread's last user+system time
-(threads that end mid-run count as of their last sample). Prints, after the command's own
-output, one line per (process name, thread name) whose process name contains one of the
-``--match`` strings (default: chidori, rtt, python): CPU seconds, and the share of the
-command's wall time that is (100% = one core busy throughout). Thread names that end in
-digits are counted together (``chidori-lane3-out`` as ``chidori-laneN-out``). Threads that
+Runs the command and samples every thread of the machine's processes whose names contain
+one of the ``--match`` strings (default: chidori, rtt, python; this script's own process
+left out) from Linux ``/proc/PID/task/TID/stat`` until it exits, keeping each thread's last
+user+system time (threads that end mid-run count as of their last sample). Prints, after the
+command's own output, one line per (process name, thread name): CPU seconds, and the share
+of the command's wall time that is (100% = one core busy throughout). Digits in thread names
+count as one name (``chidori-lane3-out`` as ``chidori-laneN-out``). Threads that
 ran before the command started count only what they used after it did.
 """
 
@@ -28,15 +28,19 @@ TICK = os.sysconf("SC_CLK_TCK")
 Key = tuple[int, int]
 
 
-def sample() -> dict[Key, tuple[str, str, float]]:
-    """Every thread now: (pid, tid) -> (process name, thread name, CPU seconds)."""
+def sample(matches: list[str]) -> dict[Key, tuple[str, str, float]]:
+    """Every thread now of the processes whose names contain one of `matches` (this one's
+    own left out): (pid, tid) -> (process name, thread name, CPU seconds)."""
     out: dict[Key, tuple[str, str, float]] = {}
+    me = str(os.getpid())
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or pid == me:
             continue
         try:
             with open(f"/proc/{pid}/comm") as f:
                 proc = f.read().strip()
+            if not any(m in proc for m in matches):
+                continue
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
@@ -65,20 +69,18 @@ def main() -> int:
         parser.error("no command given")
     matches = args.match or ["chidori", "rtt", "python"]
 
-    before = sample()
+    before = sample(matches)
     start = time.monotonic()
     child = subprocess.Popen(command)
     last: dict[Key, tuple[str, str, float]] = {}
     while child.poll() is None:
-        last.update(sample())
+        last.update(sample(matches))
         time.sleep(args.every)
-    last.update(sample())
+    last.update(sample(matches))
     wall = time.monotonic() - start
 
     totals: dict[tuple[str, str], float] = defaultdict(float)
     for key, (proc, name, cpu) in last.items():
-        if not any(m in proc for m in matches):
-            continue
         used = cpu - before[key][2] if key in before else cpu
         if used > 0:
             totals[(proc, re.sub(r"\d+", "N", name))] += used

@@ -772,13 +772,13 @@ pub unsafe fn mem_range_get_attributes(
     len: usize,
 ) -> u32 {
     runtime(ctx.name, || {
-        if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+        // SAFETY: the caller's three arrays of `count` elements, or NULL.
+        let Some(calls_args) =
+            (unsafe { memory::range_attribute_calls(data, data_sizes, attributes, count, dev_ptr as u64, len) })
+        else {
             return Err(INVALID_VALUE);
-        }
+        };
         let conn = connection()?;
-        // SAFETY: the caller's three arrays of `count` elements.
-        let calls_args =
-            unsafe { memory::range_attribute_calls(data, data_sizes, attributes, count, dev_ptr as u64, len) };
         // SAFETY: each call writes dataSizes[i] bytes into data[i].
         Ok(unsafe { crate::runtime::call_batch(&conn, &calls::cudaMemRangeGetAttribute, &calls_args) } as u32)
     })

@@ -1235,12 +1235,13 @@ pub unsafe fn mem_range_get_attributes(
     len: usize,
 ) -> u32 {
     driver(ctx.name, || {
-        if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+        // SAFETY: the caller's three arrays of `count` elements, or NULL.
+        let Some(arg_lists) =
+            (unsafe { memory::range_attribute_calls(data, data_sizes, attributes, count, dev_ptr, len) })
+        else {
             return Err(INVALID_VALUE);
-        }
+        };
         let conn = connection()?;
-        // SAFETY: the caller's three arrays of `count` elements.
-        let arg_lists = unsafe { memory::range_attribute_calls(data, data_sizes, attributes, count, dev_ptr, len) };
         // SAFETY: each call writes dataSizes[i] bytes into data[i].
         Ok(unsafe { crate::runtime::call_batch(&conn, &calls::cuMemRangeGetAttribute, &arg_lists) } as u32)
     })

@@ -13,10 +13,12 @@ use crate::state::{self, Memory};
 pub const CHUNK: u64 = 8 << 20;
 
 /// The per-attribute calls of `cudaMemRangeGetAttributes` / `cuMemRangeGetAttributes`, sent
-/// in one round trip: (data[i], dataSizes[i], attributes[i], devPtr, count) each.
+/// in one round trip: (data[i], dataSizes[i], attributes[i], devPtr, count) each. None where
+/// an array is NULL or there are no attributes (both APIs' invalid value).
 ///
 /// # Safety
-/// `data`, `data_sizes` and `attributes` each hold `count` elements (the API contract).
+/// `data`, `data_sizes` and `attributes` are NULL or hold `count` elements each (the API
+/// contract).
 pub unsafe fn range_attribute_calls(
     data: *mut c_void,
     data_sizes: *mut c_void,
@@ -24,8 +26,11 @@ pub unsafe fn range_attribute_calls(
     count: usize,
     dev_ptr: u64,
     len: usize,
-) -> Vec<Vec<u64>> {
-    (0..count)
+) -> Option<Vec<Vec<u64>>> {
+    if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+        return None;
+    }
+    let calls = (0..count)
         .map(|i| {
             // SAFETY: `i < count`, per the contract.
             unsafe {
@@ -38,7 +43,8 @@ pub unsafe fn range_attribute_calls(
                 ]
             }
         })
-        .collect()
+        .collect();
+    Some(calls)
 }
 
 /// Allocate pinned host memory on the client (page-aligned, recorded as pinned), in the
