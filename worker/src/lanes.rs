@@ -72,13 +72,21 @@ impl<T: Copy + Default> Reused<T> {
         Some(b)
     }
 
-    /// A buffer back: one this pool made always; another of its length while there is room,
-    /// where the pool adopts.
+    /// A buffer back: one this pool made always; another of its length, where the pool
+    /// adopts, once it has made all it may (until then it makes its own, pinned) and while
+    /// there is room.
     pub fn give(&mut self, b: Vec<T>) {
         let ours = self.made.iter().any(|&(a, _)| a == b.as_ptr() as u64);
-        if ours || (self.adopt && b.capacity() == self.len && self.free.len() < self.limit) {
+        let adopted =
+            self.adopt && b.capacity() == self.len && self.made.len() >= self.limit && self.free.len() < self.limit;
+        if ours || adopted {
             self.free.push(b);
         }
+    }
+
+    /// Let the pool make up to `limit` buffers (never fewer than it may already).
+    pub fn allow(&mut self, limit: usize) {
+        self.limit = self.limit.max(limit);
     }
 
     /// Whether the buffer at `addr` is one of the pinned ones.
@@ -90,6 +98,12 @@ impl<T: Copy + Default> Reused<T> {
 /// Buffers the staging pool makes (8 MiB each; a lane's reader reads into memory of its own
 /// beyond that): four lanes' frames read ahead and the one running.
 const STAGING: usize = 12;
+
+/// Staging buffers a lane may hold at once: two frames read ahead and one being read. A
+/// session with more lanes than [`STAGING`] covers may have this many per lane (eight
+/// lanes: 25 buffers, 200 MiB pinned), so that no lane frame lands in pageable memory,
+/// whose copies to the GPU are slower and wait for the CPU.
+const PER_LANE: usize = 3;
 
 /// Bytes of a staging buffer: the largest copy chunk a client sends.
 const POOL_BUFFER: usize = 8 << 20;
@@ -175,7 +189,13 @@ impl Lanes {
             return;
         }
         lock(&self.incoming).insert(lane, frames_rx);
-        lock(&self.outgoing).insert(lane, out_tx);
+        let attached = {
+            let mut outgoing = lock(&self.outgoing);
+            outgoing.insert(lane, out_tx);
+            outgoing.len()
+        };
+        // The one running beside every lane's three.
+        lock(&self.pool).allow(PER_LANE * attached + 1);
         self.attached.notify_all();
     }
 
@@ -281,10 +301,45 @@ mod tests {
         assert!(outputs.take(&*backend).is_none(), "a buffer made elsewhere is not adopted");
         drop((b, again));
         let mut staging: Reused<u8> = Reused::new(1, 8, true);
-        staging.give(vec![0u8; 8]);
+        let made = staging.take(&*backend).unwrap();
+        let elsewhere = vec![0u8; 8];
+        let adopted = elsewhere.as_ptr();
+        staging.give(elsewhere);
         staging.give(vec![0u8; 4]);
-        assert_eq!(staging.take(&*backend).map(|b| b.len()), Some(8), "one of its length is adopted");
-        assert_eq!(staging.take(&*backend).map(|b| b.len()), Some(8), "then one is made");
+        assert_eq!(staging.take(&*backend).map(|b| b.as_ptr()), Some(adopted), "one of its length is adopted");
+        assert!(staging.take(&*backend).is_none(), "the one of another length was not");
+        drop(made);
+    }
+
+    #[test]
+    fn a_staging_pool_makes_its_own_before_it_adopts_and_grows_with_lanes() {
+        let backend = crate::fuzz::emulated_harness_backend();
+        let mut staging: Reused<u8> = Reused::new(2, 8, true);
+        staging.give(vec![0u8; 8]);
+        let first = staging.take(&*backend).unwrap();
+        assert!(staging.made.iter().any(|&(a, _)| a == first.as_ptr() as u64), "made, not the one given");
+        staging.allow(3);
+        staging.allow(1);
+        let taken: Vec<_> = (0..2).map_while(|_| staging.take(&*backend)).collect();
+        assert_eq!((taken.len(), staging.made.len()), (2, 3), "three may be made after allow(3), not fewer");
+        assert!(staging.take(&*backend).is_none());
+    }
+
+    #[test]
+    fn each_lane_attached_lets_the_staging_pool_hold_its_frames() {
+        let lanes = Lanes::new(crate::fuzz::emulated_harness_backend());
+        let mut ends = Vec::new();
+        for lane in 1..=8u8 {
+            let (client, served) = pair();
+            served.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            lanes.attach(lane, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
+            ends.push(client);
+        }
+        assert_eq!(lock(&lanes.pool).limit, PER_LANE * 8 + 1);
+        let (client, served) = pair();
+        lanes.attach(8, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
+        assert_eq!(lock(&lanes.pool).limit, PER_LANE * 8 + 1, "a lane attached again is not counted twice");
+        drop((ends, client));
     }
 
     #[test]
