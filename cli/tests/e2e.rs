@@ -4335,6 +4335,37 @@ fn occupancy_is_learned_and_asked_again_after_the_function_changes() {
     assert_eq!(trace_row(&stderr, row), ["3", "2"], "{stderr}");
 }
 
+/// Issue 19: a function's attributes asked together (cudaFuncGetAttributes) after the
+/// program set one of them: the one set is the value it set, the others an earlier
+/// process learned, so a later process asks nothing and waits for nothing.
+#[test]
+fn attributes_asked_together_after_one_was_set_come_from_the_set_and_the_learned() {
+    let mut source = registering_program(1);
+    let tail = "  printf(\"\\n\");\n  return 0;\n}\n";
+    assert!(source.ends_with(tail));
+    source.truncate(source.len() - tail.len());
+    // Nothing asked before the attribute is set.
+    let asked = "  printf(\"%d \", (int)cudaFuncGetAttributes(&attr, (const void *)host0));\n";
+    assert!(source.ends_with(asked));
+    source.truncate(source.len() - asked.len());
+    source += "  int s = (int)cudaFuncSetAttribute((const void *)host0, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000);\n\
+               int t = (int)cudaFuncGetAttributes(&attr, (const void *)host0);\n\
+               printf(\"%d %d %d %d %zu\\n\", s, t, attr.maxDynamicSharedSizeBytes, attr.maxThreadsPerBlock, attr.sharedSizeBytes);\n\
+               return 0;\n}\n";
+    let server = server();
+    let exe = program("attributes_after_set", &source);
+    let cache = chidori_tests::scratch("attributes-after-set-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (first, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(first.trim(), "0 0 100000 1024 0", "{stderr}");
+    let asked_first: u32 = trace_row(&stderr, "cuFuncGetAttribute")[1].parse().unwrap();
+    assert!(asked_first > 0, "the first process asks: {stderr}");
+    let (second, stderr) = run_learning(&server, &exe, &cache, &[]);
+    assert_eq!(second, first, "{stderr}");
+    assert_eq!(trace_row(&stderr, "cuFuncGetAttribute")[1], "0", "set and learned: {stderr}");
+    assert!(!stderr.contains("answered differently"), "{stderr}");
+}
+
 /// Issue 19: versions and properties (the specs' `constant`) are asked once per process,
 /// and a later process on the same server is given what the first was, the call still sent
 /// without waiting and its answer checked.

@@ -290,12 +290,12 @@ fn learned_key(function: u64, id: u32) -> Option<Vec<u8>> {
 /// session (given now, checked when the server's answer comes), else fetched in one round
 /// trip. Err: the server's status.
 pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
-    let cached: Option<Vec<i32>> =
+    let cached: Vec<Option<i32>> =
         ids.iter().map(|id| CLIENT.ahead.function_attributes.get(&(function, *id))).collect();
-    if let Some(v) = cached {
+    if let Some(v) = cached.iter().copied().collect::<Option<Vec<i32>>>() {
         return Ok(v);
     }
-    if let Some(values) = learned_attributes(conn, function, ids) {
+    if let Some(values) = learned_attributes(conn, function, ids, &cached) {
         return Ok(values);
     }
     let mut values = vec![0i32; ids.len()];
@@ -315,19 +315,41 @@ pub(crate) fn attributes_of(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Res
     Ok(values)
 }
 
-/// Every one of `ids` as an earlier session on this server learned it; each call is still
-/// made, and its answer checked when it comes. None: any of them is unknown.
-fn learned_attributes(conn: &Arc<Conn>, function: u64, ids: &[u32]) -> Option<Vec<i32>> {
-    let keys: Vec<Vec<u8>> = ids.iter().map(|&id| learned_key(function, id)).collect::<Option<_>>()?;
-    let values: Vec<i32> = crate::learned::with(conn, |l| {
+/// Every one of `ids` this process knows (`cached`: an answer it had, or a value it set) or
+/// an earlier session on this server learned; each learned one is still asked, and its
+/// answer checked when it comes. None: any of them is unknown.
+fn learned_attributes(conn: &Arc<Conn>, function: u64, ids: &[u32], cached: &[Option<i32>]) -> Option<Vec<i32>> {
+    let keys: Vec<Option<Vec<u8>>> = ids
+        .iter()
+        .zip(cached)
+        .map(|(&id, known)| match known {
+            Some(_) => Some(None),
+            None => learned_key(function, id).map(Some),
+        })
+        .collect::<Option<_>>()?;
+    let learned: Vec<Option<i32>> = crate::learned::with(conn, |l| {
         keys.iter()
-            .map(|k| l.get(Space::FuncAttribute, k).and_then(|v| v.try_into().ok()).map(i32::from_le_bytes))
-            .collect::<Option<Vec<i32>>>()
+            .map(|k| match k {
+                None => Some(None),
+                Some(k) => {
+                    l.get(Space::FuncAttribute, k).and_then(|v| v.try_into().ok()).map(|v| Some(i32::from_le_bytes(v)))
+                }
+            })
+            .collect::<Option<Vec<Option<i32>>>>()
     })??;
-    for (&id, &value) in ids.iter().zip(&values) {
-        let desc = &dcalls::cuFuncGetAttribute__call;
-        checked_int(conn, desc, |out| vec![out, u64::from(id), function], value, format!("attribute {id}"))?;
-        CLIENT.ahead.function_attributes.learn((function, id), value);
+    let mut values = Vec::with_capacity(ids.len());
+    for ((&id, known), learned) in ids.iter().zip(cached).zip(learned) {
+        let value = match (known, learned) {
+            (Some(v), _) => *v,
+            (None, Some(v)) => {
+                let desc = &dcalls::cuFuncGetAttribute__call;
+                checked_int(conn, desc, |out| vec![out, u64::from(id), function], v, format!("attribute {id}"))?;
+                CLIENT.ahead.function_attributes.learn((function, id), v);
+                v
+            }
+            (None, None) => return None,
+        };
+        values.push(value);
     }
     crate::trace::local("cuFuncGetAttribute");
     Some(values)
