@@ -23,8 +23,9 @@ use chidori_protocol::read::read_frame_reusing;
 use crate::backend::Backend;
 use crate::io::{ReadError, Sink};
 
-/// Lanes a session may open (the client opens as many as it wants, up to this).
-pub const OFFERED: u8 = 8;
+/// Lanes a session may open (the client opens as many as it wants, up to this: 4 by
+/// default, 8 over TLS, where each lane's records are sealed and opened by one core).
+pub const OFFERED: u8 = 16;
 
 /// Bulk bytes a lane's frame may have reserved before they arrive (a lane is
 /// authenticated; the largest copy chunk is 8 MiB).
@@ -101,8 +102,8 @@ const STAGING: usize = 12;
 
 /// Staging buffers a lane may hold at once: two frames read ahead and one being read. A
 /// session with more lanes than [`STAGING`] covers may have this many per lane (eight
-/// lanes: 25 buffers, 200 MiB pinned), so that no lane frame lands in pageable memory,
-/// whose copies to the GPU are slower and wait for the CPU.
+/// lanes: 25 buffers, 200 MiB pinned; sixteen: 392 MiB), so that no lane frame lands in
+/// pageable memory, whose copies to the GPU are slower and wait for the CPU.
 const PER_LANE: usize = 3;
 
 /// Bytes of a staging buffer: the largest copy chunk a client sends.
