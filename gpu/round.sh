@@ -378,10 +378,13 @@ if want casetrace; then
       [[ ${CASETRACE_WAN:-0} == 1 ]] && trace_target=$wan
       trace_cache=$(mktemp -d)
       name=$c; [[ $label == before ]] && name=$c-before
+      # Each run's round trips (the last run's log is kept).
+      per_run=""
       for _ in $(seq 1 ${CASETRACE_RUNS:-1}); do
         CHIDORI_LOG=${CASETRACE_LOG:-warn},chidori::waits=trace CHIDORI_LEARNED_CUDNN=1 XDG_CACHE_HOME=$trace_cache \
           timeout ${RUN_TIMEOUT:-150} "$bin" run --trace -s $trace_target -- \
           python3 gpu/torch-suite/run_cases.py --only "$c" > "$LOGS/case-$name.out" 2> "$LOGS/case-$name.err"
+        per_run+="$(grep TOTAL "$LOGS/case-$name.err" | awk '{print $3}') "
       done
       echo "== case $name: rc=$?; functions by round trips:"
       grep -E '^[A-Za-z(].* [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$' "$LOGS/case-$name.err" | sort -k3 -nr | head -12
@@ -392,7 +395,7 @@ if want casetrace; then
       grep -o 'finalize: descriptor type [0-9]*, [0-9]* calls ahead; learned: .*' "$LOGS/case-$name.err" \
         | sed 's/, [0-9]* calls ahead//' | sort | uniq -c | sort -rn | head -8
       load=$(grep -E '^\(module load\) ' "$LOGS/case-$name.err" | awk '{print $NF}')
-      row "case $name" "$(grep TOTAL "$LOGS/case-$name.err" | awk '{print $2" calls, "$3" round trips, "$NF" ms waiting"}'), module load ${load:-0} ms"
+      row "case $name" "$(grep TOTAL "$LOGS/case-$name.err" | awk '{print $2" calls, "$3" round trips, "$NF" ms waiting"}'), module load ${load:-0} ms; round trips by run: ${per_run% }"
       rm -rf "$trace_cache"
     done
   done
