@@ -106,6 +106,11 @@ const STAGING: usize = 12;
 /// pageable memory, whose copies to the GPU are slower and wait for the CPU.
 const PER_LANE: usize = 3;
 
+/// Large buffers `lanes` lanes may hold at once: three each, and the one a call is using.
+pub fn staging_for(lanes: usize) -> usize {
+    PER_LANE * lanes + 1
+}
+
 /// Bytes of a staging buffer: the largest copy chunk a client sends.
 const POOL_BUFFER: usize = 8 << 20;
 
@@ -139,8 +144,8 @@ impl Lanes {
     }
 
     /// Start reading and writing lane `lane` (a checked connection). A lane already
-    /// attached under that number is replaced.
-    pub fn attach(&self, lane: u8, mut reader: Box<dyn Read + Send>, mut sink: Sink, stall: Duration) {
+    /// attached under that number is replaced. The number of lanes attached now.
+    pub fn attach(&self, lane: u8, mut reader: Box<dyn Read + Send>, mut sink: Sink, stall: Duration) -> usize {
         // Two frames read ahead per lane (the socket holds back the rest).
         let (frames_tx, frames_rx) = mpsc::sync_channel(2);
         // Two replies queued per lane: an executor that reads back faster than the lane
@@ -187,7 +192,7 @@ impl Lanes {
             .and_then(|_| std::thread::Builder::new().name(format!("chidori-lane{lane}-out")).spawn(write));
         if let Err(e) = spawned {
             tracing::warn!("cannot start the threads of bulk lane {lane}: {e}");
-            return;
+            return lock(&self.outgoing).len();
         }
         lock(&self.incoming).insert(lane, frames_rx);
         let attached = {
@@ -195,9 +200,9 @@ impl Lanes {
             outgoing.insert(lane, out_tx);
             outgoing.len()
         };
-        // The one running beside every lane's three.
-        lock(&self.pool).allow(PER_LANE * attached + 1);
+        lock(&self.pool).allow(staging_for(attached));
         self.attached.notify_all();
+        attached
     }
 
     /// The next frame lane `lane` carried. Waits up to `stall` for the lane to be attached,
@@ -338,7 +343,9 @@ mod tests {
         }
         assert_eq!(lock(&lanes.pool).limit, PER_LANE * 8 + 1);
         let (client, served) = pair();
-        lanes.attach(8, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
+        let attached =
+            lanes.attach(8, Box::new(served.try_clone().unwrap()), Sink::Plain(served), Duration::from_secs(2));
+        assert_eq!(attached, 8);
         assert_eq!(lock(&lanes.pool).limit, PER_LANE * 8 + 1, "a lane attached again is not counted twice");
         drop((ends, client));
     }

@@ -145,7 +145,8 @@ pub fn spawn_acceptor(acceptor: Acceptor, writer: Arc<Writer>) -> mpsc::Receiver
                     if let Some((_, lanes)) = &acceptor.lanes {
                         tracing::debug!("bulk lane {lane} opened from {peer}");
                         let stall = crate::session::frame_stall(acceptor.heartbeat);
-                        lanes.attach(lane, link.reader, link.sink, stall);
+                        let attached = lanes.attach(lane, link.reader, link.sink, stall);
+                        crate::session::outputs_for_lanes(attached);
                     }
                 }
                 Err(e) => tracing::warn!("refused a connection to the session from {peer}: {e}"),

@@ -825,12 +825,20 @@ impl HeldCall {
 }
 
 /// Large output buffers kept for reuse (a worker serves one session): made once, pinned
-/// for the GPU's copies where the backend can, never freed; at most [`OUTPUTS_MADE`] (beyond:
-/// one of its own per call, freed after).
+/// for the GPU's copies where the backend can, never freed; at most [`OUTPUTS_MADE`], or
+/// what the session's lanes hold ([`outputs_for_lanes`]) where that is more (beyond: one of
+/// its own per call, freed after).
 static OUTPUTS: Mutex<crate::lanes::Reused<u64>> =
     Mutex::new(crate::lanes::Reused::new(OUTPUTS_MADE, POOLED_WORDS, false));
 
 const OUTPUTS_MADE: usize = 12;
+
+/// Let [`OUTPUTS`] make enough for `lanes` lanes' read-backs in flight (each lane's writer
+/// holds up to three replies): beyond the pool, every chunk's buffer would be allocated,
+/// faulted in and zeroed anew, and not pinned.
+pub fn outputs_for_lanes(lanes: usize) {
+    lock(&OUTPUTS).allow(crate::lanes::staging_for(lanes));
+}
 
 impl Buffer {
     fn zeroed(len: usize) -> Buffer {
