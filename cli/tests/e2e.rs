@@ -4300,16 +4300,28 @@ fn registering_program_of(copies: usize, distinct: bool) -> String {
     c
 }
 
+/// [`registering_program`] of one image, open for more of `main` (its kernel `host0`, a
+/// `struct cudaFuncAttributes attr`): with its attributes asked first where `asked`.
+fn registering_program_body(asked: bool) -> String {
+    let mut source = registering_program(1);
+    let mut cut = |tail: &str| {
+        assert!(source.ends_with(tail), "{source}");
+        source.truncate(source.len() - tail.len());
+    };
+    cut("  printf(\"\\n\");\n  return 0;\n}\n");
+    if !asked {
+        cut("  printf(\"%d \", (int)cudaFuncGetAttributes(&attr, (const void *)host0));\n");
+    }
+    source
+}
+
 /// Occupancy answers are kept per function, block size, shared memory and flags, and
 /// forgotten when the program sets the function's attributes or cache preference (which
 /// change how many blocks fit): asked again then. Those asked before any such change are
 /// learned for the next process.
 #[test]
 fn occupancy_is_learned_and_asked_again_after_the_function_changes() {
-    let mut source = registering_program(1);
-    let tail = "  printf(\"\\n\");\n  return 0;\n}\n";
-    assert!(source.ends_with(tail));
-    source.truncate(source.len() - tail.len());
+    let mut source = registering_program_body(true);
     source += "  int n = 0;\n\
                #define OCC() { int s = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)host0, 128, 64 << 10); printf(\"%d:%d \", s, n); }\n\
                OCC(); OCC();\n\
@@ -4340,14 +4352,8 @@ fn occupancy_is_learned_and_asked_again_after_the_function_changes() {
 /// process learned, so a later process asks nothing and waits for nothing.
 #[test]
 fn attributes_asked_together_after_one_was_set_come_from_the_set_and_the_learned() {
-    let mut source = registering_program(1);
-    let tail = "  printf(\"\\n\");\n  return 0;\n}\n";
-    assert!(source.ends_with(tail));
-    source.truncate(source.len() - tail.len());
     // Nothing asked before the attribute is set.
-    let asked = "  printf(\"%d \", (int)cudaFuncGetAttributes(&attr, (const void *)host0));\n";
-    assert!(source.ends_with(asked));
-    source.truncate(source.len() - asked.len());
+    let mut source = registering_program_body(false);
     source += "  int s = (int)cudaFuncSetAttribute((const void *)host0, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000);\n\
                int t = (int)cudaFuncGetAttributes(&attr, (const void *)host0);\n\
                printf(\"%d %d %d %d %zu\\n\", s, t, attr.maxDynamicSharedSizeBytes, attr.maxThreadsPerBlock, attr.sharedSizeBytes);\n\
