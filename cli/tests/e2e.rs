@@ -1781,9 +1781,7 @@ int main(void) {
 fn runtime_2d_copies_move_only_each_rows_width() {
     let server = server();
     let exe = program("copies-2d", COPIES_2D);
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     // Four bytes of each row come back, six apart; the pitch's padding keeps its 99s.
     assert_eq!(stdout.trim(), "0 0 0 | 0 1 2 3 99 99 10 11 12 13 99 99 20 21 22 23 99 99", "{stderr}");
 }
@@ -1814,9 +1812,7 @@ int main(void) {
 fn range_attribute_lists_that_name_nothing_are_invalid_values() {
     let server = server();
     let exe = program_with("range-attributes", RANGE_ATTRIBUTES, &["-l:libcuda.so.1"]);
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(stdout.trim(), "1 1 1 1", "{stderr}");
 }
 
