@@ -57,13 +57,7 @@ pub fn check_all<K: Send + 'static>(
     // Answers given from earlier sessions are checked before the session ends.
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     AT_EXIT.call_once(|| crate::conn::at_exit("learned answers checked", || settle(Duration::from_secs(10))));
-    *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-    let done = || {
-        let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = pending.saturating_sub(1);
-        CHECKING.1.notify_all();
-    };
-    let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
+    let job: Job = Box::new(move || {
         let outcomes: Vec<Outcome> = slots.iter().map(|s| s.wait()).collect();
         // A session that ended meanwhile says so itself.
         if outcomes.iter().all(Result::is_ok)
@@ -76,11 +70,51 @@ pub fn check_all<K: Send + 'static>(
                  program again"
             ));
         }
-        done();
     });
-    if spawned.is_err() {
-        done();
+    enqueue(job);
+}
+
+/// A check waiting for its replies, then comparing them.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The thread that runs the checks of this process (of its fork generation: a forked child
+/// has none of its parent's threads), one after another: each waits for replies, which come
+/// in the order their calls were sent, so one thread keeps up with any number of answers
+/// given from the store (cuDNN's graph builds give hundreds).
+static CHECKER: Mutex<Option<(u64, std::sync::mpsc::Sender<Job>)>> = Mutex::new(None);
+
+/// Hand `job` to the checker, counted until it ran; dropped where no thread can run it.
+fn enqueue(job: Job) {
+    let mut checker = CHECKER.lock().unwrap_or_else(|p| p.into_inner());
+    let forks = crate::conn::forks();
+    if checker.as_ref().is_none_or(|(f, _)| *f != forks) {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new().name("chidori-check".into()).spawn(move || {
+            for job in rx {
+                // A check that panicked is one not made; the next ones still are.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                checked();
+            }
+        });
+        if spawned.is_err() {
+            return;
+        }
+        // A forked child waits for none of its parent's checks.
+        *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        *checker = Some((forks, tx));
     }
+    let Some((_, tx)) = checker.as_ref() else { return };
+    *CHECKING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    if tx.send(job).is_err() {
+        checked();
+    }
+}
+
+/// One check fewer to wait for.
+fn checked() {
+    let mut pending = CHECKING.0.lock().unwrap_or_else(|p| p.into_inner());
+    *pending = pending.saturating_sub(1);
+    CHECKING.1.notify_all();
 }
 
 /// Wait (at most `limit`) until every answer given from the store was checked: at exit, so
