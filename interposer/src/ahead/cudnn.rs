@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 /// What one Get answered: the status, `*elementCount`, and the array as the server sent it
 /// (`requested` elements of the attribute type's size).
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Answer {
     pub status: u32,
     pub count: i64,
@@ -153,7 +153,7 @@ pub struct Replay {
 /// there. A descriptor changed in a way the client cannot follow (a Set of device
 /// pointers, a descriptor element whose content is unknown) has none. Two descriptors with
 /// the same hash were made the same way, so the library answers the same about them: that
-/// is what a finalize's answer learned in an earlier session is keyed by. The hashes are
+/// is what answers learned in an earlier build or session are keyed by. The hashes are
 /// this release's (`DefaultHasher`): keys kept on disk carry the release.
 #[derive(Default)]
 pub struct Contents {
@@ -212,85 +212,28 @@ impl Contents {
     }
 }
 
-/// A finalize's answer with the answers to the calls that rode with it, as kept for later
-/// sessions: what the server answered to each, in the plan's order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finalized {
-    pub status: u32,
-    pub riders: Vec<Rider>,
-}
-
-/// The answer to one call that rode with a finalize: a question (status, `*elementCount`,
-/// the array) or a fill into shadows (status, `*elementCount`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rider {
-    Query { status: u32, count: i64, bytes: Vec<u8> },
-    Fill { status: u32, count: i64 },
-}
-
-impl Finalized {
+impl Answer {
+    /// As kept for later sessions ([`crate::ahead::learned::Space::CudnnBackend`]): the
+    /// status, `*elementCount` and the array, little-endian.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = self.status.to_le_bytes().to_vec();
-        v.extend_from_slice(&(self.riders.len() as u32).to_le_bytes());
-        for r in &self.riders {
-            let (kind, status, count, bytes) = match r {
-                Rider::Query { status, count, bytes } => (1u8, status, count, bytes.as_slice()),
-                Rider::Fill { status, count } => (2u8, status, count, &[][..]),
-            };
-            v.push(kind);
-            v.extend_from_slice(&status.to_le_bytes());
-            v.extend_from_slice(&count.to_le_bytes());
-            v.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-            v.extend_from_slice(bytes);
-        }
+        let mut v = Vec::with_capacity(16 + self.bytes.len());
+        v.extend_from_slice(&self.status.to_le_bytes());
+        v.extend_from_slice(&self.count.to_le_bytes());
+        v.extend_from_slice(&(self.bytes.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.bytes);
         v
     }
 
-    /// What [`Finalized::encode`] wrote; None for anything else (a record of another layout).
-    pub fn decode(mut b: &[u8]) -> Option<Finalized> {
-        fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
-            let (head, rest) = b.split_first_chunk::<N>()?;
-            *b = rest;
-            Some(*head)
-        }
-        let status = u32::from_le_bytes(take(&mut b)?);
-        let n = u32::from_le_bytes(take(&mut b)?) as usize;
-        let mut riders = Vec::with_capacity(n.min(PLAN_MAX));
-        for _ in 0..n {
-            let [kind] = take::<1>(&mut b)?;
-            let status = u32::from_le_bytes(take(&mut b)?);
-            let count = i64::from_le_bytes(take(&mut b)?);
-            let len = u32::from_le_bytes(take(&mut b)?) as usize;
-            let bytes = b.get(..len)?.to_vec();
-            b = &b[len..];
-            riders.push(match kind {
-                1 => Rider::Query { status, count, bytes },
-                2 if len == 0 => Rider::Fill { status, count },
-                _ => return None,
-            });
-        }
-        b.is_empty().then_some(Finalized { status, riders })
-    }
-}
-
-impl Plan {
-    /// A hash of the calls this plan makes, in order: a finalize's learned answer holds for
-    /// the same calls only.
-    pub fn signature(&self) -> u64 {
-        fn walk(p: &Plan, out: &mut Vec<u64>) {
-            for q in &p.queries {
-                out.push(Contents::hash(("q", q)));
-            }
-            for (q, n, nested) in &p.fills {
-                out.push(Contents::hash(("f", q, n, nested.len())));
-                for p in nested {
-                    walk(p, out);
-                }
-            }
-        }
-        let mut parts = Vec::new();
-        walk(self, &mut parts);
-        Contents::hash(parts)
+    /// What [`Answer::encode`] wrote; None for anything else (a record of another layout).
+    pub fn decode(b: &[u8]) -> Option<Answer> {
+        let (status, b) = b.split_first_chunk::<4>()?;
+        let (count, b) = b.split_first_chunk::<8>()?;
+        let (len, bytes) = b.split_first_chunk::<4>()?;
+        (bytes.len() == u32::from_le_bytes(*len) as usize).then(|| Answer {
+            status: u32::from_le_bytes(*status),
+            count: i64::from_le_bytes(*count),
+            bytes: bytes.to_vec(),
+        })
     }
 }
 
@@ -516,28 +459,21 @@ mod tests {
     }
 
     #[test]
-    fn finalize_records_survive_a_round_trip_and_refuse_junk() {
-        let f = Finalized {
-            status: 0,
-            riders: vec![
-                Rider::Query { status: 0, count: 2, bytes: vec![1, 2, 3, 4] },
-                Rider::Fill { status: 0, count: UNWRITTEN },
-                Rider::Query { status: 3000, count: 0, bytes: vec![] },
-            ],
-        };
-        let bytes = f.encode();
-        assert_eq!(Finalized::decode(&bytes), Some(f.clone()));
-        assert_eq!(Finalized::decode(&bytes[..bytes.len() - 1]), None, "cut short");
+    fn kept_answers_survive_a_round_trip_and_refuse_junk() {
+        let a = Answer { status: 0, count: 2, bytes: vec![1, 2, 3, 4] };
+        let bytes = a.encode();
+        assert_eq!(Answer::decode(&bytes), Some(a.clone()));
+        assert_eq!(Answer::decode(&bytes[..bytes.len() - 1]), None, "cut short");
         let mut longer = bytes.clone();
         longer.push(0);
-        assert_eq!(Finalized::decode(&longer), None, "trailing bytes");
-        assert_eq!(Finalized::decode(&[0, 0, 0, 0, 255, 255, 255, 255]), None, "more riders than bytes");
-        let failed = Finalized { status: 3000, riders: vec![] };
-        assert_eq!(Finalized::decode(&failed.encode()), Some(failed));
+        assert_eq!(Answer::decode(&longer), None, "trailing bytes");
+        assert_eq!(Answer::decode(&[0; 15]), None, "no room for the head");
+        let failed = Answer { status: 3000, count: UNWRITTEN, bytes: vec![] };
+        assert_eq!(Answer::decode(&failed.encode()), Some(failed));
     }
 
     #[test]
-    fn finalize_records_of_random_bytes_are_refused_or_read_never_a_panic() {
+    fn kept_answers_of_random_bytes_are_refused_or_read_never_a_panic() {
         // A store file is the user's own, but it may be cut, mixed or of another release.
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = || {
@@ -546,8 +482,7 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let good =
-            Finalized { status: 0, riders: vec![Rider::Query { status: 0, count: 1, bytes: vec![7; 8] }] }.encode();
+        let good = Answer { status: 0, count: 1, bytes: vec![7; 8] }.encode();
         for _ in 0..20_000 {
             let mut bytes = if next() % 2 == 0 { good.clone() } else { vec![0; (next() % 64) as usize] };
             for _ in 0..(next() % 4) {
@@ -557,24 +492,10 @@ mod tests {
                 }
             }
             bytes.truncate((next() as usize) % (bytes.len() + 1));
-            if let Some(f) = Finalized::decode(&bytes) {
-                assert_eq!(f.encode(), bytes, "what is read is what was written");
+            if let Some(a) = Answer::decode(&bytes) {
+                assert_eq!(a.encode(), bytes, "what is read is what was written");
             }
         }
-    }
-
-    #[test]
-    fn a_plan_signature_changes_with_its_calls() {
-        let one = Plan { queries: vec![(1, 3, 1, true)], fills: vec![] };
-        let two = Plan { queries: vec![(1, 3, 1, true), (2, 3, 1, true)], fills: vec![] };
-        let filled = Plan { queries: vec![(1, 3, 1, true)], fills: vec![((202, 4, 3), 2, vec![])] };
-        let sigs = [Plan::default().signature(), one.signature(), two.signature(), filled.signature()];
-        for i in 0..sigs.len() {
-            for j in i + 1..sigs.len() {
-                assert_ne!(sigs[i], sigs[j], "{i} {j}");
-            }
-        }
-        assert_eq!(one.signature(), Plan { queries: vec![(1, 3, 1, true)], fills: vec![] }.signature());
     }
 
     #[test]

@@ -28,10 +28,11 @@ pub enum Space {
     /// A function attribute as a process first sees it (before it sets it): its value, by
     /// the module's content, the function's name and the attribute (`crate::custom::kernels`).
     FuncAttribute = 3,
-    /// A cuDNN backend finalize that steers its caller, with the answers of the calls that
-    /// rode with it (`crate::ahead::cudnn::Finalized`), by what the descriptor holds and the
-    /// calls made ahead (`crate::custom::cudnn`).
-    CudnnFinalize = 4,
+    /// What cuDNN's backend answered of a descriptor that does not change (a finalize that
+    /// steers its caller, a question, a fill): the status, `*elementCount` and the array
+    /// (`crate::ahead::cudnn::Answer`), by what the descriptor holds and the call
+    /// (`crate::custom::cudnn`).
+    CudnnBackend = 4,
     /// An occupancy answer as a process first sees it (before it sets the function's
     /// attributes or cache preference): active blocks per multiprocessor, by the module's
     /// content, the function's name, the block size, the dynamic shared memory and the

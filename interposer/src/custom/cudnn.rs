@@ -23,9 +23,7 @@ use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::{CallDesc, Ctx, Form};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
-use crate::ahead::cudnn::{
-    Answer, FillQuery, Finalized, PLAN_MAX, Plan, Query, Replay, Rider, Twin, UNWRITTEN, filled_by, slot,
-};
+use crate::ahead::cudnn::{Answer, FillQuery, PLAN_MAX, Plan, Query, Replay, Twin, UNWRITTEN, filled_by, slot};
 use crate::ahead::learned::Space;
 use crate::ahead::rnn::{DIM_MAX, Question, TensorNd, Weights};
 use crate::state::CLIENT;
@@ -309,7 +307,8 @@ pub unsafe fn backend_create_descriptor(ctx: &Ctx, ty: u32, descriptor: *mut c_v
 
 /// A finalize whose status steers the caller waits; what the program asked last time of a
 /// descriptor of this type after its finalize (a plan's workspace size, the heuristics'
-/// results and everything asked of them) rides along in the same round trip.
+/// results and everything asked of them) rides along in the same round trip. One of a
+/// descriptor holding what one finalized before held is answered as then, without waiting.
 fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
     crate::guard::ffi("cudnnBackendFinalize", f.bad_param, || {
         let d = descriptor as u64;
@@ -329,30 +328,27 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
             return unsafe { crate::runtime::call(desc, &[d]) as u32 };
         };
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.finalize) as u32 };
-        let mut budget = PLAN_MAX;
-        let plan = replay(|r| r.plan(ty, None, 0, &mut budget));
-        let key = held.filter(|_| finalizes_learned()).map(|h| finalize_key(h, &plan));
-        let learned = key.as_deref().and_then(|k| {
-            crate::learned::with(&conn, |l| l.get(Space::CudnnFinalize, k).and_then(Finalized::decode)).flatten()
-        });
-        if let Some(record) = learned.as_ref().filter(|r| r.status != 0) {
-            // It failed before: it fails again (checked), and nothing rides with it.
-            return answer_failed(f, &conn, d, record.status);
-        }
-        let mut ahead = Vec::new();
-        materialize(&plan, f, &conn, d, &mut ahead);
-        if finalizes_learned() {
-            let found = match (&key, &learned) {
-                (None, _) => "nothing: what the descriptor holds is unknown",
-                (Some(_), None) => "no answer kept for it",
-                (Some(_), Some(r)) if !fits(r, &ahead) => "an answer whose riders differ",
-                _ => "an answer",
-            };
-            tracing::debug!("finalize: descriptor type {ty}, {} calls ahead; learned: {found}", ahead.len());
-        }
-        let status = match learned.filter(|r| fits(r, &ahead)) {
-            Some(record) => answer_learned(f, &conn, d, ahead, record),
-            None => batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", key.as_deref()),
+        let key = held.filter(|_| finalizes_learned()).map(|h| kept_key(h, format_args!("finalize")));
+        let status = match key.as_deref().and_then(|k| kept(&conn, k)) {
+            Some(answer) => {
+                tracing::debug!("finalize: descriptor type {ty}: answered as before ({})", answer.status);
+                answer_finalize(f, &conn, d, answer.status)
+            }
+            None => {
+                let mut budget = PLAN_MAX;
+                let plan = replay(|r| r.plan(ty, None, 0, &mut budget));
+                let mut ahead = Vec::new();
+                materialize(&plan, f, &conn, d, &mut ahead);
+                if finalizes_learned() {
+                    let what = if key.is_some() { "nothing kept for it" } else { "what it holds is unknown" };
+                    tracing::debug!("finalize: descriptor type {ty}, {} calls ahead; {what}", ahead.len());
+                }
+                let (status, own) = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize");
+                if let Some(k) = key.as_deref().filter(|_| own) {
+                    keep(&conn, k, &Answer { status, count: 0, bytes: Vec::new() });
+                }
+                status
+            }
         };
         if status == 0 {
             replay(|r| _ = r.known.entry(d).or_default());
@@ -375,25 +371,41 @@ fn finalizes_learned() -> bool {
     })
 }
 
-/// The key of a finalize's learned answer: this release, what the descriptor holds, and
-/// the calls that ride with it.
-fn finalize_key(held: u64, plan: &Plan) -> Vec<u8> {
-    format!("{}|cudnnBackendFinalize|{held:016x}|{:016x}", env!("CARGO_PKG_VERSION"), plan.signature()).into_bytes()
+/// The key of what the library answered about a descriptor that held `held`
+/// ([`Space::CudnnBackend`]): this release (the hash is its own), what it held, and the call.
+fn kept_key(held: u64, call: std::fmt::Arguments) -> Vec<u8> {
+    format!("{}|cudnnBackend|{held:016x}|{call}", env!("CARGO_PKG_VERSION")).into_bytes()
 }
 
-/// Whether `record` answers the calls made ahead: the same kinds, arrays of the same lengths.
-fn fits(record: &Finalized, ahead: &[Ahead]) -> bool {
-    record.riders.len() == ahead.len()
-        && record.riders.iter().zip(ahead).all(|(r, a)| match (r, a) {
-            (Rider::Query { bytes, .. }, Ahead::Query(asked)) => bytes.len() == asked.bytes.len(),
-            (Rider::Fill { .. }, Ahead::Fill { .. }) => true,
-            _ => false,
-        })
+fn query_key(held: u64, (name, ty, requested, array): Query) -> Vec<u8> {
+    kept_key(held, format_args!("get|{name}|{ty}|{requested}|{}", u8::from(array)))
 }
 
-/// A finalize that failed in an earlier session: sent without waiting, its status compared
-/// when it comes.
-fn answer_failed(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, status: u32) -> u32 {
+fn fill_key(held: u64, (name, requested, ty): FillQuery) -> Vec<u8> {
+    kept_key(held, format_args!("fill|{name}|{requested}|{ty}"))
+}
+
+/// What an earlier build answered to the call `key` names.
+fn kept(conn: &crate::conn::Conn, key: &[u8]) -> Option<Answer> {
+    crate::learned::with(conn, |l| l.get(Space::CudnnBackend, key).and_then(Answer::decode)).flatten()
+}
+
+/// Keep the library's answer to the call `key` names, for later builds and sessions.
+fn keep(conn: &crate::conn::Conn, key: &[u8], answer: &Answer) {
+    crate::learned::with(conn, |l| l.learn(Space::CudnnBackend, key, &answer.encode()));
+}
+
+/// What descriptor `d` holds where what it answers cannot change until the program changes
+/// it (finalized with a wait, or filled), with finalizes learned; None otherwise.
+fn held_still(d: u64) -> Option<u64> {
+    if !finalizes_learned() {
+        return None;
+    }
+    replay(|r| r.known.contains_key(&d).then(|| r.contents.of(d)).flatten())
+}
+
+/// A finalize answered as before: sent without waiting, its status compared when it comes.
+fn answer_finalize(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, status: u32) -> u32 {
     // SAFETY: a value.
     let Some(slot) = (unsafe { crate::runtime::send_checked(conn, f.finalize, &[d]) }) else {
         return crate::runtime::unavailable(f.finalize) as u32;
@@ -406,77 +418,36 @@ fn answer_failed(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, statu
     status
 }
 
-/// A finalize answered as in an earlier session: it and the calls made ahead go without
-/// waiting, what they answered then is known now (as if their replies had come), and one
-/// check compares every reply when it comes.
-fn answer_learned(
+/// A question answered as before: asked without waiting into buffers of ours, the answer
+/// compared when it comes. The answer to give, or None where the question cannot be sent.
+fn answer_query(
     f: &'static Forms,
     conn: &Arc<crate::conn::Conn>,
     d: u64,
-    mut ahead: Vec<Ahead>,
-    record: Finalized,
-) -> u32 {
-    let mut slots = Vec::with_capacity(ahead.len() + 1);
-    // SAFETY: a value.
-    slots.extend(unsafe { crate::runtime::send_checked(conn, f.finalize, &[d]) });
-    for a in &mut ahead {
-        let args = a.args();
-        // SAFETY: our buffers, kept by the check until every reply has landed.
-        slots.extend(unsafe { crate::runtime::send_checked(conn, a.desc(f), &args) });
-    }
-    if slots.len() != ahead.len() + 1 {
-        // The connection is gone; the next call says so.
-        return crate::runtime::unavailable(f.finalize) as u32;
-    }
-    let mut dropped = Vec::new();
-    replay(|r| {
-        for (a, rider) in ahead.iter().zip(&record.riders) {
-            match (a, rider) {
-                (Ahead::Query(asked), Rider::Query { status: 0, count, bytes }) => {
-                    let answer = Answer { status: 0, count: *count, bytes: bytes.clone() };
-                    r.known.entry(asked.descriptor).or_default().answers.push((asked.query, answer));
-                }
-                (Ahead::Fill { source, query, shadows, .. }, Rider::Fill { status, count }) => {
-                    let twin = Twin { query: *query, status: *status, count: *count, shadows: shadows.clone() };
-                    r.known.entry(*source).or_default().twins.push(twin);
-                    r.made_ahead_for(*source, shadows.len(), &mut dropped);
-                }
-                _ => {}
+    query: Query,
+    answer: Answer,
+) -> Option<Answer> {
+    let mut asked = Asked::new(f.get, d, query)?;
+    // SAFETY: our buffers, of the wire form's lengths for these arguments, kept by the check
+    // until the reply has landed.
+    let slot = unsafe { crate::runtime::send_checked(conn, f.get, &asked.args()) }?;
+    let expected = answer.clone();
+    crate::learned::check(conn.clone(), "cudnnBackendGetAttribute", slot, asked, move |outcome, asked| {
+        let (attribute, ty) = (query.0, query.1);
+        match outcome {
+            Ok(s) if *s as u32 != expected.status => {
+                Some(format!("attribute {attribute} of type {ty}: status {s}, not {}", expected.status))
             }
+            _ if expected.status != 0 => None,
+            _ if *asked.count != expected.count => {
+                Some(format!("attribute {attribute} of type {ty}: {} elements, not {}", asked.count, expected.count))
+            }
+            _ if asked.bytes != expected.bytes => Some(format!("attribute {attribute} of type {ty}: other values")),
+            _ => None,
         }
     });
-    destroy_all(f, conn, &dropped);
-    crate::trace::local("cudnnBackendFinalize");
-    let status = record.status;
-    crate::learned::check_all(
-        conn.clone(),
-        "cudnnBackendFinalize",
-        slots,
-        (ahead, record),
-        |outcomes, (ahead, record)| {
-            let ret = |i: usize| outcomes.get(i).and_then(|o| o.as_ref().ok()).map(|&s| s as u32);
-            if ret(0) != Some(record.status) {
-                return Some(format!("status {:?}, not {}", ret(0), record.status));
-            }
-            for (i, (a, rider)) in ahead.iter().zip(&record.riders).enumerate() {
-                let same = match (a, rider) {
-                    (Ahead::Query(asked), Rider::Query { status, count, bytes }) => {
-                        ret(i + 1) == Some(*status)
-                            && (*status != 0 || (*asked.count == *count && asked.bytes == *bytes))
-                    }
-                    (Ahead::Fill { count: got, .. }, Rider::Fill { status, count }) => {
-                        ret(i + 1) == Some(*status) && (*status != 0 || **got == *count)
-                    }
-                    _ => false,
-                };
-                if !same {
-                    return Some(format!("the answer to call {} made with it", i + 1));
-                }
-            }
-            None
-        },
-    );
-    status
+    crate::trace::local("cudnnBackendGetAttribute");
+    Some(answer)
 }
 
 pub unsafe fn backend_finalize(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
@@ -606,9 +577,9 @@ fn destroy_all(f: &Forms, conn: &crate::conn::Conn, descriptors: &[u64]) {
 }
 
 /// Send the program's waiting call `primary` (the args of `desc`) with the calls made ahead,
-/// in one round trip; keep what they answered when the primary succeeded, and with `learn`,
-/// keep the whole answer for later sessions under that key. Returns the primary's status,
-/// or a deferred failure of an earlier call.
+/// in one round trip; keep what they answered when the primary succeeded. Returns the
+/// primary's status, or a deferred failure of an earlier call, and whether it is the
+/// primary's own (an answer to keep).
 fn batch(
     f: &'static Forms,
     conn: &crate::conn::Conn,
@@ -616,8 +587,7 @@ fn batch(
     primary: &[u64],
     mut ahead: Vec<Ahead>,
     name: &'static str,
-    learn: Option<&[u8]>,
-) -> u32 {
+) -> (u32, bool) {
     let mut args: Vec<[u64; 6]> = ahead.iter_mut().map(Ahead::args).collect();
     let mut calls: Vec<(&'static CallDesc, &[u64])> = vec![(desc, primary)];
     calls.extend(ahead.iter().zip(&mut args).map(|(a, args)| (a.desc(f), &args[..])));
@@ -629,35 +599,17 @@ fn batch(
     // SAFETY: the program's arguments (its contract) and our buffers, alive until every
     // reply has landed.
     let Some((status, rets)) = (unsafe { crate::runtime::call_with_riders(conn, &calls, name) }) else {
-        return crate::runtime::unavailable(desc) as u32;
+        return (crate::runtime::unavailable(desc) as u32, false);
     };
     let status = status as u32;
-    // What it answered, for later sessions (not a status an earlier call left behind).
-    if let Some(key) = learn.filter(|_| status == rets[0] as u32) {
-        let riders = if status == 0 {
-            ahead
-                .iter()
-                .zip(&rets[1..])
-                .map(|(a, &ret)| match a {
-                    Ahead::Query(asked) => {
-                        Rider::Query { status: ret as u32, count: *asked.count, bytes: asked.bytes.clone() }
-                    }
-                    Ahead::Fill { count, .. } => Rider::Fill { status: ret as u32, count: **count },
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let record = Finalized { status, riders };
-        crate::learned::with(conn, |l| l.learn(Space::CudnnFinalize, key, &record.encode()));
-    }
+    let own = status == rets[0] as u32;
     if rets[0] != 0 {
         let shadows: Vec<u64> = ahead
             .iter()
             .flat_map(|a| if let Ahead::Fill { shadows, .. } = a { shadows.clone() } else { vec![] })
             .collect();
         destroy_all(f, conn, &shadows);
-        return status;
+        return (status, own);
     }
     let mut dropped = Vec::new();
     replay(|r| {
@@ -684,7 +636,7 @@ fn batch(
         }
     });
     destroy_all(f, conn, &dropped);
-    status
+    (status, own)
 }
 
 /// Drop what is known of `descriptor` (it is being changed or destroyed), and destroy the
@@ -831,8 +783,24 @@ fn get_attribute(
                 }
                 Some(None)
             });
+            // What an earlier build answered about a descriptor holding the same (not a
+            // pointer: one of this process's).
+            let held = known.as_ref().filter(|_| ty != TYPE_VOID_PTR).and_then(|_| held_still(d));
+            let conn = held.and_then(|_| crate::conn::get().ok());
+            let key = held.map(|h| query_key(h, query));
+            let kept = match (&conn, &key, &known) {
+                (Some(c), Some(k), Some(None)) => kept(c, k),
+                _ => None,
+            };
             if let Some(Some(a)) = known {
                 crate::trace::local("cudnnBackendGetAttribute");
+                if let (Some(c), Some(k)) = (&conn, &key) {
+                    keep(c, k, &a);
+                }
+                (deliver(&a, query.2, count_out, elements), a.count)
+            } else if let Some(a) = kept.zip(conn.as_ref()).and_then(|(a, c)| answer_query(f, c, d, query, a)) {
+                tracing::trace!("get: attribute {name}, type {ty}, requested {requested}: answered as before");
+                replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone()))));
                 (deliver(&a, query.2, count_out, elements), a.count)
             } else {
                 // What a run still waits for (`CHIDORI_LOG=chidori::custom::cudnn=debug`).
@@ -848,6 +816,9 @@ fn get_attribute(
                 // status of an earlier call, reported by this one.
                 if known.is_some() && s == 0 {
                     replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone()))));
+                    if let (Some(c), Some(k)) = (&conn, &key) {
+                        keep(c, k, &a);
+                    }
                 }
                 (deliver(&a, query.2, count_out, elements), a.count)
             }
@@ -878,6 +849,7 @@ fn fill(
     let source_type = type_of(source);
     let same_type = target_types.first().copied().flatten().filter(|t| target_types.iter().all(|x| *x == Some(*t)));
     let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.fill) as u32 };
+    let key = same_type.and_then(|u| held_still(source).map(|h| fill_key(h, (name, requested, u))));
     // The fill made ahead, when it is this one.
     let twin = replay(|r| {
         let u = same_type?;
@@ -910,6 +882,9 @@ fn fill(
         Some((twin, unmade))
     });
     if let Some((twin, unmade)) = twin {
+        if let Some(k) = &key {
+            keep(&conn, k, &Answer { status: twin.status, count: twin.count, bytes: Vec::new() });
+        }
         // The program's descriptors are filled by the same call, without waiting.
         let mut scratch = 0i64;
         let args = [
@@ -938,6 +913,8 @@ fn fill(
     for &t in &targets {
         forget_answers(f, t);
     }
+    // What an earlier build answered to the same fill from a source holding the same.
+    let kept = key.as_deref().and_then(|k| kept(&conn, k));
     let (plan, learns) = replay(|r| {
         let fresh = targets.iter().all(|t| r.fresh.contains(t));
         let learns = match (r.known.get_mut(&source), same_type) {
@@ -957,33 +934,46 @@ fn fill(
             }
             _ => None,
         };
-        let mut budget = PLAN_MAX;
+        let mut budget = if kept.is_some() { 0 } else { PLAN_MAX };
         let plans: Vec<(u64, Plan)> = targets
             .iter()
-            .take(expected.unwrap_or(len))
+            .take(if kept.is_some() { 0 } else { expected.unwrap_or(len) })
             .zip(&target_types)
             .enumerate()
             .filter_map(|(i, (&t, ty))| Some((t, r.plan((*ty)?, slot(i), 1, &mut budget))))
             .collect();
         (plans, learns)
     });
-    let mut ahead = Vec::new();
-    for (t, p) in &plan {
-        materialize(p, f, &conn, *t, &mut ahead);
-    }
     let mut count: i64 = UNWRITTEN;
-    let primary = [
-        source,
-        u64::from(name),
-        u64::from(TYPE_BACKEND_DESCRIPTOR),
-        requested as u64,
-        &mut count as *mut i64 as u64,
-        elements as u64,
-    ];
-    tracing::debug!(
-        "fill asks the server: descriptor type {source_type:?}, attribute {name}, {requested} of type {same_type:?}"
-    );
-    let status = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute", None);
+    let status = match kept {
+        Some(answer) => {
+            tracing::trace!("fill: attribute {name}, {requested} of type {same_type:?}: answered as before");
+            count = answer.count;
+            answer_fill(f, &conn, source, (name, requested), elements, &answer)
+        }
+        None => {
+            let mut ahead = Vec::new();
+            for (t, p) in &plan {
+                materialize(p, f, &conn, *t, &mut ahead);
+            }
+            let primary = [
+                source,
+                u64::from(name),
+                u64::from(TYPE_BACKEND_DESCRIPTOR),
+                requested as u64,
+                &mut count as *mut i64 as u64,
+                elements as u64,
+            ];
+            tracing::debug!(
+                "fill asks the server: descriptor type {source_type:?}, attribute {name}, {requested} of type {same_type:?}"
+            );
+            let (status, own) = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute");
+            if let Some(k) = key.as_deref().filter(|_| own) {
+                keep(&conn, k, &Answer { status, count, bytes: Vec::new() });
+            }
+            status
+        }
+    };
     let filled = filled_by(status, count, len);
     tracing::trace!("fill: attribute {name}, {requested} of type {same_type:?}: count {count}, status {status}");
     replay(|r| {
@@ -1005,6 +995,42 @@ fn fill(
         // SAFETY: the caller's int64_t*, checked non-null.
         unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
     }
+    status
+}
+
+/// A fill answered as before: the program's descriptors filled by the same call sent without
+/// waiting, its status and count compared when it comes.
+fn answer_fill(
+    f: &'static Forms,
+    conn: &Arc<crate::conn::Conn>,
+    source: u64,
+    (name, requested): (u32, i64),
+    elements: *mut c_void,
+    answer: &Answer,
+) -> u32 {
+    let mut count = Box::new(UNWRITTEN);
+    let args = [
+        source,
+        u64::from(name),
+        u64::from(TYPE_BACKEND_DESCRIPTOR),
+        requested as u64,
+        &mut *count as *mut i64 as u64,
+        elements as u64,
+    ];
+    // SAFETY: the caller's array of `requested` descriptors (read as the call is sent) and
+    // our count, kept by the check until the reply has landed.
+    let Some(slot) = (unsafe { crate::runtime::send_checked(conn, f.fill, &args) }) else {
+        return crate::runtime::unavailable(f.fill) as u32;
+    };
+    let (status, expected) = (answer.status, answer.count);
+    crate::learned::check(conn.clone(), "cudnnBackendGetAttribute", slot, count, move |outcome, count| match outcome {
+        Ok(s) if *s as u32 != status => Some(format!("a fill of attribute {name}: status {s}, not {status}")),
+        _ if status == 0 && **count != expected => {
+            Some(format!("a fill of attribute {name}: {} descriptors, not {expected}", **count))
+        }
+        _ => None,
+    });
+    crate::trace::local("cudnnBackendGetAttribute");
     status
 }
 
