@@ -509,6 +509,12 @@ pub unsafe fn backend_destroy_descriptor(ctx: &Ctx, descriptor: *mut c_void) -> 
 
 const TYPE_BACKEND_DESCRIPTOR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR;
 
+/// The arguments of a fill: `requested` descriptors at `elements` filled from `source`'s
+/// attribute `name`, the count written at `count`.
+fn fill_args(source: u64, name: u32, requested: i64, count: *mut i64, elements: u64) -> [u64; 6] {
+    [source, u64::from(name), u64::from(TYPE_BACKEND_DESCRIPTOR), requested as u64, count as u64, elements]
+}
+
 /// A call made ahead: a question, or a fill into shadows (created before the batch).
 enum Ahead {
     Query(Asked),
@@ -519,14 +525,9 @@ impl Ahead {
     fn args(&mut self) -> [u64; 6] {
         match self {
             Ahead::Query(a) => a.args(),
-            Ahead::Fill { source, query: (name, ..), shadows, count } => [
-                *source,
-                u64::from(*name),
-                u64::from(TYPE_BACKEND_DESCRIPTOR),
-                shadows.len() as u64,
-                &mut **count as *mut i64 as u64,
-                shadows.as_ptr() as u64,
-            ],
+            Ahead::Fill { source, query: (name, ..), shadows, count } => {
+                fill_args(*source, *name, shadows.len() as i64, &mut **count, shadows.as_ptr() as u64)
+            }
         }
     }
 
@@ -887,14 +888,7 @@ fn fill(
         }
         // The program's descriptors are filled by the same call, without waiting.
         let mut scratch = 0i64;
-        let args = [
-            source,
-            u64::from(name),
-            u64::from(TYPE_BACKEND_DESCRIPTOR),
-            requested as u64,
-            &mut scratch as *mut i64 as u64,
-            elements as u64,
-        ];
+        let args = fill_args(source, name, requested, &mut scratch, elements as u64);
         // SAFETY: the caller's array of `requested` descriptors; nothing comes back.
         unsafe { crate::runtime::call_on(&conn, f.refill, &args) };
         destroy_all(f, &conn, &twin.shadows);
@@ -956,14 +950,7 @@ fn fill(
             for (t, p) in &plan {
                 materialize(p, f, &conn, *t, &mut ahead);
             }
-            let primary = [
-                source,
-                u64::from(name),
-                u64::from(TYPE_BACKEND_DESCRIPTOR),
-                requested as u64,
-                &mut count as *mut i64 as u64,
-                elements as u64,
-            ];
+            let primary = fill_args(source, name, requested, &mut count, elements as u64);
             tracing::debug!(
                 "fill asks the server: descriptor type {source_type:?}, attribute {name}, {requested} of type {same_type:?}"
             );
@@ -1009,14 +996,7 @@ fn answer_fill(
     answer: &Answer,
 ) -> u32 {
     let mut count = Box::new(UNWRITTEN);
-    let args = [
-        source,
-        u64::from(name),
-        u64::from(TYPE_BACKEND_DESCRIPTOR),
-        requested as u64,
-        &mut *count as *mut i64 as u64,
-        elements as u64,
-    ];
+    let args = fill_args(source, name, requested, &mut *count, elements as u64);
     // SAFETY: the caller's array of `requested` descriptors (read as the call is sent) and
     // our count, kept by the check until the reply has landed.
     let Some(slot) = (unsafe { crate::runtime::send_checked(conn, f.fill, &args) }) else {
