@@ -8,12 +8,15 @@
 //! The file holds records back to back: a namespace byte, the key's and the value's lengths
 //! (u32, little-endian), the key, the value. A record cut short (a process killed while
 //! appending) ends the file's valid part; appending goes on after the last whole record.
+//! A store that reaches [`MAX_BYTES`] is compacted to half of it, keeping the answers this
+//! process used and then the newest, and the file is written anew (another process appending
+//! to it meanwhile loses those records: only a head start).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Bytes of records one store keeps; past it, new answers are not recorded.
+/// Bytes of records one store keeps; past it, the store is compacted to half.
 pub const MAX_BYTES: usize = 16 << 20;
 
 /// What is learned, by kind of question.
@@ -90,8 +93,33 @@ pub fn file(dir: &Path, identity: &[u8], suffix: &str) -> PathBuf {
 /// The store of one server identity.
 pub struct Learned {
     path: Option<PathBuf>,
-    map: HashMap<(u8, Vec<u8>), Vec<u8>>,
+    map: HashMap<(u8, Vec<u8>), Kept>,
     bytes: usize,
+    /// Order of learning (the file's order): the newest has the largest.
+    next: u64,
+}
+
+/// One answer kept: its value, when it was learned, whether this process used it.
+struct Kept {
+    value: Vec<u8>,
+    order: u64,
+    used: bool,
+}
+
+/// Bytes of a record in the file.
+fn record_len(key: &[u8], value: &[u8]) -> usize {
+    9 + key.len() + value.len()
+}
+
+fn record((space, key): &(u8, Vec<u8>), value: &[u8]) -> Option<Vec<u8>> {
+    let (klen, vlen) = (u32::try_from(key.len()).ok()?, u32::try_from(value.len()).ok()?);
+    let mut r = Vec::with_capacity(record_len(key, value));
+    r.push(*space);
+    r.extend_from_slice(&klen.to_le_bytes());
+    r.extend_from_slice(&vlen.to_le_bytes());
+    r.extend_from_slice(key);
+    r.extend_from_slice(value);
+    Some(r)
 }
 
 impl Learned {
@@ -99,7 +127,7 @@ impl Learned {
     /// store lives in memory only.
     pub fn open(dir: Option<&Path>, identity: &[u8]) -> Learned {
         let path = dir.and_then(|d| std::fs::create_dir_all(d).ok().map(|_| file(d, identity, "")));
-        let mut store = Learned { path, map: HashMap::new(), bytes: 0 };
+        let mut store = Learned { path, map: HashMap::new(), bytes: 0, next: 0 };
         if let Some(bytes) = store.path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             let whole = store.load(&bytes);
             if whole < bytes.len()
@@ -121,35 +149,45 @@ impl Learned {
             let Some(end) = (at + 9).checked_add(klen).and_then(|k| k.checked_add(vlen)) else { break };
             let Some(body) = bytes.get(at + 9..end) else { break };
             let (key, value) = body.split_at(klen);
-            self.map.insert((head[0], key.to_vec()), value.to_vec());
-            self.bytes += end - at;
+            self.insert((head[0], key.to_vec()), value.to_vec());
             at = end;
         }
         at
     }
 
-    pub fn get(&self, space: Space, key: &[u8]) -> Option<&[u8]> {
-        self.map.get(&(space as u8, key.to_vec())).map(Vec::as_slice)
+    /// Keep `value` for `k` as the newest (in memory).
+    fn insert(&mut self, k: (u8, Vec<u8>), value: Vec<u8>) {
+        let key_len = k.1.len();
+        self.bytes += record_len(&k.1, &value);
+        let order = self.next;
+        self.next += 1;
+        if let Some(old) = self.map.insert(k, Kept { value, order, used: false }) {
+            // A later record of the same key replaces the earlier one.
+            self.bytes -= 9 + key_len + old.value.len();
+        }
     }
 
-    /// Keep `value` for `key` (on disk too); false where the store is full or the answer
-    /// was known already.
+    /// The answer kept for `key` (marked used: compaction keeps it).
+    pub fn get(&mut self, space: Space, key: &[u8]) -> Option<&[u8]> {
+        let kept = self.map.get_mut(&(space as u8, key.to_vec()))?;
+        kept.used = true;
+        Some(&kept.value)
+    }
+
+    /// Keep `value` for `key` (on disk too); false where it cannot be kept (larger than
+    /// half the store) or was known already.
     pub fn learn(&mut self, space: Space, key: &[u8], value: &[u8]) -> bool {
-        let size = 9 + key.len() + value.len();
         let k = (space as u8, key.to_vec());
-        if self.bytes + size > MAX_BYTES || self.map.get(&k).is_some_and(|v| v == value) {
+        let size = record_len(key, value);
+        if size > MAX_BYTES / 2 || self.map.get(&k).is_some_and(|v| v.value == value) {
             return false;
         }
-        let (Ok(klen), Ok(vlen)) = (u32::try_from(key.len()), u32::try_from(value.len())) else { return false };
-        self.map.insert(k, value.to_vec());
-        self.bytes += size;
+        let Some(record) = record(&k, value) else { return false };
+        if self.bytes + size > MAX_BYTES {
+            self.compact(MAX_BYTES / 2 - size);
+        }
+        self.insert(k, value.to_vec());
         if let Some(path) = &self.path {
-            let mut record = Vec::with_capacity(size);
-            record.push(space as u8);
-            record.extend_from_slice(&klen.to_le_bytes());
-            record.extend_from_slice(&vlen.to_le_bytes());
-            record.extend_from_slice(key);
-            record.extend_from_slice(value);
             let written =
                 std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(&record));
             if let Err(e) = written {
@@ -159,6 +197,33 @@ impl Learned {
             }
         }
         true
+    }
+
+    /// Keep at most `budget` bytes of records: those this process used, then the newest; the
+    /// file is written anew with them, in the order they were learned.
+    fn compact(&mut self, budget: usize) {
+        let mut entries: Vec<((u8, Vec<u8>), Kept)> = self.map.drain().collect();
+        entries.sort_by_key(|(_, k)| (std::cmp::Reverse(k.used), std::cmp::Reverse(k.order)));
+        let mut bytes = 0;
+        entries.retain(|(key, k)| {
+            let size = record_len(&key.1, &k.value);
+            let keep = bytes + size <= budget;
+            if keep {
+                bytes += size;
+            }
+            keep
+        });
+        entries.sort_by_key(|(_, k)| k.order);
+        tracing::debug!("learned answers compacted to {} records, {bytes} bytes", entries.len());
+        if let Some(path) = &self.path {
+            let file: Vec<u8> = entries.iter().filter_map(|(key, k)| record(key, &k.value)).flatten().collect();
+            let tmp = path.with_extension(format!("compact{}", std::process::id()));
+            if std::fs::write(&tmp, &file).and_then(|()| std::fs::rename(&tmp, path)).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        self.bytes = bytes;
+        self.map = entries.into_iter().collect();
     }
 
     /// Drop every answer, on disk too (one turned out different).
@@ -196,7 +261,7 @@ mod tests {
         assert!(a.learn(Space::LtHeuristic, b"k1", b"v1"));
         assert!(!a.learn(Space::LtHeuristic, b"k1", b"v1"), "known already");
         assert!(a.learn(Space::LtHeuristic, b"k2", b""));
-        let b = Learned::open(Some(&d), b"gpu A");
+        let mut b = Learned::open(Some(&d), b"gpu A");
         assert_eq!(b.get(Space::LtHeuristic, b"k1"), Some(&b"v1"[..]));
         assert_eq!(b.get(Space::LtHeuristic, b"k2"), Some(&b""[..]));
         assert_eq!(b.len(), 2);
@@ -217,7 +282,7 @@ mod tests {
         let mut b = Learned::open(Some(&d), b"id");
         assert_eq!(b.len(), 1);
         b.learn(Space::LtHeuristic, b"k3", b"v3");
-        let c = Learned::open(Some(&d), b"id");
+        let mut c = Learned::open(Some(&d), b"id");
         assert_eq!(c.get(Space::LtHeuristic, b"k3"), Some(&b"v3"[..]));
         assert_eq!(c.len(), 2);
         let _ = std::fs::remove_dir_all(&d);
@@ -228,11 +293,49 @@ mod tests {
         let d = dir("bound");
         let mut a = Learned::open(Some(&d), b"id");
         let big = vec![0u8; MAX_BYTES / 2];
-        assert!(a.learn(Space::LtHeuristic, b"a", &big));
-        assert!(!a.learn(Space::LtHeuristic, b"b", &big), "past the bound");
+        assert!(!a.learn(Space::LtHeuristic, b"a", &big), "larger than half the store");
+        assert!(a.learn(Space::LtHeuristic, b"a", &big[..1000]));
         a.forget_all();
         assert!(a.is_empty());
         assert!(Learned::open(Some(&d), b"id").is_empty());
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A full store keeps learning: it is compacted to half, keeping what this process used
+    /// and then the newest, on disk too.
+    #[test]
+    fn a_full_store_keeps_what_was_used_and_the_newest() {
+        let d = dir("compact");
+        let mut a = Learned::open(Some(&d), b"id");
+        let value = vec![7u8; 1 << 16];
+        let per = record_len(b"k00000", &value);
+        let fits = MAX_BYTES / per;
+        for i in 0..fits {
+            assert!(a.learn(Space::CudnnBackend, format!("k{i:05}").as_bytes(), &value));
+        }
+        assert_eq!(a.len(), fits, "not full yet");
+        assert!(a.get(Space::CudnnBackend, b"k00003").is_some(), "an old one used");
+        assert!(a.learn(Space::CudnnBackend, b"new", &value), "learning goes on");
+        assert!(a.bytes <= MAX_BYTES / 2 && a.len() > fits / 2 - 2, "{} records, {} bytes", a.len(), a.bytes);
+        let b = Learned::open(Some(&d), b"id");
+        for l in [&a, &b] {
+            assert!(l.map.contains_key(&(Space::CudnnBackend as u8, b"k00003".to_vec())), "used");
+            assert!(l.map.contains_key(&(Space::CudnnBackend as u8, b"new".to_vec())), "newest");
+            let last = format!("k{:05}", fits - 1);
+            assert!(l.map.contains_key(&(Space::CudnnBackend as u8, last.into_bytes())), "newer");
+            assert!(!l.map.contains_key(&(Space::CudnnBackend as u8, b"k00004".to_vec())), "old, unused");
+        }
+        assert_eq!(b.len(), a.len());
+        assert_eq!(b.bytes, a.bytes);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_key_learned_again_counts_once() {
+        let mut a = Learned::open(None, b"id");
+        assert!(a.learn(Space::LtHeuristic, b"k", b"one"));
+        assert!(a.learn(Space::LtHeuristic, b"k", b"three"));
+        assert_eq!((a.len(), a.bytes), (1, record_len(b"k", b"three")));
+        assert_eq!(a.get(Space::LtHeuristic, b"k"), Some(&b"three"[..]));
     }
 }
