@@ -2004,6 +2004,11 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The round trips `--trace` counted in all (its TOTAL row), from a run's stderr.
+fn round_trips(stderr: &str) -> Option<u64> {
+    stderr.lines().find(|l| l.starts_with("TOTAL"))?.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Issue 19 item 1: what one process learned to ask after cuDNN's finalizes and fills is kept
 /// for the next process on the same server identity, whose first graph build then rides
 /// like a later one, with the same answers.
@@ -2015,8 +2020,7 @@ fn cudnn_questions_learned_by_one_process_ride_with_the_next_ones_first_build() 
     let run = || {
         // Finalizes answered as before off, whatever round trip a loaded machine measures.
         let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_LEARNED_CUDNN", "0")]);
-        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
-        (stdout, total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr)
+        (stdout, round_trips(&stderr).unwrap_or(0), stderr)
     };
     let (first, first_trips, stderr) = run();
     assert_eq!(first_trips, 12, "as within one process: {stderr}");
@@ -2038,8 +2042,7 @@ fn cudnn_finalizes_learned_answer_later_builds_of_the_same_graph() {
     let on = [("CHIDORI_LEARNED_CUDNN", "1")];
     let run = |server: &EmulatedServer| {
         let (stdout, stderr) = run_learning(server, &exe, &cache, &on);
-        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
-        (stdout, total.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), stderr)
+        (stdout, round_trips(&stderr).unwrap_or(0), stderr)
     };
     let (first, trips, stderr) = run(&server);
     assert_eq!(first.lines().count(), 3, "{stderr}");
@@ -2124,8 +2127,7 @@ fn cudnn_finalizes_are_answered_as_before_by_default_on_a_wan() {
         cmd.env("XDG_CACHE_HOME", &cache).env_remove("CHIDORI_LEARNED_CUDNN").envs(envs.iter().copied());
         let out = cmd.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
-        (String::from_utf8_lossy(&out.stdout).into_owned(), total.and_then(|t| t.parse::<u64>().ok()), stderr)
+        (String::from_utf8_lossy(&out.stdout).into_owned(), round_trips(&stderr), stderr)
     };
     // As with `CHIDORI_LEARNED_CUDNN=1` (cudnn_finalizes_learned_answer_later_builds_of_the_same_graph).
     let (first, trips, stderr) = run(&relay, &[]);
@@ -2191,8 +2193,7 @@ fn a_second_run_builds_graphs_each_built_once_before_without_waiting() {
     let cache = chidori_tests::scratch("cudnn-distinct-cache");
     let run = || {
         let (stdout, stderr) = run_learning(&server, &exe, &cache, &[("CHIDORI_LEARNED_CUDNN", "1")]);
-        let total = stderr.lines().find(|l| l.starts_with("TOTAL")).and_then(|l| l.split_whitespace().nth(2));
-        (stdout, total.and_then(|t| t.parse::<u64>().ok()), stderr)
+        (stdout, round_trips(&stderr), stderr)
     };
     let (first, trips, stderr) = run();
     assert_eq!(first.lines().count(), 3, "{stderr}");

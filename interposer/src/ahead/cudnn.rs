@@ -79,7 +79,10 @@ pub struct Known {
     /// Where a fill put it in the caller's array (the frontend reads the knobs of the
     /// configuration it builds a plan from, not of every one the heuristics offer).
     pub slot: Option<u8>,
-    pub answers: Vec<(Query, Answer)>,
+    /// Answers, each with whether it is in the learned store (one that rode with a finalize
+    /// or fill is kept there when the program first asks it: its descriptor's content is
+    /// known by then).
+    pub answers: Vec<(Query, Answer, bool)>,
     pub twins: Vec<Twin>,
     /// Fills the program made from this descriptor, and how often (the frontend fills an
     /// engine from a configuration once to read its notes and again to build the plan).

@@ -418,19 +418,13 @@ fn answer_finalize(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, sta
     status
 }
 
-/// A question answered as before: asked without waiting into buffers of ours, the answer
-/// compared when it comes. The answer to give, or None where the question cannot be sent.
-fn answer_query(
-    f: &'static Forms,
-    conn: &Arc<crate::conn::Conn>,
-    d: u64,
-    query: Query,
-    answer: Answer,
-) -> Option<Answer> {
-    let mut asked = Asked::new(f.get, d, query)?;
+/// A question answered as before (`answer`): asked without waiting into buffers of ours,
+/// the server's answer compared when it comes. False where it cannot be sent.
+fn answer_query(f: &'static Forms, conn: &Arc<crate::conn::Conn>, d: u64, query: Query, answer: &Answer) -> bool {
+    let Some(mut asked) = Asked::new(f.get, d, query) else { return false };
     // SAFETY: our buffers, of the wire form's lengths for these arguments, kept by the check
     // until the reply has landed.
-    let slot = unsafe { crate::runtime::send_checked(conn, f.get, &asked.args()) }?;
+    let Some(slot) = (unsafe { crate::runtime::send_checked(conn, f.get, &asked.args()) }) else { return false };
     let expected = answer.clone();
     crate::learned::check(conn.clone(), "cudnnBackendGetAttribute", slot, asked, move |outcome, asked| {
         let (attribute, ty) = (query.0, query.1);
@@ -447,7 +441,7 @@ fn answer_query(
         }
     });
     crate::trace::local("cudnnBackendGetAttribute");
-    Some(answer)
+    true
 }
 
 pub unsafe fn backend_finalize(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
@@ -619,7 +613,7 @@ fn batch(
                 // Only a success is kept: another answer is asked again when the program asks.
                 Ahead::Query(asked) if ret == 0 => {
                     let (d, q) = (asked.descriptor, asked.query);
-                    r.known.entry(d).or_default().answers.push((q, asked.answer(0)));
+                    r.known.entry(d).or_default().answers.push((q, asked.answer(0), false));
                 }
                 Ahead::Query(asked) => {
                     let (d, (attribute, ty, requested, _)) = (asked.descriptor, asked.query);
@@ -773,35 +767,37 @@ fn get_attribute(
             (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
             let query = (name, ty, requested, !elements.is_null());
+            // Answers are kept for later builds where finalizes are learned (never a
+            // pointer: one of this process's).
+            let learning = ty != TYPE_VOID_PTR && finalizes_learned();
+            // What is known of `d` (None: it may change); of a known one, the answer and
+            // whether to keep it, and what `d` holds.
             let known = replay(|r| {
-                let answers = &r.known.get(&d)?.answers;
-                if let Some((_, a)) = answers.iter().find(|(q, _)| *q == query) {
-                    return Some(Some(a.clone()));
+                let held = r.contents.of(d).filter(|_| learning);
+                let k = r.known.get_mut(&d)?;
+                if let Some((_, a, kept)) = k.answers.iter_mut().find(|(q, ..)| *q == query) {
+                    let keep = !std::mem::replace(kept, true);
+                    return Some((Some(a.clone()), held.filter(|_| keep)));
                 }
                 // A question about a descriptor that cannot change: ask it of the next ones.
                 if let Some(t) = type_of(d) {
                     r.learn(t, query);
                 }
-                Some(None)
+                Some((None, held))
             });
-            // What an earlier build answered about a descriptor holding the same (not a
-            // pointer: one of this process's).
-            let held = known.as_ref().filter(|_| ty != TYPE_VOID_PTR).and_then(|_| held_still(d));
+            let held = known.as_ref().and_then(|(_, h)| *h);
             let conn = held.and_then(|_| crate::conn::get().ok());
             let key = held.map(|h| query_key(h, query));
-            let kept = match (&conn, &key, &known) {
-                (Some(c), Some(k), Some(None)) => kept(c, k),
-                _ => None,
-            };
-            if let Some(Some(a)) = known {
+            let store = conn.as_ref().zip(key.as_deref());
+            if let Some((Some(a), _)) = known {
                 crate::trace::local("cudnnBackendGetAttribute");
-                if let (Some(c), Some(k)) = (&conn, &key) {
+                if let Some((c, k)) = store {
                     keep(c, k, &a);
                 }
                 (deliver(&a, query.2, count_out, elements), a.count)
-            } else if let Some(a) = kept.zip(conn.as_ref()).and_then(|(a, c)| answer_query(f, c, d, query, a)) {
+            } else if let Some(a) = store.and_then(|(c, k)| kept(c, k).filter(|a| answer_query(f, c, d, query, a))) {
                 tracing::trace!("get: attribute {name}, type {ty}, requested {requested}: answered as before");
-                replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone()))));
+                replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone(), true))));
                 (deliver(&a, query.2, count_out, elements), a.count)
             } else {
                 // What a run still waits for (`CHIDORI_LOG=chidori::custom::cudnn=debug`).
@@ -816,8 +812,8 @@ fn get_attribute(
                 // Only a success is the library's answer here: a failure may be the deferred
                 // status of an earlier call, reported by this one.
                 if known.is_some() && s == 0 {
-                    replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone()))));
-                    if let (Some(c), Some(k)) = (&conn, &key) {
+                    replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone(), store.is_some()))));
+                    if let Some((c, k)) = store {
                         keep(c, k, &a);
                     }
                 }
