@@ -2304,6 +2304,73 @@ fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// torch's `_cudnn_ctc_loss` (targets on the CPU): cuDNN's v7 CTC loss reads host arrays as
+/// long as the probabilities' batch and the sum of the label lengths, which no parameter
+/// gives. The emulated loss writes each sequence's cost from what its arrays held.
+const CUDNN_CTC: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cudnnCreate(h_t *h);
+int cudnnCreateTensorDescriptor(h_t *d);
+int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims, const int *strides);
+int cudnnCreateCTCLossDescriptor(h_t *d);
+int cudnnGetCTCLossWorkspaceSize(h_t h, h_t probs, h_t grads, const int *labels, const int *labelLengths,
+                                 const int *inputLengths, int algo, h_t ctc, unsigned long *size);
+int cudnnCTCLoss(h_t h, h_t probsDesc, const void *probs, const int *labels, const int *labelLengths,
+                 const int *inputLengths, void *costs, h_t gradientsDesc, void *gradients, int algo, h_t ctc,
+                 void *workspace, unsigned long workspaceSize);
+int cudaMalloc(void **p, unsigned long size);
+int cudaMemcpy(void *dst, const void *src, unsigned long n, int kind);
+int main(void) {
+  h_t handle, probs, ctc;
+  int dims[3] = {50, 3, 15}, strides[3] = {45, 15, 1};
+  if (cudnnCreate(&handle) || cudnnCreateTensorDescriptor(&probs) || cudnnCreateCTCLossDescriptor(&ctc)) return 10;
+  if (cudnnSetTensorNdDescriptor(probs, 0, 3, dims, strides)) return 11;
+  int lengths[3] = {30, 25, 20}, inputs[3] = {50, 50, 50}, labels[75];
+  for (int i = 0; i < 75; i++) labels[i] = 1 + i % 14;
+  unsigned long size = 0;
+  int s = cudnnGetCTCLossWorkspaceSize(handle, probs, probs, labels, lengths, inputs, 0, ctc, &size);
+  void *d_probs, *d_costs, *d_grads, *ws;
+  if (cudaMalloc(&d_probs, 50 * 45 * 4) || cudaMalloc(&d_costs, 12) || cudaMalloc(&d_grads, 50 * 45 * 4) ||
+      cudaMalloc(&ws, size))
+    return 12;
+  int l = cudnnCTCLoss(handle, probs, d_probs, labels, lengths, inputs, d_costs, probs, d_grads, 0, ctc, ws, size);
+  float costs[3] = {0};
+  if (cudaMemcpy(costs, d_costs, 12, 2)) return 13;
+  printf("size=%d:%lu loss=%d costs=%.0f,%.0f,%.0f\n", s, size, l, costs[0], costs[1], costs[2]);
+  /* A negative label length, and no label lengths: the library's bad parameter. */
+  lengths[1] = -1;
+  int negative = cudnnGetCTCLossWorkspaceSize(handle, probs, probs, labels, lengths, inputs, 0, ctc, &size);
+  int none = cudnnCTCLoss(handle, probs, d_probs, labels, 0, inputs, d_costs, probs, d_grads, 0, ctc, ws, size);
+  printf("negative=%d none=%d\n", negative, none);
+  return 0;
+}
+"#;
+
+#[test]
+fn the_v7_ctc_loss_sends_its_host_arrays_whole() {
+    let server = server();
+    let exe = cudnn_program("cudnn-ctc", CUDNN_CTC);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    let labels: Vec<i64> = (0..75).map(|i| 1 + i % 14).collect();
+    let cost = |from: usize, n: usize| 1000 * labels[from..from + n].iter().sum::<i64>() + 10 * n as i64 + 50;
+    let want = format!(
+        "size=0:{} loss=0 costs={},{},{}\nnegative=2000 none=2000",
+        64 * 75 + 256 * 3,
+        cost(0, 30),
+        cost(30, 25),
+        cost(55, 20)
+    );
+    assert_eq!(stdout.trim(), want, "{stderr}");
+    let row = |f: &str| trace_row(&stderr, f);
+    // Each call asks the descriptor's batch first; the loss then goes without waiting, the
+    // size is a question. The two calls the client refused reached no server.
+    assert_eq!(row("cudnnGetTensorNdDescriptor"), ["4", "4"], "{stderr}");
+    assert_eq!(row("cudnnCTCLoss"), ["1", "0"], "{stderr}");
+    assert_eq!(row("cudnnGetCTCLossWorkspaceSize"), ["1", "1"], "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// torch makes a new RNN descriptor for each forward and backward and asks every matrix and
 /// bias of every layer with its shape (the backward after computing the weights' gradients):
 /// each pass here does the same, twice with a hidden size of 32, then once with 64.

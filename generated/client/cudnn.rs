@@ -1188,6 +1188,104 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBuildRNNDynamic__cu126(
         ) as u32
     }
 }
+///`cudnnCTCLoss` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu118(
+    handle: *mut c_void,
+    probsDesc: *mut c_void,
+    probs: *mut c_void,
+    hostLabels: *mut c_void,
+    hostLabelLengths: *mut c_void,
+    hostInputLengths: *mut c_void,
+    costs: *mut c_void,
+    gradientsDesc: *mut c_void,
+    gradients: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnCTCLoss",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::ctc_loss(
+            &CTX,
+            handle,
+            probsDesc,
+            probs,
+            hostLabels,
+            hostLabelLengths,
+            hostInputLengths,
+            costs,
+            gradientsDesc,
+            gradients,
+            algo,
+            ctcLossDesc,
+            workspace,
+            workSpaceSizeInBytes,
+        )
+    }
+}
+///`cudnnCTCLoss` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu126(
+    handle: *mut c_void,
+    probsDesc: *mut c_void,
+    probs: *mut c_void,
+    hostLabels: *mut c_void,
+    hostLabelLengths: *mut c_void,
+    hostInputLengths: *mut c_void,
+    costs: *mut c_void,
+    gradientsDesc: *mut c_void,
+    gradients: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnCTCLoss",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::ctc_loss(
+            &CTX,
+            handle,
+            probsDesc,
+            probs,
+            hostLabels,
+            hostLabelLengths,
+            hostInputLengths,
+            costs,
+            gradientsDesc,
+            gradients,
+            algo,
+            ctcLossDesc,
+            workspace,
+            workSpaceSizeInBytes,
+        )
+    }
+}
 ///`cudnnCTCLoss_v8` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss_v8__cu118(
@@ -4334,6 +4432,92 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v9(
                 (maxLabelLength) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudnnGetCTCLossWorkspaceSize` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu118(
+    handle: *mut c_void,
+    probsDesc: *mut c_void,
+    gradientsDesc: *mut c_void,
+    labels: *mut c_void,
+    labelLengths: *mut c_void,
+    inputLengths: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    sizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetCTCLossWorkspaceSize",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_ctc_loss_workspace_size(
+            &CTX,
+            handle,
+            probsDesc,
+            gradientsDesc,
+            labels,
+            labelLengths,
+            inputLengths,
+            algo,
+            ctcLossDesc,
+            sizeInBytes,
+        )
+    }
+}
+///`cudnnGetCTCLossWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu126(
+    handle: *mut c_void,
+    probsDesc: *mut c_void,
+    gradientsDesc: *mut c_void,
+    labels: *mut c_void,
+    labelLengths: *mut c_void,
+    inputLengths: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    sizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetCTCLossWorkspaceSize",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_ctc_loss_workspace_size(
+            &CTX,
+            handle,
+            probsDesc,
+            gradientsDesc,
+            labels,
+            labelLengths,
+            inputLengths,
+            algo,
+            ctcLossDesc,
+            sizeInBytes,
+        )
     }
 }
 ///`cudnnGetCTCLossWorkspaceSize_v8` for CUDA 11.8, 12.1 (sync).

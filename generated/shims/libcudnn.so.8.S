@@ -94,10 +94,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname0(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnCTCLoss__cu118@PLT
     .size cudnnCTCLoss, .-cudnnCTCLoss
     .globl cudnnCTCLoss_v8
     .type cudnnCTCLoss_v8, @function
@@ -502,7 +499,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,10 +537,7 @@ cudnnGetCTCLossDescriptor_v8:
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname2(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu118@PLT
     .size cudnnGetCTCLossWorkspaceSize, .-cudnnGetCTCLossWorkspaceSize
     .globl cudnnGetCTCLossWorkspaceSize_v8
     .type cudnnGetCTCLossWorkspaceSize_v8, @function
@@ -553,7 +547,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -676,7 +670,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,7 +678,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,7 +766,7 @@ cudnnGetRNNBiasMode:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -790,7 +784,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -878,7 +872,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -941,7 +935,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -954,7 +948,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1137,7 +1131,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1145,7 +1139,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1168,7 +1162,7 @@ cudnnSetCTCLossDescriptor_v8:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1216,7 +1210,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1224,7 +1218,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1391,35 +1385,31 @@ cudnnTransformTensorEx:
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnCTCLoss"
-.Lname1:
     .asciz "cudnnGetBackdoor"
-.Lname2:
-    .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname3:
+.Lname1:
     .asciz "cudnnGetCallback"
-.Lname4:
+.Lname2:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname5:
+.Lname3:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname6:
+.Lname4:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname7:
+.Lname5:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname8:
+.Lname6:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname9:
+.Lname7:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname10:
+.Lname8:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname11:
+.Lname9:
     .asciz "cudnnSetBackdoor"
-.Lname12:
+.Lname10:
     .asciz "cudnnSetBackdoorEx"
-.Lname13:
+.Lname11:
     .asciz "cudnnSetCallback"
-.Lname14:
+.Lname12:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname15:
+.Lname13:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
     .section .note.GNU-stack,"",@progbits

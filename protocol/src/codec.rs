@@ -27,6 +27,7 @@
 //! | `Scalar` (device mode) | a device address | [`DEVICE_LEN`], or [`device_len`] of its width | — |
 //! | `Handles` | the client's address | 8 × count, or [`NULL_LEN`] | the handles |
 //! | `Buf` | the client's address | elem × count, or [`NULL_LEN`] | the elements, unless `Out` |
+//! | `Buf` of a [`Len::Told`] length | the client's address | elem × what the client told, or [`NULL_LEN`] | the elements |
 //!
 //! A count behind a pointer ([`Len::Deref`]: NVML's `unsigned int *count`) is read by the
 //! client ([`Client::word`]); the decoder checks such an array's length against the count's
@@ -50,6 +51,12 @@ pub trait Client {
     /// The integer of `bytes` (4 or 8, little-endian) at the non-null `addr` in the
     /// program's memory: a length the caller passes by pointer ([`Len::Deref`]).
     fn word(&mut self, addr: u64, bytes: u64) -> Option<u64>;
+    /// The elements of input array `param` whose length only the caller's data gives
+    /// ([`Len::Told`]), as the client's custom code worked it out for this call. None (the
+    /// default): the array travels as 0 bytes and the worker refuses the call.
+    fn told(&mut self, _param: usize) -> Option<u64> {
+        None
+    }
 }
 
 /// What the client knows of a handle's scalars.
@@ -208,6 +215,7 @@ pub fn encode(desc: &CallDesc, args: &[u64], client: &mut impl Client) -> Encode
             Wire::Buf { dir, elem, len, .. } => {
                 // One walk of the length: a count behind a pointer is read where it occurs.
                 let count = match len {
+                    Some(Len::Told) => client.told(i),
                     Some(expr) => expr.eval_with(args, &mut |p| {
                         let bytes = deref_bytes(desc, p)?;
                         let addr = args.get(usize::from(p)).copied().filter(|&a| a != 0)?;
@@ -566,11 +574,18 @@ pub fn decode<'f>(
                 }
             }
             Wire::Buf { dir, elem, len: count, record, optional } => {
-                let count = count_of(count, args).ok_or(DecodeError::NoLength { param: i })?;
+                // A length the client told (only its worker-side check says what the library
+                // reads): whole elements, as many as it sent; at NULL, none.
+                let told = matches!(count, Some(Len::Told));
+                let count = if told { 0 } else { count_of(count, args).ok_or(DecodeError::NoLength { param: i })? };
                 let elem = u64::from(elem);
                 let expected = bounded(count, elem);
                 // The buffer's length must be the one its count gives.
                 let exactly = |len: u64| match expected {
+                    _ if told => match bounded(len / elem.max(1), elem) {
+                        Some(whole) if whole == len => Ok(()),
+                        _ => Err(DecodeError::Length { param: i, got: len, expected: len / elem.max(1) * elem }),
+                    },
                     None => Err(DecodeError::TooLarge { param: i, count, elem }),
                     Some(expected) if expected != len => Err(DecodeError::Length { param: i, got: len, expected }),
                     Some(_) => Ok(()),

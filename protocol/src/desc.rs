@@ -179,11 +179,18 @@ pub enum Len {
     /// gives by pointer and the library overwrites (NVML's `unsigned int *count`). That
     /// parameter is a one-element `inout` buffer of 4 or 8 bytes.
     Deref(u8),
+    /// A length only the caller's data gives (cuDNN's v7 CTC loss: label arrays as long as
+    /// a descriptor's batch and the sum of the label lengths). The client's custom code
+    /// works it out and tells the encoder ([`crate::codec::Client::told`]); the decoder
+    /// takes the length sent, and the worker checks it against what the library will read
+    /// before the call (a check of the function's own: none, and the call is refused).
+    /// Only a whole input array's length, never part of an expression.
+    Told,
 }
 
 impl Len {
-    /// Evaluate over the raw parameter values; None on overflow, a bad index, or a length
-    /// behind a pointer ([`Len::Deref`]: see [`Len::eval_with`]).
+    /// Evaluate over the raw parameter values; None on overflow, a bad index, a length
+    /// behind a pointer ([`Len::Deref`]: see [`Len::eval_with`]) or one told ([`Len::Told`]).
     pub fn eval(&self, args: &[u64]) -> Option<u64> {
         self.eval_with(args, &mut |_| None)
     }
@@ -202,16 +209,24 @@ impl Len {
                 sizes.get(v).map(|s| u64::from(*s))
             }
             Len::Deref(p) => deref(p),
+            Len::Told => None,
         }
     }
 
     /// Whether the length depends on a value behind a pointer.
     pub fn derefs(&self) -> bool {
         match *self {
-            Len::Lit(_) | Len::Param(_) | Len::Table(..) => false,
+            Len::Lit(_) | Len::Param(_) | Len::Table(..) | Len::Told => false,
             Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) | Len::Div(a, b) => a.derefs() || b.derefs(),
             Len::Deref(_) => true,
         }
+    }
+}
+
+impl Wire {
+    /// Whether this is an input array whose length the client tells ([`Len::Told`]).
+    pub fn told(&self) -> bool {
+        matches!(*self, Wire::Buf { len: Some(Len::Told), .. })
     }
 }
 

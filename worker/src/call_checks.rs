@@ -35,6 +35,8 @@ pub struct CallChecks {
     /// A capture's end (cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms:
     /// stream, graph out), whose graph the session keeps for `GraphList::Ended`.
     pub capture_end: bool,
+    /// Input arrays of a length only their data gives (`crate::told`).
+    pub told: bool,
 }
 
 impl CallChecks {
@@ -74,6 +76,7 @@ impl CallChecks {
                 chidori_protocol::desc::strip_suffixes(name, &["_ptsz"]),
                 "cudaStreamEndCapture" | "cuStreamEndCapture"
             ),
+            told: crate::told::has_told(desc),
         }
     }
 }

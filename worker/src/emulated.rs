@@ -1034,6 +1034,38 @@ impl Backend for Emulated {
                     put_u64(a[1], last.saturating_add(1).saturating_mul(elem));
                     SUCCESS
                 }
+                // cuDNN's v7 CTC loss, as far as its host arrays go (the probabilities'
+                // descriptor gives the batch): the workspace is 64 bytes per label and 256 per
+                // sequence; each sequence's cost is what its arrays held, so that a test can
+                // tell they arrived whole: 1000 × (sum of its labels) + 10 × its label length
+                // + its input length, as a float. No loss is computed.
+                ("cudnn", "cudnnGetCTCLossWorkspaceSize" | "cudnnCTCLoss") => {
+                    let batch = match self.state().tensors.get(&a[1]) {
+                        Some((_, dims, _)) if dims.len() == 3 && dims[1] > 0 => dims[1] as usize,
+                        _ => return Ok(CUDNN_BAD_PARAM),
+                    };
+                    let ints = |p: u64, n: usize| std::slice::from_raw_parts(p as *const i32, n);
+                    let (lengths, inputs) = (ints(a[4], batch), ints(a[5], batch));
+                    let total: usize = lengths.iter().map(|&n| n.max(0) as usize).sum();
+                    let labels = ints(a[3], total);
+                    if name == "cudnnGetCTCLossWorkspaceSize" {
+                        put_u64(a[8], 64 * total as u64 + 256 * batch as u64);
+                        return Ok(SUCCESS);
+                    }
+                    let mut costs = Vec::with_capacity(4 * batch);
+                    let mut at = 0;
+                    for b in 0..batch {
+                        let n = lengths[b].max(0) as usize;
+                        let sum: i64 = labels[at..at + n].iter().map(|&l| i64::from(l)).sum();
+                        at += n;
+                        let cost = 1000 * sum + 10 * i64::from(lengths[b]) + i64::from(inputs[b]);
+                        costs.extend_from_slice(&(cost as f32).to_le_bytes());
+                    }
+                    let mut s = self.state();
+                    let Some(out) = s.find(a[6], costs.len() as u64) else { return Ok(CUDNN_BAD_PARAM) };
+                    out.copy_from_slice(&costs);
+                    SUCCESS
+                }
                 // Writes min(requested, nbDims) dimensions and strides.
                 ("cudnn", "cudnnGetTensorNdDescriptor") => {
                     let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {

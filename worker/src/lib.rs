@@ -44,6 +44,7 @@ pub mod session;
 pub mod smi;
 pub mod supervisor;
 pub mod tables;
+pub mod told;
 pub mod user_objects;
 pub mod visible;
 pub mod windows;

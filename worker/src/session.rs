@@ -1379,6 +1379,15 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
+    // Arrays whose length only their data gives: as long as the library will read.
+    if checks.told {
+        // SAFETY: each told array's decoded argument: `lens[i]` bytes at `raw[i]`, in the
+        // frame or in a buffer kept for the call.
+        if let Err(why) = unsafe { crate::told::check(&*session.backend, desc, &raw, &lens) } {
+            return invalid(why);
+        }
+    }
+
     // Host arrays of device addresses (the specs' `addresses`: batched prefetches and
     // discards, cuFFT's work areas).
     for &(addrs, sizes) in &checks.address_arrays {

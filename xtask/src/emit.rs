@@ -1545,6 +1545,7 @@ fn len_static(l: &Len, statics: &mut Vec<TokenStream>, prefix: &str) -> Ident {
             let i = *i as u8;
             quote!(Len::Deref(#i))
         }
+        Len::Told => quote!(Len::Told),
         Len::Table(i, sizes) => {
             let i = *i as u8;
             let sizes = sizes.iter().map(|s| *s as u32);

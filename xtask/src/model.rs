@@ -384,6 +384,8 @@ pub enum Len {
     Table(usize, Vec<u64>),
     /// The integer parameter `.0` points at, as the caller passed it (`*count`).
     Deref(usize),
+    /// A length custom code tells (`told`).
+    Told,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -1268,7 +1270,28 @@ fn check_derefs(decl: &Function, wires: &[Wire]) -> Result<()> {
                 derefs(a, out);
                 derefs(b, out);
             }
-            Len::Lit(_) | Len::Param(_) | Len::Table(..) => {}
+            Len::Lit(_) | Len::Param(_) | Len::Table(..) | Len::Told => {}
+        }
+    }
+    fn tells(len: &Len) -> bool {
+        match len {
+            Len::Told => true,
+            Len::Add(a, b) | Len::Sub(a, b) | Len::Mul(a, b) | Len::Div(a, b) => tells(a) || tells(b),
+            Len::Lit(_) | Len::Param(_) | Len::Table(..) | Len::Deref(_) => false,
+        }
+    }
+    for (i, wire) in wires.iter().enumerate() {
+        let told = match wire {
+            Wire::Buf { len: Some(len), .. } | Wire::Handles { len, .. } => tells(len),
+            Wire::Scalar { size: Some(len), .. } => tells(len),
+            _ => false,
+        };
+        if told && !matches!(wire, Wire::Buf { dir: Dir::In, len: Some(Len::Told), record: None, .. }) {
+            bail!(
+                "{}: {}: `told` is the whole length of a plain input array (`in[told]`)",
+                decl.name,
+                decl.params[i].name
+            );
         }
     }
     for (i, wire) in wires.iter().enumerate() {
@@ -1306,6 +1329,7 @@ fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) ->
         LenExpr::Lit(n) => Len::Lit(*n),
         LenExpr::Param(name) => Len::Param(index(name)?),
         LenExpr::Deref(name) => Len::Deref(index(name)?),
+        LenExpr::Told => Len::Told,
         LenExpr::Add(a, b) => {
             Len::Add(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
         }

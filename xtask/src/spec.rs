@@ -435,12 +435,15 @@ pub enum LenExpr {
     /// `*p`: the integer parameter `p` points at, as the caller passed it (a count the
     /// caller gives by pointer and the library overwrites: NVML's `unsigned int *count`).
     Deref(String),
+    /// `told`: a length only the caller's data gives, which custom code works out and the
+    /// worker checks per function (`chidori_protocol::desc::Len::Told`).
+    Told,
 }
 
 impl LenExpr {
     pub fn params(&self, out: &mut Vec<String>) {
         match self {
-            LenExpr::Lit(_) => {}
+            LenExpr::Lit(_) | LenExpr::Told => {}
             LenExpr::Param(p) | LenExpr::Size(p, _) | LenExpr::Deref(p) => out.push(p.clone()),
             LenExpr::Add(a, b) | LenExpr::Sub(a, b) | LenExpr::Mul(a, b) | LenExpr::Div(a, b) => {
                 a.params(out);
@@ -634,6 +637,9 @@ fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
         let name = name.context("`*` before a length names a parameter: `*count`")?.clone();
         *pos += 1;
         return Ok(LenExpr::Deref(name));
+    }
+    if tok == "told" {
+        return Ok(LenExpr::Told);
     }
     if tok.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') {
         return Ok(LenExpr::Param(tok.clone()));

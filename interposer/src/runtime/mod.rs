@@ -91,6 +91,33 @@ impl codec::Client for ThisClient {
             }
         }
     }
+
+    fn told(&mut self, param: usize) -> Option<u64> {
+        TOLD.with_borrow(|told| told.iter().find(|&&(p, _)| p == param).map(|&(_, n)| n))
+    }
+}
+
+thread_local! {
+    /// The lengths custom code told for the call this thread is sending ([`with_told`]).
+    static TOLD: std::cell::RefCell<Vec<(usize, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `send` with the element counts of the input arrays whose length only the caller's
+/// data gives (`in[told]` in the specs): (parameter, count), for the calls it encodes on
+/// this thread.
+pub(crate) fn with_told<T>(counts: &[(usize, u64)], send: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            TOLD.with_borrow_mut(Vec::clear);
+        }
+    }
+    TOLD.with_borrow_mut(|told| {
+        told.clear();
+        told.extend_from_slice(counts);
+    });
+    let _reset = Reset;
+    send()
 }
 
 /// Marshal raw arguments by the descriptor ([`codec::encode`]), reading the inputs from the

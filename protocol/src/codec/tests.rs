@@ -19,6 +19,8 @@ struct FakeClient {
     /// Handles whose later scalars (beta) follow their own mode (cuSPARSELt's plans).
     later_device: HashMap<u64, bool>,
     next_name: u64,
+    /// Element counts custom code told, per parameter.
+    told: HashMap<usize, u64>,
 }
 
 impl Client for FakeClient {
@@ -42,6 +44,10 @@ impl Client for FakeClient {
 
     fn word(&mut self, addr: u64, bytes: u64) -> Option<u64> {
         word_at(self.memory.get(&addr)?, bytes)
+    }
+
+    fn told(&mut self, param: usize) -> Option<u64> {
+        self.told.get(&param).copied()
     }
 }
 
@@ -776,4 +782,35 @@ fn an_array_sized_by_a_count_behind_a_pointer_round_trips_and_is_checked() {
     assert_eq!(encoded.inputs.len(), 1, "only the count");
     let e = decode(desc, &encoded.call.args, &encoded.call.lens, &client.bulk(&encoded), tables).unwrap_err();
     assert_eq!(e, DecodeError::TooLarge { param: 1, count: u64::from(u32::MAX), elem: 8 });
+}
+
+#[test]
+fn an_array_of_a_told_length_travels_as_told_and_whole() {
+    static TOLD: Len = Len::Told;
+    let array = Wire::Buf { dir: Dir::In, elem: 4, len: Some(&TOLD), record: None, optional: false };
+    let desc = desc(vec![Wire::Val { bytes: 8, float: false }, array]);
+    let tables = &mut FakeTables::default();
+    let mut client = FakeClient::default();
+    let args = [7, client.put((0u8..40).collect())];
+    // Untold: nothing is read, and the worker's own check refuses what arrives.
+    let encoded = encode(desc, &args, &mut client);
+    assert_eq!((encoded.call.lens[1], encoded.inputs.len()), (0, 0));
+    // Told 6 elements: 24 of the array's bytes.
+    client.told.insert(1, 6);
+    let encoded = encode(desc, &args, &mut client);
+    assert_eq!(encoded.call.lens[1], 24);
+    let bulk = client.bulk(&encoded);
+    let got = decode(desc, &encoded.call.args, &encoded.call.lens, &bulk, tables).unwrap();
+    let input: &'static [u8] = Box::leak((0u8..24).collect::<Vec<_>>().into_boxed_slice());
+    assert_eq!(got[1], Arg::Buf(BufArg::Present { len: 24, input: Some(input) }));
+    // A torn element: the client broke the protocol.
+    let e = decode(desc, &encoded.call.args, &[0, 22], &bulk[..22], tables).unwrap_err();
+    assert_eq!(e, DecodeError::Length { param: 1, got: 22, expected: 20 });
+    assert_eq!(e.refusal(), Refusal::Fatal);
+    // At NULL: no array (the function's check says whether it may be).
+    let got = decode(desc, &[7, 0], &[0, NULL_LEN], &[], tables).unwrap();
+    assert_eq!(got[1], Arg::Buf(BufArg::Absent));
+    // Longer than a call may carry.
+    let e = decode(desc, &[7, 1], &[0, MAX_BUFFER + 4], &[], tables).unwrap_err();
+    assert!(matches!(e, DecodeError::Length { param: 1, .. }), "{e:?}");
 }
