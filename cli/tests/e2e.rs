@@ -2338,6 +2338,13 @@ int main(void) {
   float costs[3] = {0};
   if (cudaMemcpy(costs, d_costs, 12, 2)) return 13;
   printf("size=%d:%lu loss=%d costs=%.0f,%.0f,%.0f\n", s, size, l, costs[0], costs[1], costs[2]);
+  /* The descriptor set again, to a batch of two. */
+  dims[1] = 2;
+  strides[0] = 30;
+  if (cudnnSetTensorNdDescriptor(probs, 0, 3, dims, strides)) return 14;
+  unsigned long two = 0;
+  int t = cudnnGetCTCLossWorkspaceSize(handle, probs, probs, labels, lengths, inputs, 0, ctc, &two);
+  printf("two=%d:%lu\n", t, two);
   /* A negative label length, and no label lengths: the library's bad parameter. */
   lengths[1] = -1;
   int negative = cudnnGetCTCLossWorkspaceSize(handle, probs, probs, labels, lengths, inputs, 0, ctc, &size);
@@ -2355,19 +2362,21 @@ fn the_v7_ctc_loss_sends_its_host_arrays_whole() {
     let labels: Vec<i64> = (0..75).map(|i| 1 + i % 14).collect();
     let cost = |from: usize, n: usize| 1000 * labels[from..from + n].iter().sum::<i64>() + 10 * n as i64 + 50;
     let want = format!(
-        "size=0:{} loss=0 costs={},{},{}\nnegative=2000 none=2000",
+        "size=0:{} loss=0 costs={},{},{}\ntwo=0:{}\nnegative=2000 none=2000",
         64 * 75 + 256 * 3,
         cost(0, 30),
         cost(30, 25),
-        cost(55, 20)
+        cost(55, 20),
+        64 * 55 + 256 * 2
     );
     assert_eq!(stdout.trim(), want, "{stderr}");
     let row = |f: &str| trace_row(&stderr, f);
-    // Each call asks the descriptor's batch first; the loss then goes without waiting, the
-    // size is a question. The two calls the client refused reached no server.
-    assert_eq!(row("cudnnGetTensorNdDescriptor"), ["4", "4"], "{stderr}");
+    // The descriptor's batch is asked once per shape it is set to (twice), the other calls
+    // know it; the loss goes without waiting, the sizes are questions. The two calls the
+    // client refused reached no server.
+    assert_eq!(row("cudnnGetTensorNdDescriptor"), ["5", "2"], "{stderr}");
     assert_eq!(row("cudnnCTCLoss"), ["1", "0"], "{stderr}");
-    assert_eq!(row("cudnnGetCTCLossWorkspaceSize"), ["1", "1"], "{stderr}");
+    assert_eq!(row("cudnnGetCTCLossWorkspaceSize"), ["2", "2"], "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 

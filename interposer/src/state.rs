@@ -149,6 +149,9 @@ pub struct Ahead {
     /// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
     /// asked in its round trip, trusted while the connection has sent nothing since.
     pub rnn_filled_tensors: Answers<u64, crate::ahead::rnn::TensorNd>,
+    /// The batch of a CTC loss's probabilities, by what their descriptor was set to (its
+    /// fingerprint, `crate::runtime::cudnn_sizes::fingerprint`): asked once per shape.
+    pub ctc_batches: Answers<u64, usize>,
     /// cuFFT plans made before: the status and work sizes, by the call and what was set on
     /// the plan (`crate::runtime::cufft_plans`).
     pub cufft_plans: Answers<u64, crate::runtime::kept::Answer>,
@@ -210,6 +213,7 @@ pub static CLIENT: Client = Client {
         cudnn: Mutex::new(None),
         rnn_weight_params: Answers::new(1),
         rnn_filled_tensors: Answers::new(2),
+        ctc_batches: Answers::new(256),
         rnn_weights: Answers::new(4096),
         cufft_plans: Answers::new(crate::runtime::cufft_plans::ANSWERS_MAX),
         solver_sizes: Answers::new(crate::runtime::solver_sizes::ANSWERS_MAX),

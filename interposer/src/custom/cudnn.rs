@@ -1384,29 +1384,18 @@ pub unsafe fn get_rnn_weight_params(
 /// cuDNN's v7 CTC loss and its workspace query (`args` as the call's; in both, 1 is the
 /// probabilities' descriptor and 3, 4, 5 the host labels, label lengths and input lengths).
 /// The arrays' lengths are data: the descriptor (time x batch x alphabet) is asked for its
-/// batch, the label lengths are added up, and the call goes with those lengths told. A
-/// batch or label length the library could not take is its bad-parameter status here.
+/// batch (once per shape it was set to), the label lengths are added up, and the call goes
+/// with those lengths told. A batch or label length the library could not take is its
+/// bad-parameter status here.
 unsafe fn ctc(ctx: &Ctx, args: &[u64]) -> u32 {
     let desc = ctx.form(Form::Call);
     let bad_param = forms(ctx).bad_param;
     crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc) as u32, || {
-        let (mut data_type, mut count) = (0u32, 0i32);
-        let (mut dims, mut strides) = ([0i32; DIM_MAX], [0i32; DIM_MAX]);
-        let ask = [
-            args[1],
-            DIM_MAX as u64,
-            &mut data_type as *mut u32 as u64,
-            &mut count as *mut i32 as u64,
-            dims.as_mut_ptr() as u64,
-            strides.as_mut_ptr() as u64,
-        ];
-        // SAFETY: the question's outputs are the locals above, DIM_MAX dimensions each.
-        let status = unsafe { get_tensor_nd(forms(ctx).get_tensor_nd, ask) };
-        if status != 0 {
-            return status;
-        }
-        let Some(batch) = (count >= 2).then(|| dims[1]).and_then(|b| usize::try_from(b).ok()).filter(|&b| b > 0) else {
-            return bad_param;
+        // SAFETY: the caller's descriptor.
+        let batch = match unsafe { ctc_batch(ctx, args[1]) } {
+            Ok(Some(batch)) => batch,
+            Ok(None) => return bad_param,
+            Err(status) => return status,
         };
         if args[4] == 0 || args[5] == 0 {
             return bad_param;
@@ -1420,6 +1409,38 @@ unsafe fn ctc(ctx: &Ctx, args: &[u64]) -> u32 {
         // SAFETY: the caller's arguments; its three arrays as long as told.
         crate::runtime::with_told(&told, || unsafe { crate::runtime::call(desc, args) as u32 })
     })
+}
+
+/// The batch of a CTC loss's probabilities (their descriptor's second dimension): known
+/// where a descriptor set alike was asked before, else asked. Ok(None): the descriptor has
+/// no batch; Err: the question's status.
+unsafe fn ctc_batch(ctx: &Ctx, probs: u64) -> Result<Option<usize>, u32> {
+    // Only a descriptor whose every Set the client followed (not one just created or NULL).
+    let set = crate::runtime::cudnn_sizes::fingerprint(probs).filter(|&f| f > 1);
+    if let Some(batch) = set.and_then(|f| CLIENT.ahead.ctc_batches.get(&f)) {
+        crate::trace::local("cudnnGetTensorNdDescriptor");
+        return Ok(Some(batch));
+    }
+    let (mut data_type, mut count) = (0u32, 0i32);
+    let (mut dims, mut strides) = ([0i32; DIM_MAX], [0i32; DIM_MAX]);
+    let ask = [
+        probs,
+        DIM_MAX as u64,
+        &mut data_type as *mut u32 as u64,
+        &mut count as *mut i32 as u64,
+        dims.as_mut_ptr() as u64,
+        strides.as_mut_ptr() as u64,
+    ];
+    // SAFETY: the question's outputs are the locals above, DIM_MAX dimensions each.
+    let status = unsafe { get_tensor_nd(forms(ctx).get_tensor_nd, ask) };
+    if status != 0 {
+        return Err(status);
+    }
+    let batch = (count >= 2).then(|| dims[1]).and_then(|b| usize::try_from(b).ok()).filter(|&b| b > 0);
+    if let (Some(f), Some(b)) = (set, batch) {
+        CLIENT.ahead.ctc_batches.learn(f, b);
+    }
+    Ok(batch)
 }
 
 #[allow(clippy::too_many_arguments)]
