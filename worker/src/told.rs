@@ -52,18 +52,18 @@ unsafe fn ctc(backend: &dyn Backend, desc: &'static CallDesc, raw: &[u64], lens:
     let batch = batch_of(backend, desc, raw.get(1).copied().unwrap_or(0))?;
     let sent = |p: usize| lens.get(p).copied().filter(|&l| l != NULL_LEN).unwrap_or(0);
     for (p, what) in [(4, "label lengths"), (5, "input lengths")] {
-        if sent(p) < 4 * batch {
+        if sent(p) < batch.saturating_mul(4) {
             return Err(format!("{what}: {} bytes sent for a batch of {batch}", sent(p)));
         }
     }
-    // SAFETY: at least 4 × batch bytes at raw[4] (checked above; the caller's contract).
-    let lengths = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, 4 * batch as usize) };
+    // SAFETY: at least 4 × batch bytes at raw[4] (checked above: no more than was sent).
+    let lengths = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, sent(4).min(4 * batch) as usize) };
     let mut labels = 0u64;
     for word in lengths.chunks_exact(4) {
         let n = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
         labels += u64::try_from(n).map_err(|_| format!("a label length of {n}"))?;
     }
-    if sent(3) < 4 * labels {
+    if sent(3) < labels.saturating_mul(4) {
         return Err(format!("labels: {} bytes sent, the label lengths add up to {labels}", sent(3)));
     }
     Ok(())
