@@ -1,11 +1,11 @@
 //! Input arrays whose length only the caller's data gives (`in[told]` in the specs,
-//! [`Len::Told`]): the client works the lengths out and sends that much; before the library
-//! reads the arrays, the worker works out from the library itself how much it will read and
-//! refuses a call whose arrays are shorter. A function with such an array and no check here
-//! is refused: the decoder alone cannot say what is enough.
+//! [`chidori_protocol::desc::Len::Told`]): the client works the lengths out and sends that
+//! much; before the library reads the arrays, the worker works out from the library itself
+//! how much it will read and refuses a call whose arrays are shorter. A function with such
+//! an array and no check here is refused: the decoder alone cannot say what is enough.
 
 use chidori_cuda::calls::VARIANTS;
-use chidori_protocol::desc::{CallDesc, Len, Wire};
+use chidori_protocol::desc::{CallDesc, Wire};
 use chidori_protocol::messages::NULL_LEN;
 
 use crate::backend::Backend;
@@ -15,7 +15,7 @@ const DIM_MAX: usize = 8;
 
 /// Whether `desc` has an input array of a told length.
 pub fn has_told(desc: &CallDesc) -> bool {
-    desc.params.iter().any(|w| matches!(*w, Wire::Buf { len: Some(Len::Told), .. }))
+    desc.params.iter().any(Wire::told)
 }
 
 /// Check the told arrays of a decoded call: `raw` the arguments as the library gets them
