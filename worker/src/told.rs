@@ -72,11 +72,16 @@ unsafe fn ctc(backend: &dyn Backend, desc: &'static CallDesc, raw: &[u64], lens:
 /// The batch of a CTC loss: the second dimension of its probabilities' descriptor, asked of
 /// the library.
 fn batch_of(backend: &dyn Backend, desc: &CallDesc, probs: u64) -> Result<u64, String> {
+    // cudnnGetTensorNdDescriptor of each cuDNN major version (found once, not per call).
+    static ND: std::sync::OnceLock<Vec<&'static CallDesc>> = std::sync::OnceLock::new();
+    let all = ND.get_or_init(|| {
+        VARIANTS.iter().copied().filter(|v| v.name == "cudnnGetTensorNdDescriptor" && v.form.is_some()).collect()
+    });
     let version = desc.versions.last().copied().unwrap_or_default();
-    let nd = VARIANTS
+    let nd = all
         .iter()
         .copied()
-        .find(|v| v.name.starts_with("cudnnGetTensorNdDescriptor") && v.versions.contains(&version))
+        .find(|v| v.versions.contains(&version))
         .ok_or("no cudnnGetTensorNdDescriptor to ask the probabilities' dimensions")?;
     let (mut data_type, mut count) = (0u32, 0i32);
     let (mut dims, mut strides) = ([0i32; DIM_MAX], [0i32; DIM_MAX]);

@@ -1421,22 +1421,15 @@ unsafe fn ctc_batch(ctx: &Ctx, probs: u64) -> Result<Option<usize>, u32> {
     if let Some(batch) = set.and_then(|f| CLIENT.ahead.ctc_batches.get(&f)) {
         return Ok(Some(batch));
     }
-    let (mut data_type, mut count) = (0u32, 0i32);
-    let (mut dims, mut strides) = ([0i32; DIM_MAX], [0i32; DIM_MAX]);
-    let ask = [
-        probs,
-        DIM_MAX as u64,
-        &mut data_type as *mut u32 as u64,
-        &mut count as *mut i32 as u64,
-        dims.as_mut_ptr() as u64,
-        strides.as_mut_ptr() as u64,
-    ];
-    // SAFETY: the question's outputs are the locals above, DIM_MAX dimensions each.
+    let mut shapes = Shapes::default();
+    let ask = shapes.ask(0, probs);
+    // SAFETY: the question's outputs are `shapes`' arrays, which outlive the call.
     let status = unsafe { get_tensor_nd(forms(ctx).get_tensor_nd, ask) };
     if status != 0 {
         return Err(status);
     }
-    let batch = (count >= 2).then(|| dims[1]).and_then(|b| usize::try_from(b).ok()).filter(|&b| b > 0);
+    let batch = shapes.shape(0).and_then(|s| s.dims.get(1).copied()).and_then(|b| usize::try_from(b).ok());
+    let batch = batch.filter(|&b| b > 0);
     if let (Some(f), Some(b)) = (set, batch) {
         CLIENT.ahead.ctc_batches.learn(f, b);
     }
