@@ -3020,7 +3020,11 @@ int main(void) {
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaMemPoolTrimTo(pool, 0));
   CHECK(cudaMemPoolDestroy(pool));
+  /* A pool that may be exported is made (exporting it is refused); Windows' handles are not. */
   props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+  CHECK(cudaMemPoolCreate(&pool, &props));
+  CHECK(cudaMemPoolDestroy(pool));
+  props.handleTypes = cudaMemHandleTypeWin32;
   EXPECT(cudaMemPoolCreate(&pool, &props) == cudaErrorInvalidValue);
   cudaGetLastError();
 

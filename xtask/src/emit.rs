@@ -354,6 +354,9 @@ impl<'a> Emitter<'a> {
             for (name, spec) in &lib.spec.record {
                 let mut present = false;
                 let mut optional_seen = BTreeSet::new();
+                // Enumerators newer than a version are allowed where they exist (as for a
+                // parameter's `allow`); each must exist in some version.
+                let values_seen = std::cell::RefCell::new(BTreeSet::new());
                 for v in &self.model.versions {
                     let env = self.env(v);
                     let Some(r) = env.records.get(name) else { continue };
@@ -364,17 +367,18 @@ impl<'a> Emitter<'a> {
                         let size = env.size_of(&ty).filter(|s| matches!(s, 1 | 2 | 4 | 8));
                         let size = size.with_context(|| at(&format!("{path} is not an integer field")))? as u8;
                         // An enumerator's value, or NULL for a pointer field that must be null.
-                        let values = values
+                        let values: Vec<u64> = values
                             .iter()
-                            .map(|e| match e.as_str() {
-                                "NULL" if matches!(ty, Ty::Ptr { .. }) => Ok(0),
-                                _ => env
-                                    .values
-                                    .get(e)
-                                    .map(|v| *v as u64)
-                                    .with_context(|| at(&format!("no enumerator {e}"))),
+                            .filter_map(|e| {
+                                let value = match e.as_str() {
+                                    "NULL" if matches!(ty, Ty::Ptr { .. }) => Some(0),
+                                    _ => env.values.get(e).map(|v| *v as u64),
+                                };
+                                value.inspect(|_| {
+                                    values_seen.borrow_mut().insert(e.clone());
+                                })
                             })
-                            .collect::<Result<Vec<u64>>>()?;
+                            .collect();
                         let offset = offset as u32;
                         Ok(quote!(FieldIs { offset: #offset, size: #size, values: &[#(#values),*] }))
                     };
@@ -427,6 +431,15 @@ impl<'a> Emitter<'a> {
                 }
                 if let Some(path) = spec.allow.keys().find(|p| !optional_seen.contains(p.trim_start_matches('?'))) {
                     bail!("specs/{}.toml: [record.{name}]: no version has a field {path}", lib.lib.name);
+                }
+                let conditions = spec.handles.values().chain(spec.written.values());
+                let when_values = conditions
+                    .filter_map(|h| crate::spec::parse_record_handle(h).ok().and_then(|(_, when)| when))
+                    .flat_map(|(_, values)| values);
+                let mut named: Vec<String> = spec.allow.values().flatten().cloned().collect();
+                named.extend(when_values);
+                if let Some(e) = named.iter().find(|e| !values_seen.borrow().contains(*e)) {
+                    bail!("specs/{}.toml: [record.{name}]: no version has an enumerator {e}", lib.lib.name);
                 }
             }
         }

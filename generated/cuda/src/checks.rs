@@ -212,7 +212,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -227,7 +227,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -242,7 +242,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -629,7 +629,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -644,7 +644,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -703,7 +703,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64],
                 },
             ],
         },
@@ -1099,7 +1099,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -1114,7 +1114,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -1173,7 +1173,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -1569,7 +1569,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -1584,7 +1584,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -1643,7 +1643,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2044,7 +2044,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2059,7 +2059,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2118,7 +2118,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2525,7 +2525,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2540,7 +2540,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
@@ -2599,7 +2599,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 FieldIs {
                     offset: 4u32,
                     size: 4u8,
-                    values: &[0u64],
+                    values: &[0u64, 1u64, 8u64],
                 },
             ],
         },
