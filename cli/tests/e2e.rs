@@ -1289,6 +1289,81 @@ fn user_object_destructors_run_on_the_client_when_the_last_reference_goes() {
     );
 }
 
+/// The driver's virtual memory management as NVIDIA's vectorAddMMAP and PyTorch's expandable
+/// segments use it: a reserved range mapped piece by piece (allocations that may be exported,
+/// as PyTorch asks), data across a piece unmapped and mapped again, a handle retained from an
+/// address and released (the program's own handle stays good), one unmap of the whole range
+/// (every piece leaves the client's map), then everything released.
+const VMM: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#define EXPECT(c, code) do { if (!(c)) { printf("failed at %d: %s\n", code, #c); return code; } } while (0)
+int main(void) {
+  EXPECT(cudaFree(0) == cudaSuccess, 2);
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t g = 0;
+  EXPECT(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g, 3);
+  CUdeviceptr base;
+  EXPECT(cuMemAddressReserve(&base, 4 * g, 0, 0, 0) == CUDA_SUCCESS, 4);
+  CUmemGenericAllocationHandle h[4];
+  CUmemAccessDesc access;
+  memset(&access, 0, sizeof access);
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT(cuMemCreate(&h[i], g, &prop, 0) == CUDA_SUCCESS, 5);
+    EXPECT(cuMemMap(base + i * g, g, 0, h[i], 0) == CUDA_SUCCESS, 6);
+    EXPECT(cuMemSetAccess(base + i * g, g, &access, 1) == CUDA_SUCCESS, 7);
+  }
+  static unsigned char in[4096], out[4096];
+  for (int i = 0; i < 4096; ++i) in[i] = (unsigned char)(i * 13);
+  EXPECT(cudaMemcpy((void *)(base + 2 * g + 100), in, 4096, cudaMemcpyHostToDevice) == cudaSuccess, 8);
+  /* The piece is unmapped and mapped again: its bytes are still there. */
+  EXPECT(cuMemUnmap(base + 2 * g, g) == CUDA_SUCCESS, 9);
+  EXPECT(cuMemMap(base + 2 * g, g, 0, h[2], 0) == CUDA_SUCCESS, 10);
+  EXPECT(cuMemSetAccess(base + 2 * g, g, &access, 1) == CUDA_SUCCESS, 11);
+  EXPECT(cudaMemcpy(out, (void *)(base + 2 * g + 100), 4096, cudaMemcpyDeviceToHost) == cudaSuccess, 12);
+  EXPECT(memcmp(in, out, 4096) == 0, 13);
+  /* A handle found from an address is the program's own, one reference more. */
+  CUmemGenericAllocationHandle found;
+  EXPECT(cuMemRetainAllocationHandle(&found, (void *)(base + 2 * g + 64)) == CUDA_SUCCESS && found == h[2], 14);
+  CUmemAllocationProp got;
+  EXPECT(cuMemGetAllocationPropertiesFromHandle(&got, found) == CUDA_SUCCESS, 15);
+  EXPECT(got.type == CU_MEM_ALLOCATION_TYPE_PINNED, 16);
+  EXPECT(cuMemRelease(found) == CUDA_SUCCESS, 17);
+  unsigned int type = 0;
+  EXPECT(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, base + 3 * g + 8) == CUDA_SUCCESS, 18);
+  EXPECT(type == CU_MEMORYTYPE_DEVICE, 19);
+  /* One unmap of the whole range: no piece of it is memory any more. */
+  EXPECT(cuMemUnmap(base, 4 * g) == CUDA_SUCCESS, 20);
+  for (int i = 0; i < 4; ++i)
+    EXPECT(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, base + i * g + 8) != CUDA_SUCCESS, 21);
+  for (int i = 0; i < 4; ++i) EXPECT(cuMemRelease(h[i]) == CUDA_SUCCESS, 22);
+  EXPECT(cuMemRelease(h[0]) != CUDA_SUCCESS, 23);
+  EXPECT(cuMemAddressFree(base, 4 * g) == CUDA_SUCCESS, 24);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn virtual_memory_is_mapped_in_pieces_retained_and_unmapped_whole() {
+    let server = server();
+    let exe = program_with("vmm", VMM, &["-l:libcuda.so.1"]);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert_eq!(stdout.trim(), "OK", "{stderr}");
+    // The one refused call is the release of a handle already gone.
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warnings.len() <= 1 && warnings.iter().all(|w| w.contains("cuMemRelease")), "{stderr}");
+}
+
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a
 /// factorization into the program's workspace, a solve from it. The host arrays reach the
 /// library at the program's own addresses (mirrored), the workspace keeps the factor from

@@ -498,6 +498,17 @@ pub fn remove(base: u64) -> Option<Range> {
     removed
 }
 
+/// Forget every range that starts inside `[base, base + len)`: a driver unmap of a range that
+/// several `cuMemMap` calls mapped piece by piece.
+pub fn remove_within(base: u64, len: u64) -> usize {
+    let end = base.saturating_add(len.max(1));
+    let starts: Vec<u64> = {
+        let r = RANGES.read().unwrap_or_else(|p| p.into_inner());
+        r.range(base..end).map(|(start, _)| *start).collect()
+    };
+    starts.into_iter().filter_map(remove).count()
+}
+
 /// The range containing `addr`.
 pub fn find(addr: u64) -> Option<Range> {
     let r = RANGES.read().unwrap_or_else(|p| p.into_inner());
@@ -643,5 +654,27 @@ mod tests {
         assert_eq!(gone, [((1, 10), 100), ((1, 11), 101)]);
         assert_eq!(t.get(&(2, 10)), Some(200));
         assert!(!t.contains(&(1, 10)));
+    }
+
+    #[test]
+    fn remove_within_forgets_every_piece_of_an_unmapped_range_and_nothing_beside_it() {
+        // Registered ranges: the test process reserves no address space for them.
+        let base = 0x7a00_0000_0000u64;
+        let piece = 0x20_0000u64;
+        let memory = Memory::Registered { flags: 0 };
+        add(base - piece, piece, memory);
+        for i in 0..4 {
+            add(base + i * piece, piece, memory);
+        }
+        add(base + 4 * piece, piece, memory);
+        assert_eq!(remove_within(base, 4 * piece), 4);
+        for i in 0..4 {
+            assert!(find(base + i * piece + 8).is_none(), "piece {i} is gone");
+        }
+        assert_eq!(find(base - 1).map(|r| r.base), Some(base - piece), "the range before stays");
+        assert_eq!(find(base + 4 * piece).map(|r| r.base), Some(base + 4 * piece), "the range after stays");
+        assert_eq!(remove_within(base, 4 * piece), 0);
+        remove(base - piece);
+        remove(base + 4 * piece);
     }
 }

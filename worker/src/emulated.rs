@@ -19,6 +19,7 @@ use crate::backend::{
 
 mod api;
 mod graphs;
+mod vmm;
 
 use crate::profile::Profile;
 use graphs::Op;
@@ -147,6 +148,9 @@ struct State {
     /// the last one goes; the references each graph holds, released with it.
     user_objects: HashMap<u64, (u64, std::sync::Arc<HostFn>)>,
     graph_user_objects: HashMap<u64, HashMap<u64, u64>>,
+    /// The driver's virtual memory management: reserved ranges, physical allocations and
+    /// what is mapped where.
+    vmm: vmm::Vmm,
     next_handle: u64,
 }
 
@@ -494,6 +498,12 @@ impl Backend for Emulated {
     unsafe fn invoke(&self, desc: &'static CallDesc, a: &[u64]) -> Result<u64, String> {
         let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz", "_ptds"]);
         let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
+        if desc.library == "driver"
+            // SAFETY: as below.
+            && let Some(status) = unsafe { self.invoke_vmm(name, a) }
+        {
+            return Ok(status);
+        }
         // Arrays, 3D memory, pools, texture objects, stream attributes and graphs.
         // SAFETY: as below.
         if let Some(status) = unsafe { self.invoke_more(desc, name, a) } {

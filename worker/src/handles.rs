@@ -33,6 +33,10 @@ pub struct Handles {
     pending: HashMap<(HandleKind, u64), Pending>,
     /// Finds a pending handle: the library's handle, or (status, message).
     finder: Option<Finder>,
+    /// (kind, the library's handle) → references taken beyond the first by a retaining call
+    /// (`cuMemRetainAllocationHandle` hands out the handle it was made as, one reference
+    /// more): as many releases as references leave the name in place; the last takes it.
+    references: HashMap<(HandleKind, u64), u32>,
 }
 
 /// A handle the library has not been asked for yet: a kernel of a loaded library, and the
@@ -157,6 +161,7 @@ impl Handles {
             stream_kind,
             pending: HashMap::new(),
             finder: None,
+            references: HashMap::new(),
         }
     }
 
@@ -313,6 +318,32 @@ impl Handles {
         id
     }
 
+    /// As [`Handles::insert`], for a call that takes a reference to the handle it hands
+    /// out: one the client already names gets one more reference under that name.
+    pub fn insert_reference(&mut self, kind: HandleKind, real: u64) -> u64 {
+        if self.known(kind, real).is_some() && !self.is_literal(kind, real) {
+            *self.references.entry((kind, real)).or_insert(0) += 1;
+        }
+        self.insert(kind, real)
+    }
+
+    /// A releasing call succeeded on `value`: with references left the name stays (false),
+    /// else it goes as [`Handles::remove`] takes it (true).
+    pub fn release(&mut self, kind: HandleKind, value: u64) -> bool {
+        self.land();
+        if let Some(&real) = self.names.get(&(kind, value))
+            && let Some(left) = self.references.get_mut(&(kind, real))
+        {
+            *left -= 1;
+            if *left == 0 {
+                self.references.remove(&(kind, real));
+            }
+            return false;
+        }
+        self.remove(kind, value);
+        true
+    }
+
     /// The client's value for the library's handle `real` of `kind`, if it has one.
     pub fn known(&mut self, kind: HandleKind, real: u64) -> Option<u64> {
         if self.is_literal(kind, real) {
@@ -329,6 +360,7 @@ impl Handles {
             && self.values.get(&(kind, real)) == Some(&value)
         {
             self.values.remove(&(kind, real));
+            self.references.remove(&(kind, real));
         }
     }
 
@@ -383,6 +415,21 @@ mod tests {
         let other = if stream == 0 { 1 } else { 0 };
         let foreign = h.insert(other, 0x1234);
         assert!(!h.check(stream, foreign), "a handle of another kind is foreign");
+    }
+
+    #[test]
+    fn a_retained_handle_lives_until_its_last_reference_is_released() {
+        let mut h = Handles::new();
+        let alloc = kind("CUmemGenericAllocationHandle");
+        let made = h.insert(alloc, 0x7f00_0000_4000);
+        assert_eq!(h.insert_reference(alloc, 0x7f00_0000_4000), made, "retained under its name");
+        assert_eq!(h.insert_reference(alloc, 0x7f00_0000_4000), made);
+        assert!(!h.release(alloc, made) && !h.release(alloc, made), "two references left after each");
+        assert_eq!(h.resolve(alloc, made), Some(0x7f00_0000_4000));
+        assert!(h.release(alloc, made), "the last reference takes the name");
+        assert!(!h.check(alloc, made));
+        let fresh = h.insert_reference(alloc, 0x7f00_0000_5000);
+        assert!(h.release(alloc, fresh), "a handle first seen by a retain has one reference");
     }
 
     #[test]

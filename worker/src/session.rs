@@ -1568,6 +1568,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         handles.insert_named(*kind, args[i], real);
                         args[i]
                     }
+                    // A retaining call (`cuMemRetainAllocationHandle`) takes one more
+                    // reference to a handle the program may already hold.
+                    (true, false) if desc.name.contains("Retain") => handles.insert_reference(*kind, real),
                     (true, false) => handles.insert(*kind, real),
                 };
                 *word = value.to_le_bytes();
@@ -1626,7 +1629,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             lock(&session.owned).insert(raw[0], values);
         }
         for (kind, value, real) in destroyed {
-            lock(&session.handles).remove(kind, value);
+            if !lock(&session.handles).release(kind, value) {
+                continue;
+            }
             lock(&session.owned).remove(&real);
             lock(&session.held).release(real);
         }

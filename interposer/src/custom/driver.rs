@@ -941,14 +941,15 @@ pub unsafe fn mem_map(ctx: &Ctx, ptr: u64, size: usize, offset: usize, handle: u
     })
 }
 
-/// cuMemUnmap: the range leaves the interval map.
+/// cuMemUnmap: the range leaves the interval map, with every mapping inside it (one unmap may
+/// undo several maps of adjacent pieces, as NVIDIA's vectorAddMMAP does).
 pub unsafe fn mem_unmap(ctx: &Ctx, ptr: u64, size: usize) -> u32 {
     driver(ctx.name, || {
         let conn = connection()?;
         // SAFETY: values only.
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &[ptr, size as u64]) } as u32;
         if s == SUCCESS {
-            state::remove(ptr);
+            state::remove_within(ptr, size as u64);
         }
         Ok(s)
     })
