@@ -446,6 +446,12 @@ int main(void) {
   for (int i = 0; i < 4096; ++i) p[i] = (unsigned char)(i * 7);
   void *dp = 0;
   if (cudaHostGetDevicePointer(&dp, p, 0) != cudaSuccess || dp != (void *)p) return 3;
+  /* Its attributes name the same address for the device (unified addressing), for pinned
+     memory mapped or not (NVIDIA's simpleZeroCopy checks the mapped one). */
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p + 8) != cudaSuccess || a.type != cudaMemoryTypeHost ||
+      a.devicePointer != p + 8 || a.hostPointer != p + 8) return 17;
+  if (cudaPointerGetAttributes(&a, q) != cudaSuccess || a.devicePointer != q) return 18;
   /* A "device-to-device" copy from pinned memory reads the program's bytes. */
   if (cudaMemcpy(d, dp, 4096, cudaMemcpyDeviceToDevice) != cudaSuccess) return 4;
   if (cudaMemcpy(back, d, 4096, cudaMemcpyDeviceToHost) != cudaSuccess) return 5;

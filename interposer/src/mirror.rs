@@ -209,7 +209,7 @@ static MIRRORED: AtomicBool = AtomicBool::new(false);
 /// Whether the server may mirror any of the program's memory (pinned, stand-in or managed).
 #[inline]
 pub fn active() -> bool {
-    MIRRORED.load(Ordering::Relaxed) || state::managed_live()
+    MIRRORED.load(Ordering::Relaxed) || state::reachable_live()
 }
 
 /// Whether the GPU may have written mirrored memory since the last pull (a cheap test
@@ -253,13 +253,13 @@ pub fn is_mirrored(addr: u64) -> bool {
 
 /// Before the GPU is handed `addrs` (kernel parameters, a library's device pointers):
 /// bring the mirror of every pinned range among them up to date, and, where the program
-/// has managed memory, every managed range (the GPU may reach one through a pointer stored
-/// in memory). Returns whether any was.
+/// has managed or mapped host memory, every such range (the GPU may reach one through a
+/// pointer stored in memory: [`Memory::reachable`]). Returns whether any was.
 pub fn prepare(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
     prepare_with(conn, addrs, false)
 }
 
-/// [`prepare`] for a kernel launch: every managed range is brought up to date even when
+/// [`prepare`] for a kernel launch: every reachable range is brought up to date even when
 /// the kernel takes no pointer (it may read one from device memory).
 pub fn prepare_launch(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
     prepare_with(conn, addrs, true)
@@ -268,18 +268,17 @@ pub fn prepare_launch(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool
 fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool) -> bool {
     let mut any = false;
     let mut handed = launch;
-    let managed = state::managed_live();
     for addr in addrs {
         handed = true;
         let Some(range) = pinned(addr) else { continue };
         any = true;
-        // Managed ranges are all brought up to date below.
-        if !(managed && matches!(range.memory, Memory::Managed)) {
+        // Reachable ranges are all brought up to date below.
+        if !range.memory.reachable() {
             push(conn, range.base, range.len);
         }
     }
     if handed {
-        any |= prepare_managed(conn);
+        any |= prepare_reachable(conn);
     }
     if any {
         PULL.store(true, Ordering::Release);
@@ -292,10 +291,11 @@ fn stand_in_of(key: u64) -> Option<(u64, u64)> {
     tracker().as_ref().and_then(|t| t.stand_in(key))
 }
 
-/// Bring every managed range's mirror up to date (before a launch of a graph, whose kernels
-/// hold their pointers). Returns whether there was any.
-pub fn prepare_managed(conn: &Conn) -> bool {
-    let ranges = state::managed_ranges();
+/// Bring the mirror of every range the GPU may reach through a stored pointer (managed
+/// memory, mapped host memory) up to date: before a launch, of a kernel or of a graph
+/// whose kernels hold their pointers. Returns whether there was any.
+pub fn prepare_reachable(conn: &Conn) -> bool {
+    let ranges = state::reachable_ranges();
     for &(base, len) in &ranges {
         push(conn, base, len);
     }
@@ -324,8 +324,8 @@ pub fn prepare_graph(conn: &Conn) {
     if !bases.is_empty() {
         PULL.store(true, Ordering::Release);
     }
-    if state::managed_live() {
-        prepare_managed(conn);
+    if state::reachable_live() {
+        prepare_reachable(conn);
     }
 }
 

@@ -893,7 +893,7 @@ pub fn init_managed(module: *const registry::Module) -> Result<(), u32> {
         unsafe { std::ptr::write_unaligned(host_pointer as *mut u64, address) };
     }
     // The server's mirrors are the variables; the first pull brings their contents.
-    crate::mirror::prepare_managed(&conn);
+    crate::mirror::prepare_reachable(&conn);
     crate::mirror::pull(&conn);
     Ok(())
 }

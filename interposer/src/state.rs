@@ -456,6 +456,26 @@ pub enum Memory {
     Managed,
 }
 
+/// The flag of page-locked memory mapped for the device: `cudaHostAllocMapped`,
+/// `cudaHostRegisterMapped`, `CU_MEMHOSTALLOC_DEVICEMAP` and `CU_MEMHOSTREGISTER_DEVICEMAP`
+/// are all `0x02` (`#define`s of the headers, which the generator does not carry).
+const MAPPED: u32 = 0x02;
+
+impl Memory {
+    /// Memory a kernel may reach through a pointer stored in memory rather than one it was
+    /// handed: managed memory, and host memory the program mapped for the device on purpose
+    /// (zero-copy: NVIDIA's simpleZeroCopy). Every such range is brought up to date before
+    /// each launch; other pinned memory only when a call hands the GPU a pointer into it
+    /// (PyTorch's staging buffers would otherwise be hashed at every launch).
+    pub fn reachable(self) -> bool {
+        match self {
+            Memory::Managed => true,
+            Memory::Pinned { flags } | Memory::Registered { flags } => flags & MAPPED != 0,
+            Memory::Device { .. } => false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Range {
     pub base: u64,
@@ -478,11 +498,14 @@ pub fn add(base: u64, len: u64, memory: Memory) {
 
 fn count_managed(range: Option<&Range>, by: isize) {
     use std::sync::atomic::Ordering::Relaxed;
-    if range.is_some_and(|r| matches!(r.memory, Memory::Managed)) {
-        if by > 0 {
-            MANAGED_LIVE.fetch_add(1, Relaxed);
-        } else {
-            MANAGED_LIVE.fetch_sub(1, Relaxed);
+    let Some(range) = range else { return };
+    let counters =
+        [(matches!(range.memory, Memory::Managed), &MANAGED_LIVE), (range.memory.reachable(), &REACHABLE_LIVE)];
+    for (counted, counter) in counters {
+        if counted && by > 0 {
+            counter.fetch_add(1, Relaxed);
+        } else if counted {
+            counter.fetch_sub(1, Relaxed);
         }
     }
 }
@@ -536,13 +559,21 @@ pub fn managed_live() -> bool {
     MANAGED_LIVE.load(std::sync::atomic::Ordering::Relaxed) > 0
 }
 
-/// Every managed range: (base, length).
-pub fn managed_ranges() -> Vec<(u64, u64)> {
-    if !managed_live() {
+/// Ranges the GPU may reach through a pointer stored in memory live in this process.
+static REACHABLE_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+pub fn reachable_live() -> bool {
+    REACHABLE_LIVE.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+/// Every range the GPU may reach through a pointer stored in memory ([`Memory::reachable`]):
+/// (base, length).
+pub fn reachable_ranges() -> Vec<(u64, u64)> {
+    if !reachable_live() {
         return Vec::new();
     }
     let r = RANGES.read().unwrap_or_else(|p| p.into_inner());
-    r.values().filter(|r| matches!(r.memory, Memory::Managed)).map(|r| (r.base, r.len)).collect()
+    r.values().filter(|r| r.memory.reachable()).map(|r| (r.base, r.len)).collect()
 }
 
 fn page_round(n: u64) -> u64 {
@@ -654,6 +685,23 @@ mod tests {
         assert_eq!(gone, [((1, 10), 100), ((1, 11), 101)]);
         assert_eq!(t.get(&(2, 10)), Some(200));
         assert!(!t.contains(&(1, 10)));
+    }
+
+    #[test]
+    fn mapped_host_memory_and_managed_memory_are_reachable_through_stored_pointers() {
+        assert!(Memory::Managed.reachable());
+        assert!(Memory::Pinned { flags: MAPPED }.reachable() && Memory::Registered { flags: MAPPED | 1 }.reachable());
+        assert!(!Memory::Pinned { flags: 0 }.reachable(), "PyTorch's staging buffers: only when handed");
+        assert!(!Memory::Registered { flags: 1 }.reachable() && !Memory::Device { device: 0 }.reachable());
+        let base = 0x7b00_0000_0000u64;
+        add(base, 4096, Memory::Registered { flags: MAPPED });
+        add(base + 8192, 4096, Memory::Registered { flags: 0 });
+        assert!(reachable_live());
+        let ranges = reachable_ranges();
+        assert!(ranges.contains(&(base, 4096)) && !ranges.contains(&(base + 8192, 4096)));
+        remove(base);
+        remove(base + 8192);
+        assert!(!reachable_ranges().contains(&(base, 4096)));
     }
 
     #[test]

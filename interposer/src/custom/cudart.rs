@@ -530,8 +530,9 @@ fn pointer_attributes(version: &str, attributes: *mut c_void, ptr: *mut c_void) 
         use chidori_cuda::consts::cudaMemoryType as t;
         let (kind, device, device_ptr, host_ptr) = match state::find(addr).map(|r| r.memory) {
             Some(Memory::Device { device }) => (t::cudaMemoryTypeDevice, device, addr, 0),
+            // Page-locked host memory is mapped for the device at its own address.
             Some(Memory::Pinned { .. } | Memory::Registered { .. }) => {
-                (t::cudaMemoryTypeHost, state::current_device(), 0, addr)
+                (t::cudaMemoryTypeHost, state::current_device(), addr, addr)
             }
             // Managed memory: one address for both.
             Some(Memory::Managed) => (t::cudaMemoryTypeManaged, state::current_device(), addr, addr),

@@ -315,11 +315,13 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
                 a::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => {
                     put(data, if device.is_some() { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST })
                 }
-                // Both pointers for managed memory.
-                a::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => put(data, if device.is_some() { ptr } else { 0 }),
+                // Every range CUDA knows is mapped for the device at its own address (unified
+                // addressing: page-locked host memory too); both pointers for host and
+                // managed memory.
+                a::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => put(data, ptr),
                 a::CU_POINTER_ATTRIBUTE_HOST_POINTER => put(data, if device.is_some() && !managed { 0 } else { ptr }),
                 a::CU_POINTER_ATTRIBUTE_IS_MANAGED => put(data, u32::from(managed)),
-                a::CU_POINTER_ATTRIBUTE_MAPPED => put(data, u32::from(device.is_some())),
+                a::CU_POINTER_ATTRIBUTE_MAPPED => put(data, 1u32),
                 a::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => put(data, device.unwrap_or(state::current_device())),
                 a::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => put(data, range.base),
                 a::CU_POINTER_ATTRIBUTE_RANGE_SIZE => put(data, range.len as usize),
@@ -858,7 +860,7 @@ pub unsafe fn library_get_managed(
             crate::log::once_owned(&message, || tracing::warn!("{message}"));
             return Ok(ctx.codes.not_supported as u32);
         }
-        crate::mirror::prepare_managed(&conn);
+        crate::mirror::prepare_reachable(&conn);
         crate::mirror::pull(&conn);
         Ok(s)
     })
