@@ -27,7 +27,7 @@ NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_
        launch_ex launch_default launch_legacy textures copies_3d graph_build mem_pools peer_functions
        driver_graphs fft rand managed managed_vars device_printf solver_sparse sparse
        graph_host_memory green_ctx blas_xt solver_lowlevel cudnn_legacy sparse_lt user_objects
-       alloc_lifecycle)
+       alloc_lifecycle zero_copy vmm)
 
 nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
 
@@ -96,6 +96,7 @@ recipe() {
                       $(library_dir cusolver) $(library_dir cusparse) ;;
     threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
     user_objects)   nv "${LINK[@]}" src/user_objects.cu -o "$out" -lcuda ;;
+    vmm)            nv "${LINK[@]}" src/vmm.cu -o "$out" -lcuda ;;
     compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
     compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;
     launch_default) nv "${LINK[@]}" src/launch_chevron.cu -o "$out" ;;
