@@ -628,15 +628,12 @@ cuptiGetRecommendedBufferSize:
     .globl cuptiGetResultString
     .type cuptiGetResultString, @function
 cuptiGetResultString:
-    leaq .Lname78(%rip), %rdi
-    movq $27, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cupti_cuptiGetResultString@PLT
     .size cuptiGetResultString, .-cuptiGetResultString
     .globl cuptiGetSassToSourceCorrelation
     .type cuptiGetSassToSourceCorrelation, @function
 cuptiGetSassToSourceCorrelation:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +641,7 @@ cuptiGetSassToSourceCorrelation:
     .globl cuptiGetStreamId
     .type cuptiGetStreamId, @function
 cuptiGetStreamId:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +649,7 @@ cuptiGetStreamId:
     .globl cuptiGetStreamIdEx
     .type cuptiGetStreamIdEx, @function
 cuptiGetStreamIdEx:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +657,7 @@ cuptiGetStreamIdEx:
     .globl cuptiGetThreadIdType
     .type cuptiGetThreadIdType, @function
 cuptiGetThreadIdType:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,7 +665,7 @@ cuptiGetThreadIdType:
     .globl cuptiGetTimestamp
     .type cuptiGetTimestamp, @function
 cuptiGetTimestamp:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -681,7 +678,7 @@ cuptiGetVersion:
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -689,7 +686,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -697,7 +694,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -705,7 +702,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -713,7 +710,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -721,7 +718,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -729,7 +726,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -737,7 +734,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -745,7 +742,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -753,7 +750,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -761,7 +758,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +766,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,7 +774,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -785,7 +782,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,7 +790,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -801,7 +798,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -809,7 +806,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -817,7 +814,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -825,7 +822,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,7 +830,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -841,7 +838,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -849,7 +846,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -857,7 +854,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +862,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -873,7 +870,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -881,7 +878,7 @@ cuptiPCSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -889,7 +886,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -897,7 +894,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -905,7 +902,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +910,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +918,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -929,7 +926,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -937,7 +934,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -945,7 +942,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -953,7 +950,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -961,7 +958,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,7 +966,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +974,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +982,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -993,7 +990,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1001,7 +998,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1009,7 +1006,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1017,7 +1014,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +1022,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +1030,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1041,7 +1038,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1049,7 +1046,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1057,7 +1054,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1065,7 +1062,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1073,7 +1070,7 @@ cuptiSubscribe:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1081,7 +1078,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,117 +1241,115 @@ cuptiUnsubscribe:
 .Lname77:
     .asciz "cuptiGetRecommendedBufferSize"
 .Lname78:
-    .asciz "cuptiGetResultString"
-.Lname79:
     .asciz "cuptiGetSassToSourceCorrelation"
-.Lname80:
+.Lname79:
     .asciz "cuptiGetStreamId"
-.Lname81:
+.Lname80:
     .asciz "cuptiGetStreamIdEx"
-.Lname82:
+.Lname81:
     .asciz "cuptiGetThreadIdType"
-.Lname83:
+.Lname82:
     .asciz "cuptiGetTimestamp"
-.Lname84:
+.Lname83:
     .asciz "cuptiKernelReplaySubscribeUpdate"
-.Lname85:
+.Lname84:
     .asciz "cuptiMetricCreateEventGroupSets"
-.Lname86:
+.Lname85:
     .asciz "cuptiMetricEnumEvents"
-.Lname87:
+.Lname86:
     .asciz "cuptiMetricEnumProperties"
-.Lname88:
+.Lname87:
     .asciz "cuptiMetricGetAttribute"
-.Lname89:
+.Lname88:
     .asciz "cuptiMetricGetIdFromName"
-.Lname90:
+.Lname89:
     .asciz "cuptiMetricGetNumEvents"
-.Lname91:
+.Lname90:
     .asciz "cuptiMetricGetNumProperties"
-.Lname92:
+.Lname91:
     .asciz "cuptiMetricGetRequiredEventGroupSets"
-.Lname93:
+.Lname92:
     .asciz "cuptiMetricGetValue"
-.Lname94:
+.Lname93:
     .asciz "cuptiMetricGetValue2"
-.Lname95:
+.Lname94:
     .asciz "cuptiNvtxInitialize"
-.Lname96:
+.Lname95:
     .asciz "cuptiNvtxInitialize2"
-.Lname97:
+.Lname96:
     .asciz "cuptiOpenACCInitialize"
-.Lname98:
+.Lname97:
     .asciz "cuptiOpenMpInitialize"
-.Lname99:
+.Lname98:
     .asciz "cuptiOpenMpInitialize_v2"
-.Lname100:
+.Lname99:
     .asciz "cuptiPCSamplingDisable"
-.Lname101:
+.Lname100:
     .asciz "cuptiPCSamplingEnable"
-.Lname102:
+.Lname101:
     .asciz "cuptiPCSamplingGetConfigurationAttribute"
-.Lname103:
+.Lname102:
     .asciz "cuptiPCSamplingGetData"
-.Lname104:
+.Lname103:
     .asciz "cuptiPCSamplingGetNumStallReasons"
-.Lname105:
+.Lname104:
     .asciz "cuptiPCSamplingGetStallReasons"
-.Lname106:
+.Lname105:
     .asciz "cuptiPCSamplingSetConfigurationAttribute"
-.Lname107:
+.Lname106:
     .asciz "cuptiPCSamplingStart"
-.Lname108:
+.Lname107:
     .asciz "cuptiPCSamplingStop"
-.Lname109:
+.Lname108:
     .asciz "cuptiProfilerBeginPass"
-.Lname110:
+.Lname109:
     .asciz "cuptiProfilerBeginSession"
-.Lname111:
+.Lname110:
     .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
-.Lname112:
+.Lname111:
     .asciz "cuptiProfilerCounterDataImageCalculateSize"
-.Lname113:
+.Lname112:
     .asciz "cuptiProfilerCounterDataImageInitialize"
-.Lname114:
+.Lname113:
     .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
-.Lname115:
+.Lname114:
     .asciz "cuptiProfilerDeInitialize"
-.Lname116:
+.Lname115:
     .asciz "cuptiProfilerDeviceSupported"
-.Lname117:
+.Lname116:
     .asciz "cuptiProfilerDisableProfiling"
-.Lname118:
+.Lname117:
     .asciz "cuptiProfilerEnableProfiling"
-.Lname119:
+.Lname118:
     .asciz "cuptiProfilerEndPass"
-.Lname120:
+.Lname119:
     .asciz "cuptiProfilerEndSession"
-.Lname121:
+.Lname120:
     .asciz "cuptiProfilerFlushCounterData"
-.Lname122:
+.Lname121:
     .asciz "cuptiProfilerGetCounterAvailability"
-.Lname123:
+.Lname122:
     .asciz "cuptiProfilerInitialize"
-.Lname124:
+.Lname123:
     .asciz "cuptiProfilerPopRange"
-.Lname125:
+.Lname124:
     .asciz "cuptiProfilerPushRange"
-.Lname126:
+.Lname125:
     .asciz "cuptiProfilerSetConfig"
-.Lname127:
+.Lname126:
     .asciz "cuptiProfilerUnsetConfig"
-.Lname128:
+.Lname127:
     .asciz "cuptiRegisterComputeCrcCallback"
-.Lname129:
+.Lname128:
     .asciz "cuptiSetEventCollectionMode"
-.Lname130:
+.Lname129:
     .asciz "cuptiSetThreadIdType"
-.Lname131:
+.Lname130:
     .asciz "cuptiStateQuery"
-.Lname132:
+.Lname131:
     .asciz "cuptiSubscribe"
-.Lname133:
+.Lname132:
     .asciz "cuptiSupportedDomains"
-.Lname134:
+.Lname133:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

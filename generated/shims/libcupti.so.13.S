@@ -628,15 +628,12 @@ cuptiGetDeviceId:
     .globl cuptiGetErrorMessage
     .type cuptiGetErrorMessage, @function
 cuptiGetErrorMessage:
-    leaq .Lname78(%rip), %rdi
-    movq $27, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cupti_cuptiGetErrorMessage@PLT
     .size cuptiGetErrorMessage, .-cuptiGetErrorMessage
     .globl cuptiGetGlobalCallbackState
     .type cuptiGetGlobalCallbackState, @function
 cuptiGetGlobalCallbackState:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +641,7 @@ cuptiGetGlobalCallbackState:
     .globl cuptiGetGraphExecId
     .type cuptiGetGraphExecId, @function
 cuptiGetGraphExecId:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +649,7 @@ cuptiGetGraphExecId:
     .globl cuptiGetGraphId
     .type cuptiGetGraphId, @function
 cuptiGetGraphId:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +657,7 @@ cuptiGetGraphId:
     .globl cuptiGetGraphNodeId
     .type cuptiGetGraphNodeId, @function
 cuptiGetGraphNodeId:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,7 +665,7 @@ cuptiGetGraphNodeId:
     .globl cuptiGetLastError
     .type cuptiGetLastError, @function
 cuptiGetLastError:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -676,7 +673,7 @@ cuptiGetLastError:
     .globl cuptiGetNumContexts
     .type cuptiGetNumContexts, @function
 cuptiGetNumContexts:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,7 +681,7 @@ cuptiGetNumContexts:
     .globl cuptiGetNumEventDomains
     .type cuptiGetNumEventDomains, @function
 cuptiGetNumEventDomains:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -692,7 +689,7 @@ cuptiGetNumEventDomains:
     .globl cuptiGetNumMetrics
     .type cuptiGetNumMetrics, @function
 cuptiGetNumMetrics:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -700,7 +697,7 @@ cuptiGetNumMetrics:
     .globl cuptiGetRecommendedBufferSize
     .type cuptiGetRecommendedBufferSize, @function
 cuptiGetRecommendedBufferSize:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -708,15 +705,12 @@ cuptiGetRecommendedBufferSize:
     .globl cuptiGetResultString
     .type cuptiGetResultString, @function
 cuptiGetResultString:
-    leaq .Lname88(%rip), %rdi
-    movq $27, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cupti_cuptiGetResultString@PLT
     .size cuptiGetResultString, .-cuptiGetResultString
     .globl cuptiGetSassToSourceCorrelation
     .type cuptiGetSassToSourceCorrelation, @function
 cuptiGetSassToSourceCorrelation:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -724,7 +718,7 @@ cuptiGetSassToSourceCorrelation:
     .globl cuptiGetStreamId
     .type cuptiGetStreamId, @function
 cuptiGetStreamId:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -732,7 +726,7 @@ cuptiGetStreamId:
     .globl cuptiGetStreamIdEx
     .type cuptiGetStreamIdEx, @function
 cuptiGetStreamIdEx:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -740,7 +734,7 @@ cuptiGetStreamIdEx:
     .globl cuptiGetThreadIdType
     .type cuptiGetThreadIdType, @function
 cuptiGetThreadIdType:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,7 +742,7 @@ cuptiGetThreadIdType:
     .globl cuptiGetTimestamp
     .type cuptiGetTimestamp, @function
 cuptiGetTimestamp:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -761,7 +755,7 @@ cuptiGetVersion:
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +763,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,7 +771,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -785,7 +779,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,7 +787,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -801,7 +795,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -809,7 +803,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -817,7 +811,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -825,7 +819,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,7 +827,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -841,7 +835,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -849,7 +843,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxExtensionInitialize
     .type cuptiNvtxExtensionInitialize, @function
 cuptiNvtxExtensionInitialize:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -857,7 +851,7 @@ cuptiNvtxExtensionInitialize:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +859,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -873,7 +867,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -881,7 +875,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -889,7 +883,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -897,7 +891,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -905,7 +899,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +907,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +915,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -929,7 +923,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -937,7 +931,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -945,7 +939,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -953,7 +947,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -961,7 +955,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,7 +963,7 @@ cuptiPCSamplingStop:
     .globl cuptiPmSamplingCounterDataGetSampleInfo
     .type cuptiPmSamplingCounterDataGetSampleInfo, @function
 cuptiPmSamplingCounterDataGetSampleInfo:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +971,7 @@ cuptiPmSamplingCounterDataGetSampleInfo:
     .globl cuptiPmSamplingCounterDataImageInitialize
     .type cuptiPmSamplingCounterDataImageInitialize, @function
 cuptiPmSamplingCounterDataImageInitialize:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +979,7 @@ cuptiPmSamplingCounterDataImageInitialize:
     .globl cuptiPmSamplingDecodeData
     .type cuptiPmSamplingDecodeData, @function
 cuptiPmSamplingDecodeData:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -993,7 +987,7 @@ cuptiPmSamplingDecodeData:
     .globl cuptiPmSamplingDisable
     .type cuptiPmSamplingDisable, @function
 cuptiPmSamplingDisable:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1001,7 +995,7 @@ cuptiPmSamplingDisable:
     .globl cuptiPmSamplingEnable
     .type cuptiPmSamplingEnable, @function
 cuptiPmSamplingEnable:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1009,7 +1003,7 @@ cuptiPmSamplingEnable:
     .globl cuptiPmSamplingGetCounterAvailability
     .type cuptiPmSamplingGetCounterAvailability, @function
 cuptiPmSamplingGetCounterAvailability:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1017,7 +1011,7 @@ cuptiPmSamplingGetCounterAvailability:
     .globl cuptiPmSamplingGetCounterDataInfo
     .type cuptiPmSamplingGetCounterDataInfo, @function
 cuptiPmSamplingGetCounterDataInfo:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +1019,7 @@ cuptiPmSamplingGetCounterDataInfo:
     .globl cuptiPmSamplingGetCounterDataSize
     .type cuptiPmSamplingGetCounterDataSize, @function
 cuptiPmSamplingGetCounterDataSize:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +1027,7 @@ cuptiPmSamplingGetCounterDataSize:
     .globl cuptiPmSamplingSetConfig
     .type cuptiPmSamplingSetConfig, @function
 cuptiPmSamplingSetConfig:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1041,7 +1035,7 @@ cuptiPmSamplingSetConfig:
     .globl cuptiPmSamplingStart
     .type cuptiPmSamplingStart, @function
 cuptiPmSamplingStart:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1049,7 +1043,7 @@ cuptiPmSamplingStart:
     .globl cuptiPmSamplingStop
     .type cuptiPmSamplingStop, @function
 cuptiPmSamplingStop:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1057,7 +1051,7 @@ cuptiPmSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1065,7 +1059,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1073,7 +1067,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1081,7 +1075,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1089,7 +1083,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1097,7 +1091,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1105,7 +1099,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,7 +1107,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1121,7 +1115,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1129,7 +1123,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1137,7 +1131,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1145,7 +1139,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1153,7 +1147,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1161,7 +1155,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1169,7 +1163,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerHostConfigAddMetrics
     .type cuptiProfilerHostConfigAddMetrics, @function
 cuptiProfilerHostConfigAddMetrics:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1177,7 +1171,7 @@ cuptiProfilerHostConfigAddMetrics:
     .globl cuptiProfilerHostDeinitialize
     .type cuptiProfilerHostDeinitialize, @function
 cuptiProfilerHostDeinitialize:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1185,7 +1179,7 @@ cuptiProfilerHostDeinitialize:
     .globl cuptiProfilerHostEvaluateToGpuValues
     .type cuptiProfilerHostEvaluateToGpuValues, @function
 cuptiProfilerHostEvaluateToGpuValues:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1193,7 +1187,7 @@ cuptiProfilerHostEvaluateToGpuValues:
     .globl cuptiProfilerHostGetBaseMetrics
     .type cuptiProfilerHostGetBaseMetrics, @function
 cuptiProfilerHostGetBaseMetrics:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1201,7 +1195,7 @@ cuptiProfilerHostGetBaseMetrics:
     .globl cuptiProfilerHostGetConfigImage
     .type cuptiProfilerHostGetConfigImage, @function
 cuptiProfilerHostGetConfigImage:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1209,7 +1203,7 @@ cuptiProfilerHostGetConfigImage:
     .globl cuptiProfilerHostGetConfigImageSize
     .type cuptiProfilerHostGetConfigImageSize, @function
 cuptiProfilerHostGetConfigImageSize:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1217,7 +1211,7 @@ cuptiProfilerHostGetConfigImageSize:
     .globl cuptiProfilerHostGetMaxNumHardwareMetricsPerPass
     .type cuptiProfilerHostGetMaxNumHardwareMetricsPerPass, @function
 cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1225,7 +1219,7 @@ cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
     .globl cuptiProfilerHostGetMetricProperties
     .type cuptiProfilerHostGetMetricProperties, @function
 cuptiProfilerHostGetMetricProperties:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1233,7 +1227,7 @@ cuptiProfilerHostGetMetricProperties:
     .globl cuptiProfilerHostGetNumOfPasses
     .type cuptiProfilerHostGetNumOfPasses, @function
 cuptiProfilerHostGetNumOfPasses:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,7 +1235,7 @@ cuptiProfilerHostGetNumOfPasses:
     .globl cuptiProfilerHostGetRangeName
     .type cuptiProfilerHostGetRangeName, @function
 cuptiProfilerHostGetRangeName:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1249,7 +1243,7 @@ cuptiProfilerHostGetRangeName:
     .globl cuptiProfilerHostGetSubMetrics
     .type cuptiProfilerHostGetSubMetrics, @function
 cuptiProfilerHostGetSubMetrics:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1257,7 +1251,7 @@ cuptiProfilerHostGetSubMetrics:
     .globl cuptiProfilerHostGetSupportedChips
     .type cuptiProfilerHostGetSupportedChips, @function
 cuptiProfilerHostGetSupportedChips:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1265,7 +1259,7 @@ cuptiProfilerHostGetSupportedChips:
     .globl cuptiProfilerHostInitialize
     .type cuptiProfilerHostInitialize, @function
 cuptiProfilerHostInitialize:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1273,7 +1267,7 @@ cuptiProfilerHostInitialize:
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1281,7 +1275,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerIsPassCollected
     .type cuptiProfilerIsPassCollected, @function
 cuptiProfilerIsPassCollected:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1289,7 +1283,7 @@ cuptiProfilerIsPassCollected:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,7 +1291,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1305,7 +1299,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1313,7 +1307,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1321,7 +1315,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRangeProfilerCounterDataGetRangeInfo
     .type cuptiRangeProfilerCounterDataGetRangeInfo, @function
 cuptiRangeProfilerCounterDataGetRangeInfo:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1329,7 +1323,7 @@ cuptiRangeProfilerCounterDataGetRangeInfo:
     .globl cuptiRangeProfilerCounterDataImageInitialize
     .type cuptiRangeProfilerCounterDataImageInitialize, @function
 cuptiRangeProfilerCounterDataImageInitialize:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1337,7 +1331,7 @@ cuptiRangeProfilerCounterDataImageInitialize:
     .globl cuptiRangeProfilerDecodeData
     .type cuptiRangeProfilerDecodeData, @function
 cuptiRangeProfilerDecodeData:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1345,7 +1339,7 @@ cuptiRangeProfilerDecodeData:
     .globl cuptiRangeProfilerDisable
     .type cuptiRangeProfilerDisable, @function
 cuptiRangeProfilerDisable:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1353,7 +1347,7 @@ cuptiRangeProfilerDisable:
     .globl cuptiRangeProfilerEnable
     .type cuptiRangeProfilerEnable, @function
 cuptiRangeProfilerEnable:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1361,7 +1355,7 @@ cuptiRangeProfilerEnable:
     .globl cuptiRangeProfilerGetCounterDataInfo
     .type cuptiRangeProfilerGetCounterDataInfo, @function
 cuptiRangeProfilerGetCounterDataInfo:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1369,7 +1363,7 @@ cuptiRangeProfilerGetCounterDataInfo:
     .globl cuptiRangeProfilerGetCounterDataSize
     .type cuptiRangeProfilerGetCounterDataSize, @function
 cuptiRangeProfilerGetCounterDataSize:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1377,7 +1371,7 @@ cuptiRangeProfilerGetCounterDataSize:
     .globl cuptiRangeProfilerPopRange
     .type cuptiRangeProfilerPopRange, @function
 cuptiRangeProfilerPopRange:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1385,7 +1379,7 @@ cuptiRangeProfilerPopRange:
     .globl cuptiRangeProfilerPushRange
     .type cuptiRangeProfilerPushRange, @function
 cuptiRangeProfilerPushRange:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1393,7 +1387,7 @@ cuptiRangeProfilerPushRange:
     .globl cuptiRangeProfilerSetConfig
     .type cuptiRangeProfilerSetConfig, @function
 cuptiRangeProfilerSetConfig:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1401,7 +1395,7 @@ cuptiRangeProfilerSetConfig:
     .globl cuptiRangeProfilerStart
     .type cuptiRangeProfilerStart, @function
 cuptiRangeProfilerStart:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1409,7 +1403,7 @@ cuptiRangeProfilerStart:
     .globl cuptiRangeProfilerStop
     .type cuptiRangeProfilerStop, @function
 cuptiRangeProfilerStop:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1417,7 +1411,7 @@ cuptiRangeProfilerStop:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1425,7 +1419,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSassMetricsDisable
     .type cuptiSassMetricsDisable, @function
 cuptiSassMetricsDisable:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1433,7 +1427,7 @@ cuptiSassMetricsDisable:
     .globl cuptiSassMetricsEnable
     .type cuptiSassMetricsEnable, @function
 cuptiSassMetricsEnable:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1441,7 +1435,7 @@ cuptiSassMetricsEnable:
     .globl cuptiSassMetricsFlushData
     .type cuptiSassMetricsFlushData, @function
 cuptiSassMetricsFlushData:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1449,7 +1443,7 @@ cuptiSassMetricsFlushData:
     .globl cuptiSassMetricsGetDataProperties
     .type cuptiSassMetricsGetDataProperties, @function
 cuptiSassMetricsGetDataProperties:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1457,7 +1451,7 @@ cuptiSassMetricsGetDataProperties:
     .globl cuptiSassMetricsGetMetrics
     .type cuptiSassMetricsGetMetrics, @function
 cuptiSassMetricsGetMetrics:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1465,7 +1459,7 @@ cuptiSassMetricsGetMetrics:
     .globl cuptiSassMetricsGetNumOfMetrics
     .type cuptiSassMetricsGetNumOfMetrics, @function
 cuptiSassMetricsGetNumOfMetrics:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1473,7 +1467,7 @@ cuptiSassMetricsGetNumOfMetrics:
     .globl cuptiSassMetricsGetProperties
     .type cuptiSassMetricsGetProperties, @function
 cuptiSassMetricsGetProperties:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1481,7 +1475,7 @@ cuptiSassMetricsGetProperties:
     .globl cuptiSassMetricsSetConfig
     .type cuptiSassMetricsSetConfig, @function
 cuptiSassMetricsSetConfig:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1489,7 +1483,7 @@ cuptiSassMetricsSetConfig:
     .globl cuptiSassMetricsUnsetConfig
     .type cuptiSassMetricsUnsetConfig, @function
 cuptiSassMetricsUnsetConfig:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1497,7 +1491,7 @@ cuptiSassMetricsUnsetConfig:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1505,7 +1499,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1507,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1515,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1523,7 @@ cuptiSubscribe:
     .globl cuptiSubscribe_v2
     .type cuptiSubscribe_v2, @function
 cuptiSubscribe_v2:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1537,7 +1531,7 @@ cuptiSubscribe_v2:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1545,7 +1539,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1708,233 +1702,229 @@ cuptiUnsubscribe:
 .Lname77:
     .asciz "cuptiGetDeviceId"
 .Lname78:
-    .asciz "cuptiGetErrorMessage"
-.Lname79:
     .asciz "cuptiGetGlobalCallbackState"
-.Lname80:
+.Lname79:
     .asciz "cuptiGetGraphExecId"
-.Lname81:
+.Lname80:
     .asciz "cuptiGetGraphId"
-.Lname82:
+.Lname81:
     .asciz "cuptiGetGraphNodeId"
-.Lname83:
+.Lname82:
     .asciz "cuptiGetLastError"
-.Lname84:
+.Lname83:
     .asciz "cuptiGetNumContexts"
-.Lname85:
+.Lname84:
     .asciz "cuptiGetNumEventDomains"
-.Lname86:
+.Lname85:
     .asciz "cuptiGetNumMetrics"
-.Lname87:
+.Lname86:
     .asciz "cuptiGetRecommendedBufferSize"
-.Lname88:
-    .asciz "cuptiGetResultString"
-.Lname89:
+.Lname87:
     .asciz "cuptiGetSassToSourceCorrelation"
-.Lname90:
+.Lname88:
     .asciz "cuptiGetStreamId"
-.Lname91:
+.Lname89:
     .asciz "cuptiGetStreamIdEx"
-.Lname92:
+.Lname90:
     .asciz "cuptiGetThreadIdType"
-.Lname93:
+.Lname91:
     .asciz "cuptiGetTimestamp"
-.Lname94:
+.Lname92:
     .asciz "cuptiKernelReplaySubscribeUpdate"
-.Lname95:
+.Lname93:
     .asciz "cuptiMetricCreateEventGroupSets"
-.Lname96:
+.Lname94:
     .asciz "cuptiMetricEnumEvents"
-.Lname97:
+.Lname95:
     .asciz "cuptiMetricEnumProperties"
-.Lname98:
+.Lname96:
     .asciz "cuptiMetricGetAttribute"
-.Lname99:
+.Lname97:
     .asciz "cuptiMetricGetIdFromName"
-.Lname100:
+.Lname98:
     .asciz "cuptiMetricGetNumEvents"
-.Lname101:
+.Lname99:
     .asciz "cuptiMetricGetNumProperties"
-.Lname102:
+.Lname100:
     .asciz "cuptiMetricGetRequiredEventGroupSets"
-.Lname103:
+.Lname101:
     .asciz "cuptiMetricGetValue"
-.Lname104:
+.Lname102:
     .asciz "cuptiMetricGetValue2"
-.Lname105:
+.Lname103:
     .asciz "cuptiNvtxExtensionInitialize"
-.Lname106:
+.Lname104:
     .asciz "cuptiNvtxInitialize"
-.Lname107:
+.Lname105:
     .asciz "cuptiNvtxInitialize2"
-.Lname108:
+.Lname106:
     .asciz "cuptiOpenACCInitialize"
-.Lname109:
+.Lname107:
     .asciz "cuptiOpenMpInitialize"
-.Lname110:
+.Lname108:
     .asciz "cuptiOpenMpInitialize_v2"
-.Lname111:
+.Lname109:
     .asciz "cuptiPCSamplingDisable"
-.Lname112:
+.Lname110:
     .asciz "cuptiPCSamplingEnable"
-.Lname113:
+.Lname111:
     .asciz "cuptiPCSamplingGetConfigurationAttribute"
-.Lname114:
+.Lname112:
     .asciz "cuptiPCSamplingGetData"
-.Lname115:
+.Lname113:
     .asciz "cuptiPCSamplingGetNumStallReasons"
-.Lname116:
+.Lname114:
     .asciz "cuptiPCSamplingGetStallReasons"
-.Lname117:
+.Lname115:
     .asciz "cuptiPCSamplingSetConfigurationAttribute"
-.Lname118:
+.Lname116:
     .asciz "cuptiPCSamplingStart"
-.Lname119:
+.Lname117:
     .asciz "cuptiPCSamplingStop"
-.Lname120:
+.Lname118:
     .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
-.Lname121:
+.Lname119:
     .asciz "cuptiPmSamplingCounterDataImageInitialize"
-.Lname122:
+.Lname120:
     .asciz "cuptiPmSamplingDecodeData"
-.Lname123:
+.Lname121:
     .asciz "cuptiPmSamplingDisable"
-.Lname124:
+.Lname122:
     .asciz "cuptiPmSamplingEnable"
-.Lname125:
+.Lname123:
     .asciz "cuptiPmSamplingGetCounterAvailability"
-.Lname126:
+.Lname124:
     .asciz "cuptiPmSamplingGetCounterDataInfo"
-.Lname127:
+.Lname125:
     .asciz "cuptiPmSamplingGetCounterDataSize"
-.Lname128:
+.Lname126:
     .asciz "cuptiPmSamplingSetConfig"
-.Lname129:
+.Lname127:
     .asciz "cuptiPmSamplingStart"
-.Lname130:
+.Lname128:
     .asciz "cuptiPmSamplingStop"
-.Lname131:
+.Lname129:
     .asciz "cuptiProfilerBeginPass"
-.Lname132:
+.Lname130:
     .asciz "cuptiProfilerBeginSession"
-.Lname133:
+.Lname131:
     .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
-.Lname134:
+.Lname132:
     .asciz "cuptiProfilerCounterDataImageCalculateSize"
-.Lname135:
+.Lname133:
     .asciz "cuptiProfilerCounterDataImageInitialize"
-.Lname136:
+.Lname134:
     .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
-.Lname137:
+.Lname135:
     .asciz "cuptiProfilerDeInitialize"
-.Lname138:
+.Lname136:
     .asciz "cuptiProfilerDeviceSupported"
-.Lname139:
+.Lname137:
     .asciz "cuptiProfilerDisableProfiling"
-.Lname140:
+.Lname138:
     .asciz "cuptiProfilerEnableProfiling"
-.Lname141:
+.Lname139:
     .asciz "cuptiProfilerEndPass"
-.Lname142:
+.Lname140:
     .asciz "cuptiProfilerEndSession"
-.Lname143:
+.Lname141:
     .asciz "cuptiProfilerFlushCounterData"
-.Lname144:
+.Lname142:
     .asciz "cuptiProfilerGetCounterAvailability"
-.Lname145:
+.Lname143:
     .asciz "cuptiProfilerHostConfigAddMetrics"
-.Lname146:
+.Lname144:
     .asciz "cuptiProfilerHostDeinitialize"
-.Lname147:
+.Lname145:
     .asciz "cuptiProfilerHostEvaluateToGpuValues"
-.Lname148:
+.Lname146:
     .asciz "cuptiProfilerHostGetBaseMetrics"
-.Lname149:
+.Lname147:
     .asciz "cuptiProfilerHostGetConfigImage"
-.Lname150:
+.Lname148:
     .asciz "cuptiProfilerHostGetConfigImageSize"
-.Lname151:
+.Lname149:
     .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
-.Lname152:
+.Lname150:
     .asciz "cuptiProfilerHostGetMetricProperties"
-.Lname153:
+.Lname151:
     .asciz "cuptiProfilerHostGetNumOfPasses"
-.Lname154:
+.Lname152:
     .asciz "cuptiProfilerHostGetRangeName"
-.Lname155:
+.Lname153:
     .asciz "cuptiProfilerHostGetSubMetrics"
-.Lname156:
+.Lname154:
     .asciz "cuptiProfilerHostGetSupportedChips"
-.Lname157:
+.Lname155:
     .asciz "cuptiProfilerHostInitialize"
-.Lname158:
+.Lname156:
     .asciz "cuptiProfilerInitialize"
-.Lname159:
+.Lname157:
     .asciz "cuptiProfilerIsPassCollected"
-.Lname160:
+.Lname158:
     .asciz "cuptiProfilerPopRange"
-.Lname161:
+.Lname159:
     .asciz "cuptiProfilerPushRange"
-.Lname162:
+.Lname160:
     .asciz "cuptiProfilerSetConfig"
-.Lname163:
+.Lname161:
     .asciz "cuptiProfilerUnsetConfig"
-.Lname164:
+.Lname162:
     .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
-.Lname165:
+.Lname163:
     .asciz "cuptiRangeProfilerCounterDataImageInitialize"
-.Lname166:
+.Lname164:
     .asciz "cuptiRangeProfilerDecodeData"
-.Lname167:
+.Lname165:
     .asciz "cuptiRangeProfilerDisable"
-.Lname168:
+.Lname166:
     .asciz "cuptiRangeProfilerEnable"
-.Lname169:
+.Lname167:
     .asciz "cuptiRangeProfilerGetCounterDataInfo"
-.Lname170:
+.Lname168:
     .asciz "cuptiRangeProfilerGetCounterDataSize"
-.Lname171:
+.Lname169:
     .asciz "cuptiRangeProfilerPopRange"
-.Lname172:
+.Lname170:
     .asciz "cuptiRangeProfilerPushRange"
-.Lname173:
+.Lname171:
     .asciz "cuptiRangeProfilerSetConfig"
-.Lname174:
+.Lname172:
     .asciz "cuptiRangeProfilerStart"
-.Lname175:
+.Lname173:
     .asciz "cuptiRangeProfilerStop"
-.Lname176:
+.Lname174:
     .asciz "cuptiRegisterComputeCrcCallback"
-.Lname177:
+.Lname175:
     .asciz "cuptiSassMetricsDisable"
-.Lname178:
+.Lname176:
     .asciz "cuptiSassMetricsEnable"
-.Lname179:
+.Lname177:
     .asciz "cuptiSassMetricsFlushData"
-.Lname180:
+.Lname178:
     .asciz "cuptiSassMetricsGetDataProperties"
-.Lname181:
+.Lname179:
     .asciz "cuptiSassMetricsGetMetrics"
-.Lname182:
+.Lname180:
     .asciz "cuptiSassMetricsGetNumOfMetrics"
-.Lname183:
+.Lname181:
     .asciz "cuptiSassMetricsGetProperties"
-.Lname184:
+.Lname182:
     .asciz "cuptiSassMetricsSetConfig"
-.Lname185:
+.Lname183:
     .asciz "cuptiSassMetricsUnsetConfig"
-.Lname186:
+.Lname184:
     .asciz "cuptiSetEventCollectionMode"
-.Lname187:
+.Lname185:
     .asciz "cuptiSetThreadIdType"
-.Lname188:
+.Lname186:
     .asciz "cuptiStateQuery"
-.Lname189:
+.Lname187:
     .asciz "cuptiSubscribe"
-.Lname190:
+.Lname188:
     .asciz "cuptiSubscribe_v2"
-.Lname191:
+.Lname189:
     .asciz "cuptiSupportedDomains"
-.Lname192:
+.Lname190:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

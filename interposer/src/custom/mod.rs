@@ -10,6 +10,7 @@ pub mod cublaslt;
 pub mod cudart;
 pub mod cudnn;
 pub mod cufft;
+pub mod cupti;
 pub mod curand;
 pub mod cusolver;
 pub mod cusparse;
