@@ -5614,19 +5614,40 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// CUDA 13.5's runtime, newer than the generator's versions: it also requires a private
+/// table of tool support (`TOOL_EXTRA` in `custom/export.rs`) before it answers anything.
+const RUNTIME_13_5: fn() -> xtask::lock::Wheel = || xtask::lock::Wheel {
+    name: "nvidia-cuda-runtime".into(),
+    version: "13.5.37".into(),
+    file: "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl".into(),
+    size: 2_504_024,
+    sha256: "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d".into(),
+};
+
 #[test]
 fn nvidias_runtime_runs_on_the_drivers_private_tables() {
     let server = server();
-    let runtime = chidori_tests::runtime_library("13.0", "libcudart.so.13");
     let dir = chidori_tests::scratch("real-runtime");
     let src = dir.join("real_runtime.c");
     std::fs::write(&src, REAL_RUNTIME).unwrap();
     let exe = dir.join("real_runtime");
     chidori_tests::cc(&src, &exe, &["-ldl"]);
-    let out = run_cmd(&server.address, &exe).arg(&runtime).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("devices 1 driver 13000 OK"), "{stdout}\n{stderr}");
-    assert!(!stderr.contains("NOT_SUPPORTED") && !stderr.contains("ERROR"), "{stderr}");
+    // The generator's newest locked runtime, and a newer one on the same (13.0) driver, as
+    // CUDA's minor version compatibility allows.
+    let runtimes = [
+        chidori_tests::runtime_library("13.0", "libcudart.so.13"),
+        chidori_tests::newer_runtime_library(&RUNTIME_13_5(), "libcudart.so.13"),
+    ];
+    for runtime in runtimes {
+        let out = run_cmd(&server.address, &exe).arg(&runtime).output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && stdout.contains("devices 1 driver 13000 OK"),
+            "{}: {stdout}\n{stderr}",
+            runtime.display()
+        );
+        assert!(!stderr.contains("NOT_SUPPORTED") && !stderr.contains("ERROR"), "{stderr}");
+    }
 }
 
 /// Large copies over bulk lanes: host-to-device and back, synchronous and on a stream, in

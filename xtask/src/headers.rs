@@ -116,26 +116,35 @@ pub fn fetch(root: &Path, versions: &[String], selection: Selection, keep_wheels
 pub fn runtime_library(root: &Path, cuda: &str, file: &str) -> Result<PathBuf> {
     let lock = Lock::load(root)?;
     let entry = lock.version(cuda)?;
-    let out = cache_dir(root).join(cuda).join("lib").join(file);
-    if out.is_file() {
-        return Ok(out);
-    }
     for wheel in entry.wheels.iter().filter(|w| selected(w, Selection::RuntimeOnly)) {
-        let path = download(root, wheel)?;
-        let mut zip = zip::ZipArchive::new(std::fs::File::open(&path)?)?;
-        let Some(name) = zip.file_names().find(|n| n.ends_with(&format!("/lib/{file}"))).map(str::to_owned) else {
-            continue;
-        };
-        let mut bytes = Vec::new();
-        zip.by_name(&name)?.read_to_end(&mut bytes)?;
-        std::fs::create_dir_all(out.parent().unwrap_or(root))?;
-        // Written whole under another name first: a concurrent reader never sees half a file.
-        let partial = out.with_extension(format!("partial-{}", std::process::id()));
-        std::fs::write(&partial, bytes)?;
-        std::fs::rename(&partial, &out)?;
-        return Ok(out);
+        if let Some(out) = wheel_library(root, cuda, wheel, file)? {
+            return Ok(out);
+        }
     }
     bail!("no {file} in the CUDA {cuda} runtime wheels of headers/cuda.lock.toml")
+}
+
+/// NVIDIA's own `file` from `wheel` (fetched and checked against its sha256 on first use),
+/// extracted into the cache under `<dir>/lib/`; None where the wheel has no such file. The
+/// tests also run runtimes newer than the generator's versions, whose wheels they name.
+pub fn wheel_library(root: &Path, dir: &str, wheel: &Wheel, file: &str) -> Result<Option<PathBuf>> {
+    let out = cache_dir(root).join(dir).join("lib").join(file);
+    if out.is_file() {
+        return Ok(Some(out));
+    }
+    let path = download(root, wheel)?;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&path)?)?;
+    let Some(name) = zip.file_names().find(|n| n.ends_with(&format!("/lib/{file}"))).map(str::to_owned) else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    zip.by_name(&name)?.read_to_end(&mut bytes)?;
+    std::fs::create_dir_all(out.parent().unwrap_or(root))?;
+    // Written whole under another name first: a concurrent reader never sees half a file.
+    let partial = out.with_extension(format!("partial-{}", std::process::id()));
+    std::fs::write(&partial, bytes)?;
+    std::fs::rename(&partial, &out)?;
+    Ok(Some(out))
 }
 
 fn download(root: &Path, wheel: &Wheel) -> Result<PathBuf> {

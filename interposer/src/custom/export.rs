@@ -7,6 +7,10 @@
 //! * **runtime interface**: a device's primary context (as `cuDevicePrimaryCtxRetain` names
 //!   it, without keeping a reference), modules from fat binaries (as `cuModuleLoadData`);
 //! * **tool hooks**, **tool thread storage**: buffers the runtime's tool support writes;
+//! * **tool support, newer**: a table CUDA 13.5's runtime (not 13.0's to 13.2's) requires
+//!   beside the tool tables at start, else it answers every call "insufficient driver" (seen
+//!   in NVIDIA's nvJPEG 13.3 and the 13.5 runtime wheel); no runtime was seen to call into
+//!   it, so every slot is one no known runtime calls;
 //! * **context-local storage**: a value per (context, key) with a destructor, run when the
 //!   context is reset or destroyed; the runtime keeps its per-context state there;
 //! * **context checks**: no context is a wrapper of another;
@@ -47,6 +51,9 @@ const CONTEXT_CHECKS: Uuid =
     [0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e];
 const INTEGRITY: Uuid =
     [0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2];
+/// Required by CUDA 13.5's runtime after the tool tables (see the module's documentation).
+const TOOL_EXTRA: Uuid =
+    [0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2];
 
 /// A table of words: sizes and function addresses. Read-only after start.
 #[repr(C)]
@@ -110,6 +117,8 @@ static CONTEXT_CHECKS_TABLE: Table<4> =
 
 static INTEGRITY_TABLE: Table<3> = Table([size_word(3), integrity_check as *const c_void, U]);
 
+static TOOL_EXTRA_TABLE: Table<16> = Table([size_word(16), U, U, U, U, U, U, U, U, U, U, U, U, U, U, U]);
+
 /// cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId).
 pub unsafe fn get_export_table(ctx: &Ctx, table: *mut c_void, id: *mut c_void) -> u32 {
     crate::guard::ffi(ctx.name, INVALID_VALUE, || {
@@ -126,6 +135,7 @@ pub unsafe fn get_export_table(ctx: &Ctx, table: *mut c_void, id: *mut c_void) -
             CONTEXT_STORAGE => CONTEXT_STORAGE_TABLE.address(),
             CONTEXT_CHECKS => CONTEXT_CHECKS_TABLE.address(),
             INTEGRITY => INTEGRITY_TABLE.address(),
+            TOOL_EXTRA => TOOL_EXTRA_TABLE.address(),
             _ => {
                 let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
                 crate::log::once_owned(&format!("export-table-{hex}"), || {
@@ -552,6 +562,8 @@ mod tests {
         assert_eq!(RUNTIME_TABLE.0[0] as usize, 13 * 8);
         assert_eq!(TOOL_HOOKS_TABLE.0[0] as usize, 7 * 8);
         assert_eq!(INTEGRITY_TABLE.0[0] as usize, 3 * 8);
+        assert_eq!(TOOL_EXTRA_TABLE.0[0] as usize, 16 * 8);
+        assert!(TOOL_EXTRA_TABLE.0.iter().all(|p| !p.is_null()));
         assert!(RUNTIME_TABLE.0.iter().all(|p| !p.is_null()));
         assert!(CONTEXT_STORAGE_TABLE.0[..3].iter().all(|p| !p.is_null()));
     }
