@@ -57,14 +57,19 @@ impl Emulated {
                     return Some(INVALID_VALUE);
                 }
                 let base = s.next.div_ceil(GRANULARITY) * GRANULARITY;
-                s.next = base + len + ALIGN;
+                let Some(next) = base.checked_add(len).and_then(|end| end.checked_add(ALIGN)) else {
+                    return Some(OUT_OF_MEMORY);
+                };
+                s.next = next;
                 s.vmm.reserved.insert(base, len);
                 // SAFETY: the caller's CUdeviceptr.
                 unsafe { put_u64(arg(0), base) };
                 SUCCESS
             }
             "cuMemAddressFree" => match s.vmm.reserved.get(&arg(0)) {
-                Some(&len) if len == arg(1) && s.vmm.mapped.range(arg(0)..arg(0) + len).next().is_none() => {
+                Some(&len)
+                    if len == arg(1) && s.vmm.mapped.range(arg(0)..arg(0).saturating_add(len)).next().is_none() =>
+                {
                     s.vmm.reserved.remove(&arg(0));
                     SUCCESS
                 }
@@ -88,13 +93,15 @@ impl Emulated {
             }
             "cuMemMap" => {
                 let (addr, len, offset, handle) = (arg(0), arg(1), arg(2), arg(3));
-                let inside = s.vmm.reserved.range(..=addr).next_back().is_some_and(|(&b, &l)| addr + len <= b + l);
+                let end = addr.saturating_add(len);
+                let inside =
+                    s.vmm.reserved.range(..=addr).next_back().is_some_and(|(&b, &l)| end <= b.saturating_add(l));
                 let free = s
                     .vmm
                     .mapped
-                    .range(..addr + len)
+                    .range(..end)
                     .next_back()
-                    .is_none_or(|(&m, &h)| m + s.vmm.physical.get(&h).map_or(0, |p| p.len) <= addr);
+                    .is_none_or(|(&m, &h)| m.saturating_add(s.vmm.physical.get(&h).map_or(0, |p| p.len)) <= addr);
                 match s.vmm.physical.get_mut(&handle) {
                     None => INVALID_HANDLE,
                     Some(p) if !inside || !free || offset != 0 || p.len != len || p.bytes.is_none() => INVALID_VALUE,
@@ -153,7 +160,7 @@ impl Emulated {
                 let found = s.vmm.mapped.range(..=addr).next_back().map(|(&m, &h)| (m, h));
                 let Some((at, handle)) = found else { return Some(INVALID_VALUE) };
                 match s.vmm.physical.get_mut(&handle) {
-                    Some(p) if addr < at + p.len => {
+                    Some(p) if addr < at.saturating_add(p.len) => {
                         p.references += 1;
                         // SAFETY: the caller's CUmemGenericAllocationHandle.
                         unsafe { put_u64(arg(0), handle) };
