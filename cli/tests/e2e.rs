@@ -5614,6 +5614,76 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// dlopen in a Chidori program: a library found through its caller's RUNPATH (the shim's
+/// `dlopen` must keep the caller's identity), the program itself (NULL), and the machine's
+/// own video-engine library, which is refused although one is on the library path.
+const DLOPEN: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+  if (argc < 2) return 2;
+  void *outer = dlopen(argv[1], RTLD_NOW);
+  if (!outer) { printf("outer: %s\n", dlerror()); return 3; }
+  int (*load)(void) = (int (*)(void))dlsym(outer, "outer_load");
+  printf("inner through its caller's RUNPATH: %s\n", load && load() ? "found" : "missing");
+  void *cuvid = dlopen("libnvcuvid.so.1", RTLD_NOW);
+  const char *err = cuvid ? "" : dlerror();
+  printf("libnvcuvid: %s\n", cuvid ? "loaded" : strstr(err, "hidden by chidori run") ? "hidden" : err);
+  printf("the program itself: %s\n", dlopen(NULL, RTLD_NOW) ? "ok" : "NULL");
+  return 0;
+}
+"#;
+
+#[test]
+fn dlopen_keeps_its_callers_search_path_and_hides_the_machines_video_engines() {
+    let server = server();
+    let dir = chidori_tests::scratch("dlopen");
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    std::fs::create_dir_all(dir.join("inner")).unwrap();
+    std::fs::create_dir_all(dir.join("engines")).unwrap();
+    let inner = write("inner.c", "int inner_value(void) { return 7; }\n");
+    chidori_tests::cc(&inner, &dir.join("inner/libinner.so"), &["-shared", "-fPIC"]);
+    let outer = write(
+        "outer.c",
+        "#include <dlfcn.h>\nint outer_load(void) { return dlopen(\"libinner.so\", RTLD_NOW) != 0; }\n",
+    );
+    let outer_so = dir.join("libouter.so");
+    chidori_tests::cc(
+        &outer,
+        &outer_so,
+        &["-shared", "-fPIC", "-Wl,-rpath,$ORIGIN/inner", "-Wl,--enable-new-dtags", "-ldl"],
+    );
+    // A stand-in for the driver's libnvcuvid.so.1 on this machine's library path.
+    let engine = write("engine.c", "int engine_present;\n");
+    chidori_tests::cc(
+        &engine,
+        &dir.join("engines/libnvcuvid.so.1"),
+        &["-shared", "-fPIC", "-Wl,-soname,libnvcuvid.so.1"],
+    );
+    let main = write("dlopen.c", DLOPEN);
+    let exe = dir.join("dlopen");
+    chidori_tests::cc(&main, &exe, &["-ldl"]);
+
+    let native = Command::new(&exe).arg(&outer_so).env("LD_LIBRARY_PATH", dir.join("engines")).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&native.stdout),
+        "inner through its caller's RUNPATH: found\nlibnvcuvid: loaded\nthe program itself: ok\n"
+    );
+    let out =
+        run_cmd(&server.address, &exe).arg(&outer_so).env("LD_LIBRARY_PATH", dir.join("engines")).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout, "inner through its caller's RUNPATH: found\nlibnvcuvid: hidden\nthe program itself: ok\n",
+        "{stderr}"
+    );
+}
+
 /// CUDA 13.5's runtime, newer than the generator's versions: it also requires a private
 /// table of tool support (`TOOL_EXTRA` in `custom/export.rs`) before it answers anything.
 const RUNTIME_13_5: fn() -> xtask::lock::Wheel = || xtask::lock::Wheel {

@@ -3387,6 +3387,18 @@ cuWaitExternalSemaphoresAsync_ptsz:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuWaitExternalSemaphoresAsync_ptsz, .-cuWaitExternalSemaphoresAsync_ptsz
+    .globl dlopen
+    .type dlopen, @function
+dlopen:
+    pushq %rdi
+    pushq %rsi
+    subq $8, %rsp
+    call __chidori_dlopen_target@PLT
+    addq $8, %rsp
+    popq %rsi
+    popq %rdi
+    jmp *%rax
+    .size dlopen, .-dlopen
     .section .rodata
 .Lname0:
     .asciz "cuCheckpointProcessCheckpoint"

@@ -13,6 +13,7 @@ pub mod fatbin;
 pub mod guard;
 pub mod lanes;
 pub mod learned;
+pub mod loader;
 pub mod log;
 pub mod mirror;
 pub mod modules;

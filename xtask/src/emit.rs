@@ -1707,6 +1707,12 @@ fn shim_asm(shim: &crate::model::Shim) -> String {
             Target::Core { symbol } => {
                 let _ = writeln!(s, "    jmp {symbol}@PLT");
             }
+            Target::Dispatch { chooser } => {
+                // Arguments kept across the question; the stack 16-byte aligned at the call.
+                let _ = writeln!(s, "    pushq %rdi\n    pushq %rsi\n    subq $8, %rsp");
+                let _ = writeln!(s, "    call {chooser}@PLT");
+                let _ = writeln!(s, "    addq $8, %rsp\n    popq %rsi\n    popq %rdi\n    jmp *%rax");
+            }
             Target::Unsupported { code, string } => {
                 let label = format!(".Lname{}", strings.len());
                 strings.push((label.clone(), name.clone()));

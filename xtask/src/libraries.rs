@@ -61,6 +61,11 @@ pub struct Library {
     /// the function's key in the spec, and the unversioned export (what programs that
     /// `dlsym` it get) is the same function.
     pub versioned_names: Option<String>,
+    /// Functions of the C library the shim also exports (each shim is preloaded, so its
+    /// definitions come before the C library's), each dispatched by the named core function:
+    /// `dlopen` keeps the machine's own video-engine libraries out of a Chidori program.
+    #[serde(default)]
+    pub dispatch: std::collections::BTreeMap<String, String>,
     /// `versioned_names` compiled once (checked by [`Libraries::load`]).
     #[serde(skip)]
     versioned_re: std::sync::OnceLock<Option<regex::Regex>>,

@@ -461,8 +461,19 @@ pub struct FnModel {
 
 #[derive(Debug, Clone)]
 pub enum Target {
-    Core { symbol: String },
-    Unsupported { code: Option<i64>, string: bool },
+    Core {
+        symbol: String,
+    },
+    Unsupported {
+        code: Option<i64>,
+        string: bool,
+    },
+    /// The export asks `chooser` (with the same first argument) which function to jump to,
+    /// then jumps with the caller's return address intact: the loader's `dlopen` looks at
+    /// who called it (the caller's RUNPATH and `$ORIGIN`).
+    Dispatch {
+        chooser: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -714,6 +725,9 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
             exports.insert(name.clone(), Target::Unsupported { code: Some(newest_codes.not_supported), string: false });
         }
         undeclared.insert(soname.clone(), missing);
+        for (name, chooser) in &lib.dispatch {
+            exports.insert(name.clone(), Target::Dispatch { chooser: chooser.clone() });
+        }
         shims.push(Shim { soname, node, versions: vs, exports });
     }
     Ok(LibModel { lib: lib.clone(), spec, versions, functions, shims, undeclared })

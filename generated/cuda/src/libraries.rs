@@ -51,7 +51,7 @@ pub static LIBRARIES: &[Library] = &[
                 soname: "libcuda.so.1",
                 node: None,
                 versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-                exports: 646usize,
+                exports: 647usize,
             },
         ],
     },
