@@ -1206,35 +1206,39 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu118(
     workSpaceSizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnCTCLoss",
-            version: "12.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu118__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 9i64,
-                unavailable: 1i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::cudnn::ctc_loss(
-            &CTX,
-            handle,
-            probsDesc,
-            probs,
-            hostLabels,
-            hostLabelLengths,
-            hostInputLengths,
-            costs,
-            gradientsDesc,
-            gradients,
-            algo,
-            ctcLossDesc,
-            workspace,
-            workSpaceSizeInBytes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudnnCTCLoss",
+                version: "12.1",
+                library: "cudnn",
+                forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu118__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cudnn::ctc(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (probsDesc) as usize as u64,
+                    (probs) as usize as u64,
+                    (hostLabels) as usize as u64,
+                    (hostLabelLengths) as usize as u64,
+                    (hostInputLengths) as usize as u64,
+                    (costs) as usize as u64,
+                    (gradientsDesc) as usize as u64,
+                    (gradients) as usize as u64,
+                    (algo) as u64,
+                    (ctcLossDesc) as usize as u64,
+                    (workspace) as usize as u64,
+                    (workSpaceSizeInBytes) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudnnCTCLoss` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -1255,35 +1259,39 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu126(
     workSpaceSizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnCTCLoss",
-            version: "13.1",
-            library: "cudnn",
-            forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu126__call],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 3000i64,
-                unavailable: 1001i64,
-                invalid_handle: 2000i64,
-                invalid_value: 2000i64,
-            },
-        };
-        crate::custom::cudnn::ctc_loss(
-            &CTX,
-            handle,
-            probsDesc,
-            probs,
-            hostLabels,
-            hostLabelLengths,
-            hostInputLengths,
-            costs,
-            gradientsDesc,
-            gradients,
-            algo,
-            ctcLossDesc,
-            workspace,
-            workSpaceSizeInBytes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudnnCTCLoss",
+                version: "13.1",
+                library: "cudnn",
+                forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu126__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3000i64,
+                    unavailable: 1001i64,
+                    invalid_handle: 2000i64,
+                    invalid_value: 2000i64,
+                },
+            };
+            crate::custom::cudnn::ctc(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (probsDesc) as usize as u64,
+                    (probs) as usize as u64,
+                    (hostLabels) as usize as u64,
+                    (hostLabelLengths) as usize as u64,
+                    (hostInputLengths) as usize as u64,
+                    (costs) as usize as u64,
+                    (gradientsDesc) as usize as u64,
+                    (gradients) as usize as u64,
+                    (algo) as u64,
+                    (ctcLossDesc) as usize as u64,
+                    (workspace) as usize as u64,
+                    (workSpaceSizeInBytes) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudnnCTCLoss_v8` for CUDA 11.8, 12.1 (async).
@@ -4448,33 +4456,37 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu118(
     sizeInBytes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetCTCLossWorkspaceSize",
-            version: "12.1",
-            library: "cudnn",
-            forms: &[
-                &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu118__call,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 9i64,
-                unavailable: 1i64,
-                invalid_handle: 3i64,
-                invalid_value: 3i64,
-            },
-        };
-        crate::custom::cudnn::get_ctc_loss_workspace_size(
-            &CTX,
-            handle,
-            probsDesc,
-            gradientsDesc,
-            labels,
-            labelLengths,
-            inputLengths,
-            algo,
-            ctcLossDesc,
-            sizeInBytes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudnnGetCTCLossWorkspaceSize",
+                version: "12.1",
+                library: "cudnn",
+                forms: &[
+                    &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu118__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cudnn::ctc(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (probsDesc) as usize as u64,
+                    (gradientsDesc) as usize as u64,
+                    (labels) as usize as u64,
+                    (labelLengths) as usize as u64,
+                    (inputLengths) as usize as u64,
+                    (algo) as u64,
+                    (ctcLossDesc) as usize as u64,
+                    (sizeInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudnnGetCTCLossWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -4491,33 +4503,37 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu126(
     sizeInBytes: *mut c_void,
 ) -> u32 {
     unsafe {
-        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
-            name: "cudnnGetCTCLossWorkspaceSize",
-            version: "13.1",
-            library: "cudnn",
-            forms: &[
-                &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu126__call,
-            ],
-            codes: chidori_cuda::desc::Codes {
-                success: 0i64,
-                not_supported: 3000i64,
-                unavailable: 1001i64,
-                invalid_handle: 2000i64,
-                invalid_value: 2000i64,
-            },
-        };
-        crate::custom::cudnn::get_ctc_loss_workspace_size(
-            &CTX,
-            handle,
-            probsDesc,
-            gradientsDesc,
-            labels,
-            labelLengths,
-            inputLengths,
-            algo,
-            ctcLossDesc,
-            sizeInBytes,
-        )
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudnnGetCTCLossWorkspaceSize",
+                version: "13.1",
+                library: "cudnn",
+                forms: &[
+                    &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3000i64,
+                    unavailable: 1001i64,
+                    invalid_handle: 2000i64,
+                    invalid_value: 2000i64,
+                },
+            };
+            crate::custom::cudnn::ctc(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (probsDesc) as usize as u64,
+                    (gradientsDesc) as usize as u64,
+                    (labels) as usize as u64,
+                    (labelLengths) as usize as u64,
+                    (inputLengths) as usize as u64,
+                    (algo) as u64,
+                    (ctcLossDesc) as usize as u64,
+                    (sizeInBytes) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudnnGetCTCLossWorkspaceSize_v8` for CUDA 11.8, 12.1 (sync).

@@ -1381,33 +1381,37 @@ pub unsafe fn get_rnn_weight_params(
     unsafe { weight_params(forms(ctx).rnn_weight_params, forms(ctx).get_tensor_nd, concat(args, rest)) }
 }
 
-/// cuDNN's v7 CTC loss and its workspace query (`args` as the call's; in both, 1 is the
+/// cuDNN's v7 CTC loss and its workspace query (`raw_args`: in both, 1 is the
 /// probabilities' descriptor and 3, 4, 5 the host labels, label lengths and input lengths).
 /// The arrays' lengths are data: the descriptor (time x batch x alphabet) is asked for its
 /// batch (once per shape it was set to), the label lengths are added up, and the call goes
 /// with those lengths told. A batch or label length the library could not take is its
 /// bad-parameter status here.
-unsafe fn ctc(ctx: &Ctx, args: &[u64]) -> u32 {
+///
+/// # Safety
+/// `args` are the caller's arguments of either function (cuDNN's contract).
+pub unsafe fn ctc(ctx: &Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(Form::Call);
-    let bad_param = forms(ctx).bad_param;
-    crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc) as u32, || {
+    let bad_param = u64::from(forms(ctx).bad_param);
+    crate::guard::ffi(ctx.name, crate::runtime::unavailable(desc), || {
+        let word = |i: usize| args.get(i).copied().unwrap_or(0);
         // SAFETY: the caller's descriptor.
-        let batch = match unsafe { ctc_batch(ctx, args[1]) } {
+        let batch = match unsafe { ctc_batch(ctx, word(1)) } {
             Ok(Some(batch)) => batch,
             Ok(None) => return bad_param,
-            Err(status) => return status,
+            Err(status) => return u64::from(status),
         };
-        if args[4] == 0 || args[5] == 0 {
+        if word(4) == 0 || word(5) == 0 {
             return bad_param;
         }
         // SAFETY: the caller's array of one label length per sequence (cuDNN's contract).
-        let lengths = unsafe { std::slice::from_raw_parts(args[4] as *const i32, batch) };
+        let lengths = unsafe { std::slice::from_raw_parts(word(4) as *const i32, batch) };
         let Some(labels) = lengths.iter().try_fold(0u64, |sum, &n| Some(sum + u64::try_from(n).ok()?)) else {
             return bad_param;
         };
         let told = [(3, labels), (4, batch as u64), (5, batch as u64)];
         // SAFETY: the caller's arguments; its three arrays as long as told.
-        crate::runtime::with_told(&told, || unsafe { crate::runtime::call(desc, args) as u32 })
+        crate::runtime::with_told(&told, || unsafe { crate::runtime::call(desc, args) })
     })
 }
 
@@ -1434,70 +1438,6 @@ unsafe fn ctc_batch(ctx: &Ctx, probs: u64) -> Result<Option<usize>, u32> {
         CLIENT.ahead.ctc_batches.learn(f, b);
     }
     Ok(batch)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn ctc_loss(
-    ctx: &Ctx,
-    handle: *mut c_void,
-    probsDesc: *mut c_void,
-    probs: *mut c_void,
-    hostLabels: *mut c_void,
-    hostLabelLengths: *mut c_void,
-    hostInputLengths: *mut c_void,
-    costs: *mut c_void,
-    gradientsDesc: *mut c_void,
-    gradients: *mut c_void,
-    algo: u32,
-    ctcLossDesc: *mut c_void,
-    workspace: *mut c_void,
-    workSpaceSizeInBytes: usize,
-) -> u32 {
-    let args = [
-        handle as u64,
-        probsDesc as u64,
-        probs as u64,
-        hostLabels as u64,
-        hostLabelLengths as u64,
-        hostInputLengths as u64,
-        costs as u64,
-        gradientsDesc as u64,
-        gradients as u64,
-        u64::from(algo),
-        ctcLossDesc as u64,
-        workspace as u64,
-        workSpaceSizeInBytes as u64,
-    ];
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { ctc(ctx, &args) }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn get_ctc_loss_workspace_size(
-    ctx: &Ctx,
-    handle: *mut c_void,
-    probsDesc: *mut c_void,
-    gradientsDesc: *mut c_void,
-    labels: *mut c_void,
-    labelLengths: *mut c_void,
-    inputLengths: *mut c_void,
-    algo: u32,
-    ctcLossDesc: *mut c_void,
-    sizeInBytes: *mut c_void,
-) -> u32 {
-    let args = [
-        handle as u64,
-        probsDesc as u64,
-        gradientsDesc as u64,
-        labels as u64,
-        labelLengths as u64,
-        inputLengths as u64,
-        u64::from(algo),
-        ctcLossDesc as u64,
-        sizeInBytes as u64,
-    ];
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { ctc(ctx, &args) }
 }
 
 fn concat(a: [u64; 5], b: [u64; 5]) -> [u64; 10] {
