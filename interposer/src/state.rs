@@ -492,11 +492,12 @@ pub fn add(base: u64, len: u64, memory: Memory) {
     let reserved = matches!(memory, Memory::Device { .. }) && reserve(base, len);
     let mut r = RANGES.write().unwrap_or_else(|p| p.into_inner());
     let old = r.insert(base, Range { base, len, memory, reserved });
-    count_managed(old.as_ref(), -1);
-    count_managed(Some(&Range { base, len, memory, reserved }), 1);
+    count_live(old.as_ref(), -1);
+    count_live(Some(&Range { base, len, memory, reserved }), 1);
 }
 
-fn count_managed(range: Option<&Range>, by: isize) {
+/// Keep the live counts of managed and of reachable ranges as `range` comes (+1) or goes.
+fn count_live(range: Option<&Range>, by: isize) {
     use std::sync::atomic::Ordering::Relaxed;
     let Some(range) = range else { return };
     let counters =
@@ -513,7 +514,7 @@ fn count_managed(range: Option<&Range>, by: isize) {
 /// Forget the range starting at `base`.
 pub fn remove(base: u64) -> Option<Range> {
     let removed = RANGES.write().unwrap_or_else(|p| p.into_inner()).remove(&base);
-    count_managed(removed.as_ref(), -1);
+    count_live(removed.as_ref(), -1);
     if let Some(r) = removed.filter(|r| r.reserved) {
         // SAFETY: the range was reserved by `reserve` with exactly this base and length.
         unsafe { libc::munmap(r.base as *mut libc::c_void, page_round(r.len.max(1)) as usize) };

@@ -37,6 +37,9 @@ pub struct CallChecks {
     pub capture_end: bool,
     /// Input arrays of a length only their data gives (`crate::told`).
     pub told: bool,
+    /// Hands out, with one reference more, a handle the program may already hold
+    /// (`cuMemRetainAllocationHandle`: `Handles::insert_reference`).
+    pub retains: bool,
 }
 
 impl CallChecks {
@@ -77,6 +80,7 @@ impl CallChecks {
                 "cudaStreamEndCapture" | "cuStreamEndCapture"
             ),
             told: crate::told::has_told(desc),
+            retains: name == "cuMemRetainAllocationHandle",
         }
     }
 }

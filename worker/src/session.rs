@@ -1568,9 +1568,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         handles.insert_named(*kind, args[i], real);
                         args[i]
                     }
-                    // A retaining call (`cuMemRetainAllocationHandle`) takes one more
-                    // reference to a handle the program may already hold.
-                    (true, false) if desc.name.contains("Retain") => handles.insert_reference(*kind, real),
+                    (true, false) if checks.retains => handles.insert_reference(*kind, real),
                     (true, false) => handles.insert(*kind, real),
                 };
                 *word = value.to_le_bytes();
