@@ -19,19 +19,11 @@ const TABLE_VERSION: &str = "13.1";
 /// CUPTI's own answers it.
 fn text(name: &'static str, status: u32, out: *mut c_void) -> u32 {
     crate::guard::ffi(name, INVALID_PARAMETER, || {
-        if out.is_null() {
-            return INVALID_PARAMETER;
+        // SAFETY: `out` is the caller's `const char**` or NULL.
+        match unsafe { crate::runtime::write_status_text(TABLE_VERSION, "cupti", i64::from(status), false, out) } {
+            Some(true) => SUCCESS,
+            _ => INVALID_PARAMETER,
         }
-        let found = chidori_cuda::status::table(TABLE_VERSION, "cupti")
-            .and_then(|t| chidori_cuda::status::find(t, i64::from(status)));
-        let (text, code) = match found {
-            Some(s) => (s.message.as_ptr(), SUCCESS),
-            None => (std::ptr::null(), INVALID_PARAMETER),
-        };
-        // SAFETY: `out` is the caller's `const char**`, checked non-null above; the texts
-        // are NUL-terminated statics.
-        unsafe { *(out as *mut *const u8) = text };
-        code
     })
 }
 

@@ -13,20 +13,11 @@ const TABLE_VERSION: &str = "13.1";
 
 fn lookup(error: u32, name: bool, out: *mut c_void) -> u32 {
     crate::guard::ffi("cuGetErrorName", INVALID_VALUE, || {
-        if out.is_null() {
-            return INVALID_VALUE;
+        // SAFETY: `out` is the caller's `const char**` or NULL.
+        match unsafe { crate::runtime::write_status_text(TABLE_VERSION, "driver", i64::from(error), name, out) } {
+            Some(true) => 0,
+            _ => INVALID_VALUE,
         }
-        let Some(status) = chidori_cuda::status::table(TABLE_VERSION, "driver")
-            .and_then(|t| chidori_cuda::status::find(t, i64::from(error)))
-        else {
-            // SAFETY: `out` is the caller's `const char**`, checked non-null above.
-            unsafe { *(out as *mut *const u8) = std::ptr::null() };
-            return INVALID_VALUE;
-        };
-        let text = if name { status.name } else { status.message };
-        // SAFETY: as above; the strings are NUL-terminated statics.
-        unsafe { *(out as *mut *const u8) = text.as_ptr() };
-        0
     })
 }
 

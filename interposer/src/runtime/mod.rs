@@ -14,7 +14,7 @@ pub(crate) mod sparse_sizes;
 pub(crate) mod sparselt_sizes;
 
 use std::borrow::Cow;
-use std::ffi::{CStr, c_char};
+use std::ffi::{CStr, c_char, c_void};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -653,6 +653,29 @@ pub fn error_name(version: &str, library: &str, value: i64) -> *const c_char {
     })
 }
 
+/// A status's name or description into the caller's `const char*`, as the driver's
+/// `cuGetErrorName`/`cuGetErrorString` and CUPTI's `cuptiGetResultString` answer: Some(true)
+/// written, Some(false) an unknown code (NULL written), None where `out` is NULL.
+///
+/// # Safety
+/// `out` is NULL or the caller's writable `const char*`.
+pub unsafe fn write_status_text(
+    version: &str,
+    library: &str,
+    value: i64,
+    name: bool,
+    out: *mut c_void,
+) -> Option<bool> {
+    if out.is_null() {
+        return None;
+    }
+    let found = status::table(version, library).and_then(|t| status::find(t, value));
+    let text = found.map_or(std::ptr::null(), |s| if name { s.name.as_ptr() } else { s.message.as_ptr() });
+    // SAFETY: `out` is non-null and the caller's; the texts are NUL-terminated statics.
+    unsafe { std::ptr::write_unaligned(out as *mut *const u8, text) };
+    Some(found.is_some())
+}
+
 /// `*GetErrorString`: the status's one-sentence description. Where the library's header
 /// documents no status (cuBLAS, cuSPARSE, cuSPARSELt, NCCL: the table holds only names), the
 /// text is the server's library's own, asked once per library.
@@ -1049,6 +1072,22 @@ mod tests {
         // A legacy cudaDataType compute type: 8 bytes a component, never fewer than it needs.
         assert_eq!(bytes(data::CUDA_R_64F, data::CUDA_R_64F), Some(8));
         assert_eq!(bytes(data::CUDA_C_64F, data::CUDA_C_64F), Some(16));
+    }
+
+    #[test]
+    fn status_texts_are_written_where_the_caller_asks() {
+        let mut out: *const std::ffi::c_char = std::ptr::null();
+        let slot = (&mut out as *mut *const std::ffi::c_char).cast();
+        // SAFETY (all): `slot` is a valid `const char*` slot, or NULL.
+        assert_eq!(unsafe { super::write_status_text("13.1", "driver", 2, true, slot) }, Some(true));
+        // SAFETY: a NUL-terminated static from the table.
+        assert_eq!(unsafe { CStr::from_ptr(out) }.to_str().unwrap(), "CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(unsafe { super::write_status_text("13.1", "driver", 2, false, slot) }, Some(true));
+        // SAFETY: as above.
+        assert_ne!(unsafe { CStr::from_ptr(out) }.to_str().unwrap(), "CUDA_ERROR_OUT_OF_MEMORY", "the description");
+        assert_eq!(unsafe { super::write_status_text("13.1", "driver", 123_456, true, slot) }, Some(false));
+        assert!(out.is_null(), "an unknown code's text is NULL");
+        assert_eq!(unsafe { super::write_status_text("13.1", "driver", 2, true, std::ptr::null_mut()) }, None);
     }
 
     #[test]
