@@ -5686,13 +5686,15 @@ fn dlopen_keeps_its_callers_search_path_and_hides_the_machines_video_engines() {
 
 /// CUDA 13.5's runtime, newer than the generator's versions: it also requires a private
 /// table of tool support (`TOOL_EXTRA` in `custom/export.rs`) before it answers anything.
-const RUNTIME_13_5: fn() -> xtask::lock::Wheel = || xtask::lock::Wheel {
-    name: "nvidia-cuda-runtime".into(),
-    version: "13.5.37".into(),
-    file: "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl".into(),
-    size: 2_504_024,
-    sha256: "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d".into(),
-};
+fn runtime_13_5() -> xtask::lock::Wheel {
+    xtask::lock::Wheel {
+        name: "nvidia-cuda-runtime".into(),
+        version: "13.5.37".into(),
+        file: "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl".into(),
+        size: 2_504_024,
+        sha256: "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d".into(),
+    }
+}
 
 #[test]
 fn nvidias_runtime_runs_on_the_drivers_private_tables() {
@@ -5706,7 +5708,7 @@ fn nvidias_runtime_runs_on_the_drivers_private_tables() {
     // CUDA's minor version compatibility allows.
     let runtimes = [
         chidori_tests::runtime_library("13.0", "libcudart.so.13"),
-        chidori_tests::newer_runtime_library(&RUNTIME_13_5(), "libcudart.so.13"),
+        chidori_tests::newer_runtime_library(&runtime_13_5(), "libcudart.so.13"),
     ];
     for runtime in runtimes {
         let out = run_cmd(&server.address, &exe).arg(&runtime).output().unwrap();
